@@ -1,0 +1,182 @@
+//! The update run's read-only status tree and event log, in the API's JSON shape
+//! (`fleet-api-reference.md` §1.2, conformance README "Result document").
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::Time;
+
+/// `UpdateState`, at every level of the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum State {
+    NotStarted,
+    Pending,
+    Running,
+    Stopping,
+    Stopped,
+    Skipped,
+    Failed,
+    Completed,
+}
+
+impl State {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Skipped | State::Failed | State::Completed)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_time: Option<Time>,
+    pub state: State,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    pub gate_id: String,
+    pub status: UpdateStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitStatus {
+    pub status: UpdateStatus,
+    pub wait_duration_in_seconds: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub status: UpdateStatus,
+    pub name: String,
+    pub cluster_resource_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    pub status: UpdateStatus,
+    pub name: String,
+    pub failure_count: u64,
+    pub max_allowed_failures: u64,
+    pub max_concurrency: u64,
+    pub members: Vec<MemberStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub before_gates: Vec<GateStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub after_gates: Vec<GateStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageStatus {
+    pub status: UpdateStatus,
+    pub name: String,
+    pub failure_count: u64,
+    pub max_allowed_failures: u64,
+    pub max_concurrency: u64,
+    pub groups: Vec<GroupStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub before_gates: Vec<GateStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub after_gates: Vec<GateStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_stage_wait_status: Option<WaitStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelectedNodeImageVersion {
+    /// `<family>-<version>`, as AKS writes node images.
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageSelectionStatus {
+    pub selected_node_image_versions: Vec<SelectedNodeImageVersion>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateRunStatus {
+    pub status: UpdateStatus,
+    pub stages: Vec<StageStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_image_selection: Option<NodeImageSelectionStatus>,
+    pub failure_count: u64,
+}
+
+/// What happened, in order. Types are those of the conformance README.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    RunStarted,
+    RunStopped,
+    RunCompleted,
+    RunFailed,
+    RunSkipped,
+    StageStarted,
+    StageCompleted,
+    StageFailed,
+    StageSkipped,
+    StageStopped,
+    GroupStarted,
+    GroupCompleted,
+    GroupFailed,
+    GroupSkipped,
+    GroupStopped,
+    GatePending,
+    GateCompleted,
+    GateSkipped,
+    WaitStarted,
+    WaitCompleted,
+    WaitSkipped,
+    MemberPending,
+    MemberStarted,
+    MemberReattached,
+    MemberSucceeded,
+    MemberFailed,
+    MemberSkipped,
+    MemberStopped,
+    ActionRejected,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub time: Time,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ApiError>,
+}
