@@ -1501,6 +1501,13 @@ impl Engine {
         }
     }
 
+    /// Applies what time alone brings at `now` (scheduled gates, waits ending, windows opening,
+    /// versions arriving), before the instant's user actions (conformance README: same-instant
+    /// order). [`Engine::settle`] does this too.
+    pub fn advance_clock(&mut self, now: Time) {
+        self.fire_timers(now);
+    }
+
     fn fire_timers(&mut self, now: Time) {
         while let Some(&(t, key)) = self.timers.first() {
             if t > now {

@@ -1,0 +1,222 @@
+//! `flotilla simulate --check`: compares a result document with a scenario's `expect`, key by
+//! key, as `../shared/conformance/check.py` does. Returns one line per difference.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use flotilla_engine::time::Time;
+
+fn state_of(node: &Value) -> Option<&str> {
+    node.get("status")
+        .and_then(|s| s.get("state"))
+        .or_else(|| node.get("state"))
+        .and_then(Value::as_str)
+}
+
+fn failure_count_of(node: &Value) -> Option<&Value> {
+    node.get("failureCount").or_else(|| node.get("status").and_then(|s| s.get("failureCount")))
+}
+
+fn time_of(v: &Value) -> Option<Time> {
+    v.as_str().and_then(|s| Time::parse(s).ok())
+}
+
+fn cmp(errors: &mut Vec<String>, label: String, got: Option<Value>, want: &Value) {
+    let got = got.unwrap_or(Value::Null);
+    if &got != want {
+        errors.push(format!("{label}: expected {want}, got {got}"));
+    }
+}
+
+fn image_version(full: &str) -> &str {
+    full.rsplit_once('-').map_or(full, |(_, v)| v)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Compares `result` (the `--json` document) with `expect`. Empty means every expectation held.
+pub fn check(expect: &Value, result: &Value) -> Vec<String> {
+    let mut errors = Vec::new();
+    let empty = serde_json::Map::new();
+    let exp = expect.as_object().unwrap_or(&empty);
+    let create_error = result.get("createError").filter(|v| !v.is_null());
+    if let Some(want) = exp.get("createError").filter(|v| !v.is_null() && *v != &Value::Bool(false)) {
+        let Some(got) = create_error else {
+            return vec!["run was created, but the scenario expects it to be rejected at creation".into()];
+        };
+        if let Some(mentions) = want.get("mentions").and_then(Value::as_str) {
+            let body = got.to_string();
+            if !body.contains(mentions) {
+                errors.push(format!("createError should mention {mentions:?} (in its code, message or target); got {body}"));
+            }
+        }
+        return errors;
+    }
+    if let Some(got) = create_error {
+        return vec![format!("run was rejected at creation: {got}")];
+    }
+    let Some(run) = result.get("run").filter(|v| !v.is_null()) else {
+        return vec!["the result has no run".into()];
+    };
+    let status = &run["properties"]["status"];
+    let mut stages = BTreeMap::new();
+    let mut groups = BTreeMap::new();
+    let mut members = BTreeMap::new();
+    for st in status["stages"].as_array().into_iter().flatten() {
+        stages.insert(text(&st["name"]), st);
+        for g in st["groups"].as_array().into_iter().flatten() {
+            groups.insert(text(&g["name"]), g);
+            for m in g["members"].as_array().into_iter().flatten() {
+                members.insert(text(&m["name"]), m);
+            }
+        }
+    }
+    if let Some(want) = exp.get("run").and_then(Value::as_object) {
+        for (k, v) in want {
+            let got = if k == "state" { state_of(status).map(|s| Value::String(s.into())) } else { failure_count_of(status).cloned() };
+            cmp(&mut errors, format!("run.{k}"), got, v);
+        }
+    }
+    for (kind, table) in [("stages", &stages), ("groups", &groups)] {
+        for (name, want) in exp.get(kind).and_then(Value::as_object).into_iter().flatten() {
+            let Some(node) = table.get(name) else {
+                cmp(&mut errors, format!("{kind}.{name}"), Some(Value::String("missing from the run status".into())), &Value::Null);
+                continue;
+            };
+            for (k, v) in want.as_object().into_iter().flatten() {
+                let got = if k == "state" { state_of(node).map(|s| Value::String(s.into())) } else { failure_count_of(node).cloned() };
+                cmp(&mut errors, format!("{kind}.{name}.{k}"), got, v);
+            }
+        }
+    }
+    for (name, want) in exp.get("members").and_then(Value::as_object).into_iter().flatten() {
+        let node = members.get(name);
+        if want.as_str() == Some("Absent") {
+            if node.is_some() {
+                cmp(&mut errors, format!("members.{name}"), Some(Value::String("part of the run".into())), want);
+            }
+            continue;
+        }
+        match node {
+            None => cmp(&mut errors, format!("members.{name}"), Some(Value::String("missing from the run status".into())), want),
+            Some(node) => cmp(&mut errors, format!("members.{name}.state"), state_of(node).map(|s| Value::String(s.into())), want),
+        }
+    }
+    let events: Vec<&Value> = result["events"].as_array().into_iter().flatten().collect();
+    // Peak in flight per `stage:X` and `group:Y`.
+    let mut current: BTreeMap<String, i64> = BTreeMap::new();
+    let mut peak: BTreeMap<String, i64> = BTreeMap::new();
+    let mut place: BTreeMap<String, [String; 2]> = BTreeMap::new();
+    let mut starts: BTreeMap<String, Vec<Time>> = BTreeMap::new();
+    for e in &events {
+        let kind = e["type"].as_str().unwrap_or_default();
+        let member = text(&e["member"]);
+        match kind {
+            "MemberStarted" | "MemberReattached" => {
+                let keys = [format!("stage:{}", text(&e["stage"])), format!("group:{}", text(&e["group"]))];
+                for k in &keys {
+                    let c = current.entry(k.clone()).or_default();
+                    *c += 1;
+                    let p = peak.entry(k.clone()).or_default();
+                    *p = (*p).max(*c);
+                }
+                place.insert(member.clone(), keys);
+                if kind == "MemberStarted"
+                    && let Some(t) = time_of(&e["time"])
+                {
+                    starts.entry(member).or_default().push(t);
+                }
+            }
+            "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
+                if let Some(keys) = place.remove(&member) {
+                    for k in keys {
+                        *current.entry(k).or_default() -= 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, want) in exp.get("maxInFlight").and_then(Value::as_object).into_iter().flatten() {
+        cmp(&mut errors, format!("maxInFlight[{key}]"), Some(Value::from(peak.get(key).copied().unwrap_or(0))), want);
+    }
+    for (key, bound) in exp.get("inFlightAtMost").and_then(Value::as_object).into_iter().flatten() {
+        let got = peak.get(key).copied().unwrap_or(0);
+        if bound.as_i64().is_some_and(|b| got > b) {
+            errors.push(format!("inFlightAtMost[{key}]: peak {got} exceeds {bound}"));
+        }
+    }
+    let order: Vec<String> = exp.get("startsInOrder").and_then(Value::as_array).into_iter().flatten().map(text).collect();
+    for pair in order.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        match (starts.get(a).and_then(|v| v.first()), starts.get(b).and_then(|v| v.first())) {
+            (Some(ta), Some(tb)) if ta < tb => {}
+            (Some(ta), Some(tb)) => errors.push(format!("startsInOrder: {a} ({ta}) should start strictly before {b} ({tb})")),
+            (None, _) => errors.push(format!("startsInOrder: {a} never started")),
+            (_, None) => errors.push(format!("startsInOrder: {b} never started")),
+        }
+    }
+    for (name, when) in exp.get("notStartedBefore").and_then(Value::as_object).into_iter().flatten() {
+        let Some(t) = time_of(when) else {
+            errors.push(format!("notStartedBefore.{name}: {when} is not a time"));
+            continue;
+        };
+        match starts.get(name).and_then(|v| v.first()) {
+            None => errors.push(format!("notStartedBefore.{name}: never started")),
+            Some(s) if *s < t => errors.push(format!("notStartedBefore.{name}: started at {s}, before {t}")),
+            Some(_) => {}
+        }
+    }
+    for name in exp.get("neverStarted").and_then(Value::as_array).into_iter().flatten().map(text) {
+        if let Some(t) = starts.get(&name).and_then(|v| v.first()) {
+            errors.push(format!("neverStarted: {name} started at {t}"));
+        }
+    }
+    for (name, n) in exp.get("startCount").and_then(Value::as_object).into_iter().flatten() {
+        cmp(&mut errors, format!("startCount.{name}"), Some(Value::from(starts.get(name).map_or(0, Vec::len))), n);
+    }
+    if let Some(want) = exp.get("runCompletedAt") {
+        let got = status["status"]["completedTime"].as_str().or_else(|| status["completedTime"].as_str());
+        if got.and_then(|g| Time::parse(g).ok()) != time_of(want) {
+            errors.push(format!("runCompletedAt: expected {want}, got {}", got.unwrap_or("nothing")));
+        }
+    }
+    if let Some(want) = exp.get("selectedNodeImageVersions").and_then(Value::as_object) {
+        let mut got = BTreeMap::new();
+        for item in status["nodeImageSelection"]["selectedNodeImageVersions"].as_array().into_iter().flatten() {
+            let full = text(&item["version"]);
+            if let Some((family, version)) = full.rsplit_once('-') {
+                got.insert(family.to_string(), version.to_string());
+            }
+        }
+        for (family, v) in want {
+            cmp(&mut errors, format!("selectedNodeImageVersions.{family}"), got.get(family).map(|s| Value::String(s.clone())), &Value::String(text(v)));
+        }
+    }
+    for (member, pools) in exp.get("memberNodeImage").and_then(Value::as_object).into_iter().flatten() {
+        let got: BTreeMap<String, String> = result["clusters"][member]["nodePools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| (text(&p["name"]), image_version(p["nodeImageVersion"].as_str().unwrap_or_default()).to_string()))
+            .collect();
+        for (pool, v) in pools.as_object().into_iter().flatten() {
+            cmp(&mut errors, format!("memberNodeImage.{member}.{pool}"), got.get(pool).map(|s| Value::String(s.clone())), &Value::String(text(v)));
+        }
+    }
+    for (member, v) in exp.get("memberKubernetesVersion").and_then(Value::as_object).into_iter().flatten() {
+        cmp(
+            &mut errors,
+            format!("memberKubernetesVersion.{member}"),
+            result["clusters"][member].get("kubernetesVersion").cloned(),
+            &Value::String(text(v)),
+        );
+    }
+    errors
+}

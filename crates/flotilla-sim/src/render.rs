@@ -1,0 +1,156 @@
+//! The human-readable output of `flotilla simulate`: the final stage → group → member tree and
+//! a compact timeline, one line per instant.
+
+use std::fmt::Write;
+
+use flotilla_engine::status::{Event, EventType, GateStatus, UpdateRunStatus, UpdateStatus};
+use flotilla_engine::time::Time;
+
+use crate::simulator::SimResult;
+
+fn span(status: &UpdateStatus) -> String {
+    match (status.start_time, status.completed_time) {
+        (Some(a), Some(b)) => format!("  {a} → {b}"),
+        (Some(a), None) => format!("  since {a}"),
+        _ => String::new(),
+    }
+}
+
+fn gates(out: &mut String, prefix: &str, label: &str, gates: &[GateStatus]) {
+    for g in gates {
+        let name = g.display_name.as_deref().unwrap_or("gate");
+        let _ = writeln!(out, "{prefix}{label} {name:?}  {:?}{}", g.status.state, span(&g.status));
+    }
+}
+
+/// The final tree of a run status.
+pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "update run {name}  {:?}  failures {}{}", status.status.state, status.failure_count, span(&status.status));
+    if let Some(sel) = &status.node_image_selection {
+        let versions: Vec<&str> = sel.selected_node_image_versions.iter().map(|v| v.version.as_str()).collect();
+        let _ = writeln!(out, "  consistent node images: {}", versions.join(", "));
+    }
+    for stage in &status.stages {
+        let _ = writeln!(
+            out,
+            "  stage {}  {:?}  failures {}/{} allowed  concurrency {}{}",
+            stage.name, stage.status.state, stage.failure_count, stage.max_allowed_failures, stage.max_concurrency, span(&stage.status)
+        );
+        gates(&mut out, "    ", "before-gate", &stage.before_gates);
+        for group in &stage.groups {
+            let _ = writeln!(
+                out,
+                "    group {}  {:?}  failures {}/{} allowed  concurrency {}{}{}",
+                group.name,
+                group.status.state,
+                group.failure_count,
+                group.max_allowed_failures,
+                group.max_concurrency,
+                span(&group.status),
+                group.message.as_deref().map(|m| format!("  ({m})")).unwrap_or_default()
+            );
+            gates(&mut out, "      ", "before-gate", &group.before_gates);
+            for m in &group.members {
+                let detail = m
+                    .status
+                    .error
+                    .as_ref()
+                    .map(|e| format!("  error {}: {}", e.code, e.message))
+                    .or_else(|| m.message.as_ref().map(|msg| format!("  ({msg})")))
+                    .unwrap_or_default();
+                let _ = writeln!(out, "      {}  {:?}{}{}", m.name, m.status.state, span(&m.status), detail);
+            }
+            gates(&mut out, "      ", "after-gate", &group.after_gates);
+        }
+        gates(&mut out, "    ", "after-gate", &stage.after_gates);
+        if let Some(wait) = &stage.after_stage_wait_status {
+            let _ = writeln!(out, "    wait {}s  {:?}{}", wait.wait_duration_in_seconds, wait.status.state, span(&wait.status));
+        }
+    }
+    out
+}
+
+fn verb(kind: EventType) -> &'static str {
+    match kind {
+        EventType::MemberStarted => "started",
+        EventType::MemberSucceeded => "succeeded",
+        EventType::MemberFailed => "FAILED",
+        EventType::MemberSkipped => "skipped",
+        EventType::MemberPending => "pending",
+        EventType::MemberStopped => "stopped",
+        EventType::MemberReattached => "re-attached",
+        _ => "",
+    }
+}
+
+/// One line per instant; member events are grouped by kind, at most a few names each.
+pub fn timeline(events: &[Event]) -> String {
+    const NAMES: usize = 6;
+    let mut out = String::new();
+    let mut i = 0;
+    while i < events.len() {
+        let t: Time = events[i].time;
+        let mut j = i;
+        while j < events.len() && events[j].time == t {
+            j += 1;
+        }
+        let mut parts: Vec<String> = Vec::new();
+        let mut members: Vec<(EventType, Vec<&str>)> = Vec::new();
+        for e in &events[i..j] {
+            if let (Some(m), v) = (&e.member, verb(e.kind))
+                && !v.is_empty()
+            {
+                match members.iter_mut().find(|(k, _)| *k == e.kind) {
+                    Some((_, names)) => names.push(m),
+                    None => members.push((e.kind, vec![m])),
+                }
+                continue;
+            }
+            let place = match (&e.stage, &e.group) {
+                (Some(s), Some(g)) => format!(" {s}/{g}"),
+                (Some(s), None) => format!(" {s}"),
+                _ => String::new(),
+            };
+            let extra = match (&e.error, &e.message) {
+                (Some(err), Some(m)) => format!(" ({m}: {})", err.message),
+                (None, Some(m)) => format!(" ({m})"),
+                _ => String::new(),
+            };
+            parts.push(format!("{:?}{place}{extra}", e.kind));
+        }
+        for (kind, names) in members {
+            let shown: Vec<&str> = names.iter().take(NAMES).copied().collect();
+            let more = if names.len() > NAMES { format!(" +{} more", names.len() - NAMES) } else { String::new() };
+            parts.push(format!("{} {}{more}", verb(kind), shown.join(", ")));
+        }
+        let _ = writeln!(out, "{t}  {}", parts.join("; "));
+        i = j;
+    }
+    out
+}
+
+/// The whole human-readable report.
+pub fn report(description: &str, result: &SimResult) -> String {
+    let mut out = String::new();
+    if !description.is_empty() {
+        let _ = writeln!(out, "{description}\n");
+    }
+    for w in &result.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    if let Some(e) = &result.create_error {
+        let _ = writeln!(out, "the update run was rejected at creation: {} ({:?}, at {})", e.message, e.code, e.target);
+        return out;
+    }
+    let _ = writeln!(out, "timeline:");
+    out.push_str(&timeline(&result.events));
+    if let Some(run) = &result.run {
+        let name = run["name"].as_str().unwrap_or("run");
+        if let Ok(status) = serde_json::from_value::<UpdateRunStatus>(run["properties"]["status"].clone()) {
+            let _ = writeln!(out);
+            out.push_str(&tree(name, &status));
+        }
+    }
+    out
+}

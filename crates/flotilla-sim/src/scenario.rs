@@ -1,0 +1,434 @@
+//! Scenario files (`../shared/conformance/README.md`): a fleet, a release catalog, a strategy,
+//! an upgrade, a timeline of actions and the expectations, read from YAML.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use flotilla_engine::error::{ApiError, from_json_value};
+use flotilla_engine::fleet::{Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog};
+use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec};
+use flotilla_engine::time::{Time, parse_duration};
+use flotilla_engine::version::{ImageVersion, KubeVersion, split_family_version};
+use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
+
+/// A scenario file that cannot be used: the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ScenarioError(pub String);
+
+impl From<ApiError> for ScenarioError {
+    fn from(e: ApiError) -> Self {
+        ScenarioError(e.message)
+    }
+}
+
+/// Accepts a YAML scalar of any type as text (`ring: 0`, `version: 1.30.5`).
+fn scalar_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) => Ok(s),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        other => Err(serde::de::Error::custom(format!("expected a scalar, got {other}"))),
+    }
+}
+
+fn optional_scalar_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    scalar_text(d).map(Some)
+}
+
+fn scalar_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let map = BTreeMap::<String, Value>::deserialize(d)?;
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            Value::Number(n) => Ok((k, n.to_string())),
+            Value::Bool(b) => Ok((k, b.to_string())),
+            other => Err(serde::de::Error::custom(format!("label {k}: expected a scalar, got {other}"))),
+        })
+        .collect()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioSpec {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(deserialize_with = "scalar_text")]
+    pub start: String,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub until: Option<String>,
+    #[serde(default)]
+    pub catalog: serde_json::Map<String, Value>,
+    #[serde(default)]
+    pub members: Vec<MemberSpec>,
+    #[serde(default)]
+    pub strategy: Option<Value>,
+    pub update: Value,
+    #[serde(default)]
+    pub actions: Vec<ActionSpec>,
+    #[serde(default)]
+    pub expect: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionSpec {
+    #[serde(default)]
+    pub kubernetes: Vec<KubeReleaseSpec>,
+    #[serde(default)]
+    pub node_images: serde_json::Map<String, Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeReleaseSpec {
+    #[serde(deserialize_with = "scalar_text")]
+    pub version: String,
+    #[serde(default)]
+    pub preview: bool,
+    #[serde(default)]
+    pub lts: bool,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub available_at: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageReleaseSpec {
+    #[serde(deserialize_with = "scalar_text")]
+    pub version: String,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub available_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    pub family: String,
+    #[serde(default)]
+    pub os: Option<String>,
+    #[serde(deserialize_with = "scalar_text")]
+    pub node_image_version: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MaintenanceSpec {
+    #[serde(default)]
+    pub kubernetes: Option<MaintenanceWindowSpec>,
+    #[serde(default, rename = "nodeOS")]
+    pub node_os: Option<MaintenanceWindowSpec>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimSpec {
+    #[serde(default)]
+    pub duration_seconds: Option<i64>,
+    #[serde(default)]
+    pub outcome: Option<String>,
+    #[serde(default)]
+    pub fail_message: Option<String>,
+    #[serde(default)]
+    pub fail_attempts: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberSpec {
+    pub name: String,
+    pub region: String,
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default, deserialize_with = "scalar_map")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(deserialize_with = "scalar_text")]
+    pub kubernetes_version: String,
+    #[serde(default)]
+    pub long_term_support: bool,
+    #[serde(default)]
+    pub node_pools: Option<Vec<PoolSpec>>,
+    #[serde(default)]
+    pub maintenance: Option<MaintenanceSpec>,
+    #[serde(default)]
+    pub sim: Option<SimSpec>,
+    #[serde(default)]
+    pub cluster_resource_id: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GateLocator {
+    pub stage: String,
+    #[serde(default)]
+    pub group: Option<String>,
+    pub timing: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TargetSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ActionSpec {
+    #[serde(deserialize_with = "scalar_text")]
+    pub at: String,
+    #[serde(rename = "do")]
+    pub action: String,
+    #[serde(default)]
+    pub gate: Option<GateLocator>,
+    #[serde(default)]
+    pub targets: Option<Vec<TargetSpec>>,
+    #[serde(default)]
+    pub member: Option<String>,
+    #[serde(default)]
+    pub pool: Option<PoolSpec>,
+}
+
+/// How a simulated cluster behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimBehaviour {
+    pub duration_seconds: i64,
+    pub fail: bool,
+    pub fail_message: String,
+    /// With `fail`: only the first N attempts fail; `None` means all do.
+    pub fail_attempts: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Action {
+    Start,
+    Stop,
+    Approve(GateLocator),
+    Skip(Vec<TargetSpec>),
+    RemoveMember(String),
+    AddNodePool { member: String, pool: NodePool },
+}
+
+#[derive(Clone, Debug)]
+pub struct TimedAction {
+    pub at: Time,
+    pub action: Action,
+    /// The action as written, for the event log.
+    pub label: String,
+}
+
+/// A scenario, parsed and checked.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub start: Time,
+    pub until: Time,
+    pub catalog: Catalog,
+    pub members: Vec<Member>,
+    pub behaviour: BTreeMap<String, SimBehaviour>,
+    pub strategy: Option<Value>,
+    pub update: Value,
+    pub actions: Vec<TimedAction>,
+    pub expect: Option<Value>,
+}
+
+fn bad(path: &str, message: impl std::fmt::Display) -> ScenarioError {
+    ScenarioError(format!("{path}: {message}"))
+}
+
+fn time_at(path: &str, text: &str) -> Result<Time, ScenarioError> {
+    Time::parse(text).map_err(|e| bad(path, e))
+}
+
+fn kube(path: &str, text: &str) -> Result<KubeVersion, ScenarioError> {
+    KubeVersion::parse(text).ok_or_else(|| bad(path, format!("{text:?} is not a Kubernetes version major.minor.patch")))
+}
+
+fn image(path: &str, text: &str) -> Result<ImageVersion, ScenarioError> {
+    // Accept both `202602.10.0` and the API form `<family>-202602.10.0`.
+    let version = split_family_version(text).map_or(text, |(_, v)| v);
+    ImageVersion::parse(version).ok_or_else(|| bad(path, format!("{text:?} is not a node image version")))
+}
+
+fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
+    let os = match p.os.as_deref() {
+        None | Some("Linux") => Os::Linux,
+        Some("Windows") => Os::Windows,
+        Some(other) => return Err(bad(&format!("{path}.os"), format!("{other:?} must be Linux or Windows"))),
+    };
+    Ok(NodePool {
+        name: p.name.clone(),
+        family: p.family.clone(),
+        os,
+        image: image(&format!("{path}.nodeImageVersion"), &p.node_image_version)?,
+    })
+}
+
+impl Scenario {
+    /// Parses scenario YAML. `name` becomes the run's name.
+    pub fn parse(name: &str, yaml: &str) -> Result<Scenario, ScenarioError> {
+        let value: Value = serde_saphyr::from_str(yaml).map_err(|e| ScenarioError(format!("not valid YAML: {e}")))?;
+        let spec: ScenarioSpec = from_json_value(value, "")?;
+        let start = time_at("start", &spec.start)?;
+        let until = match &spec.until {
+            None => start.plus(240 * 3600),
+            Some(text) => start.plus(parse_duration(text).ok_or_else(|| bad("until", format!("{text:?} is not a duration like 72h")))?),
+        };
+        let mut catalog = Catalog::default();
+        for (region, body) in &spec.catalog {
+            let rpath = format!("catalog.{region}");
+            let r: RegionSpec = from_json_value(body.clone(), &rpath)?;
+            let mut rc = RegionCatalog::default();
+            for (i, k) in r.kubernetes.iter().enumerate() {
+                let kpath = format!("{rpath}.kubernetes[{i}]");
+                rc.kubernetes.push(KubeRelease {
+                    version: kube(&format!("{kpath}.version"), &k.version)?,
+                    preview: k.preview,
+                    long_term_support: k.lts,
+                    available_at: k.available_at.as_deref().map(|t| time_at(&format!("{kpath}.availableAt"), t)).transpose()?,
+                });
+            }
+            for (family, list) in &r.node_images {
+                let fpath = format!("{rpath}.nodeImages.{family}");
+                let releases: Vec<ImageReleaseSpec> = from_json_value(list.clone(), &fpath)?;
+                let mut out = Vec::new();
+                for (i, rel) in releases.iter().enumerate() {
+                    let ipath = format!("{fpath}[{i}]");
+                    out.push(ImageRelease {
+                        version: image(&format!("{ipath}.version"), &rel.version)?,
+                        available_at: rel.available_at.as_deref().map(|t| time_at(&format!("{ipath}.availableAt"), t)).transpose()?,
+                    });
+                }
+                rc.family_order.push(family.clone());
+                rc.node_images.insert(family.clone(), out);
+            }
+            catalog.regions.insert(region.clone(), rc);
+        }
+        let mut members = Vec::new();
+        let mut behaviour = BTreeMap::new();
+        for (i, m) in spec.members.iter().enumerate() {
+            let mpath = format!("members[{i}]");
+            flotilla_engine::strategy::check_name(&m.name, 50).map_err(|e| bad(&format!("{mpath}.name"), e))?;
+            if behaviour.contains_key(&m.name) {
+                return Err(bad(&format!("{mpath}.name"), format!("member {:?} is listed twice", m.name)));
+            }
+            let node_pools = match &m.node_pools {
+                Some(pools) => pools
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| pool(&format!("{mpath}.nodePools[{j}]"), p))
+                    .collect::<Result<Vec<_>, _>>()?,
+                // Default: one Linux pool of the region's first listed family at its first version.
+                None => catalog
+                    .regions
+                    .get(&m.region)
+                    .and_then(|r| {
+                        let family = r.family_order.first()?;
+                        let first = r.node_images.get(family)?.first()?;
+                        Some(vec![NodePool {
+                            name: "nodepool1".into(),
+                            family: family.clone(),
+                            os: Os::Linux,
+                            image: first.version.clone(),
+                        }])
+                    })
+                    .unwrap_or_default(),
+            };
+            let maintenance = m.maintenance.as_ref();
+            let window = |spec: Option<&MaintenanceWindowSpec>, field: &str| {
+                spec.map(|s| MaintenanceWindow::parse(s, &format!("{mpath}.maintenance.{field}"))).transpose()
+            };
+            let cluster = Cluster {
+                region: m.region.clone(),
+                kubernetes_version: kube(&format!("{mpath}.kubernetesVersion"), &m.kubernetes_version)?,
+                node_pools,
+                kubernetes_window: window(maintenance.and_then(|x| x.kubernetes.as_ref()), "kubernetes")?,
+                node_os_window: window(maintenance.and_then(|x| x.node_os.as_ref()), "nodeOS")?,
+                long_term_support: m.long_term_support,
+            };
+            let sim = m.sim.clone().unwrap_or_default();
+            let fail = match sim.outcome.as_deref() {
+                None | Some("succeed") => false,
+                Some("fail") => true,
+                Some(other) => return Err(bad(&format!("{mpath}.sim.outcome"), format!("{other:?} must be succeed or fail"))),
+            };
+            let duration_seconds = sim.duration_seconds.unwrap_or(600);
+            if duration_seconds < 0 {
+                return Err(bad(&format!("{mpath}.sim.durationSeconds"), "must not be negative"));
+            }
+            behaviour.insert(
+                m.name.clone(),
+                SimBehaviour {
+                    duration_seconds,
+                    fail,
+                    fail_message: sim.fail_message.unwrap_or_else(|| "simulated upgrade failure".into()),
+                    fail_attempts: sim.fail_attempts,
+                },
+            );
+            members.push(Member {
+                name: m.name.clone(),
+                cluster_resource_id: m.cluster_resource_id.clone().unwrap_or_else(|| format!("/sim/clusters/{}", m.name)),
+                group: m.group.clone(),
+                labels: m.labels.clone(),
+                cluster,
+            });
+        }
+        let mut actions = Vec::new();
+        for (i, a) in spec.actions.iter().enumerate() {
+            let apath = format!("actions[{i}]");
+            let offset = parse_duration(&a.at).ok_or_else(|| bad(&format!("{apath}.at"), format!("{:?} is not a duration like 2h", a.at)))?;
+            let action = match a.action.as_str() {
+                "start" => Action::Start,
+                "stop" => Action::Stop,
+                "approve" => Action::Approve(a.gate.clone().ok_or_else(|| bad(&format!("{apath}.gate"), "approve needs a gate"))?),
+                "skip" => Action::Skip(a.targets.clone().ok_or_else(|| bad(&format!("{apath}.targets"), "skip needs targets"))?),
+                "removeMember" => {
+                    Action::RemoveMember(a.member.clone().ok_or_else(|| bad(&format!("{apath}.member"), "removeMember needs a member"))?)
+                }
+                "addNodePool" => {
+                    let member = a.member.clone().ok_or_else(|| bad(&format!("{apath}.member"), "addNodePool needs a member"))?;
+                    let p = a.pool.as_ref().ok_or_else(|| bad(&format!("{apath}.pool"), "addNodePool needs a pool"))?;
+                    Action::AddNodePool { member, pool: pool(&format!("{apath}.pool"), p)? }
+                }
+                other => {
+                    return Err(bad(
+                        &format!("{apath}.do"),
+                        format!("unknown action {other:?}: start, stop, approve, skip, removeMember or addNodePool"),
+                    ));
+                }
+            };
+            actions.push(TimedAction { at: start.plus(offset), action, label: a.action.clone() });
+        }
+        // Actions run in time order, and in file order at the same time.
+        actions.sort_by_key(|a| a.at);
+        Ok(Scenario {
+            name: name.to_string(),
+            description: spec.description.unwrap_or_default(),
+            start,
+            until,
+            catalog,
+            members,
+            behaviour,
+            strategy: spec.strategy,
+            update: spec.update,
+            actions,
+            expect: spec.expect,
+        })
+    }
+
+    /// The strategy and upgrade of the scenario as wire shapes, checked for unknown fields.
+    pub fn wire_specs(&self) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+        let strategy = self
+            .strategy
+            .clone()
+            .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
+            .transpose()?;
+        let update = from_json_value::<ManagedClusterUpdateSpec>(self.update.clone(), "properties.managedClusterUpdate")?;
+        Ok((strategy, update))
+    }
+}
