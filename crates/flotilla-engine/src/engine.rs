@@ -18,7 +18,8 @@ use crate::status::{
     SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
 };
 use crate::strategy::{
-    DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, NodeImageSelection, Stage, Strategy, Upgrade, UpgradeType,
+    DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, NodeImageSelection, Stage, Strategy, Upgrade,
+    UpgradeType,
 };
 use crate::threshold::Amount;
 use crate::time::{SECONDS_PER_DAY, SECONDS_PER_HOUR, Time};
@@ -78,16 +79,38 @@ pub enum Input {
     Start,
     Stop,
     Skip(Vec<SkipTarget>),
-    ApproveGate { gate: GateRef, by: String },
+    ApproveGate {
+        gate: GateRef,
+        by: String,
+    },
     /// The driver accepted an upgrade and named its operation.
-    OperationAccepted { member: String, attempt: u64, operation_id: String },
-    OperationFinished { member: String, attempt: u64, outcome: Result<(), String> },
+    OperationAccepted {
+        member: String,
+        attempt: u64,
+        operation_id: String,
+    },
+    OperationFinished {
+        member: String,
+        attempt: u64,
+        outcome: Result<(), String>,
+    },
     /// A fresh observation of a member's cluster; `operation` answers a [`Command::Observe`].
-    Observed { member: String, cluster: Cluster, operation: Option<(u64, OperationProgress)> },
-    MemberRemoved { member: String },
+    Observed {
+        member: String,
+        cluster: Cluster,
+        operation: Option<(u64, OperationProgress)>,
+    },
+    MemberRemoved {
+        member: String,
+    },
     /// Another active run is upgrading this member (SEMANTICS §3, one operation per cluster).
-    MemberLocked { member: String, by_run: String },
-    MemberUnlocked { member: String },
+    MemberLocked {
+        member: String,
+        by_run: String,
+    },
+    MemberUnlocked {
+        member: String,
+    },
     CatalogChanged(Catalog),
 }
 
@@ -110,7 +133,11 @@ pub struct Target {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Send an upgrade. The shell records `(member, attempt)` durably before calling the driver.
-    StartUpgrade { member: String, attempt: u64, target: Target },
+    StartUpgrade {
+        member: String,
+        attempt: u64,
+        target: Target,
+    },
     /// Ask the driver about `attempt`'s operation and the cluster; answer with `Input::Observed`.
     Observe { member: String, attempt: u64 },
 }
@@ -283,9 +310,14 @@ enum Decision {
 
 fn gate_id(run: &str, at: GateRef) -> String {
     // A deterministic GUID from the run and the gate's place: FNV-1a over two seeds.
-    let key = format!("{run}/{}/{:?}/{:?}/{}", at.stage, at.group, at.timing, at.index);
+    let key = format!(
+        "{run}/{}/{:?}/{:?}/{}",
+        at.stage, at.group, at.timing, at.index
+    );
     let fnv = |seed: u64| {
-        key.bytes().fold(seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+        key.bytes().fold(seed, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
     };
     let (a, b) = (fnv(0xcbf2_9ce4_8422_2325), fnv(0x8422_2325_cbf2_9ce4));
     format!(
@@ -298,13 +330,27 @@ fn gate_id(run: &str, at: GateRef) -> String {
     )
 }
 
-fn gates_rt(run: &str, gates: &[Gate], stage: u32, group: Option<u32>, timing: Timing) -> Vec<GateRt> {
+fn gates_rt(
+    run: &str,
+    gates: &[Gate],
+    stage: u32,
+    group: Option<u32>,
+    timing: Timing,
+) -> Vec<GateRt> {
     gates
         .iter()
         .enumerate()
         .map(|(i, g)| GateRt {
             gate: g.clone(),
-            id: gate_id(run, GateRef { stage, group, timing, index: i as u32 }),
+            id: gate_id(
+                run,
+                GateRef {
+                    stage,
+                    group,
+                    timing,
+                    index: i as u32,
+                },
+            ),
             state: State::NotStarted,
             start: None,
             completed: None,
@@ -315,7 +361,9 @@ fn gates_rt(run: &str, gates: &[Gate], stage: u32, group: Option<u32>, timing: T
 }
 
 fn gates_done(gates: &[GateRt]) -> bool {
-    gates.iter().all(|g| matches!(g.state, State::Completed | State::Skipped))
+    gates
+        .iter()
+        .all(|g| matches!(g.state, State::Completed | State::Skipped))
 }
 
 /// The next `day` at `time` local (`offset` east of UTC) at or after `now`; a time already
@@ -343,10 +391,14 @@ impl Engine {
         if let NodeImageSelection::Custom(versions) = &spec.upgrade.node_images {
             for (i, (family, version)) in versions.iter().enumerate() {
                 if !catalog.lists_image(family, version) {
-                    let target = format!("properties.managedClusterUpdate.nodeImageSelection.customNodeImageVersions[{i}].version");
+                    let target = format!(
+                        "properties.managedClusterUpdate.nodeImageSelection.customNodeImageVersions[{i}].version"
+                    );
                     return Err(ApiError::new(
                         ErrorCode::InvalidNodeImageSelection,
-                        format!("{target}: node image {family}-{version} is not in the release catalog of any region"),
+                        format!(
+                            "{target}: node image {family}-{version} is not in the release catalog of any region"
+                        ),
                         target,
                     ));
                 }
@@ -401,55 +453,79 @@ impl Engine {
                 .copied()
                 .filter(|m| stage.selector.as_ref().is_none_or(|s| s.matches(&m.labels)))
                 .collect();
-            let group_defs: Vec<(String, Vec<&Member>, Option<Amount>, Option<Amount>, &[Gate], &[Gate])> =
-                if stage.groups.is_empty() {
-                    // A run without strategy has no selector: every member.
-                    vec![(stage.name.clone(), in_stage.clone(), None, None, &[], &[])]
-                } else {
-                    stage
-                        .groups
-                        .iter()
-                        .map(|g| {
-                            let chosen = in_stage
-                                .iter()
-                                .copied()
-                                .filter(|m| match &g.selector {
-                                    Some(s) => s.matches(&m.labels),
-                                    None => m.group.as_deref() == Some(g.name.as_str()),
-                                })
-                                .collect();
-                            (
-                                g.name.clone(),
-                                chosen,
-                                g.max_concurrency,
-                                g.max_allowed_failures,
-                                g.before_gates.as_slice(),
-                                g.after_gates.as_slice(),
-                            )
-                        })
-                        .collect()
-                };
+            let group_defs: Vec<(
+                String,
+                Vec<&Member>,
+                Option<Amount>,
+                Option<Amount>,
+                &[Gate],
+                &[Gate],
+            )> = if stage.groups.is_empty() {
+                // A run without strategy has no selector: every member.
+                vec![(stage.name.clone(), in_stage.clone(), None, None, &[], &[])]
+            } else {
+                stage
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        let chosen = in_stage
+                            .iter()
+                            .copied()
+                            .filter(|m| match &g.selector {
+                                Some(s) => s.matches(&m.labels),
+                                None => m.group.as_deref() == Some(g.name.as_str()),
+                            })
+                            .collect();
+                        (
+                            g.name.clone(),
+                            chosen,
+                            g.max_concurrency,
+                            g.max_allowed_failures,
+                            g.before_gates.as_slice(),
+                            g.after_gates.as_slice(),
+                        )
+                    })
+                    .collect()
+            };
             let stage_size: u64 = group_defs.iter().map(|d| d.1.len() as u64).sum();
-            let stage_concurrency =
-                stage.max_concurrency.map_or(DEFAULT_STAGE_CONCURRENCY, |a| a.resolve_concurrency(stage_size));
-            let stage_failures = stage.max_allowed_failures.map_or(0, |a| a.resolve_failures(stage_size));
-            if stage.max_allowed_failures.is_some() && stage_size > 0 && stage_failures >= stage_size {
+            let stage_concurrency = stage
+                .max_concurrency
+                .map_or(DEFAULT_STAGE_CONCURRENCY, |a| {
+                    a.resolve_concurrency(stage_size)
+                });
+            let stage_failures = stage
+                .max_allowed_failures
+                .map_or(0, |a| a.resolve_failures(stage_size));
+            if stage.max_allowed_failures.is_some()
+                && stage_size > 0
+                && stage_failures >= stage_size
+            {
                 warnings.push(format!(
                     "stage {:?}: maxAllowedFailures {} tolerates all {stage_size} of its members failing",
                     stage.name, stage_failures
                 ));
             }
             let mut group_ids = Vec::new();
-            for (gi, (name, chosen, concurrency, failures, before, after)) in group_defs.into_iter().enumerate() {
+            for (gi, (name, chosen, concurrency, failures, before, after)) in
+                group_defs.into_iter().enumerate()
+            {
                 let gid = engine.groups.len() as u32;
                 let size = chosen.len() as u64;
                 let mut ids = Vec::with_capacity(chosen.len());
                 for m in chosen {
                     if let Some(other) = claimed.insert(m.name.as_str(), name.clone()) {
+                        let target = if stage.groups.is_empty() {
+                            format!("properties.strategy.stages[{si}].memberSelector")
+                        } else {
+                            format!("properties.strategy.stages[{si}].groups[{gi}]")
+                        };
                         return Err(ApiError::new(
                             ErrorCode::DuplicateMembership,
-                            format!("member {:?} is selected by two groups, {other:?} and {name:?}; a member may be in one group of a run", m.name),
-                            "properties.strategy",
+                            format!(
+                                "{target}: member {} is selected by two groups, {other} and {name}; a member may be in only one group of a run",
+                                m.name
+                            ),
+                            target,
                         ));
                     }
                     let id = engine.members.len() as u32;
@@ -517,9 +593,21 @@ impl Engine {
                 outcome: None,
                 user_skipped: false,
                 stopped: false,
-                before: gates_rt(run_name, &stage.before_gates, si as u32, None, Timing::Before),
+                before: gates_rt(
+                    run_name,
+                    &stage.before_gates,
+                    si as u32,
+                    None,
+                    Timing::Before,
+                ),
                 after: gates_rt(run_name, &stage.after_gates, si as u32, None, Timing::After),
-                wait: WaitRt { seconds: stage.wait_seconds, state: State::NotStarted, start: None, end: None, completed: None },
+                wait: WaitRt {
+                    seconds: stage.wait_seconds,
+                    state: State::NotStarted,
+                    start: None,
+                    end: None,
+                    completed: None,
+                },
                 in_flight: 0,
                 failure_count: 0,
                 start: None,
@@ -571,12 +659,26 @@ impl Engine {
         let (gates, group_pos) = match group {
             None => (self.stage_gates(si, timing), None),
             Some(name) => {
-                let pos = self.stages[si].groups.iter().position(|&g| self.groups[g as usize].name == name)?;
-                (self.group_gates(self.stages[si].groups[pos], timing), Some(pos as u32))
+                let pos = self.stages[si]
+                    .groups
+                    .iter()
+                    .position(|&g| self.groups[g as usize].name == name)?;
+                (
+                    self.group_gates(self.stages[si].groups[pos], timing),
+                    Some(pos as u32),
+                )
             }
         };
-        let index = gates.iter().position(|g| g.state == State::Pending).or(if gates.is_empty() { None } else { Some(0) })?;
-        Some(GateRef { stage: si as u32, group: group_pos, timing, index: index as u32 })
+        let index = gates
+            .iter()
+            .position(|g| g.state == State::Pending)
+            .or(if gates.is_empty() { None } else { Some(0) })?;
+        Some(GateRef {
+            stage: si as u32,
+            group: group_pos,
+            timing,
+            index: index as u32,
+        })
     }
 
     /// Finds a gate by its id (the gate resource's name).
@@ -584,11 +686,21 @@ impl Engine {
         for (si, stage) in self.stages.iter().enumerate() {
             for timing in [Timing::Before, Timing::After] {
                 if let Some(i) = self.stage_gates(si, timing).iter().position(|g| g.id == id) {
-                    return Some(GateRef { stage: si as u32, group: None, timing, index: i as u32 });
+                    return Some(GateRef {
+                        stage: si as u32,
+                        group: None,
+                        timing,
+                        index: i as u32,
+                    });
                 }
                 for (pos, &g) in stage.groups.iter().enumerate() {
                     if let Some(i) = self.group_gates(g, timing).iter().position(|g| g.id == id) {
-                        return Some(GateRef { stage: si as u32, group: Some(pos as u32), timing, index: i as u32 });
+                        return Some(GateRef {
+                            stage: si as u32,
+                            group: Some(pos as u32),
+                            timing,
+                            index: i as u32,
+                        });
                     }
                 }
             }
@@ -631,15 +743,36 @@ impl Engine {
 
     fn gate_names(&self, at: GateRef) -> (Option<String>, Option<String>) {
         let stage = &self.stages[at.stage as usize];
-        let group = at.group.map(|pos| self.groups[stage.groups[pos as usize] as usize].name.clone());
+        let group = at.group.map(|pos| {
+            self.groups[stage.groups[pos as usize] as usize]
+                .name
+                .clone()
+        });
         (Some(stage.name.clone()), group)
     }
 
     // -----------------------------------------------------------------------------------------
     // Events and timers.
 
-    fn emit(&mut self, now: Time, kind: EventType, stage: Option<String>, group: Option<String>, member: Option<String>, message: Option<String>) {
-        self.events.push_back(Event { time: now, kind, stage, group, member, gate: None, message, error: None });
+    fn emit(
+        &mut self,
+        now: Time,
+        kind: EventType,
+        stage: Option<String>,
+        group: Option<String>,
+        member: Option<String>,
+        message: Option<String>,
+    ) {
+        self.events.push_back(Event {
+            time: now,
+            kind,
+            stage,
+            group,
+            member,
+            gate: None,
+            message,
+            error: None,
+        });
     }
 
     fn emit_member(&mut self, now: Time, kind: EventType, m: u32, message: Option<String>) {
@@ -661,7 +794,14 @@ impl Engine {
     fn emit_group(&mut self, now: Time, kind: EventType, g: u32, message: Option<String>) {
         let group = &self.groups[g as usize];
         let stage = self.stages[group.stage as usize].name.clone();
-        self.emit(now, kind, Some(stage), Some(group.name.clone()), None, message);
+        self.emit(
+            now,
+            kind,
+            Some(stage),
+            Some(group.name.clone()),
+            None,
+            message,
+        );
     }
 
     fn emit_stage(&mut self, now: Time, kind: EventType, si: usize, message: Option<String>) {
@@ -672,7 +812,16 @@ impl Engine {
     fn emit_gate(&mut self, now: Time, kind: EventType, at: GateRef, message: Option<String>) {
         let (stage, group) = self.gate_names(at);
         let id = self.gate_mut(at).map(|g| g.id.clone());
-        self.events.push_back(Event { time: now, kind, stage, group, member: None, gate: id, message, error: None });
+        self.events.push_back(Event {
+            time: now,
+            kind,
+            stage,
+            group,
+            member: None,
+            gate: id,
+            message,
+            error: None,
+        });
     }
 
     /// Records a refused action in the event log (the simulator's `ActionRejected`).
@@ -711,7 +860,11 @@ impl Engine {
             Input::Stop => self.stop(now),
             Input::Skip(targets) => self.skip(now, &targets),
             Input::ApproveGate { gate, by } => self.approve(now, gate, by),
-            Input::OperationAccepted { member, attempt, operation_id } => {
+            Input::OperationAccepted {
+                member,
+                attempt,
+                operation_id,
+            } => {
                 if let Some(&m) = self.member_index.get(&member) {
                     let member = &mut self.members[m as usize];
                     if member.attempt == attempt {
@@ -720,11 +873,19 @@ impl Engine {
                 }
                 Ok(())
             }
-            Input::OperationFinished { member, attempt, outcome } => {
+            Input::OperationFinished {
+                member,
+                attempt,
+                outcome,
+            } => {
                 self.operation_finished(now, &member, attempt, outcome);
                 Ok(())
             }
-            Input::Observed { member, cluster, operation } => {
+            Input::Observed {
+                member,
+                cluster,
+                operation,
+            } => {
                 self.observed(now, &member, cluster, operation);
                 Ok(())
             }
@@ -775,7 +936,9 @@ impl Engine {
             RunPhase::NotStarted => {
                 self.phase = RunPhase::Running;
                 self.run_start = Some(now);
-                if self.upgrade.node_images == NodeImageSelection::Consistent && self.upgrade.changes_node_images() {
+                if self.upgrade.node_images == NodeImageSelection::Consistent
+                    && self.upgrade.changes_node_images()
+                {
                     self.select_consistent_images(now);
                 }
                 self.emit(now, EventType::RunStarted, None, None, None, None);
@@ -783,7 +946,14 @@ impl Engine {
             }
             RunPhase::Stopped => {
                 self.phase = RunPhase::Running;
-                self.emit(now, EventType::RunStarted, None, None, None, Some("started again after a stop".into()));
+                self.emit(
+                    now,
+                    EventType::RunStarted,
+                    None,
+                    None,
+                    None,
+                    Some("started again after a stop".into()),
+                );
                 self.resume_current_stage(now);
                 Ok(())
             }
@@ -819,12 +989,22 @@ impl Engine {
     /// Consistent images: per family in the run, the newest version available in every region of
     /// the run's members at run start (SEMANTICS §1).
     fn select_consistent_images(&mut self, now: Time) {
-        let regions: BTreeSet<&str> = self.members.iter().map(|m| m.cluster.region.as_str()).collect();
-        let families: BTreeSet<&str> =
-            self.members.iter().flat_map(|m| m.cluster.node_pools.iter().map(|p| p.family.as_str())).collect();
+        let regions: BTreeSet<&str> = self
+            .members
+            .iter()
+            .map(|m| m.cluster.region.as_str())
+            .collect();
+        let families: BTreeSet<&str> = self
+            .members
+            .iter()
+            .flat_map(|m| m.cluster.node_pools.iter().map(|p| p.family.as_str()))
+            .collect();
         let mut selected = BTreeMap::new();
         for family in families {
-            if let Some(v) = self.catalog.newest_common_image(family, regions.iter().copied(), now) {
+            if let Some(v) = self
+                .catalog
+                .newest_common_image(family, regions.iter().copied(), now)
+            {
                 selected.insert(family.to_string(), v);
             }
         }
@@ -833,7 +1013,9 @@ impl Engine {
 
     /// After a stop: re-observe stopped members, re-place waiting ones.
     fn resume_current_stage(&mut self, now: Time) {
-        let Some(stage) = self.stages.get_mut(self.current) else { return };
+        let Some(stage) = self.stages.get_mut(self.current) else {
+            return;
+        };
         stage.stopped = false;
         let groups = stage.groups.clone();
         for g in groups {
@@ -851,9 +1033,14 @@ impl Engine {
                         let attempt = member.attempt;
                         let name = member.name.clone();
                         self.add_in_flight(g, 1);
-                        self.commands.push_back(Command::Observe { member: name, attempt });
+                        self.commands.push_back(Command::Observe {
+                            member: name,
+                            attempt,
+                        });
                     }
-                    State::NotStarted if !self.groups[g as usize].user_skipped => self.place(now, m),
+                    State::NotStarted if !self.groups[g as usize].user_skipped => {
+                        self.place(now, m)
+                    }
                     _ => {}
                 }
             }
@@ -893,7 +1080,8 @@ impl Engine {
                         member.start = None;
                         member.completed = None;
                         if let Some(err) = member.error.take() {
-                            member.message = Some(format!("earlier attempt failed: {}", err.message));
+                            member.message =
+                                Some(format!("earlier attempt failed: {}", err.message));
                         }
                         reset += 1;
                     }
@@ -918,13 +1106,23 @@ impl Engine {
                 }
             }
             if self.stages[si].phase == Phase::AfterGates
-                && self.stages[si].groups.iter().any(|&g| self.groups[g as usize].outcome.is_none())
+                && self.stages[si]
+                    .groups
+                    .iter()
+                    .any(|&g| self.groups[g as usize].outcome.is_none())
             {
                 self.stages[si].phase = Phase::Active;
             }
         }
         self.failure_count = self.stages.iter().map(|s| s.failure_count).sum();
-        self.emit(now, EventType::RunStarted, None, None, None, Some("retrying the failed run".into()));
+        self.emit(
+            now,
+            EventType::RunStarted,
+            None,
+            None,
+            None,
+            Some("retrying the failed run".into()),
+        );
     }
 
     fn stop(&mut self, now: Time) -> Result<(), ApiError> {
@@ -970,7 +1168,9 @@ impl Engine {
 
     fn approve(&mut self, now: Time, at: GateRef, by: String) -> Result<(), ApiError> {
         let run_state = self.run_state();
-        let gate = self.gate_mut(at).ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no such gate", "gate"))?;
+        let gate = self
+            .gate_mut(at)
+            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no such gate", "gate"))?;
         match gate.state {
             State::Pending => {}
             State::NotStarted => {
@@ -979,20 +1179,40 @@ impl Engine {
                     gate.id
                 )));
             }
-            other => return Err(ApiError::conflict(format!("gate {} is already {other:?}", gate.id))),
+            other => {
+                return Err(ApiError::conflict(format!(
+                    "gate {} is already {other:?}",
+                    gate.id
+                )));
+            }
         }
         if run_state.is_terminal() && run_state != State::Failed {
-            return Err(ApiError::conflict(format!("the update run is {run_state:?}")));
+            return Err(ApiError::conflict(format!(
+                "the update run is {run_state:?}"
+            )));
         }
         gate.state = State::Completed;
         gate.completed = Some(now);
         gate.approved_by = Some(by.clone());
-        self.emit_gate(now, EventType::GateCompleted, at, Some(format!("approved by {by}")));
+        self.emit_gate(
+            now,
+            EventType::GateCompleted,
+            at,
+            Some(format!("approved by {by}")),
+        );
         Ok(())
     }
 
-    fn operation_finished(&mut self, now: Time, name: &str, attempt: u64, outcome: Result<(), String>) {
-        let Some(&m) = self.member_index.get(name) else { return };
+    fn operation_finished(
+        &mut self,
+        now: Time,
+        name: &str,
+        attempt: u64,
+        outcome: Result<(), String>,
+    ) {
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
         let member = &self.members[m as usize];
         // A result for an attempt the run no longer tracks (stopped, superseded) is ignored.
         if member.state != State::Running || member.attempt != attempt || member.reattaching {
@@ -1020,7 +1240,10 @@ impl Engine {
         let member = &mut self.members[m as usize];
         member.state = State::Failed;
         member.completed = Some(now);
-        member.error = Some(ErrorDetail { code: code.into(), message: message.clone() });
+        member.error = Some(ErrorDetail {
+            code: code.into(),
+            message: message.clone(),
+        });
         let g = member.group;
         self.emit_member(now, EventType::MemberFailed, m, Some(message));
         self.group_failures[g as usize] += 1;
@@ -1029,7 +1252,10 @@ impl Engine {
         self.failure_count += 1;
         let mut failed = false;
         let group = &mut self.groups[g as usize];
-        if !group.user_skipped && group.outcome.is_none() && self.group_failures[g as usize] > group.max_failures {
+        if !group.user_skipped
+            && group.outcome.is_none()
+            && self.group_failures[g as usize] > group.max_failures
+        {
             group.outcome = Some(State::Failed);
             group.completed = Some(now);
             let msg = format!(
@@ -1041,13 +1267,19 @@ impl Engine {
             failed = true;
         }
         let stage = &mut self.stages[si];
-        if !stage.user_skipped && stage.outcome.is_none() && (failed || stage.failure_count > stage.max_failures) {
+        if !stage.user_skipped
+            && stage.outcome.is_none()
+            && (failed || stage.failure_count > stage.max_failures)
+        {
             stage.outcome = Some(State::Failed);
             stage.completed = Some(now);
             let msg = if failed {
                 format!("group {:?} failed", self.groups[g as usize].name)
             } else {
-                format!("{} failures exceed maxAllowedFailures {}", stage.failure_count, stage.max_failures)
+                format!(
+                    "{} failures exceed maxAllowedFailures {}",
+                    stage.failure_count, stage.max_failures
+                )
             };
             stage.message = Some(msg.clone());
             self.emit_stage(now, EventType::StageFailed, si, Some(msg));
@@ -1056,14 +1288,31 @@ impl Engine {
         if failed && self.phase == RunPhase::Running {
             // The run stops progressing; in-flight members finish (SEMANTICS §4).
             self.phase = RunPhase::Failed;
-            self.emit(now, EventType::RunFailed, None, None, None, self.stages[si].message.clone());
+            self.emit(
+                now,
+                EventType::RunFailed,
+                None,
+                None,
+                None,
+                self.stages[si].message.clone(),
+            );
         }
     }
 
-    fn observed(&mut self, now: Time, name: &str, cluster: Cluster, operation: Option<(u64, OperationProgress)>) {
-        let Some(&m) = self.member_index.get(name) else { return };
+    fn observed(
+        &mut self,
+        now: Time,
+        name: &str,
+        cluster: Cluster,
+        operation: Option<(u64, OperationProgress)>,
+    ) {
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
         self.members[m as usize].cluster = cluster;
-        let Some((attempt, progress)) = operation else { return };
+        let Some((attempt, progress)) = operation else {
+            return;
+        };
         let member = &self.members[m as usize];
         if !member.reattaching || member.attempt != attempt {
             return;
@@ -1071,17 +1320,27 @@ impl Engine {
         let g = member.group;
         self.members[m as usize].reattaching = false;
         match progress {
-            OperationProgress::InProgress => self.emit_member(now, EventType::MemberReattached, m, None),
+            OperationProgress::InProgress => {
+                self.emit_member(now, EventType::MemberReattached, m, None)
+            }
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);
                 let member = &mut self.members[m as usize];
-                let at_target = member.target.as_ref().is_some_and(|t| cluster_at(&member.cluster, t));
+                let at_target = member
+                    .target
+                    .as_ref()
+                    .is_some_and(|t| cluster_at(&member.cluster, t));
                 if at_target {
                     member.state = State::Completed;
                     member.completed = Some(now);
                     member.message = Some("found at target when the run started again".into());
                     self.groups[g as usize].unfinished -= 1;
-                    self.emit_member(now, EventType::MemberSucceeded, m, Some("found at target when the run started again".into()));
+                    self.emit_member(
+                        now,
+                        EventType::MemberSucceeded,
+                        m,
+                        Some("found at target when the run started again".into()),
+                    );
                 } else {
                     // Not at target: attempted again.
                     member.state = State::NotStarted;
@@ -1094,9 +1353,14 @@ impl Engine {
     }
 
     fn member_removed(&mut self, now: Time, name: &str) {
-        let Some(&m) = self.member_index.get(name) else { return };
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
         self.members[m as usize].removed = true;
-        if matches!(self.members[m as usize].state, State::NotStarted | State::Pending | State::Stopped) {
+        if matches!(
+            self.members[m as usize].state,
+            State::NotStarted | State::Pending | State::Stopped
+        ) {
             self.skip_member(now, m, "member removed from fleet");
         }
     }
@@ -1106,10 +1370,18 @@ impl Engine {
 
     fn skip(&mut self, now: Time, targets: &[SkipTarget]) -> Result<(), ApiError> {
         if matches!(self.phase, RunPhase::Completed | RunPhase::Skipped) {
-            return Err(ApiError::conflict(format!("update run {:?} is {:?}; nothing can be skipped", self.run_name, self.run_state())));
+            return Err(ApiError::conflict(format!(
+                "update run {:?} is {:?}; nothing can be skipped",
+                self.run_name,
+                self.run_state()
+            )));
         }
         if targets.is_empty() {
-            return Err(ApiError::new(ErrorCode::InvalidSkipTarget, "targets: at least one target is required", "targets"));
+            return Err(ApiError::new(
+                ErrorCode::InvalidSkipTarget,
+                "targets: at least one target is required",
+                "targets",
+            ));
         }
         enum Resolved {
             Member(u32),
@@ -1121,7 +1393,11 @@ impl Engine {
         for (i, t) in targets.iter().enumerate() {
             let path = format!("targets[{i}].name");
             let unknown = |what: &str| {
-                ApiError::new(ErrorCode::InvalidSkipTarget, format!("{path}: {what} {:?} is not part of this update run", t.name), path.clone())
+                ApiError::new(
+                    ErrorCode::InvalidSkipTarget,
+                    format!("{path}: {what} {:?} is not part of this update run", t.name),
+                    path.clone(),
+                )
             };
             resolved.push(match t.kind {
                 SkipKind::Member => {
@@ -1162,7 +1438,10 @@ impl Engine {
         for r in resolved {
             match r {
                 Resolved::Member(m) => {
-                    if matches!(self.members[m as usize].state, State::NotStarted | State::Pending) {
+                    if matches!(
+                        self.members[m as usize].state,
+                        State::NotStarted | State::Pending
+                    ) {
                         self.skip_member(now, m, "skipped by a user");
                     }
                 }
@@ -1188,10 +1467,19 @@ impl Engine {
 
     fn finish_group_if_skipped(&mut self, now: Time, g: u32) {
         let group = &mut self.groups[g as usize];
-        if group.user_skipped && group.outcome.is_none() && group.unfinished == 0 && group.in_flight == 0 {
+        if group.user_skipped
+            && group.outcome.is_none()
+            && group.unfinished == 0
+            && group.in_flight == 0
+        {
             group.outcome = Some(State::Skipped);
             group.completed = Some(now);
-            self.emit_group(now, EventType::GroupSkipped, g, Some("skipped by a user".into()));
+            self.emit_group(
+                now,
+                EventType::GroupSkipped,
+                g,
+                Some("skipped by a user".into()),
+            );
         }
     }
 
@@ -1199,11 +1487,20 @@ impl Engine {
         for timing in [Timing::Before, Timing::After] {
             let count = match group {
                 None => self.stage_gates(si, timing).len(),
-                Some(pos) => self.group_gates(self.stages[si].groups[pos as usize], timing).len(),
+                Some(pos) => self
+                    .group_gates(self.stages[si].groups[pos as usize], timing)
+                    .len(),
             };
             for index in 0..count {
-                let at = GateRef { stage: si as u32, group, timing, index: index as u32 };
-                let Some(gate) = self.gate_mut(at) else { continue };
+                let at = GateRef {
+                    stage: si as u32,
+                    group,
+                    timing,
+                    index: index as u32,
+                };
+                let Some(gate) = self.gate_mut(at) else {
+                    continue;
+                };
                 if matches!(gate.state, State::NotStarted | State::Pending) {
                     let was_pending = gate.state == State::Pending;
                     gate.state = State::Skipped;
@@ -1222,11 +1519,18 @@ impl Engine {
     fn skip_group(&mut self, now: Time, g: u32, why: &str) {
         self.groups[g as usize].user_skipped = true;
         let si = self.groups[g as usize].stage as usize;
-        let pos = self.stages[si].groups.iter().position(|&x| x == g).map(|p| p as u32);
+        let pos = self.stages[si]
+            .groups
+            .iter()
+            .position(|&x| x == g)
+            .map(|p| p as u32);
         self.skip_gates(now, si, pos);
         let members = self.groups[g as usize].members.clone();
         for m in members {
-            if matches!(self.members[m as usize].state, State::NotStarted | State::Pending) {
+            if matches!(
+                self.members[m as usize].state,
+                State::NotStarted | State::Pending
+            ) {
                 self.skip_member(now, m, why);
             }
         }
@@ -1259,12 +1563,20 @@ impl Engine {
         if stage.user_skipped
             && stage.outcome.is_none()
             && stage.in_flight == 0
-            && stage.groups.iter().all(|&g| self.groups[g as usize].outcome.is_some())
+            && stage
+                .groups
+                .iter()
+                .all(|&g| self.groups[g as usize].outcome.is_some())
         {
             let stage = &mut self.stages[si];
             stage.outcome = Some(State::Skipped);
             stage.completed = Some(now);
-            self.emit_stage(now, EventType::StageSkipped, si, Some("skipped by a user".into()));
+            self.emit_stage(
+                now,
+                EventType::StageSkipped,
+                si,
+                Some("skipped by a user".into()),
+            );
         }
     }
 
@@ -1343,10 +1655,10 @@ impl Engine {
         }
     }
 
-    fn window_of(&self, cluster: &Cluster) -> Option<MaintenanceWindow> {
+    fn window_of<'a>(&self, cluster: &'a Cluster) -> Option<&'a MaintenanceWindow> {
         match self.upgrade.upgrade_type {
-            UpgradeType::NodeImageOnly => cluster.node_os_window.clone(),
-            _ => cluster.kubernetes_window.clone(),
+            UpgradeType::NodeImageOnly => cluster.node_os_window.as_ref(),
+            _ => cluster.kubernetes_window.as_ref(),
         }
     }
 
@@ -1354,7 +1666,10 @@ impl Engine {
     fn readiness(&self, m: u32, now: Time) -> Readiness {
         let member = &self.members[m as usize];
         if let Some(run) = &member.locked_by {
-            return Readiness::Wait { wake: None, message: format!("waiting: update run {run:?} is upgrading this member") };
+            return Readiness::Wait {
+                wake: None,
+                message: format!("waiting: update run {run:?} is upgrading this member"),
+            };
         }
         let cluster = &member.cluster;
         let region = cluster.region.as_str();
@@ -1372,8 +1687,14 @@ impl Engine {
         if self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
                 let a = match &self.upgrade.node_images {
-                    NodeImageSelection::Latest => self.catalog.first_image_arrival(region, &pool.family, now),
-                    NodeImageSelection::Consistent => match self.selected_images.as_ref().and_then(|s| s.get(&pool.family)) {
+                    NodeImageSelection::Latest => {
+                        self.catalog.first_image_arrival(region, &pool.family, now)
+                    }
+                    NodeImageSelection::Consistent => match self
+                        .selected_images
+                        .as_ref()
+                        .and_then(|s| s.get(&pool.family))
+                    {
                         Some(v) => self.catalog.image(region, &pool.family, v, now),
                         // No selection for this family: decided (Skipped) when picked.
                         None => Availability::Now,
@@ -1384,11 +1705,17 @@ impl Engine {
                     },
                 };
                 if a != Availability::Now && what.is_empty() {
-                    what = format!("no node image of family {} is available yet in region {region:?}", pool.family);
+                    what = format!(
+                        "no node image of family {} is available yet in region {region:?}",
+                        pool.family
+                    );
                     if let NodeImageSelection::Custom(versions) = &self.upgrade.node_images
                         && let Some(v) = versions.get(&pool.family)
                     {
-                        what = format!("target node image version {}-{v} is not yet available in region {region:?}", pool.family);
+                        what = format!(
+                            "target node image version {}-{v} is not yet available in region {region:?}",
+                            pool.family
+                        );
                     }
                 }
                 needs = needs.and(a);
@@ -1398,27 +1725,48 @@ impl Engine {
             Availability::Now => now,
             Availability::At(t) => t,
             Availability::Unlisted => {
-                return Readiness::Wait { wake: None, message: format!("{what}; waiting for it to be released there") };
+                return Readiness::Wait {
+                    wake: None,
+                    message: format!("{what}; waiting for it to be released there"),
+                };
             }
         };
         let Some(window) = self.window_of(cluster) else {
             if earliest > now {
-                return Readiness::Wait { wake: Some(earliest), message: format!("{what}; expected at {earliest}") };
+                return Readiness::Wait {
+                    wake: Some(earliest),
+                    message: format!("{what}; expected at {earliest}"),
+                };
             }
-            return Readiness::Ready { class: CLASS_NO_WINDOW, until: None };
+            return Readiness::Ready {
+                class: CLASS_NO_WINDOW,
+                until: None,
+            };
         };
         match window.next_opening(earliest) {
-            None => Readiness::Wait { wake: None, message: "the maintenance window never opens again".into() },
-            Some(o) if o.from == now => Readiness::Ready { class: CLASS_OPEN, until: Some(o.until) },
+            None => Readiness::Wait {
+                wake: None,
+                message: "the maintenance window never opens again".into(),
+            },
+            Some(o) if o.from == now => Readiness::Ready {
+                class: CLASS_OPEN,
+                until: Some(o.until),
+            },
             Some(o) => {
                 let message = if earliest > now {
-                    format!("{what}; expected at {earliest}, then the maintenance window opens at {}", o.from)
+                    format!(
+                        "{what}; expected at {earliest}, then the maintenance window opens at {}",
+                        o.from
+                    )
                 } else if o.from.unix() - now.unix() <= SOON {
                     format!("maintenance window opens soon, at {}", o.from)
                 } else {
                     format!("maintenance window is closed; it opens next at {}", o.from)
                 };
-                Readiness::Wait { wake: Some(o.from), message }
+                Readiness::Wait {
+                    wake: Some(o.from),
+                    message,
+                }
             }
         }
     }
@@ -1429,7 +1777,11 @@ impl Engine {
         let member = &self.members[m as usize];
         let cluster = &member.cluster;
         let current = cluster.kubernetes_version;
-        let kube_target = if self.upgrade.changes_kubernetes() { self.upgrade.kubernetes_version } else { None };
+        let kube_target = if self.upgrade.changes_kubernetes() {
+            self.upgrade.kubernetes_version
+        } else {
+            None
+        };
         if let Some(target) = kube_target
             && target < current
         {
@@ -1444,9 +1796,16 @@ impl Engine {
         if self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
                 let chosen = match &self.upgrade.node_images {
-                    NodeImageSelection::Latest => self.catalog.newest_image(&cluster.region, &pool.family, now).cloned(),
+                    NodeImageSelection::Latest => self
+                        .catalog
+                        .newest_image(&cluster.region, &pool.family, now)
+                        .cloned(),
                     NodeImageSelection::Consistent => {
-                        match self.selected_images.as_ref().and_then(|s| s.get(&pool.family)) {
+                        match self
+                            .selected_images
+                            .as_ref()
+                            .and_then(|s| s.get(&pool.family))
+                        {
                             Some(v) => Some(v.clone()),
                             None => {
                                 return Decision::Skip(format!(
@@ -1461,7 +1820,11 @@ impl Engine {
                 if let Some(image) = chosen
                     && image > pool.image
                 {
-                    node_images.push(PoolTarget { pool: pool.name.clone(), family: pool.family.clone(), image });
+                    node_images.push(PoolTarget {
+                        pool: pool.name.clone(),
+                        family: pool.family.clone(),
+                        image,
+                    });
                 }
             }
         }
@@ -1469,14 +1832,22 @@ impl Engine {
         if kube_change.is_none() && node_images.is_empty() {
             let what = match self.upgrade.upgrade_type {
                 UpgradeType::ControlPlaneOnly => format!("already at Kubernetes version {current}"),
-                UpgradeType::NodeImageOnly => "every node pool is already at or ahead of its target node image".into(),
+                UpgradeType::NodeImageOnly => {
+                    "every node pool is already at or ahead of its target node image".into()
+                }
                 UpgradeType::Full => {
-                    format!("already at Kubernetes version {current} with every node pool at or ahead of its target node image")
+                    format!(
+                        "already at Kubernetes version {current} with every node pool at or ahead of its target node image"
+                    )
                 }
             };
             return Decision::Skip(what);
         }
-        Decision::Upgrade(Target { upgrade_type: self.upgrade.upgrade_type, kubernetes_version: kube_target, node_images })
+        Decision::Upgrade(Target {
+            upgrade_type: self.upgrade.upgrade_type,
+            kubernetes_version: kube_target,
+            node_images,
+        })
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1492,7 +1863,8 @@ impl Engine {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
             }
-            if self.phase == RunPhase::Failed && self.run_completed.is_none() && self.in_flight == 0 {
+            if self.phase == RunPhase::Failed && self.run_completed.is_none() && self.in_flight == 0
+            {
                 self.finalize_failed(now);
             }
             if !changed {
@@ -1521,7 +1893,12 @@ impl Engine {
                     {
                         gate.state = State::Completed;
                         gate.completed = Some(t);
-                        self.emit_gate(t, EventType::GateCompleted, at, Some("scheduled start time reached".into()));
+                        self.emit_gate(
+                            t,
+                            EventType::GateCompleted,
+                            at,
+                            Some("scheduled start time reached".into()),
+                        );
                     }
                 }
                 TimerKey::Wait(si) => {
@@ -1534,7 +1911,9 @@ impl Engine {
                 }
                 TimerKey::Member(m) => {
                     self.members[m as usize].timer = None;
-                    if self.phase == RunPhase::Running && self.members[m as usize].place != Place::Nowhere {
+                    if self.phase == RunPhase::Running
+                        && self.members[m as usize].place != Place::Nowhere
+                    {
                         self.place(now, m);
                     }
                 }
@@ -1545,21 +1924,39 @@ impl Engine {
     fn open_gates(&mut self, now: Time, si: usize, group: Option<u32>, timing: Timing) {
         let count = match group {
             None => self.stage_gates(si, timing).len(),
-            Some(pos) => self.group_gates(self.stages[si].groups[pos as usize], timing).len(),
+            Some(pos) => self
+                .group_gates(self.stages[si].groups[pos as usize], timing)
+                .len(),
         };
         for index in 0..count {
-            let at = GateRef { stage: si as u32, group, timing, index: index as u32 };
-            let Some(gate) = self.gate_mut(at) else { continue };
+            let at = GateRef {
+                stage: si as u32,
+                group,
+                timing,
+                index: index as u32,
+            };
+            let Some(gate) = self.gate_mut(at) else {
+                continue;
+            };
             if gate.state != State::NotStarted {
                 continue;
             }
             gate.state = State::Pending;
             gate.start = Some(now);
             let mut message = gate.gate.display_name.clone();
-            if let GateKind::ScheduledStart { day, time, utc_offset, .. } = gate.gate.kind {
+            if let GateKind::ScheduledStart {
+                day,
+                time,
+                utc_offset,
+                ..
+            } = gate.gate.kind
+            {
                 let at_time = next_scheduled_start(day, time, utc_offset, now);
                 gate.absolute_start = Some(at_time);
-                message = Some(format!("{}opens at {at_time}", message.map(|m| format!("{m}: ")).unwrap_or_default()));
+                message = Some(format!(
+                    "{}opens at {at_time}",
+                    message.map(|m| format!("{m}: ")).unwrap_or_default()
+                ));
                 self.timers.insert((at_time, TimerKey::Gate(at)));
             }
             self.emit_gate(now, EventType::GatePending, at, message);
@@ -1581,7 +1978,10 @@ impl Engine {
         }
         match self.stages[si].phase {
             Phase::NotStarted => {
-                let all_done = self.stages[si].groups.iter().all(|&g| self.groups[g as usize].unfinished == 0);
+                let all_done = self.stages[si]
+                    .groups
+                    .iter()
+                    .all(|&g| self.groups[g as usize].unfinished == 0);
                 if all_done {
                     // Nothing to do in this stage: skipped, no gates, no wait (SEMANTICS §2).
                     let groups = self.stages[si].groups.clone();
@@ -1590,7 +1990,11 @@ impl Engine {
                             let group = &mut self.groups[g as usize];
                             group.outcome = Some(State::Skipped);
                             group.completed = Some(now);
-                            let why = if group.members.is_empty() { "no members" } else { "all members skipped" };
+                            let why = if group.members.is_empty() {
+                                "no members"
+                            } else {
+                                "all members skipped"
+                            };
                             group.message = Some(why.into());
                             self.emit_group(now, EventType::GroupSkipped, g, Some(why.into()));
                         }
@@ -1600,7 +2004,11 @@ impl Engine {
                     stage.wait.state = State::Skipped;
                     stage.outcome = Some(State::Skipped);
                     stage.completed = Some(now);
-                    let why = if stage.size == 0 { "no members" } else { "all members skipped" };
+                    let why = if stage.size == 0 {
+                        "no members"
+                    } else {
+                        "all members skipped"
+                    };
                     stage.message = Some(why.into());
                     self.emit_stage(now, EventType::StageSkipped, si, Some(why.into()));
                     return true;
@@ -1626,17 +2034,29 @@ impl Engine {
                     changed |= self.advance_group(now, si, pos as u32, *g);
                 }
                 let stage = &self.stages[si];
-                if stage.in_flight == 0 && groups.iter().all(|&g| self.groups[g as usize].outcome.is_some()) {
+                if stage.in_flight == 0
+                    && groups
+                        .iter()
+                        .all(|&g| self.groups[g as usize].outcome.is_some())
+                {
                     if stage.user_skipped {
                         self.finish_stage_if_skipped(now, si);
-                    } else if groups.iter().all(|&g| self.groups[g as usize].outcome == Some(State::Skipped)) {
+                    } else if groups
+                        .iter()
+                        .all(|&g| self.groups[g as usize].outcome == Some(State::Skipped))
+                    {
                         self.skip_gates(now, si, None);
                         let stage = &mut self.stages[si];
                         stage.wait.state = State::Skipped;
                         stage.outcome = Some(State::Skipped);
                         stage.completed = Some(now);
                         stage.message = Some("all groups skipped".into());
-                        self.emit_stage(now, EventType::StageSkipped, si, Some("all groups skipped".into()));
+                        self.emit_stage(
+                            now,
+                            EventType::StageSkipped,
+                            si,
+                            Some("all groups skipped".into()),
+                        );
                     } else {
                         self.stages[si].phase = Phase::AfterGates;
                         self.open_gates(now, si, None, Timing::After);
@@ -1648,7 +2068,12 @@ impl Engine {
                                 wait.start = Some(now);
                                 wait.end = Some(end);
                                 self.timers.insert((end, TimerKey::Wait(si as u32)));
-                                self.emit_stage(now, EventType::WaitStarted, si, Some(format!("until {end}")));
+                                self.emit_stage(
+                                    now,
+                                    EventType::WaitStarted,
+                                    si,
+                                    Some(format!("until {end}")),
+                                );
                             } else {
                                 wait.state = State::Completed;
                                 wait.start = Some(now);
@@ -1679,10 +2104,21 @@ impl Engine {
         if self.current < self.stages.len() {
             return;
         }
-        let all_skipped = self.stages.iter().all(|s| s.outcome == Some(State::Skipped));
-        self.phase = if all_skipped { RunPhase::Skipped } else { RunPhase::Completed };
+        let all_skipped = self
+            .stages
+            .iter()
+            .all(|s| s.outcome == Some(State::Skipped));
+        self.phase = if all_skipped {
+            RunPhase::Skipped
+        } else {
+            RunPhase::Completed
+        };
         self.run_completed = Some(now);
-        let kind = if all_skipped { EventType::RunSkipped } else { EventType::RunCompleted };
+        let kind = if all_skipped {
+            EventType::RunSkipped
+        } else {
+            EventType::RunCompleted
+        };
         self.emit(now, kind, None, None, None, None);
     }
 
@@ -1694,7 +2130,11 @@ impl Engine {
         match group.phase {
             Phase::NotStarted => {
                 if group.unfinished == 0 {
-                    let why = if group.members.is_empty() { "no members" } else { "all members skipped" };
+                    let why = if group.members.is_empty() {
+                        "no members"
+                    } else {
+                        "all members skipped"
+                    };
                     let group = &mut self.groups[g as usize];
                     group.outcome = Some(State::Skipped);
                     group.completed = Some(now);
@@ -1730,13 +2170,21 @@ impl Engine {
                     self.finish_group_if_skipped(now, g);
                     return true;
                 }
-                let all_skipped = group.members.iter().all(|&m| self.members[m as usize].state == State::Skipped);
+                let all_skipped = group
+                    .members
+                    .iter()
+                    .all(|&m| self.members[m as usize].state == State::Skipped);
                 if all_skipped {
                     let group = &mut self.groups[g as usize];
                     group.outcome = Some(State::Skipped);
                     group.completed = Some(now);
                     group.message = Some("all members skipped".into());
-                    self.emit_group(now, EventType::GroupSkipped, g, Some("all members skipped".into()));
+                    self.emit_group(
+                        now,
+                        EventType::GroupSkipped,
+                        g,
+                        Some("all members skipped".into()),
+                    );
                     return true;
                 }
                 self.groups[g as usize].phase = Phase::AfterGates;
@@ -1759,12 +2207,17 @@ impl Engine {
     /// Hands out free slots of the current stage round-robin across its groups (SEMANTICS §3).
     fn dispatch(&mut self, now: Time) -> bool {
         let si = self.current;
-        if si >= self.stages.len() || self.stages[si].phase != Phase::Active || self.stages[si].outcome.is_some() {
+        if si >= self.stages.len()
+            || self.stages[si].phase != Phase::Active
+            || self.stages[si].outcome.is_some()
+        {
             return false;
         }
         let mut changed = false;
         let n = self.stages[si].groups.len();
-        'slots: while self.phase == RunPhase::Running && self.stages[si].in_flight < self.stages[si].max_concurrency {
+        'slots: while self.phase == RunPhase::Running
+            && self.stages[si].in_flight < self.stages[si].max_concurrency
+        {
             let start = self.stages[si].last_served;
             for k in 1..=n {
                 let pos = (start + k) % n;
@@ -1813,7 +2266,8 @@ impl Engine {
                 Decision::Fail { code, message } => {
                     self.groups[g as usize].unfinished -= 1;
                     self.fail_member(now, m, code, message);
-                    if self.phase != RunPhase::Running || self.groups[g as usize].outcome.is_some() {
+                    if self.phase != RunPhase::Running || self.groups[g as usize].outcome.is_some()
+                    {
                         return (None, true);
                     }
                 }
@@ -1837,19 +2291,28 @@ impl Engine {
         let g = member.group;
         let name = member.name.clone();
         self.add_in_flight(g, 1);
-        self.commands.push_back(Command::StartUpgrade { member: name, attempt, target });
+        self.commands.push_back(Command::StartUpgrade {
+            member: name,
+            attempt,
+            target,
+        });
         self.emit_member(now, EventType::MemberStarted, m, None);
     }
 
     /// The run failed and nothing is in flight any more: settle every state (SEMANTICS §4).
     fn finalize_failed(&mut self, now: Time) {
         self.run_completed = Some(now);
-        let Some(stage) = self.stages.get(self.current) else { return };
+        let Some(stage) = self.stages.get(self.current) else {
+            return;
+        };
         let groups = stage.groups.clone();
         for g in groups {
             let members = self.groups[g as usize].members.clone();
             for &m in &members {
-                if matches!(self.members[m as usize].state, State::NotStarted | State::Pending) {
+                if matches!(
+                    self.members[m as usize].state,
+                    State::NotStarted | State::Pending
+                ) {
                     self.unplace(m);
                 }
             }
@@ -1858,9 +2321,16 @@ impl Engine {
                 continue;
             }
             let all_done = group.unfinished == 0;
-            let outcome = if all_done && members.iter().all(|&m| self.members[m as usize].state == State::Skipped) {
+            let outcome = if all_done
+                && members
+                    .iter()
+                    .all(|&m| self.members[m as usize].state == State::Skipped)
+            {
                 State::Skipped
-            } else if all_done && group.phase != Phase::BeforeGates && (group.after.is_empty() || gates_done(&group.after)) {
+            } else if all_done
+                && group.phase != Phase::BeforeGates
+                && (group.after.is_empty() || gates_done(&group.after))
+            {
                 State::Completed
             } else {
                 State::Stopped
@@ -1877,17 +2347,141 @@ impl Engine {
         }
         let si = self.current;
         if self.stages[si].outcome.is_none() && self.stages[si].phase != Phase::NotStarted {
-            let all_completed = self.stages[si]
-                .groups
-                .iter()
-                .all(|&g| matches!(self.groups[g as usize].outcome, Some(State::Completed) | Some(State::Skipped)));
+            let all_completed = self.stages[si].groups.iter().all(|&g| {
+                matches!(
+                    self.groups[g as usize].outcome,
+                    Some(State::Completed) | Some(State::Skipped)
+                )
+            });
             let stage = &mut self.stages[si];
-            stage.outcome = Some(if all_completed { State::Completed } else { State::Stopped });
+            stage.outcome = Some(if all_completed {
+                State::Completed
+            } else {
+                State::Stopped
+            });
             stage.completed = Some(now);
             if !all_completed {
                 self.emit_stage(now, EventType::StageStopped, si, None);
             }
         }
+    }
+
+    /// Recounts everything from scratch and compares it with the incremental state: counters,
+    /// ceilings, stage order, and that no slot is idle while a startable member waits. O(members);
+    /// for tests, after [`Engine::settle`].
+    pub fn check_invariants(&self, now: Time) -> Result<(), String> {
+        let mut run_in_flight = 0;
+        for (si, stage) in self.stages.iter().enumerate() {
+            let mut stage_in_flight = 0;
+            let mut stage_failures = 0;
+            for &g in &stage.groups {
+                let group = &self.groups[g as usize];
+                let states: Vec<State> = group
+                    .members
+                    .iter()
+                    .map(|&m| self.members[m as usize].state)
+                    .collect();
+                let in_flight = states.iter().filter(|s| **s == State::Running).count() as u64;
+                let unfinished = states.iter().filter(|s| !s.is_terminal()).count() as u64;
+                let pending = states.iter().filter(|s| **s == State::Pending).count() as u64;
+                let failed = states.iter().filter(|s| **s == State::Failed).count() as u64;
+                if in_flight != group.in_flight
+                    || unfinished != group.unfinished
+                    || pending != group.pending
+                {
+                    return Err(format!(
+                        "group {}: counted in_flight {in_flight}, unfinished {unfinished}, pending {pending}; kept {}, {}, {}",
+                        group.name, group.in_flight, group.unfinished, group.pending
+                    ));
+                }
+                if in_flight > group.max_concurrency {
+                    return Err(format!(
+                        "group {}: {in_flight} in flight over its ceiling {}",
+                        group.name, group.max_concurrency
+                    ));
+                }
+                if self.group_failures[g as usize] > failed {
+                    return Err(format!(
+                        "group {}: failure count {} but {failed} failed members",
+                        group.name, self.group_failures[g as usize]
+                    ));
+                }
+                for &(_, m) in &group.ready {
+                    if self.members[m as usize].state != State::NotStarted {
+                        return Err(format!(
+                            "member {} is ready but {:?}",
+                            self.members[m as usize].name, self.members[m as usize].state
+                        ));
+                    }
+                }
+                stage_in_flight += in_flight;
+                stage_failures += self.group_failures[g as usize];
+            }
+            if stage_in_flight != stage.in_flight || stage_in_flight > stage.max_concurrency {
+                return Err(format!(
+                    "stage {}: {stage_in_flight} in flight, kept {}, ceiling {}",
+                    stage.name, stage.in_flight, stage.max_concurrency
+                ));
+            }
+            if stage_failures != stage.failure_count {
+                return Err(format!(
+                    "stage {}: groups count {stage_failures} failures, the stage {}",
+                    stage.name, stage.failure_count
+                ));
+            }
+            if stage.phase != Phase::NotStarted && si > 0 {
+                let before = &self.stages[si - 1];
+                if !matches!(
+                    before.outcome,
+                    Some(State::Completed) | Some(State::Skipped)
+                ) {
+                    return Err(format!(
+                        "stage {} started while {} is {:?}",
+                        stage.name, before.name, before.outcome
+                    ));
+                }
+            }
+            run_in_flight += stage_in_flight;
+        }
+        if run_in_flight != self.in_flight {
+            return Err(format!(
+                "run: {run_in_flight} in flight, kept {}",
+                self.in_flight
+            ));
+        }
+        if self.failure_count != self.stages.iter().map(|s| s.failure_count).sum::<u64>() {
+            return Err("run failure count is not the sum of its stages'".into());
+        }
+        // No idle slot: in a running run, a group with room and a startable member means the
+        // stage is full.
+        if self.phase == RunPhase::Running
+            && let Some(stage) = self.stages.get(self.current)
+            && stage.phase == Phase::Active
+            && stage.outcome.is_none()
+        {
+            for &g in &stage.groups {
+                let group = &self.groups[g as usize];
+                let startable = group.members.iter().any(|&m| {
+                    let member = &self.members[m as usize];
+                    matches!(member.state, State::NotStarted | State::Pending)
+                        && member.place != Place::Nowhere
+                        && matches!(self.readiness(m, now), Readiness::Ready { .. })
+                });
+                if group.phase == Phase::Active
+                    && group.outcome.is_none()
+                    && !group.user_skipped
+                    && startable
+                    && group.in_flight < group.max_concurrency
+                    && stage.in_flight < stage.max_concurrency
+                {
+                    return Err(format!(
+                        "group {}: a slot is idle while a member could start",
+                        group.name
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1945,7 +2539,8 @@ impl Engine {
             Phase::NotStarted => State::NotStarted,
             Phase::BeforeGates => State::Pending,
             Phase::Active => {
-                let states: Vec<State> = stage.groups.iter().map(|&g| self.group_state(g)).collect();
+                let states: Vec<State> =
+                    stage.groups.iter().map(|&g| self.group_state(g)).collect();
                 if states.iter().any(|s| *s == State::Running) {
                     State::Running
                 } else if states.iter().any(|s| *s == State::Pending) {
@@ -1970,7 +2565,12 @@ impl Engine {
             .map(|g| GateStatus {
                 display_name: g.gate.display_name.clone(),
                 gate_id: g.id.clone(),
-                status: UpdateStatus { start_time: g.start, completed_time: g.completed, state: g.state, error: None },
+                status: UpdateStatus {
+                    start_time: g.start,
+                    completed_time: g.completed,
+                    state: g.state,
+                    error: None,
+                },
             })
             .collect()
     }
@@ -2055,12 +2655,17 @@ impl Engine {
                 error: None,
             },
             stages,
-            node_image_selection: self.selected_images.as_ref().map(|s| NodeImageSelectionStatus {
-                selected_node_image_versions: s
-                    .iter()
-                    .map(|(family, v)| SelectedNodeImageVersion { version: format!("{family}-{v}") })
-                    .collect(),
-            }),
+            node_image_selection: self
+                .selected_images
+                .as_ref()
+                .map(|s| NodeImageSelectionStatus {
+                    selected_node_image_versions: s
+                        .iter()
+                        .map(|(family, v)| SelectedNodeImageVersion {
+                            version: format!("{family}-{v}"),
+                        })
+                        .collect(),
+                }),
             failure_count: self.failure_count,
         }
     }
@@ -2082,9 +2687,13 @@ pub fn apply_target(cluster: &mut Cluster, target: &Target) {
 
 /// Whether a cluster is at a target (SEMANTICS §6, re-observation after a stop).
 pub fn cluster_at(cluster: &Cluster, target: &Target) -> bool {
-    target.kubernetes_version.is_none_or(|v| cluster.kubernetes_version == v)
-        && target
-            .node_images
-            .iter()
-            .all(|t| cluster.node_pools.iter().any(|p| p.name == t.pool && p.image >= t.image))
+    target
+        .kubernetes_version
+        .is_none_or(|v| cluster.kubernetes_version == v)
+        && target.node_images.iter().all(|t| {
+            cluster
+                .node_pools
+                .iter()
+                .any(|p| p.name == t.pool && p.image >= t.image)
+        })
 }

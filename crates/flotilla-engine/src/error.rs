@@ -49,7 +49,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>, target: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), target: target.into() }
+        ApiError {
+            code,
+            message: message.into(),
+            target: target.into(),
+        }
     }
 
     pub fn conflict(message: impl Into<String>) -> ApiError {
@@ -81,7 +85,10 @@ impl fmt::Display for ApiError {
 impl std::error::Error for ApiError {}
 
 /// Deserializes JSON into `T`, rejecting unknown fields and naming the path of any problem.
-pub fn from_json_value<T: serde::de::DeserializeOwned>(value: serde_json::Value, root: &str) -> Result<T, ApiError> {
+pub fn from_json_value<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+    root: &str,
+) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
@@ -91,13 +98,28 @@ pub fn from_json_value<T: serde::de::DeserializeOwned>(value: serde_json::Value,
             (false, p) => format!("{root}.{p}"),
         };
         // serde names an unknown field in its message; the target should point at it.
-        if let Some(field) = inner.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+        if let Some(field) = inner
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
             if !target.ends_with(field) {
-                target = if target.is_empty() { field.to_string() } else { format!("{target}.{field}") };
+                target = if target.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{target}.{field}")
+                };
             }
         }
-        let code = if inner.starts_with("unknown field") { ErrorCode::UnknownField } else { ErrorCode::InvalidRequestContent };
-        let message = if target.is_empty() { inner } else { format!("{target}: {inner}") };
+        let code = if inner.starts_with("unknown field") {
+            ErrorCode::UnknownField
+        } else {
+            ErrorCode::InvalidRequestContent
+        };
+        let message = if target.is_empty() {
+            inner
+        } else {
+            format!("{target}: {inner}")
+        };
         ApiError::new(code, message, target)
     })
 }

@@ -89,7 +89,9 @@ impl Availability {
         match (self, other) {
             (Availability::Unlisted, _) | (_, Availability::Unlisted) => Availability::Unlisted,
             (Availability::At(a), Availability::At(b)) => Availability::At(a.max(b)),
-            (Availability::At(a), Availability::Now) | (Availability::Now, Availability::At(a)) => Availability::At(a),
+            (Availability::At(a), Availability::Now) | (Availability::Now, Availability::At(a)) => {
+                Availability::At(a)
+            }
             (Availability::Now, Availability::Now) => Availability::Now,
         }
     }
@@ -106,15 +108,25 @@ impl Catalog {
         self.regions
             .get(region)
             .and_then(|r| r.kubernetes.iter().find(|k| k.version == version))
-            .map_or(Availability::Unlisted, |k| Availability::of(k.available_at, now))
+            .map_or(Availability::Unlisted, |k| {
+                Availability::of(k.available_at, now)
+            })
     }
 
-    pub fn image(&self, region: &str, family: &str, version: &ImageVersion, now: Time) -> Availability {
+    pub fn image(
+        &self,
+        region: &str,
+        family: &str,
+        version: &ImageVersion,
+        now: Time,
+    ) -> Availability {
         self.regions
             .get(region)
             .and_then(|r| r.node_images.get(family))
             .and_then(|list| list.iter().find(|i| &i.version == version))
-            .map_or(Availability::Unlisted, |i| Availability::of(i.available_at, now))
+            .map_or(Availability::Unlisted, |i| {
+                Availability::of(i.available_at, now)
+            })
     }
 
     /// The newest image of `family` available in `region` at `now`.
@@ -131,7 +143,11 @@ impl Catalog {
 
     /// When the first image of `family` arrives in `region`, if none is there at `now`.
     pub fn first_image_arrival(&self, region: &str, family: &str, now: Time) -> Availability {
-        let Some(list) = self.regions.get(region).and_then(|r| r.node_images.get(family)) else {
+        let Some(list) = self
+            .regions
+            .get(region)
+            .and_then(|r| r.node_images.get(family))
+        else {
             return Availability::Unlisted;
         };
         list.iter()
@@ -146,21 +162,33 @@ impl Catalog {
 
     /// Whether any region lists this image (custom selections must name a real image).
     pub fn lists_image(&self, family: &str, version: &ImageVersion) -> bool {
-        self.regions
-            .values()
-            .any(|r| r.node_images.get(family).is_some_and(|l| l.iter().any(|i| &i.version == version)))
+        self.regions.values().any(|r| {
+            r.node_images
+                .get(family)
+                .is_some_and(|l| l.iter().any(|i| &i.version == version))
+        })
     }
 
     /// The newest version of `family` available at `now` in every one of `regions`
     /// (SEMANTICS §1, Consistent).
-    pub fn newest_common_image<'a>(&self, family: &str, regions: impl IntoIterator<Item = &'a str>, now: Time) -> Option<ImageVersion> {
+    pub fn newest_common_image<'a>(
+        &self,
+        family: &str,
+        regions: impl IntoIterator<Item = &'a str>,
+        now: Time,
+    ) -> Option<ImageVersion> {
         let mut common: Option<Vec<&ImageVersion>> = None;
         for region in regions {
             let available: Vec<&ImageVersion> = self
                 .regions
                 .get(region)
                 .and_then(|r| r.node_images.get(family))
-                .map(|l| l.iter().filter(|i| i.available_at.is_none_or(|t| t <= now)).map(|i| &i.version).collect())
+                .map(|l| {
+                    l.iter()
+                        .filter(|i| i.available_at.is_none_or(|t| t <= now))
+                        .map(|i| &i.version)
+                        .collect()
+                })
                 .unwrap_or_default();
             common = Some(match common {
                 None => available,

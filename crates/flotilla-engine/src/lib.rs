@@ -15,7 +15,10 @@ pub mod time;
 pub mod version;
 pub mod window;
 
-pub use engine::{Command, Engine, GateRef, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target, Timing};
+pub use engine::{
+    Command, Engine, GateRef, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target,
+    Timing,
+};
 pub use error::{ApiError, ErrorCode};
 pub use status::{Event, EventType, State, UpdateRunStatus};
 pub use time::Time;

@@ -50,7 +50,11 @@ pub struct SelectorError {
 
 impl fmt::Display for SelectorError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at position {} in term {:?}: {}", self.position, self.term, self.problem)
+        write!(
+            f,
+            "at position {} in term {:?}: {}",
+            self.position, self.term, self.problem
+        )
     }
 }
 
@@ -60,17 +64,27 @@ impl Selector {
             return Err(SelectorError {
                 position: MAX_SELECTOR_LENGTH,
                 term: String::new(),
-                problem: format!("a selector is at most {MAX_SELECTOR_LENGTH} characters, this one has {}", text.len()),
+                problem: format!(
+                    "a selector is at most {MAX_SELECTOR_LENGTH} characters, this one has {}",
+                    text.len()
+                ),
             });
         }
         if text.trim().is_empty() {
-            return Err(SelectorError { position: 0, term: String::new(), problem: "the selector is empty".into() });
+            return Err(SelectorError {
+                position: 0,
+                term: String::new(),
+                problem: "the selector is empty".into(),
+            });
         }
         let mut requirements = Vec::new();
         for (start, term) in split_terms(text) {
             requirements.push(parse_term(term, start)?);
         }
-        Ok(Selector { text: text.to_string(), requirements })
+        Ok(Selector {
+            text: text.to_string(),
+            requirements,
+        })
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
@@ -110,9 +124,16 @@ fn parse_term(raw: &str, offset: usize) -> Result<Requirement, SelectorError> {
     let lead = raw.len() - raw.trim_start().len();
     let term = raw.trim();
     let position = offset + lead;
-    let fail = |at: usize, problem: String| SelectorError { position: position + at, term: term.to_string(), problem };
+    let fail = |at: usize, problem: String| SelectorError {
+        position: position + at,
+        term: term.to_string(),
+        problem,
+    };
     if term.is_empty() {
-        return Err(fail(0, "empty term (two commas in a row, or a trailing comma)".into()));
+        return Err(fail(
+            0,
+            "empty term (two commas in a row, or a trailing comma)".into(),
+        ));
     }
     if let Some(rest) = term.strip_prefix('!') {
         let key = rest.trim();
@@ -138,7 +159,10 @@ fn parse_term(raw: &str, offset: usize) -> Result<Requirement, SelectorError> {
     let rest = words.next().unwrap_or_default().trim_start();
     if rest.is_empty() {
         if key.contains('(') || key.contains(')') {
-            return Err(fail(0, "expected an operator between the key and the value list".into()));
+            return Err(fail(
+                0,
+                "expected an operator between the key and the value list".into(),
+            ));
         }
         check_key(key).map_err(|p| fail(0, p))?;
         return Ok(Requirement::Exists(key.to_string()));
@@ -150,12 +174,21 @@ fn parse_term(raw: &str, offset: usize) -> Result<Requirement, SelectorError> {
     } else if let Some(list) = rest.strip_prefix("in") {
         (false, list)
     } else {
-        return Err(fail(rest_at, format!("unknown operator {:?}: expected =, ==, !=, in or notin", rest.split_whitespace().next().unwrap_or(rest))));
+        return Err(fail(
+            rest_at,
+            format!(
+                "unknown operator {:?}: expected =, ==, !=, in or notin",
+                rest.split_whitespace().next().unwrap_or(rest)
+            ),
+        ));
     };
     let list_at = term.len() - list.len();
     let list = list.trim();
     let Some(inner) = list.strip_prefix('(').and_then(|l| l.strip_suffix(')')) else {
-        return Err(fail(list_at, "expected a value list in parentheses, like (a, b)".into()));
+        return Err(fail(
+            list_at,
+            "expected a value list in parentheses, like (a, b)".into(),
+        ));
     };
     if inner.trim().is_empty() {
         return Err(fail(list_at, "the value list is empty".into()));
@@ -169,7 +202,11 @@ fn parse_term(raw: &str, offset: usize) -> Result<Requirement, SelectorError> {
         }
         values.push(value.to_string());
     }
-    Ok(if negated { Requirement::NotIn(key.into(), values) } else { Requirement::In(key.into(), values) })
+    Ok(if negated {
+        Requirement::NotIn(key.into(), values)
+    } else {
+        Requirement::In(key.into(), values)
+    })
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
@@ -186,12 +223,15 @@ fn check_key(key: &str) -> Result<(), String> {
             && prefix.len() <= 253
             && prefix.split('.').all(|l| {
                 !l.is_empty()
-                    && l.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                    && l.bytes()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             });
         if !ok {
-            return Err(format!("invalid label key prefix {prefix:?}: must be a DNS subdomain"));
+            return Err(format!(
+                "invalid label key prefix {prefix:?}: must be a DNS subdomain"
+            ));
         }
     }
     if !is_label_name(name) || name.is_empty() {
@@ -221,7 +261,8 @@ pub fn is_label_name(s: &str) -> bool {
     s.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// Validates a member label key (for member create/update).
@@ -239,12 +280,19 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn every_operator() {
-        let l = labels(&[("env", "prod"), ("geo", "east"), ("fleet.example.com/tier", "web")]);
+        let l = labels(&[
+            ("env", "prod"),
+            ("geo", "east"),
+            ("fleet.example.com/tier", "web"),
+        ]);
         let cases = [
             ("env=prod", true),
             ("env==prod", true),

@@ -33,7 +33,9 @@ impl<'de> Deserialize<'de> for AmountText {
         match serde_json::Value::deserialize(deserializer)? {
             serde_json::Value::String(s) => Ok(AmountText(s)),
             serde_json::Value::Number(n) => Ok(AmountText(n.to_string())),
-            other => Err(serde::de::Error::custom(format!("expected a string like \"2\" or \"25%\", got {other}"))),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a string like \"2\" or \"25%\", got {other}"
+            ))),
         }
     }
 }
@@ -153,7 +155,12 @@ pub struct NodeImageVersionSpec {
 pub enum GateKind {
     Approval,
     /// Opens at the next `day` `time` (seconds after local midnight) at `utc_offset` seconds.
-    ScheduledStart { day: Weekday, time: i64, utc_offset: i64, config: ScheduledStartSpec },
+    ScheduledStart {
+        day: Weekday,
+        time: i64,
+        utc_offset: i64,
+        config: ScheduledStartSpec,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,7 +237,8 @@ pub fn check_name(name: &str, max_len: usize) -> Result<(), String> {
     let b = name.as_bytes();
     let ok = !b.is_empty()
         && b.len() <= max_len
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-';
     if ok {
@@ -243,7 +251,9 @@ pub fn check_name(name: &str, max_len: usize) -> Result<(), String> {
 }
 
 fn required<'a, T>(value: &'a Option<T>, path: &str, code: ErrorCode) -> Result<&'a T, ApiError> {
-    value.as_ref().ok_or_else(|| ApiError::new(code, format!("{path} is required"), path))
+    value
+        .as_ref()
+        .ok_or_else(|| ApiError::new(code, format!("{path} is required"), path))
 }
 
 fn parse_amount(
@@ -281,12 +291,23 @@ fn parse_failures(text: &Option<AmountText>, path: &str) -> Result<Option<Amount
     )
 }
 
-fn parse_selector(spec: &Option<MemberSelectorSpec>, path: &str) -> Result<Option<Selector>, ApiError> {
+fn parse_selector(
+    spec: &Option<MemberSelectorSpec>,
+    path: &str,
+) -> Result<Option<Selector>, ApiError> {
     let Some(spec) = spec else { return Ok(None) };
     let by_label_path = format!("{path}.byLabel");
-    let text = required(&spec.by_label, &by_label_path, ErrorCode::InvalidMemberSelector)?;
+    let text = required(
+        &spec.by_label,
+        &by_label_path,
+        ErrorCode::InvalidMemberSelector,
+    )?;
     Selector::parse(text).map(Some).map_err(|e| {
-        ApiError::new(ErrorCode::InvalidMemberSelector, format!("{by_label_path} {text:?}: {e}"), by_label_path)
+        ApiError::new(
+            ErrorCode::InvalidMemberSelector,
+            format!("{by_label_path} {text:?}: {e}"),
+            by_label_path,
+        )
     })
 }
 
@@ -295,59 +316,103 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
     for (i, spec) in specs.iter().enumerate() {
         let gpath = format!("{path}[{i}]");
         let bad = |field: &str, message: String| {
-            let target = if field.is_empty() { gpath.clone() } else { format!("{gpath}.{field}") };
-            ApiError::new(ErrorCode::InvalidGate, format!("{target}: {message}"), target)
+            let target = if field.is_empty() {
+                gpath.clone()
+            } else {
+                format!("{gpath}.{field}")
+            };
+            ApiError::new(
+                ErrorCode::InvalidGate,
+                format!("{target}: {message}"),
+                target,
+            )
         };
         if let Some(name) = &spec.display_name
             && (name.is_empty() || name.chars().count() > 100)
         {
-            return Err(bad("displayName", format!("{name:?} must be 1 to 100 characters")));
+            return Err(bad(
+                "displayName",
+                format!("{name:?} must be 1 to 100 characters"),
+            ));
         }
-        let gate_type = spec.gate_type.as_deref().ok_or_else(|| bad("type", "is required".into()))?;
+        let gate_type = spec
+            .gate_type
+            .as_deref()
+            .ok_or_else(|| bad("type", "is required".into()))?;
         let kind = match gate_type {
             "Approval" => {
                 if spec.scheduled_start_configuration.is_some() {
-                    return Err(bad("scheduledStartConfiguration", "is only allowed on a ScheduledStart gate".into()));
+                    return Err(bad(
+                        "scheduledStartConfiguration",
+                        "is only allowed on a ScheduledStart gate".into(),
+                    ));
                 }
                 GateKind::Approval
             }
             "ScheduledStart" => {
                 if after {
-                    return Err(bad("type", "a ScheduledStart gate can only be a before-gate".into()));
+                    return Err(bad(
+                        "type",
+                        "a ScheduledStart gate can only be a before-gate".into(),
+                    ));
                 }
-                let config = spec
-                    .scheduled_start_configuration
-                    .as_ref()
-                    .ok_or_else(|| bad("scheduledStartConfiguration", "is required for a ScheduledStart gate".into()))?;
-                let day_text = config
-                    .start_day
-                    .as_deref()
-                    .ok_or_else(|| bad("scheduledStartConfiguration.startDay", "is required".into()))?;
+                let config = spec.scheduled_start_configuration.as_ref().ok_or_else(|| {
+                    bad(
+                        "scheduledStartConfiguration",
+                        "is required for a ScheduledStart gate".into(),
+                    )
+                })?;
+                let day_text = config.start_day.as_deref().ok_or_else(|| {
+                    bad("scheduledStartConfiguration.startDay", "is required".into())
+                })?;
                 let day = Weekday::parse(day_text).ok_or_else(|| {
-                    bad("scheduledStartConfiguration.startDay", format!("{day_text:?} is not a day of the week (Monday … Sunday)"))
+                    bad(
+                        "scheduledStartConfiguration.startDay",
+                        format!("{day_text:?} is not a day of the week (Monday … Sunday)"),
+                    )
                 })?;
-                let time_text = config
-                    .start_time
-                    .as_deref()
-                    .ok_or_else(|| bad("scheduledStartConfiguration.startTime", "is required".into()))?;
+                let time_text = config.start_time.as_deref().ok_or_else(|| {
+                    bad(
+                        "scheduledStartConfiguration.startTime",
+                        "is required".into(),
+                    )
+                })?;
                 let time = parse_clock(time_text).ok_or_else(|| {
-                    bad("scheduledStartConfiguration.startTime", format!("{time_text:?} must be HH:mm, 00:00 to 23:59"))
+                    bad(
+                        "scheduledStartConfiguration.startTime",
+                        format!("{time_text:?} must be HH:mm, 00:00 to 23:59"),
+                    )
                 })?;
-                let offset_text = config
-                    .utc_offset
-                    .as_deref()
-                    .ok_or_else(|| bad("scheduledStartConfiguration.utcOffset", "is required".into()))?;
+                let offset_text = config.utc_offset.as_deref().ok_or_else(|| {
+                    bad(
+                        "scheduledStartConfiguration.utcOffset",
+                        "is required".into(),
+                    )
+                })?;
                 let utc_offset = parse_utc_offset(offset_text).ok_or_else(|| {
                     bad(
                         "scheduledStartConfiguration.utcOffset",
                         format!("{offset_text:?} must be ±HH:mm between -14:00 and +14:00"),
                     )
                 })?;
-                GateKind::ScheduledStart { day, time, utc_offset, config: config.clone() }
+                GateKind::ScheduledStart {
+                    day,
+                    time,
+                    utc_offset,
+                    config: config.clone(),
+                }
             }
-            other => return Err(bad("type", format!("{other:?} is not a gate type: Approval or ScheduledStart"))),
+            other => {
+                return Err(bad(
+                    "type",
+                    format!("{other:?} is not a gate type: Approval or ScheduledStart"),
+                ));
+            }
         };
-        gates.push(Gate { kind, display_name: spec.display_name.clone() });
+        gates.push(Gate {
+            kind,
+            display_name: spec.display_name.clone(),
+        });
     }
     Ok(gates)
 }
@@ -355,11 +420,19 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
 /// Parses and validates a strategy. `path` is where it sits in the request
 /// (`properties.strategy`); `stage_concurrency_limit` is the server's cap on a stage's
 /// `maxConcurrency`.
-pub fn parse_strategy(spec: &StrategySpec, path: &str, stage_concurrency_limit: u64) -> Result<Strategy, ApiError> {
+pub fn parse_strategy(
+    spec: &StrategySpec,
+    path: &str,
+    stage_concurrency_limit: u64,
+) -> Result<Strategy, ApiError> {
     let stages_path = format!("{path}.stages");
     let stage_specs = required(&spec.stages, &stages_path, ErrorCode::InvalidStrategy)?;
     if stage_specs.is_empty() {
-        return Err(ApiError::new(ErrorCode::InvalidStrategy, format!("{stages_path}: needs at least one stage"), stages_path));
+        return Err(ApiError::new(
+            ErrorCode::InvalidStrategy,
+            format!("{stages_path}: needs at least one stage"),
+            stages_path,
+        ));
     }
     let mut stage_names = BTreeSet::new();
     let mut group_names: BTreeMap<String, String> = BTreeMap::new();
@@ -368,11 +441,19 @@ pub fn parse_strategy(spec: &StrategySpec, path: &str, stage_concurrency_limit: 
         let spath = format!("{stages_path}[{si}]");
         let name_path = format!("{spath}.name");
         let name = required(&s.name, &name_path, ErrorCode::InvalidName)?.clone();
-        check_name(&name, 50).map_err(|m| ApiError::new(ErrorCode::InvalidName, format!("{name_path}: {m}"), &name_path))?;
+        check_name(&name, 50).map_err(|m| {
+            ApiError::new(
+                ErrorCode::InvalidName,
+                format!("{name_path}: {m}"),
+                &name_path,
+            )
+        })?;
         if !stage_names.insert(name.clone()) {
             return Err(ApiError::new(
                 ErrorCode::InvalidStrategy,
-                format!("{name_path}: stage name {name:?} is used twice; stage names must be unique"),
+                format!(
+                    "{name_path}: stage name {name:?} is used twice; stage names must be unique"
+                ),
                 name_path,
             ));
         }
@@ -403,25 +484,36 @@ pub fn parse_strategy(spec: &StrategySpec, path: &str, stage_concurrency_limit: 
                 format!("{spath}.afterStageWaitInSeconds"),
             ));
         }
-        let max_concurrency = parse_concurrency(&s.max_concurrency, &format!("{spath}.maxConcurrency"))?;
+        let max_concurrency =
+            parse_concurrency(&s.max_concurrency, &format!("{spath}.maxConcurrency"))?;
         if let Some(Amount::Count(n)) = max_concurrency
             && n > stage_concurrency_limit
         {
             let p = format!("{spath}.maxConcurrency");
             return Err(ApiError::new(
                 ErrorCode::InvalidMaxConcurrency,
-                format!("{p} \"{n}\": a stage may run at most {stage_concurrency_limit} members at once on this server"),
+                format!(
+                    "{p} \"{n}\": a stage may run at most {stage_concurrency_limit} members at once on this server"
+                ),
                 p,
             ));
         }
-        let max_allowed_failures = parse_failures(&s.max_allowed_failures, &format!("{spath}.maxAllowedFailures"))?;
+        let max_allowed_failures = parse_failures(
+            &s.max_allowed_failures,
+            &format!("{spath}.maxAllowedFailures"),
+        )?;
         let mut groups = Vec::with_capacity(group_specs.len());
         for (gi, g) in group_specs.iter().enumerate() {
             let gpath = format!("{spath}.groups[{gi}]");
             let gname_path = format!("{gpath}.name");
             let gname = required(&g.name, &gname_path, ErrorCode::InvalidName)?.clone();
-            check_name(&gname, 50)
-                .map_err(|m| ApiError::new(ErrorCode::InvalidName, format!("{gname_path}: {m}"), &gname_path))?;
+            check_name(&gname, 50).map_err(|m| {
+                ApiError::new(
+                    ErrorCode::InvalidName,
+                    format!("{gname_path}: {m}"),
+                    &gname_path,
+                )
+            })?;
             if let Some(other) = group_names.insert(gname.clone(), name.clone()) {
                 return Err(ApiError::new(
                     ErrorCode::InvalidStrategy,
@@ -433,8 +525,14 @@ pub fn parse_strategy(spec: &StrategySpec, path: &str, stage_concurrency_limit: 
             }
             groups.push(Group {
                 selector: parse_selector(&g.member_selector, &format!("{gpath}.memberSelector"))?,
-                max_concurrency: parse_concurrency(&g.max_concurrency, &format!("{gpath}.maxConcurrency"))?,
-                max_allowed_failures: parse_failures(&g.max_allowed_failures, &format!("{gpath}.maxAllowedFailures"))?,
+                max_concurrency: parse_concurrency(
+                    &g.max_concurrency,
+                    &format!("{gpath}.maxConcurrency"),
+                )?,
+                max_allowed_failures: parse_failures(
+                    &g.max_allowed_failures,
+                    &format!("{gpath}.maxAllowedFailures"),
+                )?,
                 before_gates: parse_gates(&g.before_gates, &format!("{gpath}.beforeGates"), false)?,
                 after_gates: parse_gates(&g.after_gates, &format!("{gpath}.afterGates"), true)?,
                 name: gname,
@@ -491,7 +589,9 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
         (Some(v), UpgradeType::NodeImageOnly) => {
             return Err(ApiError::new(
                 ErrorCode::InvalidKubernetesVersion,
-                format!("{version_path} {v:?}: cannot set a Kubernetes version when the upgrade type is NodeImageOnly"),
+                format!(
+                    "{version_path} {v:?}: cannot set a Kubernetes version when the upgrade type is NodeImageOnly"
+                ),
                 version_path,
             ));
         }
@@ -506,7 +606,9 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
         (Some(v), _) => Some(KubeVersion::parse(v).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::InvalidKubernetesVersion,
-                format!("{version_path} {v:?}: must be a full version major.minor.patch, like 1.31.2"),
+                format!(
+                    "{version_path} {v:?}: must be a full version major.minor.patch, like 1.31.2"
+                ),
                 version_path.clone(),
             )
         })?),
@@ -516,7 +618,11 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
         None => NodeImageSelection::Latest,
         Some(sel) => {
             let tpath = format!("{npath}.type");
-            let kind = required(&sel.selection_type, &tpath, ErrorCode::InvalidNodeImageSelection)?;
+            let kind = required(
+                &sel.selection_type,
+                &tpath,
+                ErrorCode::InvalidNodeImageSelection,
+            )?;
             let custom_path = format!("{npath}.customNodeImageVersions");
             match kind.as_str() {
                 "Latest" | "Consistent" if !sel.custom_node_image_versions.is_empty() => {
@@ -539,14 +645,26 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
                     let mut versions = BTreeMap::new();
                     for (i, v) in sel.custom_node_image_versions.iter().enumerate() {
                         let vpath = format!("{custom_path}[{i}].version");
-                        let text = required(&v.version, &vpath, ErrorCode::InvalidNodeImageSelection)?;
-                        let bad = |m: String| ApiError::new(ErrorCode::InvalidNodeImageSelection, format!("{vpath} {text:?}: {m}"), &vpath);
+                        let text =
+                            required(&v.version, &vpath, ErrorCode::InvalidNodeImageSelection)?;
+                        let bad = |m: String| {
+                            ApiError::new(
+                                ErrorCode::InvalidNodeImageSelection,
+                                format!("{vpath} {text:?}: {m}"),
+                                &vpath,
+                            )
+                        };
                         let (family, version) = split_family_version(text)
                             .ok_or_else(|| bad("must be written <family>-<version>, like AKSUbuntu-2204gen2containerd-202602.20.0".into()))?;
-                        let version = ImageVersion::parse(version)
-                            .ok_or_else(|| bad(format!("{version:?} is not a node image version like 202602.20.0")))?;
+                        let version = ImageVersion::parse(version).ok_or_else(|| {
+                            bad(format!(
+                                "{version:?} is not a node image version like 202602.20.0"
+                            ))
+                        })?;
                         if versions.insert(family.to_string(), version).is_some() {
-                            return Err(bad(format!("a second version for image family {family}; at most one per family")));
+                            return Err(bad(format!(
+                                "a second version for image family {family}; at most one per family"
+                            )));
                         }
                     }
                     NodeImageSelection::Custom(versions)
@@ -561,7 +679,11 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
             }
         }
     };
-    Ok(Upgrade { upgrade_type, kubernetes_version, node_images })
+    Ok(Upgrade {
+        upgrade_type,
+        kubernetes_version,
+        node_images,
+    })
 }
 
 #[cfg(test)]
@@ -569,8 +691,15 @@ mod tests {
     use super::*;
 
     fn strategy(json: &str) -> Result<Strategy, ApiError> {
-        let spec: StrategySpec = crate::error::from_json_value(serde_json::from_str(json).unwrap(), "properties.strategy")?;
-        parse_strategy(&spec, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)
+        let spec: StrategySpec = crate::error::from_json_value(
+            serde_json::from_str(json).unwrap(),
+            "properties.strategy",
+        )?;
+        parse_strategy(
+            &spec,
+            "properties.strategy",
+            DEFAULT_STAGE_CONCURRENCY_LIMIT,
+        )
     }
 
     #[test]
@@ -578,27 +707,90 @@ mod tests {
         let json = r#"{"stages":[{"name":"canary-stage","maxConcurrency":"1","maxAllowedFailures":"0","groups":[{"name":"canary","maxConcurrency":"1","maxAllowedFailures":"0"}],"afterStageWaitInSeconds":1800},{"name":"production-stage","maxConcurrency":"4","maxAllowedFailures":"10%","groups":[{"name":"prod-east","maxConcurrency":"2","maxAllowedFailures":"1"},{"name":"prod-west","maxConcurrency":2,"maxAllowedFailures":"1"}]}]}"#;
         let s = strategy(json).unwrap();
         assert_eq!(s.stages.len(), 2);
-        assert_eq!(s.stages[1].groups[1].max_concurrency, Some(Amount::Count(2)));
+        assert_eq!(
+            s.stages[1].groups[1].max_concurrency,
+            Some(Amount::Count(2))
+        );
     }
 
     #[test]
     fn errors_name_the_field() {
         let cases = [
-            (r#"{"stages":[{"name":"s","groups":[{"name":"g","maxConcurrency":"0"}]}]}"#, "properties.strategy.stages[0].groups[0].maxConcurrency", ErrorCode::InvalidMaxConcurrency),
-            (r#"{"stages":[{"name":"s","maxConcurrency":"1001","groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].maxConcurrency", ErrorCode::InvalidMaxConcurrency),
-            (r#"{"stages":[{"name":"s","groups":[{"name":"g","maxAllowedFailures":"-1"}]}]}"#, "properties.strategy.stages[0].groups[0].maxAllowedFailures", ErrorCode::InvalidMaxAllowedFailures),
-            (r#"{"stages":[{"name":"S","groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].name", ErrorCode::InvalidName),
-            (r#"{"stages":[{"name":"s","groups":[{"name":"g"}]},{"name":"s","groups":[{"name":"h"}]}]}"#, "properties.strategy.stages[1].name", ErrorCode::InvalidStrategy),
-            (r#"{"stages":[{"name":"s","groups":[{"name":"g"}]},{"name":"t","groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[1].groups[0].name", ErrorCode::InvalidStrategy),
-            (r#"{"stages":[]}"#, "properties.strategy.stages", ErrorCode::InvalidStrategy),
-            (r#"{"stages":[{"name":"s"}]}"#, "properties.strategy.stages[0].groups", ErrorCode::InvalidStrategy),
-            (r#"{"stages":[{"name":"s","afterStageWaitInSeconds":-5,"groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].afterStageWaitInSeconds", ErrorCode::InvalidStrategy),
-            (r#"{"stages":[{"name":"s","memberSelector":{"byLabel":"env in ()"}}]}"#, "properties.strategy.stages[0].memberSelector.byLabel", ErrorCode::InvalidMemberSelector),
-            (r#"{"stages":[{"name":"s","afterGates":[{"type":"ScheduledStart","scheduledStartConfiguration":{"startDay":"Monday","startTime":"10:00","utcOffset":"+00:00"}}],"groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].afterGates[0].type", ErrorCode::InvalidGate),
-            (r#"{"stages":[{"name":"s","beforeGates":[{"type":"ScheduledStart"}],"groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].beforeGates[0].scheduledStartConfiguration", ErrorCode::InvalidGate),
-            (r#"{"stages":[{"name":"s","beforeGates":[{"type":"ScheduledStart","scheduledStartConfiguration":{"startDay":"Someday","startTime":"10:00","utcOffset":"+00:00"}}],"groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].beforeGates[0].scheduledStartConfiguration.startDay", ErrorCode::InvalidGate),
-            (r#"{"stages":[{"name":"s","beforeGates":[{"type":"Manual"}],"groups":[{"name":"g"}]}]}"#, "properties.strategy.stages[0].beforeGates[0].type", ErrorCode::InvalidGate),
-            (r#"{"stages":[{"name":"s","groups":[{"name":"g","colour":"red"}]}]}"#, "properties.strategy.stages[0].groups[0].colour", ErrorCode::UnknownField),
+            (
+                r#"{"stages":[{"name":"s","groups":[{"name":"g","maxConcurrency":"0"}]}]}"#,
+                "properties.strategy.stages[0].groups[0].maxConcurrency",
+                ErrorCode::InvalidMaxConcurrency,
+            ),
+            (
+                r#"{"stages":[{"name":"s","maxConcurrency":"1001","groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].maxConcurrency",
+                ErrorCode::InvalidMaxConcurrency,
+            ),
+            (
+                r#"{"stages":[{"name":"s","groups":[{"name":"g","maxAllowedFailures":"-1"}]}]}"#,
+                "properties.strategy.stages[0].groups[0].maxAllowedFailures",
+                ErrorCode::InvalidMaxAllowedFailures,
+            ),
+            (
+                r#"{"stages":[{"name":"S","groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].name",
+                ErrorCode::InvalidName,
+            ),
+            (
+                r#"{"stages":[{"name":"s","groups":[{"name":"g"}]},{"name":"s","groups":[{"name":"h"}]}]}"#,
+                "properties.strategy.stages[1].name",
+                ErrorCode::InvalidStrategy,
+            ),
+            (
+                r#"{"stages":[{"name":"s","groups":[{"name":"g"}]},{"name":"t","groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[1].groups[0].name",
+                ErrorCode::InvalidStrategy,
+            ),
+            (
+                r#"{"stages":[]}"#,
+                "properties.strategy.stages",
+                ErrorCode::InvalidStrategy,
+            ),
+            (
+                r#"{"stages":[{"name":"s"}]}"#,
+                "properties.strategy.stages[0].groups",
+                ErrorCode::InvalidStrategy,
+            ),
+            (
+                r#"{"stages":[{"name":"s","afterStageWaitInSeconds":-5,"groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].afterStageWaitInSeconds",
+                ErrorCode::InvalidStrategy,
+            ),
+            (
+                r#"{"stages":[{"name":"s","memberSelector":{"byLabel":"env in ()"}}]}"#,
+                "properties.strategy.stages[0].memberSelector.byLabel",
+                ErrorCode::InvalidMemberSelector,
+            ),
+            (
+                r#"{"stages":[{"name":"s","afterGates":[{"type":"ScheduledStart","scheduledStartConfiguration":{"startDay":"Monday","startTime":"10:00","utcOffset":"+00:00"}}],"groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].afterGates[0].type",
+                ErrorCode::InvalidGate,
+            ),
+            (
+                r#"{"stages":[{"name":"s","beforeGates":[{"type":"ScheduledStart"}],"groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].beforeGates[0].scheduledStartConfiguration",
+                ErrorCode::InvalidGate,
+            ),
+            (
+                r#"{"stages":[{"name":"s","beforeGates":[{"type":"ScheduledStart","scheduledStartConfiguration":{"startDay":"Someday","startTime":"10:00","utcOffset":"+00:00"}}],"groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].beforeGates[0].scheduledStartConfiguration.startDay",
+                ErrorCode::InvalidGate,
+            ),
+            (
+                r#"{"stages":[{"name":"s","beforeGates":[{"type":"Manual"}],"groups":[{"name":"g"}]}]}"#,
+                "properties.strategy.stages[0].beforeGates[0].type",
+                ErrorCode::InvalidGate,
+            ),
+            (
+                r#"{"stages":[{"name":"s","groups":[{"name":"g","colour":"red"}]}]}"#,
+                "properties.strategy.stages[0].groups[0].colour",
+                ErrorCode::UnknownField,
+            ),
         ];
         for (json, target, code) in cases {
             let err = strategy(json).unwrap_err();
@@ -610,7 +802,10 @@ mod tests {
     #[test]
     fn fifty_one_groups_are_refused() {
         let groups: Vec<String> = (0..51).map(|i| format!(r#"{{"name":"g{i}"}}"#)).collect();
-        let json = format!(r#"{{"stages":[{{"name":"s","groups":[{}]}}]}}"#, groups.join(","));
+        let json = format!(
+            r#"{{"stages":[{{"name":"s","groups":[{}]}}]}}"#,
+            groups.join(",")
+        );
         let err = strategy(&json).unwrap_err();
         assert!(err.message.contains("at most 50"), "{err:?}");
     }
@@ -624,14 +819,21 @@ mod tests {
     fn upgrade_rules() {
         assert!(upgrade(r#"{"upgrade":{"type":"Full","kubernetesVersion":"1.31.1"}}"#).is_ok());
         let e = upgrade(r#"{"upgrade":{"type":"Full"}}"#).unwrap_err();
-        assert_eq!(e.target, "properties.managedClusterUpdate.upgrade.kubernetesVersion");
-        let e = upgrade(r#"{"upgrade":{"type":"NodeImageOnly","kubernetesVersion":"1.31.1"}}"#).unwrap_err();
+        assert_eq!(
+            e.target,
+            "properties.managedClusterUpdate.upgrade.kubernetesVersion"
+        );
+        let e = upgrade(r#"{"upgrade":{"type":"NodeImageOnly","kubernetesVersion":"1.31.1"}}"#)
+            .unwrap_err();
         assert!(e.message.contains("NodeImageOnly"));
         let e = upgrade(r#"{"upgrade":{"type":"Full","kubernetesVersion":"1.31"}}"#).unwrap_err();
         assert!(e.message.contains("major.minor.patch"));
         let e = upgrade(r#"{"upgrade":{"type":"Partial"}}"#).unwrap_err();
         assert_eq!(e.target, "properties.managedClusterUpdate.upgrade.type");
-        let e = upgrade(r#"{"upgrade":{"type":"NodeImageOnly"},"nodeImageSelection":{"type":"Custom"}}"#).unwrap_err();
+        let e = upgrade(
+            r#"{"upgrade":{"type":"NodeImageOnly"},"nodeImageSelection":{"type":"Custom"}}"#,
+        )
+        .unwrap_err();
         assert!(e.message.contains("at least one"));
         let e = upgrade(r#"{"upgrade":{"type":"NodeImageOnly"},"nodeImageSelection":{"type":"Custom","customNodeImageVersions":[{"version":"AKSUbuntu-2204gen2containerd-202602.20.0"},{"version":"AKSUbuntu-2204gen2containerd-202603.01.0"}]}}"#).unwrap_err();
         assert!(e.message.contains("one per family"), "{e:?}");

@@ -20,7 +20,10 @@ impl fmt::Display for Amount {
 
 /// Parses the digits of a count: no sign, no leading zero (except "0" itself), no fraction.
 fn whole_number(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|c| c.is_ascii_digit()) || (text.len() > 1 && text.starts_with('0')) {
+    if text.is_empty()
+        || !text.bytes().all(|c| c.is_ascii_digit())
+        || (text.len() > 1 && text.starts_with('0'))
+    {
         return None;
     }
     text.parse().ok()
@@ -79,8 +82,13 @@ mod tests {
     fn concurrency_forms() {
         assert_eq!(Amount::parse_concurrency("5"), Some(Amount::Count(5)));
         assert_eq!(Amount::parse_concurrency("25%"), Some(Amount::Percent(25)));
-        assert_eq!(Amount::parse_concurrency("100%"), Some(Amount::Percent(100)));
-        for bad in ["0", "0%", "-1", "1.5", "abc", "101%", "", "%", "05", " 5", "5 %"] {
+        assert_eq!(
+            Amount::parse_concurrency("100%"),
+            Some(Amount::Percent(100))
+        );
+        for bad in [
+            "0", "0%", "-1", "1.5", "abc", "101%", "", "%", "05", " 5", "5 %",
+        ] {
             assert_eq!(Amount::parse_concurrency(bad), None, "{bad}");
         }
     }

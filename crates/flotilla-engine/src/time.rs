@@ -130,7 +130,11 @@ pub struct Date {
 impl Date {
     /// Days since 1970-01-01 (Howard Hinnant's `days_from_civil`).
     pub fn days(self) -> i64 {
-        let y = if self.month <= 2 { self.year - 1 } else { self.year };
+        let y = if self.month <= 2 {
+            self.year - 1
+        } else {
+            self.year
+        };
         let era = y.div_euclid(400);
         let yoe = y - era * 400;
         let m = i64::from(self.month);
@@ -210,7 +214,13 @@ impl fmt::Display for Date {
 /// `^([01][0-9]|2[0-3]):[0-5][0-9]$`.
 pub fn parse_clock(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() != 5 || b[2] != b':' || !b.iter().enumerate().all(|(i, c)| i == 2 || c.is_ascii_digit()) {
+    if b.len() != 5
+        || b[2] != b':'
+        || !b
+            .iter()
+            .enumerate()
+            .all(|(i, c)| i == 2 || c.is_ascii_digit())
+    {
         return None;
     }
     let hours = i64::from(b[0] - b'0') * 10 + i64::from(b[1] - b'0');
@@ -267,7 +277,10 @@ mod tests {
         }
         let d = Date::parse("2026-03-02").unwrap();
         assert_eq!(d.weekday(), Weekday::Monday);
-        assert_eq!(Date::parse("2024-02-29").unwrap().weekday(), Weekday::Thursday);
+        assert_eq!(
+            Date::parse("2024-02-29").unwrap().weekday(),
+            Weekday::Thursday
+        );
         assert!(Date::parse("2023-02-29").is_none());
         assert!(Date::parse("2026-13-01").is_none());
     }
@@ -276,7 +289,12 @@ mod tests {
     fn formats_and_parses_instants() {
         let t = Time::parse("2026-03-02T01:02:03Z").unwrap();
         assert_eq!(t.to_string(), "2026-03-02T01:02:03Z");
-        assert_eq!(Time::parse("2026-03-02T01:02:03+01:00").unwrap().to_string(), "2026-03-02T00:02:03Z");
+        assert_eq!(
+            Time::parse("2026-03-02T01:02:03+01:00")
+                .unwrap()
+                .to_string(),
+            "2026-03-02T00:02:03Z"
+        );
         assert!(Time::parse("yesterday").is_err());
     }
 

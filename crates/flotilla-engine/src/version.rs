@@ -25,7 +25,11 @@ impl KubeVersion {
             }
             p.parse().ok()
         };
-        let v = KubeVersion { major: next()?, minor: next()?, patch: next()? };
+        let v = KubeVersion {
+            major: next()?,
+            minor: next()?,
+            patch: next()?,
+        };
         parts.next().is_none().then_some(v)
     }
 
@@ -60,7 +64,10 @@ impl ImageVersion {
                 }
             })
             .collect::<Option<Vec<u64>>>()?;
-        Some(ImageVersion { text: text.to_string(), parts })
+        Some(ImageVersion {
+            text: text.to_string(),
+            parts,
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -70,7 +77,9 @@ impl ImageVersion {
 
 impl Ord for ImageVersion {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.parts.cmp(&other.parts).then_with(|| self.text.cmp(&other.text))
+        self.parts
+            .cmp(&other.parts)
+            .then_with(|| self.text.cmp(&other.text))
     }
 }
 

@@ -8,7 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::time::{Date, SECONDS_PER_DAY, SECONDS_PER_HOUR, Time, Weekday, parse_clock, parse_utc_offset};
+use crate::time::{
+    Date, SECONDS_PER_DAY, SECONDS_PER_HOUR, Time, Weekday, parse_clock, parse_utc_offset,
+};
 
 /// The AKS `maintenanceWindow` object as it appears on the wire.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,10 +89,22 @@ pub enum WeekIndex {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
-    Daily { interval_days: i64 },
-    Weekly { interval_weeks: i64, day: Weekday },
-    AbsoluteMonthly { interval_months: i64, day_of_month: u32 },
-    RelativeMonthly { interval_months: i64, week: WeekIndex, day: Weekday },
+    Daily {
+        interval_days: i64,
+    },
+    Weekly {
+        interval_weeks: i64,
+        day: Weekday,
+    },
+    AbsoluteMonthly {
+        interval_months: i64,
+        day_of_month: u32,
+    },
+    RelativeMonthly {
+        interval_months: i64,
+        week: WeekIndex,
+        day: Weekday,
+    },
 }
 
 /// A validated maintenance window.
@@ -124,9 +138,16 @@ impl MaintenanceWindow {
     /// Validates the wire form; `path` names the field in errors (e.g. `maintenance.kubernetes`).
     pub fn parse(spec: &MaintenanceWindowSpec, path: &str) -> Result<MaintenanceWindow, ApiError> {
         let bad = |field: &str, message: String| {
-            ApiError::new(ErrorCode::InvalidMaintenanceWindow, format!("{path}.{field}: {message}"), format!("{path}.{field}"))
+            ApiError::new(
+                ErrorCode::InvalidMaintenanceWindow,
+                format!("{path}.{field}: {message}"),
+                format!("{path}.{field}"),
+            )
         };
-        let schedule_spec = spec.schedule.as_ref().ok_or_else(|| bad("schedule", "is required".into()))?;
+        let schedule_spec = spec
+            .schedule
+            .as_ref()
+            .ok_or_else(|| bad("schedule", "is required".into()))?;
         let kinds = [
             schedule_spec.daily.is_some(),
             schedule_spec.weekly.is_some(),
@@ -142,16 +163,28 @@ impl MaintenanceWindow {
         let ranged = |field: &str, value: Option<i64>, lo: i64, hi: i64| -> Result<i64, ApiError> {
             match value {
                 None => Err(bad(field, "is required".into())),
-                Some(v) if v < lo || v > hi => Err(bad(field, format!("{v} is out of range: must be {lo} to {hi}"))),
+                Some(v) if v < lo || v > hi => Err(bad(
+                    field,
+                    format!("{v} is out of range: must be {lo} to {hi}"),
+                )),
                 Some(v) => Ok(v),
             }
         };
         let weekday = |field: &str, value: &Option<String>| -> Result<Weekday, ApiError> {
-            let text = value.as_deref().ok_or_else(|| bad(field, "is required".into()))?;
-            Weekday::parse(text).ok_or_else(|| bad(field, format!("{text:?} is not a day of the week (Monday … Sunday)")))
+            let text = value
+                .as_deref()
+                .ok_or_else(|| bad(field, "is required".into()))?;
+            Weekday::parse(text).ok_or_else(|| {
+                bad(
+                    field,
+                    format!("{text:?} is not a day of the week (Monday … Sunday)"),
+                )
+            })
         };
         let schedule = if let Some(d) = &schedule_spec.daily {
-            Schedule::Daily { interval_days: ranged("schedule.daily.intervalDays", d.interval_days, 1, 7)? }
+            Schedule::Daily {
+                interval_days: ranged("schedule.daily.intervalDays", d.interval_days, 1, 7)?,
+            }
         } else if let Some(w) = &schedule_spec.weekly {
             Schedule::Weekly {
                 interval_weeks: ranged("schedule.weekly.intervalWeeks", w.interval_weeks, 1, 4)?,
@@ -159,8 +192,14 @@ impl MaintenanceWindow {
             }
         } else if let Some(m) = &schedule_spec.absolute_monthly {
             Schedule::AbsoluteMonthly {
-                interval_months: ranged("schedule.absoluteMonthly.intervalMonths", m.interval_months, 1, 6)?,
-                day_of_month: ranged("schedule.absoluteMonthly.dayOfMonth", m.day_of_month, 1, 31)? as u32,
+                interval_months: ranged(
+                    "schedule.absoluteMonthly.intervalMonths",
+                    m.interval_months,
+                    1,
+                    6,
+                )?,
+                day_of_month: ranged("schedule.absoluteMonthly.dayOfMonth", m.day_of_month, 1, 31)?
+                    as u32,
             }
         } else if let Some(m) = &schedule_spec.relative_monthly {
             let text = m
@@ -181,35 +220,70 @@ impl MaintenanceWindow {
                 }
             };
             Schedule::RelativeMonthly {
-                interval_months: ranged("schedule.relativeMonthly.intervalMonths", m.interval_months, 1, 6)?,
+                interval_months: ranged(
+                    "schedule.relativeMonthly.intervalMonths",
+                    m.interval_months,
+                    1,
+                    6,
+                )?,
                 week,
                 day: weekday("schedule.relativeMonthly.dayOfWeek", &m.day_of_week)?,
             }
         } else {
             unreachable!("exactly one schedule kind was checked above")
         };
-        let duration_hours = ranged("durationHours", Some(spec.duration_hours.unwrap_or(24)), 4, 24)?;
-        let start_text = spec.start_time.as_deref().ok_or_else(|| bad("startTime", "is required".into()))?;
-        let start_time =
-            parse_clock(start_text).ok_or_else(|| bad("startTime", format!("{start_text:?} must be HH:mm, 00:00 to 23:59")))?;
+        let duration_hours = ranged(
+            "durationHours",
+            Some(spec.duration_hours.unwrap_or(24)),
+            4,
+            24,
+        )?;
+        let start_text = spec
+            .start_time
+            .as_deref()
+            .ok_or_else(|| bad("startTime", "is required".into()))?;
+        let start_time = parse_clock(start_text).ok_or_else(|| {
+            bad(
+                "startTime",
+                format!("{start_text:?} must be HH:mm, 00:00 to 23:59"),
+            )
+        })?;
         let offset_text = spec.utc_offset.as_deref().unwrap_or("+00:00");
-        let utc_offset = parse_utc_offset(offset_text)
-            .ok_or_else(|| bad("utcOffset", format!("{offset_text:?} must be ±HH:mm between -14:00 and +14:00")))?;
+        let utc_offset = parse_utc_offset(offset_text).ok_or_else(|| {
+            bad(
+                "utcOffset",
+                format!("{offset_text:?} must be ±HH:mm between -14:00 and +14:00"),
+            )
+        })?;
         let (anchor, has_start_date) = match spec.start_date.as_deref() {
-            Some(text) => {
-                (Date::parse(text).ok_or_else(|| bad("startDate", format!("{text:?} must be a date YYYY-MM-DD")))?, true)
-            }
+            Some(text) => (
+                Date::parse(text).ok_or_else(|| {
+                    bad("startDate", format!("{text:?} must be a date YYYY-MM-DD"))
+                })?,
+                true,
+            ),
             None => (Date::from_days(0), false),
         };
         let mut blocked = Vec::new();
         for (i, span) in spec.not_allowed_dates.iter().enumerate() {
             let field = format!("notAllowedDates[{i}]");
-            let start = Date::parse(&span.start)
-                .ok_or_else(|| bad(&format!("{field}.start"), format!("{:?} must be a date YYYY-MM-DD", span.start)))?;
-            let end = Date::parse(&span.end)
-                .ok_or_else(|| bad(&format!("{field}.end"), format!("{:?} must be a date YYYY-MM-DD", span.end)))?;
+            let start = Date::parse(&span.start).ok_or_else(|| {
+                bad(
+                    &format!("{field}.start"),
+                    format!("{:?} must be a date YYYY-MM-DD", span.start),
+                )
+            })?;
+            let end = Date::parse(&span.end).ok_or_else(|| {
+                bad(
+                    &format!("{field}.end"),
+                    format!("{:?} must be a date YYYY-MM-DD", span.end),
+                )
+            })?;
             if end < start {
-                return Err(bad(&field, format!("end {} is before start {}", span.end, span.start)));
+                return Err(bad(
+                    &field,
+                    format!("end {} is before start {}", span.end, span.start),
+                ));
             }
             // Whole local days, end inclusive.
             let from = Time(start.days() * SECONDS_PER_DAY - utc_offset);
@@ -242,14 +316,27 @@ impl MaintenanceWindow {
             return false;
         }
         match self.schedule {
-            Schedule::Daily { interval_days } => (d.days() - self.anchor.days()) % interval_days == 0,
-            Schedule::Weekly { interval_weeks, day } => {
+            Schedule::Daily { interval_days } => {
+                (d.days() - self.anchor.days()) % interval_days == 0
+            }
+            Schedule::Weekly {
+                interval_weeks,
+                day,
+            } => {
                 d.weekday() == day && ((d.days() - self.anchor_monday()) / 7) % interval_weeks == 0
             }
-            Schedule::AbsoluteMonthly { interval_months, day_of_month } => {
-                d.day == day_of_month && (d.month_index() - self.anchor.month_index()) % interval_months == 0
+            Schedule::AbsoluteMonthly {
+                interval_months,
+                day_of_month,
+            } => {
+                d.day == day_of_month
+                    && (d.month_index() - self.anchor.month_index()) % interval_months == 0
             }
-            Schedule::RelativeMonthly { interval_months, week, day } => {
+            Schedule::RelativeMonthly {
+                interval_months,
+                week,
+                day,
+            } => {
                 (d.month_index() - self.anchor.month_index()) % interval_months == 0
                     && relative_day(d.year, d.month, week, day) == Some(d.day)
             }
@@ -269,7 +356,10 @@ impl MaintenanceWindow {
                 let k = (delta + interval_days - 1).div_euclid(interval_days);
                 Some(Date::from_days(self.anchor.days() + k * interval_days))
             }
-            Schedule::Weekly { interval_weeks, day } => {
+            Schedule::Weekly {
+                interval_weeks,
+                day,
+            } => {
                 let monday = self.anchor_monday();
                 let period = 7 * interval_weeks;
                 // Week blocks start at `monday + k * period`; the occurrence is `day` in that block.
@@ -282,16 +372,26 @@ impl MaintenanceWindow {
                     k += 1;
                 }
             }
-            Schedule::AbsoluteMonthly { interval_months, day_of_month } => {
-                self.next_monthly(from, interval_months, |y, m| (day_of_month <= Date::days_in_month(y, m)).then_some(day_of_month))
-            }
-            Schedule::RelativeMonthly { interval_months, week, day } => {
-                self.next_monthly(from, interval_months, |y, m| relative_day(y, m, week, day))
-            }
+            Schedule::AbsoluteMonthly {
+                interval_months,
+                day_of_month,
+            } => self.next_monthly(from, interval_months, |y, m| {
+                (day_of_month <= Date::days_in_month(y, m)).then_some(day_of_month)
+            }),
+            Schedule::RelativeMonthly {
+                interval_months,
+                week,
+                day,
+            } => self.next_monthly(from, interval_months, |y, m| relative_day(y, m, week, day)),
         }
     }
 
-    fn next_monthly(&self, from: Date, interval: i64, day_in: impl Fn(i64, u32) -> Option<u32>) -> Option<Date> {
+    fn next_monthly(
+        &self,
+        from: Date,
+        interval: i64,
+        day_in: impl Fn(i64, u32) -> Option<u32>,
+    ) -> Option<Date> {
         let base = self.anchor.month_index();
         let mut k = (from.month_index() - base).div_euclid(interval);
         // A month lacking the day is skipped; a few steps always find one that has it.
@@ -364,7 +464,11 @@ impl MaintenanceWindow {
 
 /// The day of month of the `week`-th `day` in a month (`Last` = the last one).
 fn relative_day(year: i64, month: u32, week: WeekIndex, day: Weekday) -> Option<u32> {
-    let first = Date { year, month, day: 1 };
+    let first = Date {
+        year,
+        month,
+        day: 1,
+    };
     let first_match = 1 + (day.index() - first.weekday().index()).rem_euclid(7) as u32;
     let n = match week {
         WeekIndex::First => 0,
@@ -405,7 +509,9 @@ mod tests {
 
     #[test]
     fn daily_window_opens_at_start_time() {
-        let w = window(r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":4,"startTime":"03:00"}"#);
+        let w = window(
+            r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":4,"startTime":"03:00"}"#,
+        );
         let o = w.next_opening(t("2026-03-02T01:00:00Z")).unwrap();
         assert_eq!(o.from, t("2026-03-02T03:00:00Z"));
         assert_eq!(o.until, t("2026-03-02T07:00:00Z"));
@@ -415,7 +521,9 @@ mod tests {
 
     #[test]
     fn instance_from_yesterday_spills_past_midnight() {
-        let w = window(r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":6,"startTime":"22:00","utcOffset":"+00:00"}"#);
+        let w = window(
+            r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":6,"startTime":"22:00","utcOffset":"+00:00"}"#,
+        );
         let o = w.next_opening(t("2026-03-02T02:00:00Z")).unwrap();
         assert_eq!(o.from, t("2026-03-02T02:00:00Z"));
         assert_eq!(o.until, t("2026-03-02T04:00:00Z"));
@@ -423,41 +531,81 @@ mod tests {
 
     #[test]
     fn negative_and_positive_offsets() {
-        let w = window(r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Tuesday"}},"durationHours":4,"startTime":"10:00","utcOffset":"-08:00"}"#);
-        assert_eq!(w.next_opening(t("2026-03-02T00:00:00Z")).unwrap().from, t("2026-03-03T18:00:00Z"));
-        let w = window(r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Tuesday"}},"durationHours":4,"startTime":"01:00","utcOffset":"+05:30"}"#);
-        assert_eq!(w.next_opening(t("2026-03-02T00:00:00Z")).unwrap().from, t("2026-03-02T19:30:00Z"));
+        let w = window(
+            r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Tuesday"}},"durationHours":4,"startTime":"10:00","utcOffset":"-08:00"}"#,
+        );
+        assert_eq!(
+            w.next_opening(t("2026-03-02T00:00:00Z")).unwrap().from,
+            t("2026-03-03T18:00:00Z")
+        );
+        let w = window(
+            r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Tuesday"}},"durationHours":4,"startTime":"01:00","utcOffset":"+05:30"}"#,
+        );
+        assert_eq!(
+            w.next_opening(t("2026-03-02T00:00:00Z")).unwrap().from,
+            t("2026-03-02T19:30:00Z")
+        );
     }
 
     #[test]
     fn absolute_monthly_day_31_skips_short_months() {
-        let w = window(r#"{"schedule":{"absoluteMonthly":{"intervalMonths":1,"dayOfMonth":31}},"durationHours":4,"startTime":"00:00"}"#);
-        assert_eq!(w.next_opening(t("2026-04-01T00:00:00Z")).unwrap().from, t("2026-05-31T00:00:00Z"));
-        let w = window(r#"{"schedule":{"absoluteMonthly":{"intervalMonths":1,"dayOfMonth":29}},"durationHours":4,"startTime":"00:00"}"#);
-        assert_eq!(w.next_opening(t("2027-02-01T00:00:00Z")).unwrap().from, t("2027-03-29T00:00:00Z"));
-        assert_eq!(w.next_opening(t("2028-02-01T00:00:00Z")).unwrap().from, t("2028-02-29T00:00:00Z"));
+        let w = window(
+            r#"{"schedule":{"absoluteMonthly":{"intervalMonths":1,"dayOfMonth":31}},"durationHours":4,"startTime":"00:00"}"#,
+        );
+        assert_eq!(
+            w.next_opening(t("2026-04-01T00:00:00Z")).unwrap().from,
+            t("2026-05-31T00:00:00Z")
+        );
+        let w = window(
+            r#"{"schedule":{"absoluteMonthly":{"intervalMonths":1,"dayOfMonth":29}},"durationHours":4,"startTime":"00:00"}"#,
+        );
+        assert_eq!(
+            w.next_opening(t("2027-02-01T00:00:00Z")).unwrap().from,
+            t("2027-03-29T00:00:00Z")
+        );
+        assert_eq!(
+            w.next_opening(t("2028-02-01T00:00:00Z")).unwrap().from,
+            t("2028-02-29T00:00:00Z")
+        );
     }
 
     #[test]
     fn relative_monthly_last_and_fourth() {
-        let w = window(r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Last","dayOfWeek":"Friday"}},"durationHours":4,"startTime":"00:00"}"#);
+        let w = window(
+            r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Last","dayOfWeek":"Friday"}},"durationHours":4,"startTime":"00:00"}"#,
+        );
         // May 2026 has five Fridays: 1, 8, 15, 22, 29.
-        assert_eq!(w.next_opening(t("2026-05-01T05:00:00Z")).unwrap().from, t("2026-05-29T00:00:00Z"));
-        let w = window(r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Fourth","dayOfWeek":"Friday"}},"durationHours":4,"startTime":"00:00"}"#);
-        assert_eq!(w.next_opening(t("2026-05-01T05:00:00Z")).unwrap().from, t("2026-05-22T00:00:00Z"));
+        assert_eq!(
+            w.next_opening(t("2026-05-01T05:00:00Z")).unwrap().from,
+            t("2026-05-29T00:00:00Z")
+        );
+        let w = window(
+            r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Fourth","dayOfWeek":"Friday"}},"durationHours":4,"startTime":"00:00"}"#,
+        );
+        assert_eq!(
+            w.next_opening(t("2026-05-01T05:00:00Z")).unwrap().from,
+            t("2026-05-22T00:00:00Z")
+        );
     }
 
     #[test]
     fn start_date_in_the_future_and_intervals() {
-        let w = window(r#"{"schedule":{"weekly":{"intervalWeeks":2,"dayOfWeek":"Monday"}},"durationHours":4,"startTime":"00:00","startDate":"2026-03-04"}"#);
+        let w = window(
+            r#"{"schedule":{"weekly":{"intervalWeeks":2,"dayOfWeek":"Monday"}},"durationHours":4,"startTime":"00:00","startDate":"2026-03-04"}"#,
+        );
         // The week of 2026-03-04 (a Wednesday) starts on Monday 2026-03-02, before startDate: its
         // Monday is skipped and the cadence keeps counting from that week.
-        assert_eq!(w.next_opening(t("2026-01-01T00:00:00Z")).unwrap().from, t("2026-03-16T00:00:00Z"));
+        assert_eq!(
+            w.next_opening(t("2026-01-01T00:00:00Z")).unwrap().from,
+            t("2026-03-16T00:00:00Z")
+        );
     }
 
     #[test]
     fn not_allowed_dates_span_a_window() {
-        let w = window(r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":4,"startTime":"22:00","utcOffset":"+02:00","notAllowedDates":[{"start":"2026-03-02","end":"2026-03-04"}]}"#);
+        let w = window(
+            r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":4,"startTime":"22:00","utcOffset":"+02:00","notAllowedDates":[{"start":"2026-03-02","end":"2026-03-04"}]}"#,
+        );
         // Blocked from 2026-03-01T22:00Z to 2026-03-04T22:00Z; the instance of 03-04 local
         // (20:00Z) is blocked, the one of 03-05 local opens at 2026-03-05T20:00Z... but the
         // 03-04 instance runs until 2026-03-05T00:00Z, so it opens as the block ends.
@@ -471,16 +619,43 @@ mod tests {
         for (json, field) in [
             (r#"{"durationHours":4,"startTime":"00:00"}"#, "w.schedule"),
             (r#"{"schedule":{},"startTime":"00:00"}"#, "w.schedule"),
-            (r#"{"schedule":{"daily":{"intervalDays":8}},"startTime":"00:00"}"#, "intervalDays"),
-            (r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":3,"startTime":"00:00"}"#, "durationHours"),
-            (r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"24:00"}"#, "startTime"),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":8}},"startTime":"00:00"}"#,
+                "intervalDays",
+            ),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":1}},"durationHours":3,"startTime":"00:00"}"#,
+                "durationHours",
+            ),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"24:00"}"#,
+                "startTime",
+            ),
             (r#"{"schedule":{"daily":{"intervalDays":1}}}"#, "startTime"),
-            (r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","utcOffset":"+15:00"}"#, "utcOffset"),
-            (r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Funday"}},"startTime":"00:00"}"#, "dayOfWeek"),
-            (r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Fifth","dayOfWeek":"Monday"}},"startTime":"00:00"}"#, "weekIndex"),
-            (r#"{"schedule":{"absoluteMonthly":{"intervalMonths":7,"dayOfMonth":1}},"startTime":"00:00"}"#, "intervalMonths"),
-            (r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","startDate":"2026-02-30"}"#, "startDate"),
-            (r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","notAllowedDates":[{"start":"2026-03-05","end":"2026-03-01"}]}"#, "notAllowedDates[0]"),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","utcOffset":"+15:00"}"#,
+                "utcOffset",
+            ),
+            (
+                r#"{"schedule":{"weekly":{"intervalWeeks":1,"dayOfWeek":"Funday"}},"startTime":"00:00"}"#,
+                "dayOfWeek",
+            ),
+            (
+                r#"{"schedule":{"relativeMonthly":{"intervalMonths":1,"weekIndex":"Fifth","dayOfWeek":"Monday"}},"startTime":"00:00"}"#,
+                "weekIndex",
+            ),
+            (
+                r#"{"schedule":{"absoluteMonthly":{"intervalMonths":7,"dayOfMonth":1}},"startTime":"00:00"}"#,
+                "intervalMonths",
+            ),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","startDate":"2026-02-30"}"#,
+                "startDate",
+            ),
+            (
+                r#"{"schedule":{"daily":{"intervalDays":1}},"startTime":"00:00","notAllowedDates":[{"start":"2026-03-05","end":"2026-03-01"}]}"#,
+                "notAllowedDates[0]",
+            ),
         ] {
             let spec: MaintenanceWindowSpec = serde_json::from_str(json).unwrap();
             let err = MaintenanceWindow::parse(&spec, "w").unwrap_err();

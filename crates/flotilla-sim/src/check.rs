@@ -15,7 +15,8 @@ fn state_of(node: &Value) -> Option<&str> {
 }
 
 fn failure_count_of(node: &Value) -> Option<&Value> {
-    node.get("failureCount").or_else(|| node.get("status").and_then(|s| s.get("failureCount")))
+    node.get("failureCount")
+        .or_else(|| node.get("status").and_then(|s| s.get("failureCount")))
 }
 
 fn time_of(v: &Value) -> Option<Time> {
@@ -46,9 +47,14 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     let empty = serde_json::Map::new();
     let exp = expect.as_object().unwrap_or(&empty);
     let create_error = result.get("createError").filter(|v| !v.is_null());
-    if let Some(want) = exp.get("createError").filter(|v| !v.is_null() && *v != &Value::Bool(false)) {
+    if let Some(want) = exp
+        .get("createError")
+        .filter(|v| !v.is_null() && *v != &Value::Bool(false))
+    {
         let Some(got) = create_error else {
-            return vec!["run was created, but the scenario expects it to be rejected at creation".into()];
+            return vec![
+                "run was created, but the scenario expects it to be rejected at creation".into(),
+            ];
         };
         if let Some(mentions) = want.get("mentions").and_then(Value::as_str) {
             let body = got.to_string();
@@ -79,33 +85,71 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     }
     if let Some(want) = exp.get("run").and_then(Value::as_object) {
         for (k, v) in want {
-            let got = if k == "state" { state_of(status).map(|s| Value::String(s.into())) } else { failure_count_of(status).cloned() };
+            let got = if k == "state" {
+                state_of(status).map(|s| Value::String(s.into()))
+            } else {
+                failure_count_of(status).cloned()
+            };
             cmp(&mut errors, format!("run.{k}"), got, v);
         }
     }
     for (kind, table) in [("stages", &stages), ("groups", &groups)] {
-        for (name, want) in exp.get(kind).and_then(Value::as_object).into_iter().flatten() {
+        for (name, want) in exp
+            .get(kind)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
             let Some(node) = table.get(name) else {
-                cmp(&mut errors, format!("{kind}.{name}"), Some(Value::String("missing from the run status".into())), &Value::Null);
+                cmp(
+                    &mut errors,
+                    format!("{kind}.{name}"),
+                    Some(Value::String("missing from the run status".into())),
+                    &Value::Null,
+                );
                 continue;
             };
             for (k, v) in want.as_object().into_iter().flatten() {
-                let got = if k == "state" { state_of(node).map(|s| Value::String(s.into())) } else { failure_count_of(node).cloned() };
+                let got = if k == "state" {
+                    state_of(node).map(|s| Value::String(s.into()))
+                } else {
+                    failure_count_of(node).cloned()
+                };
                 cmp(&mut errors, format!("{kind}.{name}.{k}"), got, v);
             }
         }
     }
-    for (name, want) in exp.get("members").and_then(Value::as_object).into_iter().flatten() {
+    for (name, want) in exp
+        .get("members")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let node = members.get(name);
         if want.as_str() == Some("Absent") {
             if node.is_some() {
-                cmp(&mut errors, format!("members.{name}"), Some(Value::String("part of the run".into())), want);
+                cmp(
+                    &mut errors,
+                    format!("members.{name}"),
+                    Some(Value::String("part of the run".into())),
+                    want,
+                );
             }
             continue;
         }
         match node {
-            None => cmp(&mut errors, format!("members.{name}"), Some(Value::String("missing from the run status".into())), want),
-            Some(node) => cmp(&mut errors, format!("members.{name}.state"), state_of(node).map(|s| Value::String(s.into())), want),
+            None => cmp(
+                &mut errors,
+                format!("members.{name}"),
+                Some(Value::String("missing from the run status".into())),
+                want,
+            ),
+            Some(node) => cmp(
+                &mut errors,
+                format!("members.{name}.state"),
+                state_of(node).map(|s| Value::String(s.into())),
+                want,
+            ),
         }
     }
     let events: Vec<&Value> = result["events"].as_array().into_iter().flatten().collect();
@@ -119,7 +163,10 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
         let member = text(&e["member"]);
         match kind {
             "MemberStarted" | "MemberReattached" => {
-                let keys = [format!("stage:{}", text(&e["stage"])), format!("group:{}", text(&e["group"]))];
+                let keys = [
+                    format!("stage:{}", text(&e["stage"])),
+                    format!("group:{}", text(&e["group"])),
+                ];
                 for k in &keys {
                     let c = current.entry(k.clone()).or_default();
                     *c += 1;
@@ -143,74 +190,160 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
             _ => {}
         }
     }
-    for (key, want) in exp.get("maxInFlight").and_then(Value::as_object).into_iter().flatten() {
-        cmp(&mut errors, format!("maxInFlight[{key}]"), Some(Value::from(peak.get(key).copied().unwrap_or(0))), want);
+    for (key, want) in exp
+        .get("maxInFlight")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        cmp(
+            &mut errors,
+            format!("maxInFlight[{key}]"),
+            Some(Value::from(peak.get(key).copied().unwrap_or(0))),
+            want,
+        );
     }
-    for (key, bound) in exp.get("inFlightAtMost").and_then(Value::as_object).into_iter().flatten() {
+    for (key, bound) in exp
+        .get("inFlightAtMost")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let got = peak.get(key).copied().unwrap_or(0);
         if bound.as_i64().is_some_and(|b| got > b) {
             errors.push(format!("inFlightAtMost[{key}]: peak {got} exceeds {bound}"));
         }
     }
-    let order: Vec<String> = exp.get("startsInOrder").and_then(Value::as_array).into_iter().flatten().map(text).collect();
+    let order: Vec<String> = exp
+        .get("startsInOrder")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
     for pair in order.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
-        match (starts.get(a).and_then(|v| v.first()), starts.get(b).and_then(|v| v.first())) {
+        match (
+            starts.get(a).and_then(|v| v.first()),
+            starts.get(b).and_then(|v| v.first()),
+        ) {
             (Some(ta), Some(tb)) if ta < tb => {}
-            (Some(ta), Some(tb)) => errors.push(format!("startsInOrder: {a} ({ta}) should start strictly before {b} ({tb})")),
+            (Some(ta), Some(tb)) => errors.push(format!(
+                "startsInOrder: {a} ({ta}) should start strictly before {b} ({tb})"
+            )),
             (None, _) => errors.push(format!("startsInOrder: {a} never started")),
             (_, None) => errors.push(format!("startsInOrder: {b} never started")),
         }
     }
-    for (name, when) in exp.get("notStartedBefore").and_then(Value::as_object).into_iter().flatten() {
+    for (name, when) in exp
+        .get("notStartedBefore")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let Some(t) = time_of(when) else {
             errors.push(format!("notStartedBefore.{name}: {when} is not a time"));
             continue;
         };
         match starts.get(name).and_then(|v| v.first()) {
             None => errors.push(format!("notStartedBefore.{name}: never started")),
-            Some(s) if *s < t => errors.push(format!("notStartedBefore.{name}: started at {s}, before {t}")),
+            Some(s) if *s < t => errors.push(format!(
+                "notStartedBefore.{name}: started at {s}, before {t}"
+            )),
             Some(_) => {}
         }
     }
-    for name in exp.get("neverStarted").and_then(Value::as_array).into_iter().flatten().map(text) {
+    for name in exp
+        .get("neverStarted")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(text)
+    {
         if let Some(t) = starts.get(&name).and_then(|v| v.first()) {
             errors.push(format!("neverStarted: {name} started at {t}"));
         }
     }
-    for (name, n) in exp.get("startCount").and_then(Value::as_object).into_iter().flatten() {
-        cmp(&mut errors, format!("startCount.{name}"), Some(Value::from(starts.get(name).map_or(0, Vec::len))), n);
+    for (name, n) in exp
+        .get("startCount")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        cmp(
+            &mut errors,
+            format!("startCount.{name}"),
+            Some(Value::from(starts.get(name).map_or(0, Vec::len))),
+            n,
+        );
     }
     if let Some(want) = exp.get("runCompletedAt") {
-        let got = status["status"]["completedTime"].as_str().or_else(|| status["completedTime"].as_str());
+        let got = status["status"]["completedTime"]
+            .as_str()
+            .or_else(|| status["completedTime"].as_str());
         if got.and_then(|g| Time::parse(g).ok()) != time_of(want) {
-            errors.push(format!("runCompletedAt: expected {want}, got {}", got.unwrap_or("nothing")));
+            errors.push(format!(
+                "runCompletedAt: expected {want}, got {}",
+                got.unwrap_or("nothing")
+            ));
         }
     }
-    if let Some(want) = exp.get("selectedNodeImageVersions").and_then(Value::as_object) {
+    if let Some(want) = exp
+        .get("selectedNodeImageVersions")
+        .and_then(Value::as_object)
+    {
         let mut got = BTreeMap::new();
-        for item in status["nodeImageSelection"]["selectedNodeImageVersions"].as_array().into_iter().flatten() {
+        for item in status["nodeImageSelection"]["selectedNodeImageVersions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let full = text(&item["version"]);
             if let Some((family, version)) = full.rsplit_once('-') {
                 got.insert(family.to_string(), version.to_string());
             }
         }
         for (family, v) in want {
-            cmp(&mut errors, format!("selectedNodeImageVersions.{family}"), got.get(family).map(|s| Value::String(s.clone())), &Value::String(text(v)));
+            cmp(
+                &mut errors,
+                format!("selectedNodeImageVersions.{family}"),
+                got.get(family).map(|s| Value::String(s.clone())),
+                &Value::String(text(v)),
+            );
         }
     }
-    for (member, pools) in exp.get("memberNodeImage").and_then(Value::as_object).into_iter().flatten() {
+    for (member, pools) in exp
+        .get("memberNodeImage")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let got: BTreeMap<String, String> = result["clusters"][member]["nodePools"]
             .as_array()
             .into_iter()
             .flatten()
-            .map(|p| (text(&p["name"]), image_version(p["nodeImageVersion"].as_str().unwrap_or_default()).to_string()))
+            .map(|p| {
+                (
+                    text(&p["name"]),
+                    image_version(p["nodeImageVersion"].as_str().unwrap_or_default()).to_string(),
+                )
+            })
             .collect();
         for (pool, v) in pools.as_object().into_iter().flatten() {
-            cmp(&mut errors, format!("memberNodeImage.{member}.{pool}"), got.get(pool).map(|s| Value::String(s.clone())), &Value::String(text(v)));
+            cmp(
+                &mut errors,
+                format!("memberNodeImage.{member}.{pool}"),
+                got.get(pool).map(|s| Value::String(s.clone())),
+                &Value::String(text(v)),
+            );
         }
     }
-    for (member, v) in exp.get("memberKubernetesVersion").and_then(Value::as_object).into_iter().flatten() {
+    for (member, v) in exp
+        .get("memberKubernetesVersion")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         cmp(
             &mut errors,
             format!("memberKubernetesVersion.{member}"),

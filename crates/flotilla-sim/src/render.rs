@@ -19,23 +19,43 @@ fn span(status: &UpdateStatus) -> String {
 fn gates(out: &mut String, prefix: &str, label: &str, gates: &[GateStatus]) {
     for g in gates {
         let name = g.display_name.as_deref().unwrap_or("gate");
-        let _ = writeln!(out, "{prefix}{label} {name:?}  {:?}{}", g.status.state, span(&g.status));
+        let _ = writeln!(
+            out,
+            "{prefix}{label} {name:?}  {:?}{}",
+            g.status.state,
+            span(&g.status)
+        );
     }
 }
 
 /// The final tree of a run status.
 pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "update run {name}  {:?}  failures {}{}", status.status.state, status.failure_count, span(&status.status));
+    let _ = writeln!(
+        out,
+        "update run {name}  {:?}  failures {}{}",
+        status.status.state,
+        status.failure_count,
+        span(&status.status)
+    );
     if let Some(sel) = &status.node_image_selection {
-        let versions: Vec<&str> = sel.selected_node_image_versions.iter().map(|v| v.version.as_str()).collect();
+        let versions: Vec<&str> = sel
+            .selected_node_image_versions
+            .iter()
+            .map(|v| v.version.as_str())
+            .collect();
         let _ = writeln!(out, "  consistent node images: {}", versions.join(", "));
     }
     for stage in &status.stages {
         let _ = writeln!(
             out,
             "  stage {}  {:?}  failures {}/{} allowed  concurrency {}{}",
-            stage.name, stage.status.state, stage.failure_count, stage.max_allowed_failures, stage.max_concurrency, span(&stage.status)
+            stage.name,
+            stage.status.state,
+            stage.failure_count,
+            stage.max_allowed_failures,
+            stage.max_concurrency,
+            span(&stage.status)
         );
         gates(&mut out, "    ", "before-gate", &stage.before_gates);
         for group in &stage.groups {
@@ -48,7 +68,11 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
                 group.max_allowed_failures,
                 group.max_concurrency,
                 span(&group.status),
-                group.message.as_deref().map(|m| format!("  ({m})")).unwrap_or_default()
+                group
+                    .message
+                    .as_deref()
+                    .map(|m| format!("  ({m})"))
+                    .unwrap_or_default()
             );
             gates(&mut out, "      ", "before-gate", &group.before_gates);
             for m in &group.members {
@@ -59,13 +83,26 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
                     .map(|e| format!("  error {}: {}", e.code, e.message))
                     .or_else(|| m.message.as_ref().map(|msg| format!("  ({msg})")))
                     .unwrap_or_default();
-                let _ = writeln!(out, "      {}  {:?}{}{}", m.name, m.status.state, span(&m.status), detail);
+                let _ = writeln!(
+                    out,
+                    "      {}  {:?}{}{}",
+                    m.name,
+                    m.status.state,
+                    span(&m.status),
+                    detail
+                );
             }
             gates(&mut out, "      ", "after-gate", &group.after_gates);
         }
         gates(&mut out, "    ", "after-gate", &stage.after_gates);
         if let Some(wait) = &stage.after_stage_wait_status {
-            let _ = writeln!(out, "    wait {}s  {:?}{}", wait.wait_duration_in_seconds, wait.status.state, span(&wait.status));
+            let _ = writeln!(
+                out,
+                "    wait {}s  {:?}{}",
+                wait.wait_duration_in_seconds,
+                wait.status.state,
+                span(&wait.status)
+            );
         }
     }
     out
@@ -121,7 +158,11 @@ pub fn timeline(events: &[Event]) -> String {
         }
         for (kind, names) in members {
             let shown: Vec<&str> = names.iter().take(NAMES).copied().collect();
-            let more = if names.len() > NAMES { format!(" +{} more", names.len() - NAMES) } else { String::new() };
+            let more = if names.len() > NAMES {
+                format!(" +{} more", names.len() - NAMES)
+            } else {
+                String::new()
+            };
             parts.push(format!("{} {}{more}", verb(kind), shown.join(", ")));
         }
         let _ = writeln!(out, "{t}  {}", parts.join("; "));
@@ -140,17 +181,18 @@ pub fn report(description: &str, result: &SimResult) -> String {
         let _ = writeln!(out, "warning: {w}");
     }
     if let Some(e) = &result.create_error {
-        let _ = writeln!(out, "the update run was rejected at creation: {} ({:?}, at {})", e.message, e.code, e.target);
+        let _ = writeln!(
+            out,
+            "the update run was rejected at creation: {} ({:?}, at {})",
+            e.message, e.code, e.target
+        );
         return out;
     }
     let _ = writeln!(out, "timeline:");
     out.push_str(&timeline(&result.events));
-    if let Some(run) = &result.run {
-        let name = run["name"].as_str().unwrap_or("run");
-        if let Ok(status) = serde_json::from_value::<UpdateRunStatus>(run["properties"]["status"].clone()) {
-            let _ = writeln!(out);
-            out.push_str(&tree(name, &status));
-        }
+    if let (Some(run), Some(status)) = (&result.run, &result.status) {
+        let _ = writeln!(out);
+        out.push_str(&tree(run["name"].as_str().unwrap_or("run"), status));
     }
     out
 }

@@ -7,7 +7,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use flotilla_engine::error::{ApiError, from_json_value};
-use flotilla_engine::fleet::{Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog};
+use flotilla_engine::fleet::{
+    Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
+};
 use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec};
 use flotilla_engine::time::{Time, parse_duration};
 use flotilla_engine::version::{ImageVersion, KubeVersion, split_family_version};
@@ -30,7 +32,9 @@ fn scalar_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         Value::String(s) => Ok(s),
         Value::Number(n) => Ok(n.to_string()),
         Value::Bool(b) => Ok(b.to_string()),
-        other => Err(serde::de::Error::custom(format!("expected a scalar, got {other}"))),
+        other => Err(serde::de::Error::custom(format!(
+            "expected a scalar, got {other}"
+        ))),
     }
 }
 
@@ -45,7 +49,9 @@ fn scalar_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
             Value::String(s) => Ok((k, s)),
             Value::Number(n) => Ok((k, n.to_string())),
             Value::Bool(b) => Ok((k, b.to_string())),
-            other => Err(serde::de::Error::custom(format!("label {k}: expected a scalar, got {other}"))),
+            other => Err(serde::de::Error::custom(format!(
+                "label {k}: expected a scalar, got {other}"
+            ))),
         })
         .collect()
 }
@@ -246,20 +252,31 @@ fn time_at(path: &str, text: &str) -> Result<Time, ScenarioError> {
 }
 
 fn kube(path: &str, text: &str) -> Result<KubeVersion, ScenarioError> {
-    KubeVersion::parse(text).ok_or_else(|| bad(path, format!("{text:?} is not a Kubernetes version major.minor.patch")))
+    KubeVersion::parse(text).ok_or_else(|| {
+        bad(
+            path,
+            format!("{text:?} is not a Kubernetes version major.minor.patch"),
+        )
+    })
 }
 
 fn image(path: &str, text: &str) -> Result<ImageVersion, ScenarioError> {
     // Accept both `202602.10.0` and the API form `<family>-202602.10.0`.
     let version = split_family_version(text).map_or(text, |(_, v)| v);
-    ImageVersion::parse(version).ok_or_else(|| bad(path, format!("{text:?} is not a node image version")))
+    ImageVersion::parse(version)
+        .ok_or_else(|| bad(path, format!("{text:?} is not a node image version")))
 }
 
 fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
     let os = match p.os.as_deref() {
         None | Some("Linux") => Os::Linux,
         Some("Windows") => Os::Windows,
-        Some(other) => return Err(bad(&format!("{path}.os"), format!("{other:?} must be Linux or Windows"))),
+        Some(other) => {
+            return Err(bad(
+                &format!("{path}.os"),
+                format!("{other:?} must be Linux or Windows"),
+            ));
+        }
     };
     Ok(NodePool {
         name: p.name.clone(),
@@ -272,12 +289,16 @@ fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
 impl Scenario {
     /// Parses scenario YAML. `name` becomes the run's name.
     pub fn parse(name: &str, yaml: &str) -> Result<Scenario, ScenarioError> {
-        let value: Value = serde_saphyr::from_str(yaml).map_err(|e| ScenarioError(format!("not valid YAML: {e}")))?;
+        let value: Value = serde_saphyr::from_str(yaml)
+            .map_err(|e| ScenarioError(format!("not valid YAML: {e}")))?;
         let spec: ScenarioSpec = from_json_value(value, "")?;
         let start = time_at("start", &spec.start)?;
         let until = match &spec.until {
             None => start.plus(240 * 3600),
-            Some(text) => start.plus(parse_duration(text).ok_or_else(|| bad("until", format!("{text:?} is not a duration like 72h")))?),
+            Some(text) => start.plus(
+                parse_duration(text)
+                    .ok_or_else(|| bad("until", format!("{text:?} is not a duration like 72h")))?,
+            ),
         };
         let mut catalog = Catalog::default();
         for (region, body) in &spec.catalog {
@@ -290,7 +311,11 @@ impl Scenario {
                     version: kube(&format!("{kpath}.version"), &k.version)?,
                     preview: k.preview,
                     long_term_support: k.lts,
-                    available_at: k.available_at.as_deref().map(|t| time_at(&format!("{kpath}.availableAt"), t)).transpose()?,
+                    available_at: k
+                        .available_at
+                        .as_deref()
+                        .map(|t| time_at(&format!("{kpath}.availableAt"), t))
+                        .transpose()?,
                 });
             }
             for (family, list) in &r.node_images {
@@ -301,7 +326,11 @@ impl Scenario {
                     let ipath = format!("{fpath}[{i}]");
                     out.push(ImageRelease {
                         version: image(&format!("{ipath}.version"), &rel.version)?,
-                        available_at: rel.available_at.as_deref().map(|t| time_at(&format!("{ipath}.availableAt"), t)).transpose()?,
+                        available_at: rel
+                            .available_at
+                            .as_deref()
+                            .map(|t| time_at(&format!("{ipath}.availableAt"), t))
+                            .transpose()?,
                     });
                 }
                 rc.family_order.push(family.clone());
@@ -313,9 +342,13 @@ impl Scenario {
         let mut behaviour = BTreeMap::new();
         for (i, m) in spec.members.iter().enumerate() {
             let mpath = format!("members[{i}]");
-            flotilla_engine::strategy::check_name(&m.name, 50).map_err(|e| bad(&format!("{mpath}.name"), e))?;
+            flotilla_engine::strategy::check_name(&m.name, 50)
+                .map_err(|e| bad(&format!("{mpath}.name"), e))?;
             if behaviour.contains_key(&m.name) {
-                return Err(bad(&format!("{mpath}.name"), format!("member {:?} is listed twice", m.name)));
+                return Err(bad(
+                    &format!("{mpath}.name"),
+                    format!("member {:?} is listed twice", m.name),
+                ));
             }
             let node_pools = match &m.node_pools {
                 Some(pools) => pools
@@ -341,13 +374,20 @@ impl Scenario {
             };
             let maintenance = m.maintenance.as_ref();
             let window = |spec: Option<&MaintenanceWindowSpec>, field: &str| {
-                spec.map(|s| MaintenanceWindow::parse(s, &format!("{mpath}.maintenance.{field}"))).transpose()
+                spec.map(|s| MaintenanceWindow::parse(s, &format!("{mpath}.maintenance.{field}")))
+                    .transpose()
             };
             let cluster = Cluster {
                 region: m.region.clone(),
-                kubernetes_version: kube(&format!("{mpath}.kubernetesVersion"), &m.kubernetes_version)?,
+                kubernetes_version: kube(
+                    &format!("{mpath}.kubernetesVersion"),
+                    &m.kubernetes_version,
+                )?,
                 node_pools,
-                kubernetes_window: window(maintenance.and_then(|x| x.kubernetes.as_ref()), "kubernetes")?,
+                kubernetes_window: window(
+                    maintenance.and_then(|x| x.kubernetes.as_ref()),
+                    "kubernetes",
+                )?,
                 node_os_window: window(maintenance.and_then(|x| x.node_os.as_ref()), "nodeOS")?,
                 long_term_support: m.long_term_support,
             };
@@ -355,24 +395,37 @@ impl Scenario {
             let fail = match sim.outcome.as_deref() {
                 None | Some("succeed") => false,
                 Some("fail") => true,
-                Some(other) => return Err(bad(&format!("{mpath}.sim.outcome"), format!("{other:?} must be succeed or fail"))),
+                Some(other) => {
+                    return Err(bad(
+                        &format!("{mpath}.sim.outcome"),
+                        format!("{other:?} must be succeed or fail"),
+                    ));
+                }
             };
             let duration_seconds = sim.duration_seconds.unwrap_or(600);
             if duration_seconds < 0 {
-                return Err(bad(&format!("{mpath}.sim.durationSeconds"), "must not be negative"));
+                return Err(bad(
+                    &format!("{mpath}.sim.durationSeconds"),
+                    "must not be negative",
+                ));
             }
             behaviour.insert(
                 m.name.clone(),
                 SimBehaviour {
                     duration_seconds,
                     fail,
-                    fail_message: sim.fail_message.unwrap_or_else(|| "simulated upgrade failure".into()),
+                    fail_message: sim
+                        .fail_message
+                        .unwrap_or_else(|| "simulated upgrade failure".into()),
                     fail_attempts: sim.fail_attempts,
                 },
             );
             members.push(Member {
                 name: m.name.clone(),
-                cluster_resource_id: m.cluster_resource_id.clone().unwrap_or_else(|| format!("/sim/clusters/{}", m.name)),
+                cluster_resource_id: m
+                    .cluster_resource_id
+                    .clone()
+                    .unwrap_or_else(|| format!("/sim/clusters/{}", m.name)),
                 group: m.group.clone(),
                 labels: m.labels.clone(),
                 cluster,
@@ -381,28 +434,55 @@ impl Scenario {
         let mut actions = Vec::new();
         for (i, a) in spec.actions.iter().enumerate() {
             let apath = format!("actions[{i}]");
-            let offset = parse_duration(&a.at).ok_or_else(|| bad(&format!("{apath}.at"), format!("{:?} is not a duration like 2h", a.at)))?;
+            let offset = parse_duration(&a.at).ok_or_else(|| {
+                bad(
+                    &format!("{apath}.at"),
+                    format!("{:?} is not a duration like 2h", a.at),
+                )
+            })?;
             let action = match a.action.as_str() {
                 "start" => Action::Start,
                 "stop" => Action::Stop,
-                "approve" => Action::Approve(a.gate.clone().ok_or_else(|| bad(&format!("{apath}.gate"), "approve needs a gate"))?),
-                "skip" => Action::Skip(a.targets.clone().ok_or_else(|| bad(&format!("{apath}.targets"), "skip needs targets"))?),
-                "removeMember" => {
-                    Action::RemoveMember(a.member.clone().ok_or_else(|| bad(&format!("{apath}.member"), "removeMember needs a member"))?)
-                }
+                "approve" => Action::Approve(
+                    a.gate
+                        .clone()
+                        .ok_or_else(|| bad(&format!("{apath}.gate"), "approve needs a gate"))?,
+                ),
+                "skip" => Action::Skip(
+                    a.targets
+                        .clone()
+                        .ok_or_else(|| bad(&format!("{apath}.targets"), "skip needs targets"))?,
+                ),
+                "removeMember" => Action::RemoveMember(a.member.clone().ok_or_else(|| {
+                    bad(&format!("{apath}.member"), "removeMember needs a member")
+                })?),
                 "addNodePool" => {
-                    let member = a.member.clone().ok_or_else(|| bad(&format!("{apath}.member"), "addNodePool needs a member"))?;
-                    let p = a.pool.as_ref().ok_or_else(|| bad(&format!("{apath}.pool"), "addNodePool needs a pool"))?;
-                    Action::AddNodePool { member, pool: pool(&format!("{apath}.pool"), p)? }
+                    let member = a.member.clone().ok_or_else(|| {
+                        bad(&format!("{apath}.member"), "addNodePool needs a member")
+                    })?;
+                    let p = a
+                        .pool
+                        .as_ref()
+                        .ok_or_else(|| bad(&format!("{apath}.pool"), "addNodePool needs a pool"))?;
+                    Action::AddNodePool {
+                        member,
+                        pool: pool(&format!("{apath}.pool"), p)?,
+                    }
                 }
                 other => {
                     return Err(bad(
                         &format!("{apath}.do"),
-                        format!("unknown action {other:?}: start, stop, approve, skip, removeMember or addNodePool"),
+                        format!(
+                            "unknown action {other:?}: start, stop, approve, skip, removeMember or addNodePool"
+                        ),
                     ));
                 }
             };
-            actions.push(TimedAction { at: start.plus(offset), action, label: a.action.clone() });
+            actions.push(TimedAction {
+                at: start.plus(offset),
+                action,
+                label: a.action.clone(),
+            });
         }
         // Actions run in time order, and in file order at the same time.
         actions.sort_by_key(|a| a.at);
@@ -428,7 +508,10 @@ impl Scenario {
             .clone()
             .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
             .transpose()?;
-        let update = from_json_value::<ManagedClusterUpdateSpec>(self.update.clone(), "properties.managedClusterUpdate")?;
+        let update = from_json_value::<ManagedClusterUpdateSpec>(
+            self.update.clone(),
+            "properties.managedClusterUpdate",
+        )?;
         Ok((strategy, update))
     }
 }

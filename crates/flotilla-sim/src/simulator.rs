@@ -11,11 +11,17 @@ use std::collections::{BTreeMap, BinaryHeap};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target, Timing, apply_target};
+use flotilla_engine::engine::{
+    Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target, Timing,
+    apply_target,
+};
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::fleet::Cluster;
-use flotilla_engine::status::Event;
-use flotilla_engine::strategy::{DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy, parse_upgrade};
+use flotilla_engine::status::{Event, UpdateRunStatus};
+use flotilla_engine::strategy::{
+    DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
+    parse_upgrade,
+};
 use flotilla_engine::time::Time;
 
 use crate::scenario::{Action, Scenario, SimBehaviour};
@@ -56,17 +62,34 @@ pub struct SimResult {
     pub events: Vec<Event>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The final status, typed, for renderers.
+    #[serde(skip)]
+    pub status: Option<UpdateRunStatus>,
 }
 
 /// The run resource the API would return, envelope included.
-pub fn run_resource(name: &str, strategy: Option<&StrategySpec>, update: &ManagedClusterUpdateSpec, engine: &Engine) -> Value {
+pub fn run_resource(
+    name: &str,
+    strategy: Option<&StrategySpec>,
+    update: &ManagedClusterUpdateSpec,
+    engine: &Engine,
+) -> Value {
     let mut properties = serde_json::Map::new();
     properties.insert("provisioningState".into(), json!("Succeeded"));
     if let Some(s) = strategy {
-        properties.insert("strategy".into(), serde_json::to_value(s).unwrap_or(Value::Null));
+        properties.insert(
+            "strategy".into(),
+            serde_json::to_value(s).unwrap_or(Value::Null),
+        );
     }
-    properties.insert("managedClusterUpdate".into(), serde_json::to_value(update).unwrap_or(Value::Null));
-    properties.insert("status".into(), serde_json::to_value(engine.status()).unwrap_or(Value::Null));
+    properties.insert(
+        "managedClusterUpdate".into(),
+        serde_json::to_value(update).unwrap_or(Value::Null),
+    );
+    properties.insert(
+        "status".into(),
+        serde_json::to_value(engine.status()).unwrap_or(Value::Null),
+    );
     json!({
         "id": format!("/v1/fleets/simulation/updateRuns/{name}"),
         "name": name,
@@ -81,7 +104,10 @@ fn cluster_out(cluster: &Cluster) -> ClusterOut {
         node_pools: cluster
             .node_pools
             .iter()
-            .map(|p| PoolOut { name: p.name.clone(), node_image_version: format!("{}-{}", p.family, p.image) })
+            .map(|p| PoolOut {
+                name: p.name.clone(),
+                node_image_version: format!("{}-{}", p.family, p.image),
+            })
             .collect(),
     }
 }
@@ -97,7 +123,17 @@ fn skip_kind(text: &str) -> Option<SkipKind> {
 }
 
 /// Builds the engine for a scenario, as the API would at run creation.
-pub fn create_engine(scenario: &Scenario) -> Result<(Engine, Vec<String>, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+pub fn create_engine(
+    scenario: &Scenario,
+) -> Result<
+    (
+        Engine,
+        Vec<String>,
+        Option<StrategySpec>,
+        ManagedClusterUpdateSpec,
+    ),
+    ApiError,
+> {
     let (strategy_spec, update_spec) = scenario.wire_specs()?;
     let strategy = strategy_spec
         .as_ref()
@@ -105,34 +141,83 @@ pub fn create_engine(scenario: &Scenario) -> Result<(Engine, Vec<String>, Option
         .transpose()?;
     let upgrade = parse_upgrade(&update_spec, "properties.managedClusterUpdate")?;
     let spec = RunSpec { strategy, upgrade };
-    let (engine, warnings) = Engine::create(&scenario.name, &spec, &scenario.members, scenario.catalog.clone())?;
+    let (engine, warnings) = Engine::create(
+        &scenario.name,
+        &spec,
+        &scenario.members,
+        scenario.catalog.clone(),
+    )?;
     Ok((engine, warnings, strategy_spec, update_spec))
 }
 
 /// Runs a scenario to its end in virtual time.
 pub fn simulate(scenario: &Scenario) -> SimResult {
+    run(scenario, false).0
+}
+
+/// Like [`simulate`], but recounts the engine's state from scratch after every instant
+/// ([`Engine::check_invariants`]) and stops at the first violation. For tests.
+pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, String> {
+    match run(scenario, true) {
+        (result, None) => Ok(result),
+        (_, Some(violation)) => Err(violation),
+    }
+}
+
+fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
         .iter()
         .map(|m| {
-            let behaviour = scenario.behaviour.get(&m.name).cloned().unwrap_or(SimBehaviour {
-                duration_seconds: 600,
-                fail: false,
-                fail_message: String::new(),
-                fail_attempts: None,
-            });
-            (m.name.clone(), SimCluster { cluster: m.cluster.clone(), behaviour, operations: Vec::new(), removed: false })
+            let behaviour = scenario
+                .behaviour
+                .get(&m.name)
+                .cloned()
+                .unwrap_or(SimBehaviour {
+                    duration_seconds: 600,
+                    fail: false,
+                    fail_message: String::new(),
+                    fail_attempts: None,
+                });
+            (
+                m.name.clone(),
+                SimCluster {
+                    cluster: m.cluster.clone(),
+                    behaviour,
+                    operations: Vec::new(),
+                    removed: false,
+                },
+            )
         })
         .collect();
-    let outputs = |clusters: &BTreeMap<String, SimCluster>| clusters.iter().map(|(n, c)| (n.clone(), cluster_out(&c.cluster))).collect();
+    let outputs = |clusters: &BTreeMap<String, SimCluster>| {
+        clusters
+            .iter()
+            .map(|(n, c)| (n.clone(), cluster_out(&c.cluster)))
+            .collect()
+    };
     let (mut engine, warnings, strategy_spec, update_spec) = match create_engine(scenario) {
         Ok(x) => x,
         Err(error) => {
-            return SimResult { run: None, create_error: Some(error), clusters: outputs(&clusters), events: Vec::new(), warnings: Vec::new() };
+            let result = SimResult {
+                run: None,
+                create_error: Some(error),
+                clusters: outputs(&clusters),
+                events: Vec::new(),
+                warnings: Vec::new(),
+                status: None,
+            };
+            return (result, None);
         }
     };
-    let mut sim = Sim { clusters: &mut clusters, finishing: BinaryHeap::new(), targets: BTreeMap::new(), seq: 0 };
+    let mut sim = Sim {
+        clusters: &mut clusters,
+        finishing: BinaryHeap::new(),
+        targets: BTreeMap::new(),
+        seq: 0,
+    };
     let mut events = Vec::new();
+    let mut violation = None;
     let mut next_action = 0;
     let actions = &scenario.actions;
     let mut now = scenario.start;
@@ -142,7 +227,9 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
             actions.get(next_action).map(|a| a.at),
             engine.next_wakeup(),
         ];
-        let Some(next) = candidates.into_iter().flatten().min() else { break };
+        let Some(next) = candidates.into_iter().flatten().min() else {
+            break;
+        };
         if next > scenario.until {
             break;
         }
@@ -152,11 +239,27 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
             if *t > now {
                 break;
             }
-            let Some(Reverse((_, _, member, attempt))) = sim.finishing.pop() else { break };
+            let Some(Reverse((_, _, member, attempt))) = sim.finishing.pop() else {
+                break;
+            };
             let outcome = sim.finish(&member, attempt);
-            let _ = engine.handle(now, Input::OperationFinished { member: member.clone(), attempt, outcome });
+            let _ = engine.handle(
+                now,
+                Input::OperationFinished {
+                    member: member.clone(),
+                    attempt,
+                    outcome,
+                },
+            );
             if let Some(c) = sim.clusters.get(&member) {
-                let _ = engine.handle(now, Input::Observed { member, cluster: c.cluster.clone(), operation: None });
+                let _ = engine.handle(
+                    now,
+                    Input::Observed {
+                        member,
+                        cluster: c.cluster.clone(),
+                        operation: None,
+                    },
+                );
             }
         }
         // 2. What time brings.
@@ -176,11 +279,22 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
                         "After" => Some(Timing::After),
                         _ => None,
                     };
-                    match timing.and_then(|t| engine.find_gate(&locator.stage, locator.group.as_deref(), t)) {
-                        Some(gate) => engine.handle(now, Input::ApproveGate { gate, by: "scenario".into() }),
+                    match timing
+                        .and_then(|t| engine.find_gate(&locator.stage, locator.group.as_deref(), t))
+                    {
+                        Some(gate) => engine.handle(
+                            now,
+                            Input::ApproveGate {
+                                gate,
+                                by: "scenario".into(),
+                            },
+                        ),
                         None => Err(ApiError::new(
                             ErrorCode::NotFound,
-                            format!("no {} gate at stage {:?} group {:?}", locator.timing, locator.stage, locator.group),
+                            format!(
+                                "no {} gate at stage {:?} group {:?}",
+                                locator.timing, locator.stage, locator.group
+                            ),
                             "gate",
                         )),
                     }
@@ -204,18 +318,40 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
                 Action::RemoveMember(member) => match sim.clusters.get_mut(member) {
                     Some(c) if !c.removed => {
                         c.removed = true;
-                        engine.handle(now, Input::MemberRemoved { member: member.clone() })
+                        engine.handle(
+                            now,
+                            Input::MemberRemoved {
+                                member: member.clone(),
+                            },
+                        )
                     }
-                    _ => Err(ApiError::new(ErrorCode::NotFound, format!("member {member:?} is not in the fleet"), "member")),
+                    _ => Err(ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("member {member:?} is not in the fleet"),
+                        "member",
+                    )),
                 },
-                Action::AddNodePool { member, pool } => match sim.clusters.get_mut(member).filter(|c| !c.removed) {
-                    Some(c) => {
-                        c.cluster.node_pools.push(pool.clone());
-                        let cluster = c.cluster.clone();
-                        engine.handle(now, Input::Observed { member: member.clone(), cluster, operation: None })
+                Action::AddNodePool { member, pool } => {
+                    match sim.clusters.get_mut(member).filter(|c| !c.removed) {
+                        Some(c) => {
+                            c.cluster.node_pools.push(pool.clone());
+                            let cluster = c.cluster.clone();
+                            engine.handle(
+                                now,
+                                Input::Observed {
+                                    member: member.clone(),
+                                    cluster,
+                                    operation: None,
+                                },
+                            )
+                        }
+                        None => Err(ApiError::new(
+                            ErrorCode::NotFound,
+                            format!("member {member:?} is not in the fleet"),
+                            "member",
+                        )),
                     }
-                    None => Err(ApiError::new(ErrorCode::NotFound, format!("member {member:?} is not in the fleet"), "member")),
-                },
+                }
             };
             if let Err(error) = result {
                 engine.record_rejection(now, &a.label, error);
@@ -227,14 +363,32 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
             let mut answered = false;
             while let Some(command) = engine.poll_command() {
                 match command {
-                    Command::StartUpgrade { member, attempt, target } => {
+                    Command::StartUpgrade {
+                        member,
+                        attempt,
+                        target,
+                    } => {
                         let op = sim.start(now, &member, attempt, target);
-                        let _ = engine.handle(now, Input::OperationAccepted { member, attempt, operation_id: op });
+                        let _ = engine.handle(
+                            now,
+                            Input::OperationAccepted {
+                                member,
+                                attempt,
+                                operation_id: op,
+                            },
+                        );
                     }
                     Command::Observe { member, attempt } => {
                         let (cluster, progress) = sim.observe(now, &member, attempt);
                         if let Some(cluster) = cluster {
-                            let _ = engine.handle(now, Input::Observed { member, cluster, operation: Some((attempt, progress)) });
+                            let _ = engine.handle(
+                                now,
+                                Input::Observed {
+                                    member,
+                                    cluster,
+                                    operation: Some((attempt, progress)),
+                                },
+                            );
                             answered = true;
                         }
                     }
@@ -247,6 +401,10 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
         while let Some(e) = engine.poll_event() {
             events.push(e);
         }
+        if check_invariants && let Err(e) = engine.check_invariants(now) {
+            violation = Some(format!("at {now}: {e}"));
+            break;
+        }
         if engine.is_finished() && next_action >= actions.len() {
             break;
         }
@@ -254,8 +412,21 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
     while let Some(e) = engine.poll_event() {
         events.push(e);
     }
-    let run = run_resource(&scenario.name, strategy_spec.as_ref(), &update_spec, &engine);
-    SimResult { run: Some(run), create_error: None, clusters: outputs(&clusters), events, warnings }
+    let run = run_resource(
+        &scenario.name,
+        strategy_spec.as_ref(),
+        &update_spec,
+        &engine,
+    );
+    let result = SimResult {
+        run: Some(run),
+        create_error: None,
+        clusters: outputs(&clusters),
+        events,
+        warnings,
+        status: Some(engine.status()),
+    };
+    (result, violation)
 }
 
 struct Sim<'a> {
@@ -271,7 +442,8 @@ impl Sim<'_> {
         let Some(c) = self.clusters.get_mut(member) else {
             // A cluster that left the fleet: the operation fails at once.
             self.seq += 1;
-            self.finishing.push(Reverse((now, self.seq, member.to_string(), attempt)));
+            self.finishing
+                .push(Reverse((now, self.seq, member.to_string(), attempt)));
             return format!("sim-op-{attempt}");
         };
         let number = c.operations.len() as u32 + 1;
@@ -280,7 +452,8 @@ impl Sim<'_> {
         c.operations.push((attempt, end, !fails));
         self.targets.insert(attempt, target);
         self.seq += 1;
-        self.finishing.push(Reverse((end, self.seq, member.to_string(), attempt)));
+        self.finishing
+            .push(Reverse((end, self.seq, member.to_string(), attempt)));
         format!("sim-op-{attempt}")
     }
 
@@ -288,7 +461,11 @@ impl Sim<'_> {
         let Some(c) = self.clusters.get_mut(member) else {
             return Err("the cluster is no longer in the fleet".into());
         };
-        let succeeds = c.operations.iter().find(|o| o.0 == attempt).is_some_and(|o| o.2);
+        let succeeds = c
+            .operations
+            .iter()
+            .find(|o| o.0 == attempt)
+            .is_some_and(|o| o.2);
         if succeeds {
             if let Some(target) = self.targets.get(&attempt) {
                 apply_target(&mut c.cluster, target);
@@ -299,9 +476,23 @@ impl Sim<'_> {
         }
     }
 
-    fn observe(&self, now: Time, member: &str, attempt: u64) -> (Option<Cluster>, OperationProgress) {
-        let Some(c) = self.clusters.get(member) else { return (None, OperationProgress::NotRunning) };
+    fn observe(
+        &self,
+        now: Time,
+        member: &str,
+        attempt: u64,
+    ) -> (Option<Cluster>, OperationProgress) {
+        let Some(c) = self.clusters.get(member) else {
+            return (None, OperationProgress::NotRunning);
+        };
         let running = c.operations.iter().any(|o| o.0 == attempt && o.1 > now);
-        (Some(c.cluster.clone()), if running { OperationProgress::InProgress } else { OperationProgress::NotRunning })
+        (
+            Some(c.cluster.clone()),
+            if running {
+                OperationProgress::InProgress
+            } else {
+                OperationProgress::NotRunning
+            },
+        )
     }
 }

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use flotilla_sim::{Scenario, render, simulate};
 
 #[derive(Parser)]
-#[command(name = "flotilla", version, about = "Staged, predictable upgrades for fleets of Kubernetes clusters")]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Staged, predictable upgrades for fleets of Kubernetes clusters"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,7 +39,13 @@ fn run_name(path: &Path) -> String {
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
     let mut name: String = stem
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect::<String>()
         .trim_matches('-')
         .chars()
@@ -46,8 +56,10 @@ fn run_name(path: &Path) -> String {
 }
 
 fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read scenario {}", path.display()))?;
-    let scenario = Scenario::parse(&run_name(path), &text).with_context(|| format!("scenario {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read scenario {}", path.display()))?;
+    let scenario = Scenario::parse(&run_name(path), &text)
+        .with_context(|| format!("scenario {}", path.display()))?;
     let result = simulate(&scenario);
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -55,7 +67,10 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
     }
     if check {
         let document = serde_json::to_value(&result)?;
-        let differences = flotilla_sim::check::check(scenario.expect.as_ref().unwrap_or(&serde_json::Value::Null), &document);
+        let differences = flotilla_sim::check::check(
+            scenario.expect.as_ref().unwrap_or(&serde_json::Value::Null),
+            &document,
+        );
         if differences.is_empty() {
             println!("ok");
             return Ok(ExitCode::SUCCESS);
@@ -72,7 +87,11 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Simulate { scenario, json, check } => simulate_command(&scenario, json, check),
+        Command::Simulate {
+            scenario,
+            json,
+            check,
+        } => simulate_command(&scenario, json, check),
     };
     match outcome {
         Ok(code) => code,

@@ -1,0 +1,122 @@
+//! Runs every scenario of `../shared/conformance/` and of the project's `tests/scenarios/`
+//! through the simulator, with the engine's invariants recounted after every instant, and
+//! checks each scenario's expectations. Also checks that a second run gives the same bytes.
+
+use std::path::{Path, PathBuf};
+
+use flotilla_sim::check::check;
+use flotilla_sim::simulator::simulate_checking_invariants;
+use flotilla_sim::{Scenario, simulate};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn load(path: &Path) -> Scenario {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("run")
+        .to_lowercase();
+    Scenario::parse(&name, &text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn run_all(dir: &Path, at_least: usize) {
+    let files = yaml_files(dir);
+    assert!(
+        files.len() >= at_least,
+        "expected at least {at_least} scenarios in {}, found {}",
+        dir.display(),
+        files.len()
+    );
+    let mut failures = Vec::new();
+    for path in &files {
+        let scenario = load(path);
+        let result = match simulate_checking_invariants(&scenario) {
+            Ok(r) => r,
+            Err(violation) => {
+                failures.push(format!("{}: invariant broken {violation}", path.display()));
+                continue;
+            }
+        };
+        let document = serde_json::to_value(&result).expect("the result serializes");
+        let expect = scenario.expect.clone().unwrap_or_default();
+        assert!(
+            expect.as_object().is_some_and(|o| !o.is_empty()),
+            "{} has no expectations",
+            path.display()
+        );
+        for difference in check(&expect, &document) {
+            failures.push(format!("{}: {difference}", path.display()));
+        }
+        let again = serde_json::to_string(&simulate(&scenario)).expect("serializes");
+        if again != serde_json::to_string(&document).expect("serializes") {
+            failures.push(format!(
+                "{}: a second run gave a different result",
+                path.display()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} scenario expectations failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn shared_conformance_scenarios() {
+    run_all(&workspace().join("../shared/conformance"), 16);
+}
+
+#[test]
+fn project_scenarios() {
+    run_all(&workspace().join("tests/scenarios"), 35);
+}
+
+#[test]
+fn the_example_in_the_readme_runs_to_completion() {
+    for path in yaml_files(&workspace().join("examples")) {
+        let scenario = load(&path);
+        let result = simulate_checking_invariants(&scenario)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let document = serde_json::to_value(&result).expect("serializes");
+        let expect = scenario.expect.clone().unwrap_or_default();
+        let differences = check(&expect, &document);
+        assert!(
+            differences.is_empty(),
+            "{}: {differences:?}",
+            path.display()
+        );
+    }
+}
+
+/// The checker must be able to fail: a wrong expectation is reported.
+#[test]
+fn the_checker_reports_wrong_expectations() {
+    let scenario = load(&workspace().join("../shared/conformance/01-one-by-one.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    let wrong = serde_json::json!({
+        "run": {"state": "Failed"},
+        "startsInOrder": ["c", "a"],
+        "runCompletedAt": "2026-03-02T00:20:00Z",
+        "members": {"a": "Skipped", "zz": "Completed"},
+        "maxInFlight": {"group:default": 2},
+        "memberKubernetesVersion": {"a": "1.30.5"},
+        "neverStarted": ["b"],
+    });
+    let differences = check(&wrong, &document);
+    assert_eq!(differences.len(), 8, "{differences:#?}");
+}
