@@ -18,10 +18,9 @@ use crate::status::{
     SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
 };
 use crate::strategy::{
-    DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, NodeImageSelection, Stage, Strategy, Upgrade,
+    DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, Group, NodeImageSelection, Stage, Strategy, Upgrade,
     UpgradeType,
 };
-use crate::threshold::Amount;
 use crate::time::{SECONDS_PER_DAY, SECONDS_PER_HOUR, Time};
 use crate::version::{ImageVersion, KubeVersion};
 use crate::window::MaintenanceWindow;
@@ -97,7 +96,7 @@ pub enum Input {
     /// A fresh observation of a member's cluster; `operation` answers a [`Command::Observe`].
     Observed {
         member: String,
-        cluster: Cluster,
+        cluster: Box<Cluster>,
         operation: Option<(u64, OperationProgress)>,
     },
     MemberRemoved {
@@ -453,40 +452,36 @@ impl Engine {
                 .copied()
                 .filter(|m| stage.selector.as_ref().is_none_or(|s| s.matches(&m.labels)))
                 .collect();
-            let group_defs: Vec<(
-                String,
-                Vec<&Member>,
-                Option<Amount>,
-                Option<Amount>,
-                &[Gate],
-                &[Gate],
-            )> = if stage.groups.is_empty() {
-                // A run without strategy has no selector: every member.
-                vec![(stage.name.clone(), in_stage.clone(), None, None, &[], &[])]
+            // A stage without groups forms one implicit group named after it (SEMANTICS §2).
+            let implicit_group;
+            let groups: &[Group] = if stage.groups.is_empty() {
+                implicit_group = [Group {
+                    name: stage.name.clone(),
+                    selector: None,
+                    max_concurrency: None,
+                    max_allowed_failures: None,
+                    before_gates: vec![],
+                    after_gates: vec![],
+                }];
+                &implicit_group
             } else {
-                stage
-                    .groups
-                    .iter()
-                    .map(|g| {
-                        let chosen = in_stage
-                            .iter()
-                            .copied()
-                            .filter(|m| match &g.selector {
-                                Some(s) => s.matches(&m.labels),
-                                None => m.group.as_deref() == Some(g.name.as_str()),
-                            })
-                            .collect();
-                        (
-                            g.name.clone(),
-                            chosen,
-                            g.max_concurrency,
-                            g.max_allowed_failures,
-                            g.before_gates.as_slice(),
-                            g.after_gates.as_slice(),
-                        )
-                    })
-                    .collect()
+                &stage.groups
             };
+            let group_defs: Vec<(&Group, Vec<&Member>)> = groups
+                .iter()
+                .map(|g| {
+                    let chosen = in_stage
+                        .iter()
+                        .copied()
+                        .filter(|m| match &g.selector {
+                            Some(s) => s.matches(&m.labels),
+                            None if stage.groups.is_empty() => true,
+                            None => m.group.as_deref() == Some(g.name.as_str()),
+                        })
+                        .collect();
+                    (g, chosen)
+                })
+                .collect();
             let stage_size: u64 = group_defs.iter().map(|d| d.1.len() as u64).sum();
             let stage_concurrency = stage
                 .max_concurrency
@@ -506,9 +501,14 @@ impl Engine {
                 ));
             }
             let mut group_ids = Vec::new();
-            for (gi, (name, chosen, concurrency, failures, before, after)) in
-                group_defs.into_iter().enumerate()
-            {
+            for (gi, (group_def, chosen)) in group_defs.into_iter().enumerate() {
+                let name = group_def.name.clone();
+                let (concurrency, failures) =
+                    (group_def.max_concurrency, group_def.max_allowed_failures);
+                let (before, after) = (
+                    group_def.before_gates.as_slice(),
+                    group_def.after_gates.as_slice(),
+                );
                 let gid = engine.groups.len() as u32;
                 let size = chosen.len() as u64;
                 let mut ids = Vec::with_capacity(chosen.len());
@@ -886,7 +886,7 @@ impl Engine {
                 cluster,
                 operation,
             } => {
-                self.observed(now, &member, cluster, operation);
+                self.observed(now, &member, *cluster, operation);
                 Ok(())
             }
             Input::MemberRemoved { member } => {
@@ -2541,9 +2541,9 @@ impl Engine {
             Phase::Active => {
                 let states: Vec<State> =
                     stage.groups.iter().map(|&g| self.group_state(g)).collect();
-                if states.iter().any(|s| *s == State::Running) {
+                if states.contains(&State::Running) {
                     State::Running
-                } else if states.iter().any(|s| *s == State::Pending) {
+                } else if states.contains(&State::Pending) {
                     State::Pending
                 } else {
                     State::Running
@@ -2635,7 +2635,7 @@ impl Engine {
                     .collect(),
                 before_gates: Self::gate_status(&stage.before),
                 after_gates: Self::gate_status(&stage.after),
-                after_stage_wait_status: (stage.wait.seconds > 0).then(|| WaitStatus {
+                after_stage_wait_status: (stage.wait.seconds > 0).then_some(WaitStatus {
                     status: UpdateStatus {
                         start_time: stage.wait.start,
                         completed_time: stage.wait.completed,

@@ -101,14 +101,13 @@ pub fn from_json_value<T: serde::de::DeserializeOwned>(
         if let Some(field) = inner
             .strip_prefix("unknown field `")
             .and_then(|r| r.split('`').next())
+            && !target.ends_with(field)
         {
-            if !target.ends_with(field) {
-                target = if target.is_empty() {
-                    field.to_string()
-                } else {
-                    format!("{target}.{field}")
-                };
-            }
+            target = if target.is_empty() {
+                field.to_string()
+            } else {
+                format!("{target}.{field}")
+            };
         }
         let code = if inner.starts_with("unknown field") {
             ErrorCode::UnknownField

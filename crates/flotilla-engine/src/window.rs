@@ -1,8 +1,8 @@
 //! AKS-style maintenance windows (SEMANTICS §3a): the wire shape, its validation, and the exact
 //! computation of when work may start.
 //!
-//! Work may start at `t` when `t` lies inside an instance `[local date @ startTime,
-//! + durationHours)` and not inside a not-allowed local day. The next such instant is found by
+//! Work may start at `t` when `t` lies inside an instance, from the local date at `startTime`
+//! for `durationHours`, and not inside a not-allowed local day. The next such instant is found by
 //! jumping from schedule date to schedule date (O(1) each), never by walking minutes.
 
 use serde::{Deserialize, Serialize};
@@ -393,9 +393,9 @@ impl MaintenanceWindow {
         day_in: impl Fn(i64, u32) -> Option<u32>,
     ) -> Option<Date> {
         let base = self.anchor.month_index();
-        let mut k = (from.month_index() - base).div_euclid(interval);
+        let first = (from.month_index() - base).div_euclid(interval);
         // A month lacking the day is skipped; a few steps always find one that has it.
-        for _ in 0..64 {
+        for k in first..first + 64 {
             let index = base + k * interval;
             let (year, month) = (index.div_euclid(12), (index.rem_euclid(12) + 1) as u32);
             if let Some(day) = day_in(year, month) {
@@ -404,7 +404,6 @@ impl MaintenanceWindow {
                     return Some(date);
                 }
             }
-            k += 1;
         }
         None
     }

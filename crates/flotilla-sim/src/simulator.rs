@@ -256,7 +256,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                     now,
                     Input::Observed {
                         member,
-                        cluster: c.cluster.clone(),
+                        cluster: Box::new(c.cluster.clone()),
                         operation: None,
                     },
                 );
@@ -340,7 +340,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                                 now,
                                 Input::Observed {
                                     member: member.clone(),
-                                    cluster,
+                                    cluster: Box::new(cluster),
                                     operation: None,
                                 },
                             )
@@ -385,7 +385,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                                 now,
                                 Input::Observed {
                                     member,
-                                    cluster,
+                                    cluster: Box::new(cluster),
                                     operation: Some((attempt, progress)),
                                 },
                             );

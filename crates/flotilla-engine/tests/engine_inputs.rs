@@ -1,0 +1,201 @@
+//! The engine driven directly through its door, for inputs the scenario format does not
+//! express: another run holding a member, and a catalog that changes under a waiting member.
+
+use std::collections::BTreeMap;
+
+use flotilla_engine::engine::{Command, Engine, Input, RunSpec};
+use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
+use flotilla_engine::status::State;
+use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
+use flotilla_engine::time::Time;
+use flotilla_engine::version::KubeVersion;
+
+fn v(text: &str) -> KubeVersion {
+    KubeVersion::parse(text).expect("valid version")
+}
+
+fn member(name: &str, region: &str) -> Member {
+    Member {
+        name: name.into(),
+        cluster_resource_id: format!("/c/{name}"),
+        group: None,
+        labels: BTreeMap::new(),
+        cluster: Cluster {
+            region: region.into(),
+            kubernetes_version: v("1.30.5"),
+            node_pools: vec![],
+            kubernetes_window: None,
+            node_os_window: None,
+            long_term_support: false,
+        },
+    }
+}
+
+fn catalog(regions: &[(&str, &[&str])]) -> Catalog {
+    let mut c = Catalog::default();
+    for (region, versions) in regions {
+        let mut rc = RegionCatalog::default();
+        for version in *versions {
+            rc.kubernetes.push(KubeRelease {
+                version: v(version),
+                preview: false,
+                long_term_support: false,
+                available_at: None,
+            });
+        }
+        c.regions.insert(region.to_string(), rc);
+    }
+    c
+}
+
+fn spec() -> RunSpec {
+    RunSpec {
+        strategy: None,
+        upgrade: Upgrade {
+            upgrade_type: UpgradeType::ControlPlaneOnly,
+            kubernetes_version: Some(v("1.31.1")),
+            node_images: NodeImageSelection::Latest,
+        },
+    }
+}
+
+fn started(engine: &mut Engine) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Some(c) = engine.poll_command() {
+        if let Command::StartUpgrade { member, .. } = c {
+            names.push(member);
+        }
+    }
+    names
+}
+
+fn member_state(engine: &Engine, name: &str) -> (State, Option<String>) {
+    let status = engine.status();
+    let m = status.stages[0].groups[0]
+        .members
+        .iter()
+        .find(|m| m.name == name)
+        .expect("member in run");
+    (m.status.state, m.message.clone())
+}
+
+#[test]
+fn a_member_locked_by_another_run_waits_and_the_slot_goes_to_the_next() {
+    let fleet = [member("a", "eastus"), member("b", "eastus")];
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec(),
+        &fleet,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine
+        .handle(
+            t0,
+            Input::MemberLocked {
+                member: "a".into(),
+                by_run: "other-run".into(),
+            },
+        )
+        .expect("accepted");
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    assert_eq!(started(&mut engine), vec!["b".to_string()]);
+    let (state, message) = member_state(&engine, "a");
+    assert_eq!(state, State::Pending);
+    assert!(message.unwrap_or_default().contains("other-run"));
+    let t1 = t0.plus(600);
+    engine
+        .handle(
+            t1,
+            Input::OperationFinished {
+                member: "b".into(),
+                attempt: 1,
+                outcome: Ok(()),
+            },
+        )
+        .expect("accepted");
+    engine.settle(t1);
+    assert!(started(&mut engine).is_empty(), "a is still locked");
+    engine
+        .handle(t1.plus(5), Input::MemberUnlocked { member: "a".into() })
+        .expect("accepted");
+    engine.settle(t1.plus(5));
+    assert_eq!(started(&mut engine), vec!["a".to_string()]);
+    engine.check_invariants(t1.plus(5)).expect("consistent");
+}
+
+#[test]
+fn a_member_waits_for_an_unlisted_version_until_the_catalog_publishes_it() {
+    let fleet = [member("w", "westus")];
+    let (mut engine, _) =
+        Engine::create("r1", &spec(), &fleet, catalog(&[("westus", &["1.30.5"])]))
+            .expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    assert!(started(&mut engine).is_empty());
+    let (state, message) = member_state(&engine, "w");
+    assert_eq!(state, State::Pending);
+    let message = message.unwrap_or_default();
+    assert!(
+        message.contains("1.31.1") && message.contains("westus"),
+        "{message}"
+    );
+    assert_eq!(
+        engine.next_wakeup(),
+        None,
+        "nothing to wake for: the catalog must change first"
+    );
+    let t1 = t0.plus(3600);
+    engine
+        .handle(
+            t1,
+            Input::CatalogChanged(catalog(&[("westus", &["1.30.5", "1.31.1"])])),
+        )
+        .expect("accepted");
+    engine.settle(t1);
+    assert_eq!(started(&mut engine), vec!["w".to_string()]);
+}
+
+#[test]
+fn a_second_result_for_the_same_attempt_changes_nothing() {
+    let fleet = [member("a", "eastus"), member("b", "eastus")];
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec(),
+        &fleet,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    assert_eq!(started(&mut engine), vec!["a".to_string()]);
+    let t1 = t0.plus(600);
+    engine
+        .handle(
+            t1,
+            Input::OperationFinished {
+                member: "a".into(),
+                attempt: 1,
+                outcome: Ok(()),
+            },
+        )
+        .expect("accepted");
+    engine
+        .handle(
+            t1,
+            Input::OperationFinished {
+                member: "a".into(),
+                attempt: 1,
+                outcome: Err("late duplicate".into()),
+            },
+        )
+        .expect("accepted");
+    engine.settle(t1);
+    assert_eq!(member_state(&engine, "a").0, State::Completed);
+    assert_eq!(engine.status().failure_count, 0);
+    assert_eq!(started(&mut engine), vec!["b".to_string()]);
+}
