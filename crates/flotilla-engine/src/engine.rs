@@ -36,14 +36,18 @@ pub struct RunSpec {
 /// Name of the implicit stage and group of a run without a strategy.
 pub const DEFAULT_STAGE_NAME: &str = "default";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Timing {
     Before,
     After,
 }
 
 /// Where a gate sits: stage, optional group, before or after, and its index in that list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct GateRef {
     pub stage: u32,
     pub group: Option<u32>,
@@ -51,7 +55,9 @@ pub struct GateRef {
     pub index: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum SkipKind {
     Member,
     Group,
@@ -59,21 +65,21 @@ pub enum SkipKind {
     AfterStageWait,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SkipTarget {
     pub kind: SkipKind,
     pub name: String,
 }
 
 /// What an earlier operation is doing, as observed when a stopped run starts again.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OperationProgress {
     InProgress,
     /// Finished (either way) or unknown to the driver: the cluster's state decides.
     NotRunning,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Input {
     Start,
     Stop,

@@ -198,3 +198,338 @@ impl Catalog {
         common?.into_iter().max().cloned()
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Wire forms: how clusters and catalogs are written in the API, in scenarios and in storage.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::window::MaintenanceWindowSpec;
+
+fn invalid(path: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidRequestContent,
+        format!("{path}: {message}"),
+        path,
+    )
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePoolSpec {
+    pub name: String,
+    pub family: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<String>,
+    /// A version (`202602.10.0`) or the AKS form `<family>-<version>`.
+    pub node_image_version: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MaintenanceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<MaintenanceWindowSpec>,
+    #[serde(default, rename = "nodeOS", skip_serializing_if = "Option::is_none")]
+    pub node_os: Option<MaintenanceWindowSpec>,
+}
+
+/// A cluster as a driver reports it (`status.cluster` of a member).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub region: String,
+    pub kubernetes_version: String,
+    #[serde(default)]
+    pub node_pools: Vec<NodePoolSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceSpec>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub long_term_support: bool,
+}
+
+impl NodePool {
+    pub fn parse(spec: &NodePoolSpec, path: &str) -> Result<NodePool, ApiError> {
+        let os = match spec.os.as_deref() {
+            None | Some("Linux") => Os::Linux,
+            Some("Windows") => Os::Windows,
+            Some(other) => {
+                return Err(invalid(
+                    &format!("{path}.os"),
+                    format!("{other:?} must be Linux or Windows"),
+                ));
+            }
+        };
+        let text = spec.node_image_version.as_str();
+        let version = text
+            .strip_prefix(&format!("{}-", spec.family))
+            .unwrap_or(text);
+        let image = ImageVersion::parse(version).ok_or_else(|| {
+            invalid(
+                &format!("{path}.nodeImageVersion"),
+                format!("{text:?} is not a node image version"),
+            )
+        })?;
+        Ok(NodePool {
+            name: spec.name.clone(),
+            family: spec.family.clone(),
+            os,
+            image,
+        })
+    }
+
+    pub fn spec(&self) -> NodePoolSpec {
+        NodePoolSpec {
+            name: self.name.clone(),
+            family: self.family.clone(),
+            os: Some(match self.os {
+                Os::Linux => "Linux".into(),
+                Os::Windows => "Windows".into(),
+            }),
+            node_image_version: format!("{}-{}", self.family, self.image),
+        }
+    }
+}
+
+impl Cluster {
+    pub fn parse(spec: &ClusterSpec, path: &str) -> Result<Cluster, ApiError> {
+        let kubernetes_version = KubeVersion::parse(&spec.kubernetes_version).ok_or_else(|| {
+            invalid(
+                &format!("{path}.kubernetesVersion"),
+                format!(
+                    "{:?} is not a version major.minor.patch",
+                    spec.kubernetes_version
+                ),
+            )
+        })?;
+        let node_pools = spec
+            .node_pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| NodePool::parse(p, &format!("{path}.nodePools[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let maintenance = spec.maintenance.clone().unwrap_or_default();
+        let window = |w: &Option<MaintenanceWindowSpec>, field: &str| {
+            w.as_ref()
+                .map(|w| MaintenanceWindow::parse(w, &format!("{path}.maintenance.{field}")))
+                .transpose()
+        };
+        Ok(Cluster {
+            region: spec.region.clone(),
+            kubernetes_version,
+            node_pools,
+            kubernetes_window: window(&maintenance.kubernetes, "kubernetes")?,
+            node_os_window: window(&maintenance.node_os, "nodeOS")?,
+            long_term_support: spec.long_term_support,
+        })
+    }
+
+    pub fn spec(&self) -> ClusterSpec {
+        let kubernetes = self.kubernetes_window.as_ref().map(|w| w.spec().clone());
+        let node_os = self.node_os_window.as_ref().map(|w| w.spec().clone());
+        ClusterSpec {
+            region: self.region.clone(),
+            kubernetes_version: self.kubernetes_version.to_string(),
+            node_pools: self.node_pools.iter().map(NodePool::spec).collect(),
+            maintenance: (kubernetes.is_some() || node_os.is_some()).then_some(MaintenanceSpec {
+                kubernetes,
+                node_os,
+            }),
+            long_term_support: self.long_term_support,
+        }
+    }
+}
+
+impl Serialize for Cluster {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.spec().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cluster {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let spec = ClusterSpec::deserialize(deserializer)?;
+        Cluster::parse(&spec, "cluster").map_err(|e| serde::de::Error::custom(e.message))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeReleaseSpec {
+    pub version: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preview: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lts: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageReleaseSpec {
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionCatalogSpec {
+    #[serde(default)]
+    pub kubernetes: Vec<KubeReleaseSpec>,
+    /// Family → versions, in the order listed.
+    #[serde(default)]
+    pub node_images: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Region → releases, the form of the scenarios' `catalog` and of `GET …/releases`.
+pub type CatalogSpec = BTreeMap<String, RegionCatalogSpec>;
+
+fn time_field(path: &str, text: &Option<String>) -> Result<Option<Time>, ApiError> {
+    text.as_deref()
+        .map(|t| Time::parse(t).map_err(|e| invalid(path, e)))
+        .transpose()
+}
+
+impl Catalog {
+    pub fn parse(spec: &CatalogSpec, path: &str) -> Result<Catalog, ApiError> {
+        let mut catalog = Catalog::default();
+        for (region, r) in spec {
+            let rpath = if path.is_empty() {
+                region.clone()
+            } else {
+                format!("{path}.{region}")
+            };
+            let mut rc = RegionCatalog::default();
+            for (i, k) in r.kubernetes.iter().enumerate() {
+                let kpath = format!("{rpath}.kubernetes[{i}]");
+                rc.kubernetes.push(KubeRelease {
+                    version: KubeVersion::parse(&k.version).ok_or_else(|| {
+                        invalid(
+                            &format!("{kpath}.version"),
+                            format!("{:?} is not a version major.minor.patch", k.version),
+                        )
+                    })?,
+                    preview: k.preview,
+                    long_term_support: k.lts,
+                    available_at: time_field(&format!("{kpath}.availableAt"), &k.available_at)?,
+                });
+            }
+            for (family, list) in &r.node_images {
+                let fpath = format!("{rpath}.nodeImages.{family}");
+                let releases: Vec<ImageReleaseSpec> =
+                    crate::error::from_json_value(list.clone(), &fpath)?;
+                let mut out = Vec::with_capacity(releases.len());
+                for (i, rel) in releases.iter().enumerate() {
+                    let ipath = format!("{fpath}[{i}]");
+                    let text = rel.version.as_str();
+                    let version = text.strip_prefix(&format!("{family}-")).unwrap_or(text);
+                    out.push(ImageRelease {
+                        version: ImageVersion::parse(version).ok_or_else(|| {
+                            invalid(
+                                &format!("{ipath}.version"),
+                                format!("{text:?} is not a node image version"),
+                            )
+                        })?,
+                        available_at: time_field(
+                            &format!("{ipath}.availableAt"),
+                            &rel.available_at,
+                        )?,
+                    });
+                }
+                rc.family_order.push(family.clone());
+                rc.node_images.insert(family.clone(), out);
+            }
+            catalog.regions.insert(region.clone(), rc);
+        }
+        Ok(catalog)
+    }
+
+    pub fn spec(&self) -> CatalogSpec {
+        self.regions
+            .iter()
+            .map(|(region, rc)| {
+                let mut node_images = serde_json::Map::new();
+                for family in &rc.family_order {
+                    let list: Vec<ImageReleaseSpec> = rc.node_images[family]
+                        .iter()
+                        .map(|i| ImageReleaseSpec {
+                            version: i.version.to_string(),
+                            available_at: i.available_at.map(|t| t.to_string()),
+                        })
+                        .collect();
+                    node_images.insert(
+                        family.clone(),
+                        serde_json::to_value(list).unwrap_or_default(),
+                    );
+                }
+                let spec = RegionCatalogSpec {
+                    kubernetes: rc
+                        .kubernetes
+                        .iter()
+                        .map(|k| KubeReleaseSpec {
+                            version: k.version.to_string(),
+                            preview: k.preview,
+                            lts: k.long_term_support,
+                            available_at: k.available_at.map(|t| t.to_string()),
+                        })
+                        .collect(),
+                    node_images,
+                };
+                (region.clone(), spec)
+            })
+            .collect()
+    }
+}
+
+impl Serialize for Catalog {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.spec().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Catalog {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let spec = CatalogSpec::deserialize(deserializer)?;
+        Catalog::parse(&spec, "").map_err(|e| serde::de::Error::custom(e.message))
+    }
+}
+
+/// A member as stored in a run's snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRecord {
+    pub name: String,
+    pub cluster_resource_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub cluster: Cluster,
+}
+
+impl From<MemberRecord> for Member {
+    fn from(r: MemberRecord) -> Member {
+        Member {
+            name: r.name,
+            cluster_resource_id: r.cluster_resource_id,
+            group: r.group,
+            labels: r.labels,
+            cluster: r.cluster,
+        }
+    }
+}
+
+impl From<&Member> for MemberRecord {
+    fn from(m: &Member) -> MemberRecord {
+        MemberRecord {
+            name: m.name.clone(),
+            cluster_resource_id: m.cluster_resource_id.clone(),
+            group: m.group.clone(),
+            labels: m.labels.clone(),
+            cluster: m.cluster.clone(),
+        }
+    }
+}

@@ -122,6 +122,8 @@ pub struct MaintenanceWindow {
     has_start_date: bool,
     /// Not-allowed spans in UTC, `[start, end)`, sorted and merged.
     blocked: Vec<(Time, Time)>,
+    /// The wire form it was parsed from, to show and store it as written.
+    spec: MaintenanceWindowSpec,
 }
 
 /// An instant at which work may start, and when that permission ends.
@@ -306,7 +308,13 @@ impl MaintenanceWindow {
             anchor,
             has_start_date,
             blocked: merged,
+            spec: spec.clone(),
         })
+    }
+
+    /// The wire form this window was parsed from.
+    pub fn spec(&self) -> &MaintenanceWindowSpec {
+        &self.spec
     }
 
     /// Whether an instance falls on local date `d` (a direct check, used by tests as an oracle

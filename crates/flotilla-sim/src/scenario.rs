@@ -7,12 +7,10 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use flotilla_engine::error::{ApiError, from_json_value};
-use flotilla_engine::fleet::{
-    Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
-};
+use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, Member, NodePool, NodePoolSpec, Os};
 use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec};
 use flotilla_engine::time::{Time, parse_duration};
-use flotilla_engine::version::{ImageVersion, KubeVersion, split_family_version};
+use flotilla_engine::version::KubeVersion;
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 
 /// A scenario file that cannot be used: the message names the field.
@@ -76,37 +74,6 @@ pub struct ScenarioSpec {
     pub actions: Vec<ActionSpec>,
     #[serde(default)]
     pub expect: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RegionSpec {
-    #[serde(default)]
-    pub kubernetes: Vec<KubeReleaseSpec>,
-    #[serde(default)]
-    pub node_images: serde_json::Map<String, Value>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct KubeReleaseSpec {
-    #[serde(deserialize_with = "scalar_text")]
-    pub version: String,
-    #[serde(default)]
-    pub preview: bool,
-    #[serde(default)]
-    pub lts: bool,
-    #[serde(default, deserialize_with = "optional_scalar_text")]
-    pub available_at: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ImageReleaseSpec {
-    #[serde(deserialize_with = "scalar_text")]
-    pub version: String,
-    #[serde(default, deserialize_with = "optional_scalar_text")]
-    pub available_at: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -260,30 +227,14 @@ fn kube(path: &str, text: &str) -> Result<KubeVersion, ScenarioError> {
     })
 }
 
-fn image(path: &str, text: &str) -> Result<ImageVersion, ScenarioError> {
-    // Accept both `202602.10.0` and the API form `<family>-202602.10.0`.
-    let version = split_family_version(text).map_or(text, |(_, v)| v);
-    ImageVersion::parse(version)
-        .ok_or_else(|| bad(path, format!("{text:?} is not a node image version")))
-}
-
 fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
-    let os = match p.os.as_deref() {
-        None | Some("Linux") => Os::Linux,
-        Some("Windows") => Os::Windows,
-        Some(other) => {
-            return Err(bad(
-                &format!("{path}.os"),
-                format!("{other:?} must be Linux or Windows"),
-            ));
-        }
-    };
-    Ok(NodePool {
+    let spec = NodePoolSpec {
         name: p.name.clone(),
         family: p.family.clone(),
-        os,
-        image: image(&format!("{path}.nodeImageVersion"), &p.node_image_version)?,
-    })
+        os: p.os.clone(),
+        node_image_version: p.node_image_version.clone(),
+    };
+    Ok(NodePool::parse(&spec, path)?)
 }
 
 impl Scenario {
@@ -300,44 +251,9 @@ impl Scenario {
                     .ok_or_else(|| bad("until", format!("{text:?} is not a duration like 72h")))?,
             ),
         };
-        let mut catalog = Catalog::default();
-        for (region, body) in &spec.catalog {
-            let rpath = format!("catalog.{region}");
-            let r: RegionSpec = from_json_value(body.clone(), &rpath)?;
-            let mut rc = RegionCatalog::default();
-            for (i, k) in r.kubernetes.iter().enumerate() {
-                let kpath = format!("{rpath}.kubernetes[{i}]");
-                rc.kubernetes.push(KubeRelease {
-                    version: kube(&format!("{kpath}.version"), &k.version)?,
-                    preview: k.preview,
-                    long_term_support: k.lts,
-                    available_at: k
-                        .available_at
-                        .as_deref()
-                        .map(|t| time_at(&format!("{kpath}.availableAt"), t))
-                        .transpose()?,
-                });
-            }
-            for (family, list) in &r.node_images {
-                let fpath = format!("{rpath}.nodeImages.{family}");
-                let releases: Vec<ImageReleaseSpec> = from_json_value(list.clone(), &fpath)?;
-                let mut out = Vec::new();
-                for (i, rel) in releases.iter().enumerate() {
-                    let ipath = format!("{fpath}[{i}]");
-                    out.push(ImageRelease {
-                        version: image(&format!("{ipath}.version"), &rel.version)?,
-                        available_at: rel
-                            .available_at
-                            .as_deref()
-                            .map(|t| time_at(&format!("{ipath}.availableAt"), t))
-                            .transpose()?,
-                    });
-                }
-                rc.family_order.push(family.clone());
-                rc.node_images.insert(family.clone(), out);
-            }
-            catalog.regions.insert(region.clone(), rc);
-        }
+        let catalog_spec: CatalogSpec =
+            from_json_value(Value::Object(spec.catalog.clone()), "catalog")?;
+        let catalog = Catalog::parse(&catalog_spec, "catalog")?;
         let mut members = Vec::new();
         let mut behaviour = BTreeMap::new();
         for (i, m) in spec.members.iter().enumerate() {
