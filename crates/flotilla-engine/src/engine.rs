@@ -88,6 +88,11 @@ pub enum Input {
         gate: GateRef,
         by: String,
     },
+    /// Approves the gate with this id (the gate resource's name).
+    ApproveGateById {
+        id: String,
+        by: String,
+    },
     /// The driver accepted an upgrade and named its operation.
     OperationAccepted {
         member: String,
@@ -145,6 +150,22 @@ pub enum Command {
     },
     /// Ask the driver about `attempt`'s operation and the cluster; answer with `Input::Observed`.
     Observe { member: String, attempt: u64 },
+}
+
+/// A gate the run has reached, as the gate resource shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateView {
+    pub id: String,
+    pub display_name: Option<String>,
+    pub gate_type: &'static str,
+    pub scheduled: Option<crate::strategy::ScheduledStartSpec>,
+    pub absolute_start: Option<Time>,
+    pub stage: String,
+    pub group: Option<String>,
+    pub timing: Timing,
+    pub state: State,
+    pub approved_by: Option<String>,
+    pub approved_at: Option<Time>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,6 +258,7 @@ struct GroupRt {
     start: Option<Time>,
     completed: Option<Time>,
     message: Option<String>,
+    error: Option<ErrorDetail>,
 }
 
 #[derive(Clone, Debug)]
@@ -269,6 +291,7 @@ struct StageRt {
     start: Option<Time>,
     completed: Option<Time>,
     message: Option<String>,
+    error: Option<ErrorDetail>,
 }
 
 /// One update run's engine.
@@ -584,6 +607,7 @@ impl Engine {
                     start: None,
                     completed: None,
                     message: None,
+                    error: None,
                 });
                 engine.group_failures.push(0);
                 group_ids.push(gid);
@@ -619,6 +643,7 @@ impl Engine {
                 start: None,
                 completed: None,
                 message: None,
+                error: None,
             });
         }
         Ok((engine, warnings))
@@ -712,6 +737,63 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// A member's state and current attempt, if it is part of the run.
+    pub fn member_attempt(&self, name: &str) -> Option<(State, u64)> {
+        let m = *self.member_index.get(name)?;
+        let member = &self.members[m as usize];
+        Some((member.state, member.attempt))
+    }
+
+    /// Members waiting for the answer to a [`Command::Observe`] (after a restart of the shell,
+    /// the observation is asked again).
+    pub fn pending_observations(&self) -> Vec<(String, u64)> {
+        self.members
+            .iter()
+            .filter(|m| m.reattaching)
+            .map(|m| (m.name.clone(), m.attempt))
+            .collect()
+    }
+
+    /// Every gate the run has reached, for the gate resources of the API.
+    pub fn gate_views(&self) -> Vec<GateView> {
+        let mut views = Vec::new();
+        for (si, stage) in self.stages.iter().enumerate() {
+            let mut places: Vec<(Option<String>, Timing, &[GateRt])> = vec![
+                (None, Timing::Before, &stage.before),
+                (None, Timing::After, &stage.after),
+            ];
+            for &g in &stage.groups {
+                let group = &self.groups[g as usize];
+                places.push((Some(group.name.clone()), Timing::Before, &group.before));
+                places.push((Some(group.name.clone()), Timing::After, &group.after));
+            }
+            for (group, timing, gates) in places {
+                for gate in gates.iter().filter(|g| g.state != State::NotStarted) {
+                    let (gate_type, scheduled) = match &gate.gate.kind {
+                        GateKind::Approval => ("Approval", None),
+                        GateKind::ScheduledStart { config, .. } => {
+                            ("ScheduledStart", Some(config.clone()))
+                        }
+                    };
+                    views.push(GateView {
+                        id: gate.id.clone(),
+                        display_name: gate.gate.display_name.clone(),
+                        gate_type,
+                        scheduled,
+                        absolute_start: gate.absolute_start,
+                        stage: self.stages[si].name.clone(),
+                        group: group.clone(),
+                        timing,
+                        state: gate.state,
+                        approved_by: gate.approved_by.clone(),
+                        approved_at: gate.approved_by.as_ref().and(gate.completed),
+                    });
+                }
+            }
+        }
+        views
     }
 
     fn stage_gates(&self, si: usize, timing: Timing) -> &[GateRt] {
@@ -866,6 +948,16 @@ impl Engine {
             Input::Stop => self.stop(now),
             Input::Skip(targets) => self.skip(now, &targets),
             Input::ApproveGate { gate, by } => self.approve(now, gate, by),
+            Input::ApproveGateById { id, by } => {
+                let gate = self.find_gate_by_id(&id).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("gate {id} is not part of this update run"),
+                        "gate",
+                    )
+                })?;
+                self.approve(now, gate, by)
+            }
             Input::OperationAccepted {
                 member,
                 attempt,
@@ -885,6 +977,7 @@ impl Engine {
                 outcome,
             } => {
                 self.operation_finished(now, &member, attempt, outcome);
+                self.roll_up(now);
                 Ok(())
             }
             Input::Observed {
@@ -1066,13 +1159,23 @@ impl Engine {
         let si = self.current;
         self.phase = RunPhase::Running;
         self.run_completed = None;
-        if let Some(stage) = self.stages.get_mut(si) {
+        // A stage a user skipped while the run was Failed stays skipped; the run moves on.
+        let resumable = self
+            .stages
+            .get(si)
+            .is_some_and(|s| s.outcome != Some(State::Skipped));
+        if resumable {
+            let stage = &mut self.stages[si];
             stage.outcome = None;
             stage.stopped = false;
             stage.failure_count = 0;
             stage.completed = None;
+            stage.message = None;
+            stage.error = None;
             let groups = stage.groups.clone();
             for g in groups {
+                // Every group's count restarts (SEMANTICS §6); a skipped group is otherwise left alone.
+                self.group_failures[g as usize] = 0;
                 let group = &mut self.groups[g as usize];
                 if group.user_skipped {
                     continue;
@@ -1093,11 +1196,12 @@ impl Engine {
                     }
                 }
                 group.unfinished += reset;
-                self.group_failures[g as usize] = 0;
                 let was = group.outcome;
                 if reset > 0 || matches!(was, Some(State::Failed) | Some(State::Stopped)) {
                     group.outcome = None;
                     group.completed = None;
+                    group.message = None;
+                    group.error = None;
                     if reset > 0 && group.phase == Phase::AfterGates {
                         group.phase = Phase::Active;
                     }
@@ -1239,6 +1343,8 @@ impl Engine {
             }
             Err(message) => self.fail_member(now, m, "UpgradeFailed", message),
         }
+        // A group a user skipped ends Skipped when its last member in flight finishes.
+        self.finish_group_if_skipped(now, g);
     }
 
     /// Records a member failure and applies the thresholds (SEMANTICS §4).
@@ -1263,12 +1369,19 @@ impl Engine {
             && self.group_failures[g as usize] > group.max_failures
         {
             group.outcome = Some(State::Failed);
-            group.completed = Some(now);
+            // Members still in flight finish first; the run's end stamps the time then.
+            if group.in_flight == 0 {
+                group.completed = Some(now);
+            }
             let msg = format!(
                 "{} failures exceed maxAllowedFailures {}",
                 self.group_failures[g as usize], group.max_failures
             );
             group.message = Some(msg.clone());
+            group.error = Some(ErrorDetail {
+                code: "MaxAllowedFailuresExceeded".into(),
+                message: msg.clone(),
+            });
             self.emit_group(now, EventType::GroupFailed, g, Some(msg));
             failed = true;
         }
@@ -1278,16 +1391,28 @@ impl Engine {
             && (failed || stage.failure_count > stage.max_failures)
         {
             stage.outcome = Some(State::Failed);
-            stage.completed = Some(now);
-            let msg = if failed {
-                format!("group {:?} failed", self.groups[g as usize].name)
+            if stage.in_flight == 0 {
+                stage.completed = Some(now);
+            }
+            let (code, msg) = if failed {
+                (
+                    "GroupFailed",
+                    format!("group {:?} failed", self.groups[g as usize].name),
+                )
             } else {
-                format!(
-                    "{} failures exceed maxAllowedFailures {}",
-                    stage.failure_count, stage.max_failures
+                (
+                    "MaxAllowedFailuresExceeded",
+                    format!(
+                        "{} failures exceed maxAllowedFailures {}",
+                        stage.failure_count, stage.max_failures
+                    ),
                 )
             };
             stage.message = Some(msg.clone());
+            stage.error = Some(ErrorDetail {
+                code: code.into(),
+                message: msg.clone(),
+            });
             self.emit_stage(now, EventType::StageFailed, si, Some(msg));
             failed = true;
         }
@@ -1419,14 +1544,15 @@ impl Engine {
                 }
                 SkipKind::Group => {
                     let g = self.groups.iter().position(|g| g.name == t.name).ok_or_else(|| unknown("group"))? as u32;
-                    if let Some(state) = self.groups[g as usize].outcome {
+                    // Completed and Skipped are final; Failed and Stopped resume on retry.
+                    if let Some(state @ (State::Completed | State::Skipped)) = self.groups[g as usize].outcome {
                         return Err(ApiError::conflict(format!("group {:?} is already {state:?}", t.name)));
                     }
                     Resolved::Group(g)
                 }
                 SkipKind::Stage => {
                     let si = self.stages.iter().position(|s| s.name == t.name).ok_or_else(|| unknown("stage"))?;
-                    if let Some(state) = self.stages[si].outcome {
+                    if let Some(state @ (State::Completed | State::Skipped)) = self.stages[si].outcome {
                         return Err(ApiError::conflict(format!("stage {:?} is already {state:?}", t.name)));
                     }
                     Resolved::Stage(si)
@@ -1434,7 +1560,7 @@ impl Engine {
                 SkipKind::AfterStageWait => {
                     let si = self.stages.iter().position(|s| s.name == t.name).ok_or_else(|| unknown("stage"))?;
                     let state = self.stages[si].wait.state;
-                    if state.is_terminal() || self.stages[si].outcome.is_some() {
+                    if state.is_terminal() || matches!(self.stages[si].outcome, Some(State::Completed | State::Skipped)) {
                         return Err(ApiError::conflict(format!("the wait after stage {:?} is already over", t.name)));
                     }
                     Resolved::Wait(si)
@@ -1523,7 +1649,15 @@ impl Engine {
     }
 
     fn skip_group(&mut self, now: Time, g: u32, why: &str) {
-        self.groups[g as usize].user_skipped = true;
+        let group = &mut self.groups[g as usize];
+        group.user_skipped = true;
+        if matches!(group.outcome, Some(State::Failed | State::Stopped)) {
+            // Skipped in a failed run instead of being retried.
+            group.outcome = None;
+            group.completed = None;
+            group.message = None;
+            group.error = None;
+        }
         let si = self.groups[g as usize].stage as usize;
         let pos = self.stages[si]
             .groups
@@ -1548,17 +1682,28 @@ impl Engine {
     }
 
     fn skip_stage(&mut self, now: Time, si: usize) {
-        self.stages[si].user_skipped = true;
+        let stage = &mut self.stages[si];
+        stage.user_skipped = true;
+        if matches!(stage.outcome, Some(State::Failed | State::Stopped)) {
+            stage.outcome = None;
+            stage.completed = None;
+            stage.message = None;
+            stage.error = None;
+        }
         self.skip_gates(now, si, None);
         self.skip_wait(now, si);
         let groups = self.stages[si].groups.clone();
         for g in groups {
-            if self.groups[g as usize].outcome.is_none() {
+            if !matches!(
+                self.groups[g as usize].outcome,
+                Some(State::Completed | State::Skipped)
+            ) {
                 self.skip_group(now, g, "stage skipped by a user");
             }
         }
+        // A started stage waits for its members in flight; one not reached yet stays so.
         let stage = &mut self.stages[si];
-        if stage.phase != Phase::Active {
+        if matches!(stage.phase, Phase::BeforeGates | Phase::AfterGates) {
             stage.phase = Phase::Active;
         }
         self.finish_stage_if_skipped(now, si);
@@ -1884,6 +2029,7 @@ impl Engine {
     /// order). [`Engine::settle`] does this too.
     pub fn advance_clock(&mut self, now: Time) {
         self.fire_timers(now);
+        self.roll_up(now);
     }
 
     fn fire_timers(&mut self, now: Time) {
@@ -2033,6 +2179,14 @@ impl Engine {
                 self.stages[si].phase = Phase::Active;
                 true
             }
+            Phase::Active | Phase::AfterGates => self.advance_open_stage(now, si),
+        }
+    }
+
+    /// Rolls a started stage forward: groups finishing, after-gates opening, the wait, the
+    /// stage completing.
+    fn advance_open_stage(&mut self, now: Time, si: usize) -> bool {
+        match self.stages[si].phase {
             Phase::Active => {
                 let mut changed = false;
                 let groups = self.stages[si].groups.clone();
@@ -2102,7 +2256,15 @@ impl Engine {
                 }
                 false
             }
+            Phase::NotStarted | Phase::BeforeGates => false,
         }
+    }
+
+    /// Applies the consequences of an upgrade ending or of time passing: groups and stages
+    /// finishing, the next stage being reached and its gates opening. Starts no member: that is
+    /// the scheduling pass of [`Engine::settle`], after the instant's user actions.
+    fn roll_up(&mut self, now: Time) {
+        while self.phase == RunPhase::Running && self.advance(now) {}
     }
 
     fn next_stage(&mut self, now: Time) {
@@ -2322,12 +2484,18 @@ impl Engine {
                     self.unplace(m);
                 }
             }
-            let group = &self.groups[g as usize];
+            let group = &mut self.groups[g as usize];
+            if group.outcome.is_some() && group.completed.is_none() {
+                group.completed = Some(now);
+            }
             if group.outcome.is_some() || group.phase == Phase::NotStarted {
                 continue;
             }
             let all_done = group.unfinished == 0;
-            let outcome = if all_done
+            let outcome = if group.user_skipped {
+                // A skipped group never becomes Failed, and ends Skipped (SEMANTICS §6).
+                State::Skipped
+            } else if all_done
                 && members
                     .iter()
                     .all(|&m| self.members[m as usize].state == State::Skipped)
@@ -2352,6 +2520,19 @@ impl Engine {
             self.emit_group(now, kind, g, None);
         }
         let si = self.current;
+        if self.stages[si].outcome.is_some() && self.stages[si].completed.is_none() {
+            self.stages[si].completed = Some(now);
+        }
+        if self.stages[si].outcome.is_none() && self.stages[si].user_skipped {
+            self.stages[si].outcome = Some(State::Skipped);
+            self.stages[si].completed = Some(now);
+            self.emit_stage(
+                now,
+                EventType::StageSkipped,
+                si,
+                Some("skipped by a user".into()),
+            );
+        }
         if self.stages[si].outcome.is_none() && self.stages[si].phase != Phase::NotStarted {
             let all_completed = self.stages[si].groups.iter().all(|&g| {
                 matches!(
@@ -2592,7 +2773,7 @@ impl Engine {
                     start_time: stage.start,
                     completed_time: stage.completed,
                     state: self.stage_state(si),
-                    error: None,
+                    error: stage.error.clone(),
                 },
                 name: stage.name.clone(),
                 failure_count: stage.failure_count,
@@ -2608,7 +2789,7 @@ impl Engine {
                                 start_time: group.start,
                                 completed_time: group.completed,
                                 state: self.group_state(g),
-                                error: None,
+                                error: group.error.clone(),
                             },
                             name: group.name.clone(),
                             failure_count: self.group_failures[g as usize],
@@ -2658,7 +2839,11 @@ impl Engine {
                 start_time: self.run_start,
                 completed_time: self.run_completed,
                 state: self.run_state(),
-                error: None,
+                error: if self.phase == RunPhase::Failed {
+                    self.stages.get(self.current).and_then(|s| s.error.clone())
+                } else {
+                    None
+                },
             },
             stages,
             node_image_selection: self

@@ -104,7 +104,17 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// An empty catalog means the driver reports no release data (an `exec` driver without a
+    /// `catalog` command): every version is taken as available everywhere, and Latest node
+    /// images cannot be chosen, so node pools are left to the driver.
+    pub fn is_unknown(&self) -> bool {
+        self.regions.is_empty()
+    }
+
     pub fn kubernetes(&self, region: &str, version: KubeVersion, now: Time) -> Availability {
+        if self.is_unknown() {
+            return Availability::Now;
+        }
         self.regions
             .get(region)
             .and_then(|r| r.kubernetes.iter().find(|k| k.version == version))
@@ -120,6 +130,9 @@ impl Catalog {
         version: &ImageVersion,
         now: Time,
     ) -> Availability {
+        if self.is_unknown() {
+            return Availability::Now;
+        }
         self.regions
             .get(region)
             .and_then(|r| r.node_images.get(family))
@@ -143,6 +156,9 @@ impl Catalog {
 
     /// When the first image of `family` arrives in `region`, if none is there at `now`.
     pub fn first_image_arrival(&self, region: &str, family: &str, now: Time) -> Availability {
+        if self.is_unknown() {
+            return Availability::Now;
+        }
         let Some(list) = self
             .regions
             .get(region)
@@ -162,6 +178,9 @@ impl Catalog {
 
     /// Whether any region lists this image (custom selections must name a real image).
     pub fn lists_image(&self, family: &str, version: &ImageVersion) -> bool {
+        if self.is_unknown() {
+            return true;
+        }
         self.regions.values().any(|r| {
             r.node_images
                 .get(family)
