@@ -1,11 +1,18 @@
 //! The `flotilla` binary: one command-line entry point for every part of the product.
 
+mod demo;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
+use flotilla_server::Server;
+use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::{SqliteStore, Store};
 use flotilla_sim::{Scenario, render, simulate};
 
 #[derive(Parser)]
@@ -32,12 +39,60 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Serve the HTTP API and drive update runs.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080", env = "FLOTILLA_LISTEN")]
+        listen: SocketAddr,
+        /// Where to store everything: `sqlite://PATH` or a file path (default: the user's data directory).
+        #[arg(long, env = "FLOTILLA_DATABASE")]
+        database: Option<String>,
+        /// Serve without authentication (loopback addresses only).
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Manage API tokens in the database directly (the server may be running).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Start a server with a simulated fleet of 60 clusters and run a staged upgrade on it.
+    Demo {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Database for the demo (default: a fresh file in a temporary directory).
+        #[arg(long)]
+        database: Option<String>,
+        /// Simulated seconds per real second.
+        #[arg(long, default_value_t = 300.0)]
+        time_scale: f64,
+        /// Approve the production gate by itself after this many seconds (default: wait for you).
+        #[arg(long)]
+        approve_after: Option<u64>,
+        /// Exit when the run ends instead of keeping the server up.
+        #[arg(long)]
+        exit_when_done: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token; it is printed once and stored hashed.
+    Create {
+        #[arg(long)]
+        role: String,
+        /// Who the token is for (recorded as the approver of gates).
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long, env = "FLOTILLA_DATABASE")]
+        database: Option<String>,
+    },
 }
 
 /// The run's name: the file's stem, made into a valid resource name.
 fn run_name(path: &Path) -> String {
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
-    let mut name: String = stem
+    let name: String = stem
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
@@ -51,7 +106,7 @@ fn run_name(path: &Path) -> String {
         .chars()
         .take(50)
         .collect();
-    name = name.trim_end_matches('-').to_string();
+    let name = name.trim_end_matches('-').to_string();
     if name.is_empty() { "run".into() } else { name }
 }
 
@@ -84,6 +139,103 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
+/// The SQLite file a `--database` value names, or the default under the user's data directory.
+pub fn database_path(database: Option<&str>) -> anyhow::Result<PathBuf> {
+    match database {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            bail!(
+                "--database {url}: PostgreSQL is not supported by this build yet; use sqlite://PATH"
+            )
+        }
+        Some(url) => Ok(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
+        None => {
+            let base = std::env::var_os("XDG_DATA_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+                .context("cannot find a data directory: set --database, XDG_DATA_HOME or HOME")?;
+            Ok(base.join("flotilla").join("flotilla.db"))
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+async fn serve_command(
+    listen: SocketAddr,
+    database: Option<String>,
+    insecure: bool,
+) -> anyhow::Result<ExitCode> {
+    let path = database_path(database.as_deref())?;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&path)
+            .await
+            .with_context(|| format!("database {}", path.display()))?,
+    );
+    if !insecure && store.list_tokens().await?.iter().all(|t| t.revoked) {
+        eprintln!(
+            "flotilla: no API token exists yet; create one with: flotilla token create --role admin --database {}",
+            path.display()
+        );
+    }
+    let server = Server::start(store, listen, insecure).await?;
+    let addr = server.local_addr().unwrap_or(listen);
+    eprintln!(
+        "flotilla: serving http://{addr} (database {}{})",
+        path.display(),
+        if insecure { ", no authentication" } else { "" }
+    );
+    server.serve(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn token_command(command: TokenCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        TokenCommand::Create {
+            role,
+            subject,
+            database,
+        } => {
+            let role = Role::parse(&role).with_context(|| {
+                format!("--role {role:?}: must be reader, operator, approver or admin")
+            })?;
+            let path = database_path(database.as_deref())?;
+            let store = SqliteStore::open_unlocked(&path).await?;
+            let subject = subject.unwrap_or_else(|| {
+                std::env::var("USER").unwrap_or_else(|_| role.name().to_string())
+            });
+            let (secret, record) = new_token(role, &subject);
+            store.create_token(&record).await?;
+            println!("{secret}");
+            eprintln!(
+                "flotilla: created {} token {} for {subject:?}; it is shown only this once",
+                role.name(),
+                record.id
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -92,6 +244,42 @@ fn main() -> ExitCode {
             json,
             check,
         } => simulate_command(&scenario, json, check),
+        command => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                        .unwrap_or_else(|_| "warn".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(async move {
+                    match command {
+                        Command::Serve {
+                            listen,
+                            database,
+                            insecure_no_auth,
+                        } => serve_command(listen, database, insecure_no_auth).await,
+                        Command::Token { command } => token_command(command).await,
+                        Command::Demo {
+                            listen,
+                            database,
+                            time_scale,
+                            approve_after,
+                            exit_when_done,
+                        } => {
+                            demo::run(listen, database, time_scale, approve_after, exit_when_done)
+                                .await
+                        }
+                        Command::Simulate { .. } => unreachable!("handled above"),
+                    }
+                }),
+                Err(e) => Err(e.into()),
+            }
+        }
     };
     match outcome {
         Ok(code) => code,

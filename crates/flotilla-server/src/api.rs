@@ -1,0 +1,1831 @@
+//! The HTTP API of `../shared/spec/API.md`: resources with eTags and paging, run actions, gates,
+//! the event log and its live stream, releases, tokens, health and metrics.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+
+use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
+use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
+use flotilla_engine::fleet::{Cluster, MemberRecord};
+use flotilla_engine::selector::{validate_label_key, validate_label_value};
+use flotilla_engine::strategy::{
+    DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, check_name,
+    parse_strategy, parse_upgrade,
+};
+
+use crate::auth::{Caller, Role, authenticate};
+use crate::driver::{MemberRef, validate_driver_config};
+use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
+use crate::store::{Kind, Precondition, Resource, StoreError};
+
+/// Largest request body accepted (413 above).
+pub const BODY_LIMIT: usize = 1 << 20;
+
+pub struct AppState {
+    pub runs: Arc<Runs>,
+    pub insecure: bool,
+}
+
+type Shared = Arc<AppState>;
+
+/// An error answered as `{"error": {"code", "message", "target"}}` with its status.
+#[derive(Debug)]
+pub struct HttpError {
+    status: StatusCode,
+    code: String,
+    message: String,
+    target: String,
+}
+
+impl HttpError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> HttpError {
+        HttpError {
+            status,
+            code: code.to_string(),
+            message: message.into(),
+            target: String::new(),
+        }
+    }
+}
+
+impl From<ApiError> for HttpError {
+    fn from(error: ApiError) -> HttpError {
+        let status =
+            StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+        let code = serde_json::to_value(error.code)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        HttpError {
+            status,
+            code,
+            message: error.message,
+            target: error.target,
+        }
+    }
+}
+
+impl From<StoreError> for HttpError {
+    fn from(e: StoreError) -> HttpError {
+        match e {
+            StoreError::Precondition(m) => {
+                HttpError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailed", m)
+            }
+            other => HttpError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "StoreUnavailable",
+                other.to_string(),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({"error": {"code": self.code, "message": self.message, "target": self.target}});
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+type HttpResult<T> = Result<T, HttpError>;
+
+fn not_found(what: &str, name: &str) -> HttpError {
+    HttpError::from(ApiError::new(
+        ErrorCode::NotFound,
+        format!("{what} {name:?} does not exist"),
+        what,
+    ))
+}
+
+fn require(caller: &Caller, role: Role) -> HttpResult<()> {
+    if caller.role >= role {
+        Ok(())
+    } else {
+        Err(HttpError::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "this needs the {} role; the token of {:?} has {}",
+                role.name(),
+                caller.subject,
+                caller.role.name()
+            ),
+        ))
+    }
+}
+
+fn precondition(headers: &HeaderMap) -> Precondition {
+    if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
+        Precondition::IfMatch(tag.trim().to_string())
+    } else if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim() == "*")
+    {
+        Precondition::IfNoneMatchAny
+    } else {
+        Precondition::None
+    }
+}
+
+async fn read_json(body: Body) -> HttpResult<Value> {
+    let bytes: Bytes = axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| {
+        HttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PayloadTooLarge",
+            format!("the request body is larger than {BODY_LIMIT} bytes"),
+        )
+    })?;
+    if bytes.is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("the body is not valid JSON: {e}"),
+            "",
+        ))
+    })
+}
+
+fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
+    check_name(name, max).map_err(|m| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidName,
+            format!("{what} name: {m}"),
+            "name",
+        ))
+    })
+}
+
+/// Envelope fields a client may send back unchanged; only `properties` is read.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, bound = "P: serde::de::DeserializeOwned")]
+struct Envelope<P> {
+    #[serde(default)]
+    properties: Option<P>,
+    #[serde(default, rename = "id")]
+    _id: Option<Value>,
+    #[serde(default, rename = "name")]
+    _name: Option<Value>,
+    #[serde(default, rename = "type")]
+    _type: Option<Value>,
+    #[serde(default, rename = "eTag")]
+    _etag: Option<Value>,
+    #[serde(default, rename = "systemData")]
+    _system: Option<Value>,
+}
+
+fn envelope<P: serde::de::DeserializeOwned>(value: Value) -> HttpResult<P> {
+    let env: Envelope<P> = from_json_value(value, "")?;
+    env.properties.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            "properties is required",
+            "properties",
+        ))
+    })
+}
+
+/// A stored resource as the API shows it: the body, its eTag, no internal fields.
+fn present(resource: &Resource) -> Value {
+    let mut body = resource.body.clone();
+    if let Some(map) = body.as_object_mut() {
+        map.remove(SNAPSHOT);
+        map.insert("eTag".into(), json!(resource.etag));
+    }
+    body
+}
+
+fn respond(resource: &Resource, created: bool) -> Response {
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (status, axum::Json(present(resource))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&resource.etag) {
+        response.headers_mut().insert(header::ETAG, v);
+    }
+    response
+}
+
+#[derive(Deserialize, Default)]
+struct Paging {
+    #[serde(rename = "$top")]
+    top: Option<String>,
+    #[serde(rename = "$skipToken")]
+    skip_token: Option<String>,
+    state: Option<String>,
+    #[serde(rename = "$filter")]
+    filter: Option<String>,
+    region: Option<String>,
+}
+
+async fn list(
+    state: &AppState,
+    fleet: &str,
+    kind: Kind,
+    paging: &Paging,
+    path: &str,
+) -> HttpResult<Response> {
+    let top = match &paging.top {
+        None => 100,
+        Some(t) => match t.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("$top {t:?}: must be a whole number from 1 to 1000"),
+                    "$top",
+                )
+                .into());
+            }
+        },
+    };
+    let wanted_state = paging.state.clone().or_else(|| {
+        paging
+            .filter
+            .as_deref()
+            .and_then(|f| f.strip_prefix("state eq "))
+            .map(|s| s.trim().trim_matches('\'').to_string())
+    });
+    let mut items = Vec::new();
+    let mut after = paging.skip_token.clone();
+    let mut next = None;
+    // Filtered lists read on until a page is full.
+    loop {
+        let page = state
+            .runs
+            .store
+            .list(fleet, kind, after.as_deref(), top + 1)
+            .await?;
+        let more = page.len() > top;
+        for r in page.into_iter().take(top) {
+            after = Some(r.name.clone());
+            if wanted_state
+                .as_ref()
+                .is_none_or(|s| r.body["properties"]["state"].as_str() == Some(s))
+            {
+                items.push(present(&r));
+                if items.len() == top {
+                    break;
+                }
+            }
+        }
+        if items.len() == top {
+            if more || after.is_some() {
+                next = after.clone();
+            }
+            break;
+        }
+        if !more {
+            break;
+        }
+    }
+    if let Some(token) = &next {
+        let probe = state.runs.store.list(fleet, kind, Some(token), 1).await?;
+        if probe.is_empty() {
+            next = None;
+        }
+    }
+    let mut body = json!({"value": items});
+    if let Some(token) = next {
+        let mut link = format!("{path}?$top={top}&$skipToken={token}");
+        if let Some(s) = &wanted_state {
+            link.push_str(&format!("&state={s}"));
+        }
+        body["nextLink"] = json!(link);
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+async fn get_one(
+    state: &AppState,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+    what: &str,
+) -> HttpResult<Resource> {
+    state
+        .runs
+        .store
+        .get(fleet, kind, name)
+        .await?
+        .ok_or_else(|| not_found(what, name))
+}
+
+async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<Resource> {
+    get_one(state, "", Kind::Fleet, fleet, "fleet").await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fleets.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FleetProperties {
+    driver: Option<Value>,
+    #[serde(default, rename = "provisioningState")]
+    _state: Option<Value>,
+}
+
+async fn list_fleets(
+    State(state): State<Shared>,
+    caller: Caller,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    list(&state, "", Kind::Fleet, &paging, "/v1/fleets").await
+}
+
+async fn get_fleet(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(respond(&require_fleet(&state, &fleet).await?, false))
+}
+
+async fn put_fleet(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    check_resource_name(&fleet, "fleet", 63)?;
+    let props: FleetProperties = envelope(read_json(body).await?)?;
+    let driver = props.driver.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            "properties.driver is required",
+            "properties.driver",
+        ))
+    })?;
+    validate_driver_config(&driver).map_err(|e| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            e.0,
+            "properties.driver",
+        ))
+    })?;
+    let body = json!({
+        "id": format!("/v1/fleets/{fleet}"),
+        "name": fleet,
+        "type": "Microsoft.ContainerService/fleets",
+        "properties": {"provisioningState": "Succeeded", "driver": driver},
+    });
+    let (resource, created) = state
+        .runs
+        .store
+        .put("", Kind::Fleet, &fleet, &body, &precondition(&headers))
+        .await?;
+    state.runs.drivers.forget(&fleet);
+    Ok(respond(&resource, created))
+}
+
+async fn delete_fleet(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let runs = state
+        .runs
+        .store
+        .list(&fleet, Kind::Run, None, 100_000)
+        .await?;
+    if let Some(active) = runs.iter().find(|r| is_active(&r.body)) {
+        return Err(ApiError::conflict(format!(
+            "fleet {fleet:?} has an active update run {:?}; stop it first",
+            active.name
+        ))
+        .into());
+    }
+    if !state
+        .runs
+        .store
+        .delete("", Kind::Fleet, &fleet, &precondition(&headers))
+        .await?
+    {
+        return Err(not_found("fleet", &fleet));
+    }
+    state.runs.drivers.forget(&fleet);
+    Ok(StatusCode::OK.into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Members.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MemberProperties {
+    cluster_resource_id: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "provisioningState")]
+    _state: Option<Value>,
+    #[serde(default, rename = "status")]
+    _status: Option<Value>,
+}
+
+fn check_group_and_labels(
+    group: &Option<String>,
+    labels: &Option<BTreeMap<String, String>>,
+) -> HttpResult<()> {
+    if let Some(g) = group {
+        check_name(g, 50).map_err(|m| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidName,
+                format!("properties.group: {m}"),
+                "properties.group",
+            ))
+        })?;
+    }
+    for (k, v) in labels.iter().flatten() {
+        let target = format!("properties.labels.{k}");
+        validate_label_key(k).map_err(|m| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("{target}: {m}"),
+                &target,
+            ))
+        })?;
+        validate_label_value(v).map_err(|m| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("{target}: {m}"),
+                &target,
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+async fn list_members(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    list(
+        &state,
+        &fleet,
+        Kind::Member,
+        &paging,
+        &format!("/v1/fleets/{fleet}/members"),
+    )
+    .await
+}
+
+async fn get_member(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, member)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Member, &member, "member").await?,
+        false,
+    ))
+}
+
+fn member_body(
+    fleet: &str,
+    name: &str,
+    id: &str,
+    group: &Option<String>,
+    labels: &BTreeMap<String, String>,
+    status: Value,
+) -> Value {
+    let mut properties = json!({"provisioningState": "Succeeded", "clusterResourceId": id, "labels": labels, "status": status});
+    if let Some(g) = group {
+        properties["group"] = json!(g);
+    }
+    json!({
+        "id": format!("/v1/fleets/{fleet}/members/{name}"),
+        "name": name,
+        "type": "Microsoft.ContainerService/fleets/members",
+        "properties": properties,
+    })
+}
+
+async fn put_member(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, member)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    check_resource_name(&member, "member", 50)?;
+    let props: MemberProperties = envelope(read_json(body).await?)?;
+    let id = props
+        .cluster_resource_id
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .ok_or_else(|| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                "properties.clusterResourceId is required",
+                "properties.clusterResourceId",
+            ))
+        })?;
+    check_group_and_labels(&props.group, &props.labels)?;
+    let existing = state.runs.store.get(&fleet, Kind::Member, &member).await?;
+    if let Some(e) = &existing
+        && e.body["properties"]["clusterResourceId"].as_str() != Some(id.as_str())
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("properties.clusterResourceId {id:?}: a member's cluster cannot be changed (it is {})", e.body["properties"]["clusterResourceId"]),
+            "properties.clusterResourceId",
+        )
+        .into());
+    }
+    let status = existing
+        .as_ref()
+        .map_or(json!({}), |e| e.body["properties"]["status"].clone());
+    let body = member_body(
+        &fleet,
+        &member,
+        &id,
+        &props.group,
+        &props.labels.unwrap_or_default(),
+        status,
+    );
+    let (resource, created) = state
+        .runs
+        .store
+        .put(
+            &fleet,
+            Kind::Member,
+            &member,
+            &body,
+            &precondition(&headers),
+        )
+        .await?;
+    spawn_observe(state.clone(), fleet, member, id);
+    Ok(respond(&resource, created))
+}
+
+async fn patch_member(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, member)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Patch {
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        labels: Option<BTreeMap<String, String>>,
+    }
+    let patch: Patch = envelope(read_json(body).await?)?;
+    check_group_and_labels(&patch.group, &patch.labels)?;
+    let current = get_one(&state, &fleet, Kind::Member, &member, "member").await?;
+    let mut body = current.body.clone();
+    if let Some(g) = patch.group {
+        body["properties"]["group"] = json!(g);
+    }
+    if let Some(l) = patch.labels {
+        body["properties"]["labels"] = json!(l);
+    }
+    let when = match precondition(&headers) {
+        Precondition::None => Precondition::IfMatch(current.etag.clone()),
+        other => other,
+    };
+    let (resource, _) = state
+        .runs
+        .store
+        .put(&fleet, Kind::Member, &member, &body, &when)
+        .await?;
+    Ok(respond(&resource, false))
+}
+
+async fn delete_member(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, member)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    if !state
+        .runs
+        .store
+        .delete(&fleet, Kind::Member, &member, &precondition(&headers))
+        .await?
+    {
+        return Err(not_found("member", &member));
+    }
+    // Active runs that hold the member skip it (SEMANTICS §2).
+    for run in state
+        .runs
+        .store
+        .list(&fleet, Kind::Run, None, 100_000)
+        .await?
+    {
+        if is_active(&run.body)
+            || run.body["properties"]["status"]["status"]["state"] == "NotStarted"
+        {
+            let _ = state
+                .runs
+                .act(
+                    &fleet,
+                    &run.name,
+                    Input::MemberRemoved {
+                        member: member.clone(),
+                    },
+                )
+                .await;
+        }
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Observes a member's cluster through the fleet's driver and records it in `status.cluster`.
+fn spawn_observe(state: Shared, fleet: String, member: String, id: String) {
+    tokio::spawn(async move {
+        let _ = observe_member(&state, &fleet, &member, &id).await;
+    });
+}
+
+async fn observe_member(
+    state: &AppState,
+    fleet: &str,
+    member: &str,
+    id: &str,
+) -> Result<Cluster, ApiError> {
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await?;
+    let observed = driver
+        .observe(&MemberRef {
+            name: member.to_string(),
+            cluster_resource_id: id.to_string(),
+        })
+        .await;
+    let (status, result) = match observed {
+        Ok(spec) => match Cluster::parse(&spec, "cluster") {
+            Ok(cluster) => (
+                json!({"cluster": spec, "lastObservedAt": now()}),
+                Ok(cluster),
+            ),
+            Err(e) => (
+                json!({"lastObservationError": {"code": "InvalidObservation", "message": e.message}, "lastObservedAt": now()}),
+                Err(e),
+            ),
+        },
+        Err(e) => (
+            json!({"lastObservationError": {"code": "ObservationFailed", "message": e.0}, "lastObservedAt": now()}),
+            Err(ApiError::conflict(format!(
+                "member {member:?} cannot be observed: {}",
+                e.0
+            ))),
+        ),
+    };
+    if let Ok(Some(current)) = state.runs.store.get(fleet, Kind::Member, member).await {
+        let mut body = current.body.clone();
+        if result.is_ok() || body["properties"]["status"].get("cluster").is_none() {
+            body["properties"]["status"] = status;
+        } else {
+            body["properties"]["status"]["lastObservationError"] =
+                status["lastObservationError"].clone();
+        }
+        let _ = state
+            .runs
+            .store
+            .put(
+                fleet,
+                Kind::Member,
+                member,
+                &body,
+                &Precondition::IfMatch(current.etag),
+            )
+            .await;
+    }
+    result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update strategies.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StrategyProperties {
+    strategy: Option<Value>,
+    #[serde(default, rename = "provisioningState")]
+    _state: Option<Value>,
+}
+
+async fn list_strategies(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    list(
+        &state,
+        &fleet,
+        Kind::Strategy,
+        &paging,
+        &format!("/v1/fleets/{fleet}/updateStrategies"),
+    )
+    .await
+}
+
+async fn get_strategy(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Strategy, &name, "updateStrategy").await?,
+        false,
+    ))
+}
+
+async fn put_strategy(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    check_resource_name(&name, "updateStrategy", 50)?;
+    let props: StrategyProperties = envelope(read_json(body).await?)?;
+    let raw = props.strategy.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidStrategy,
+            "properties.strategy is required",
+            "properties.strategy",
+        ))
+    })?;
+    let spec: StrategySpec = from_json_value(raw, "properties.strategy")?;
+    parse_strategy(
+        &spec,
+        "properties.strategy",
+        DEFAULT_STAGE_CONCURRENCY_LIMIT,
+    )?;
+    let body = json!({
+        "id": format!("/v1/fleets/{fleet}/updateStrategies/{name}"),
+        "name": name,
+        "type": "Microsoft.ContainerService/fleets/updateStrategies",
+        "properties": {"provisioningState": "Succeeded", "strategy": spec},
+    });
+    let (resource, created) = state
+        .runs
+        .store
+        .put(
+            &fleet,
+            Kind::Strategy,
+            &name,
+            &body,
+            &precondition(&headers),
+        )
+        .await?;
+    Ok(respond(&resource, created))
+}
+
+async fn delete_strategy(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    if !state
+        .runs
+        .store
+        .delete(&fleet, Kind::Strategy, &name, &precondition(&headers))
+        .await?
+    {
+        return Err(not_found("updateStrategy", &name));
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update runs.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RunProperties {
+    #[serde(default)]
+    update_strategy_id: Option<String>,
+    #[serde(default)]
+    strategy: Option<Value>,
+    managed_cluster_update: Option<Value>,
+    #[serde(default, rename = "provisioningState")]
+    _state: Option<Value>,
+    #[serde(default, rename = "status")]
+    _status: Option<Value>,
+    #[serde(default, rename = "autoUpgradeProfileId")]
+    _profile: Option<Value>,
+}
+
+fn is_active(body: &Value) -> bool {
+    let state = body["properties"]["status"]["status"]["state"]
+        .as_str()
+        .unwrap_or("NotStarted");
+    matches!(state, "Running" | "Pending" | "Stopping")
+        || (state == "Failed"
+            && !body["properties"]["status"]["status"]["completedTime"].is_string())
+}
+
+/// `/v1/fleets/{f}/updateStrategies/{s}` or a full Azure id ending the same way.
+fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
+    let parts: Vec<&str> = id.trim_end_matches('/').split('/').collect();
+    let n = parts.len();
+    let ok = n >= 4
+        && parts[n - 4].eq_ignore_ascii_case("fleets")
+        && parts[n - 2].eq_ignore_ascii_case("updateStrategies");
+    if !ok {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("properties.updateStrategyId {id:?}: must be /v1/fleets/{{fleet}}/updateStrategies/{{name}} or an Azure resource id ending that way"),
+            "properties.updateStrategyId",
+        )
+        .into());
+    }
+    if parts[n - 3] != fleet {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("properties.updateStrategyId {id:?}: the strategy belongs to fleet {:?}, not {fleet:?}", parts[n - 3]),
+            "properties.updateStrategyId",
+        )
+        .into());
+    }
+    Ok(parts[n - 1].to_string())
+}
+
+async fn list_runs(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    list(
+        &state,
+        &fleet,
+        Kind::Run,
+        &paging,
+        &format!("/v1/fleets/{fleet}/updateRuns"),
+    )
+    .await
+}
+
+async fn get_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
+        false,
+    ))
+}
+
+async fn put_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    check_resource_name(&run, "updateRun", 50)?;
+    let props: RunProperties = envelope(read_json(body).await?)?;
+    let (strategy, strategy_id) = match (&props.update_strategy_id, props.strategy) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidStrategy,
+                "properties: set either updateStrategyId or strategy, not both",
+                "properties.updateStrategyId",
+            )
+            .into());
+        }
+        (Some(id), None) => {
+            let name = strategy_name(id, &fleet)?;
+            let found = state.runs.store.get(&fleet, Kind::Strategy, &name).await?.ok_or_else(|| {
+                HttpError::from(ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("properties.updateStrategyId {id:?}: update strategy {name:?} does not exist"),
+                    "properties.updateStrategyId",
+                ))
+            })?;
+            // The strategy is copied into the run at creation (SEMANTICS §6).
+            (
+                Some(from_json_value::<StrategySpec>(
+                    found.body["properties"]["strategy"].clone(),
+                    "properties.strategy",
+                )?),
+                Some(id.clone()),
+            )
+        }
+        (None, Some(s)) => (
+            Some(from_json_value::<StrategySpec>(s, "properties.strategy")?),
+            None,
+        ),
+        (None, None) => (None, None),
+    };
+    let update_raw = props.managed_cluster_update.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidUpgrade,
+            "properties.managedClusterUpdate is required",
+            "properties.managedClusterUpdate",
+        ))
+    })?;
+    let update: ManagedClusterUpdateSpec =
+        from_json_value(update_raw, "properties.managedClusterUpdate")?;
+    if let Some(s) = &strategy {
+        parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
+    }
+    parse_upgrade(&update, "properties.managedClusterUpdate")?;
+    if let Some(existing) = state.runs.store.get(&fleet, Kind::Run, &run).await? {
+        let current = existing.body["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or("NotStarted");
+        if current != "NotStarted" {
+            return Err(ApiError::conflict(format!(
+                "update run {run:?} is {current}; a run can be changed only before it starts"
+            ))
+            .into());
+        }
+    }
+    // Membership is resolved now, from each member's latest observation.
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), &fleet)
+        .await?;
+    let mut members = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = state
+            .runs
+            .store
+            .list(&fleet, Kind::Member, after.as_deref(), 1000)
+            .await?;
+        if page.is_empty() {
+            break;
+        }
+        for m in &page {
+            let id = m.body["properties"]["clusterResourceId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let cluster = match serde_json::from_value::<Cluster>(
+                m.body["properties"]["status"]["cluster"].clone(),
+            ) {
+                Ok(c) => c,
+                Err(_) => observe_member(&state, &fleet, &m.name, &id).await?,
+            };
+            members.push(MemberRecord {
+                name: m.name.clone(),
+                cluster_resource_id: id,
+                group: m.body["properties"]["group"].as_str().map(String::from),
+                labels: serde_json::from_value(m.body["properties"]["labels"].clone())
+                    .unwrap_or_default(),
+                cluster,
+            });
+        }
+        after = page.last().map(|r| r.name.clone());
+    }
+    let catalog = driver.catalog().await.map_err(|e| {
+        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+    })?;
+    let snapshot = RunSnapshot {
+        strategy: strategy.clone(),
+        update: update.clone(),
+        members,
+        catalog,
+    };
+    let (engine, warnings) = engine_from_snapshot(&run, &snapshot)?;
+    let mut properties = json!({
+        "provisioningState": "Succeeded",
+        "managedClusterUpdate": update,
+        "status": engine.status(),
+    });
+    if let Some(s) = &strategy {
+        properties["strategy"] = json!(s);
+    }
+    if let Some(id) = strategy_id {
+        properties["updateStrategyId"] = json!(id);
+    }
+    let body = json!({
+        "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
+        "name": run,
+        "type": "Microsoft.ContainerService/fleets/updateRuns",
+        "properties": properties,
+        SNAPSHOT: {"members": snapshot.members, "catalog": snapshot.catalog, "createdAt": now()},
+    });
+    state.runs.forget(&fleet, &run);
+    // A run replaced before it started starts from a clean log.
+    if state
+        .runs
+        .store
+        .get(&fleet, Kind::Run, &run)
+        .await?
+        .is_some()
+    {
+        state
+            .runs
+            .store
+            .delete(&fleet, Kind::Run, &run, &precondition(&headers))
+            .await?;
+    }
+    let (resource, created) = state
+        .runs
+        .store
+        .put(&fleet, Kind::Run, &run, &body, &precondition(&headers))
+        .await?;
+    let mut response = respond(&resource, created);
+    if !warnings.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&warnings.join("; ").replace(['\n', '\r'], " "))
+    {
+        response.headers_mut().insert("x-flotilla-warning", v);
+    }
+    Ok(response)
+}
+
+async fn delete_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    let current = get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
+    if is_active(&current.body) {
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} is running; stop it before deleting it"
+        ))
+        .into());
+    }
+    state.runs.forget(&fleet, &run);
+    state
+        .runs
+        .store
+        .delete(&fleet, Kind::Run, &run, &precondition(&headers))
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SkipBody {
+    targets: Option<Vec<SkipTargetBody>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SkipTargetBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    name: Option<String>,
+}
+
+async fn run_action(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run, action)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    let current = get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
+    if let Precondition::IfMatch(tag) = precondition(&headers)
+        && tag != "*"
+        && tag != current.etag
+    {
+        return Err(HttpError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "PreconditionFailed",
+            format!(
+                "If-Match {tag} does not match the current eTag {}",
+                current.etag
+            ),
+        ));
+    }
+    let input = match action.as_str() {
+        "start" => Input::Start,
+        "stop" => Input::Stop,
+        "skip" => {
+            let skip: SkipBody = from_json_value(read_json(body).await?, "")?;
+            let targets = skip.targets.ok_or_else(|| {
+                HttpError::from(ApiError::new(
+                    ErrorCode::InvalidSkipTarget,
+                    "targets is required",
+                    "targets",
+                ))
+            })?;
+            let mut parsed = Vec::new();
+            for (i, t) in targets.into_iter().enumerate() {
+                let kind = match t.kind.as_deref() {
+                    Some("Member") => SkipKind::Member,
+                    Some("Group") => SkipKind::Group,
+                    Some("Stage") => SkipKind::Stage,
+                    Some("AfterStageWait") => SkipKind::AfterStageWait,
+                    other => {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidSkipTarget,
+                            format!("targets[{i}].type {other:?}: must be Member, Group, Stage or AfterStageWait"),
+                            format!("targets[{i}].type"),
+                        )
+                        .into());
+                    }
+                };
+                let name = t.name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    HttpError::from(ApiError::new(
+                        ErrorCode::InvalidSkipTarget,
+                        format!("targets[{i}].name is required"),
+                        format!("targets[{i}].name"),
+                    ))
+                })?;
+                parsed.push(SkipTarget { kind, name });
+            }
+            Input::Skip(parsed)
+        }
+        other => return Err(not_found("action", other)),
+    };
+    state.runs.act(&fleet, &run, input).await?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
+        false,
+    ))
+}
+
+async fn run_events(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
+    let streaming = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let after: i64 = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if !streaming {
+        let events = state
+            .runs
+            .store
+            .run_events(&fleet, &run, after, 100_000)
+            .await?;
+        return Ok(axum::Json(
+            json!({"value": events.into_iter().map(|(_, e)| e).collect::<Vec<_>>()}),
+        )
+        .into_response());
+    }
+    // Subscribe first, then send what is stored, so nothing falls between the two.
+    let live = BroadcastStream::new(state.runs.events.subscribe());
+    let stored = state
+        .runs
+        .store
+        .run_events(&fleet, &run, after, 100_000)
+        .await?;
+    let last_stored = stored.last().map_or(after, |(seq, _)| *seq);
+    let seen: std::collections::HashSet<String> =
+        stored.iter().map(|(_, e)| e.to_string()).collect();
+    let backlog = tokio_stream::iter(stored.into_iter().map(|(seq, e)| {
+        Ok::<_, Infallible>(SseEvent::default().id(seq.to_string()).data(e.to_string()))
+    }));
+    let (f, r) = (fleet.clone(), run.clone());
+    let live = live.filter_map(move |item| match item {
+        Ok(ev) if ev.fleet == f && ev.run == r && !seen.contains(&ev.event.to_string()) => Some(
+            Ok::<_, Infallible>(SseEvent::default().data(ev.event.to_string())),
+        ),
+        _ => None,
+    });
+    let _ = last_stored;
+    Ok(Sse::new(backlog.chain(live))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gates.
+
+async fn list_gates(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    if let Some(s) = &paging.state
+        && !matches!(s.as_str(), "Pending" | "Skipped" | "Completed")
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("state {s:?}: must be Pending, Skipped or Completed"),
+            "state",
+        )
+        .into());
+    }
+    list(
+        &state,
+        &fleet,
+        Kind::Gate,
+        &paging,
+        &format!("/v1/fleets/{fleet}/gates"),
+    )
+    .await
+}
+
+async fn get_gate(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, gate)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?,
+        false,
+    ))
+}
+
+async fn patch_gate(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, gate)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Approver)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct GatePatch {
+        state: Option<String>,
+    }
+    let patch: GatePatch = envelope(read_json(body).await?)?;
+    if patch.state.as_deref() != Some("Completed") {
+        return Err(ApiError::new(
+            ErrorCode::InvalidGate,
+            format!(
+                "properties.state {:?}: the only change allowed is Completed (approve)",
+                patch.state
+            ),
+            "properties.state",
+        )
+        .into());
+    }
+    let current = get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?;
+    if let Precondition::IfMatch(tag) = precondition(&headers)
+        && tag != "*"
+        && tag != current.etag
+    {
+        return Err(HttpError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "PreconditionFailed",
+            format!(
+                "If-Match {tag} does not match the current eTag {}",
+                current.etag
+            ),
+        ));
+    }
+    let run = current.body["properties"]["target"]["updateRunProperties"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    state
+        .runs
+        .act(
+            &fleet,
+            &run,
+            Input::ApproveGateById {
+                id: gate.clone(),
+                by: caller.subject.clone(),
+            },
+        )
+        .await?;
+    Ok(respond(
+        &get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?,
+        false,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Releases, tokens, health, metrics, OpenAPI.
+
+async fn releases(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(paging): Query<Paging>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), &fleet)
+        .await?;
+    let catalog = driver.catalog().await.map_err(|e| {
+        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+    })?;
+    let mut spec = catalog.spec();
+    if let Some(region) = &paging.region {
+        spec.retain(|r, _| r == region);
+        if spec.is_empty() {
+            return Err(not_found("region", region));
+        }
+    }
+    Ok(axum::Json(json!({"regions": spec})).into_response())
+}
+
+async fn create_token(
+    State(state): State<Shared>,
+    caller: Caller,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NewToken {
+        role: Option<String>,
+        subject: Option<String>,
+    }
+    let request: NewToken = from_json_value(read_json(body).await?, "")?;
+    let role_text = request.role.unwrap_or_default();
+    let role = Role::parse(&role_text).ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("role {role_text:?}: must be reader, operator, approver or admin"),
+            "role",
+        ))
+    })?;
+    let subject = request
+        .subject
+        .unwrap_or_else(|| format!("{}-token", role.name()));
+    let (secret, record) = crate::auth::new_token(role, &subject);
+    state.runs.store.create_token(&record).await?;
+    Ok((StatusCode::CREATED, axum::Json(json!({"id": record.id, "role": record.role, "subject": record.subject, "token": secret}))).into_response())
+}
+
+async fn list_tokens(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let tokens = state.runs.store.list_tokens().await?;
+    let value: Vec<Value> = tokens
+        .iter()
+        .map(|t| json!({"id": t.id, "role": t.role, "subject": t.subject, "createdAt": flotilla_engine::time::Time::from_unix(t.created_at), "revoked": t.revoked}))
+        .collect();
+    Ok(axum::Json(json!({"value": value})).into_response())
+}
+
+async fn revoke_token(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    if !state.runs.store.revoke_token(&id).await? {
+        return Err(not_found("token", &id));
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<Shared>) -> Response {
+    match state.runs.store.list("", Kind::Fleet, None, 1).await {
+        Ok(_) => "ready".into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store unavailable: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    let mut runs_by_state: BTreeMap<(String, String), f64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut pending_gates: BTreeMap<String, f64> = BTreeMap::new();
+    let mut oldest_gate: BTreeMap<String, f64> = BTreeMap::new();
+    let now = now();
+    for fleet in state
+        .runs
+        .store
+        .list("", Kind::Fleet, None, 100_000)
+        .await?
+    {
+        for run in state
+            .runs
+            .store
+            .list(&fleet.name, Kind::Run, None, 100_000)
+            .await?
+        {
+            let s = run.body["properties"]["status"]["status"]["state"]
+                .as_str()
+                .unwrap_or("NotStarted")
+                .to_string();
+            *runs_by_state.entry((fleet.name.clone(), s)).or_default() += 1.0;
+            let count = run.body["properties"]["status"]["failureCount"]
+                .as_f64()
+                .unwrap_or(0.0);
+            failures.push((
+                format!(
+                    "fleet=\"{}\",run=\"{}\"",
+                    crate::metrics::escape(&fleet.name),
+                    crate::metrics::escape(&run.name)
+                ),
+                count,
+            ));
+            for stage in run.body["properties"]["status"]["stages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let gates = stage["beforeGates"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .chain(stage["afterGates"].as_array().into_iter().flatten());
+                let group_gates = stage["groups"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|g| {
+                        g["beforeGates"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .chain(g["afterGates"].as_array().into_iter().flatten())
+                    });
+                for gate in gates.chain(group_gates) {
+                    if gate["status"]["state"] == "Pending" {
+                        *pending_gates.entry(fleet.name.clone()).or_default() += 1.0;
+                        if let Some(since) = gate["status"]["startTime"]
+                            .as_str()
+                            .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
+                        {
+                            let waited = (now.unix() - since.unix()) as f64;
+                            let e = oldest_gate.entry(fleet.name.clone()).or_default();
+                            *e = e.max(waited);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let label = |f: &str| format!("fleet=\"{}\"", crate::metrics::escape(f));
+    let gauges = [
+        (
+            "flotilla_update_runs",
+            "Update runs by state.",
+            runs_by_state
+                .into_iter()
+                .map(|((f, s), v)| (format!("{},state=\"{s}\"", label(&f)), v))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "flotilla_update_run_failure_count",
+            "Failed members counted in each update run.",
+            failures,
+        ),
+        (
+            "flotilla_gates_pending",
+            "Gates waiting for approval or their time.",
+            pending_gates
+                .into_iter()
+                .map(|(f, v)| (label(&f), v))
+                .collect(),
+        ),
+        (
+            "flotilla_gate_longest_wait_seconds",
+            "How long the oldest pending gate has been waiting.",
+            oldest_gate
+                .into_iter()
+                .map(|(f, v)| (label(&f), v))
+                .collect(),
+        ),
+    ];
+    let text = state.runs.metrics.render(&gauges);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// Every route: method, path, summary and the role it needs. The router below serves exactly
+/// these (a test checks it), and `/openapi.json` is generated from them.
+pub const ROUTES: &[(&str, &str, &str, &str)] = &[
+    ("get", "/healthz", "Liveness", "none"),
+    ("get", "/readyz", "Readiness: the store answers", "none"),
+    ("get", "/metrics", "Prometheus metrics", "reader"),
+    ("get", "/openapi.json", "This description", "none"),
+    ("get", "/v1/fleets", "List fleets", "reader"),
+    ("get", "/v1/fleets/{fleet}", "Get a fleet", "reader"),
+    (
+        "put",
+        "/v1/fleets/{fleet}",
+        "Create or replace a fleet and its driver",
+        "admin",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}",
+        "Delete a fleet and everything in it",
+        "admin",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/members",
+        "List members",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/members/{member}",
+        "Get a member with its last observation",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/members/{member}",
+        "Create or replace a member",
+        "operator",
+    ),
+    (
+        "patch",
+        "/v1/fleets/{fleet}/members/{member}",
+        "Change a member's group or labels",
+        "operator",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/members/{member}",
+        "Remove a member",
+        "operator",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/updateStrategies",
+        "List update strategies",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/updateStrategies/{strategy}",
+        "Get an update strategy",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/updateStrategies/{strategy}",
+        "Create or replace an update strategy",
+        "operator",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/updateStrategies/{strategy}",
+        "Delete an update strategy",
+        "operator",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/updateRuns",
+        "List update runs",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/updateRuns/{run}",
+        "Get an update run and its status",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/updateRuns/{run}",
+        "Create an update run (or change it before it starts)",
+        "operator",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/updateRuns/{run}",
+        "Delete an update run that is not running",
+        "operator",
+    ),
+    (
+        "post",
+        "/v1/fleets/{fleet}/updateRuns/{run}/start",
+        "Start, resume or retry",
+        "operator",
+    ),
+    (
+        "post",
+        "/v1/fleets/{fleet}/updateRuns/{run}/stop",
+        "Stop",
+        "operator",
+    ),
+    (
+        "post",
+        "/v1/fleets/{fleet}/updateRuns/{run}/skip",
+        "Skip members, groups, stages or waits",
+        "operator",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/updateRuns/{run}/events",
+        "The run's event log; text/event-stream for a live stream",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/gates",
+        "List gates (?state=Pending)",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/gates/{gate}",
+        "Get a gate",
+        "reader",
+    ),
+    (
+        "patch",
+        "/v1/fleets/{fleet}/gates/{gate}",
+        "Approve a gate: {\"properties\": {\"state\": \"Completed\"}}",
+        "approver",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/releases",
+        "The release catalog the fleet's driver reports (?region=)",
+        "reader",
+    ),
+    ("get", "/v1/tokens", "List API tokens", "admin"),
+    (
+        "post",
+        "/v1/tokens",
+        "Create an API token (shown once)",
+        "admin",
+    ),
+    ("delete", "/v1/tokens/{id}", "Revoke an API token", "admin"),
+];
+
+pub fn openapi() -> Value {
+    let mut paths = serde_json::Map::new();
+    for (method, path, summary, role) in ROUTES {
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|p| p.strip_prefix('{').and_then(|p| p.strip_suffix('}')))
+            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let mut op = json!({
+            "summary": summary,
+            "parameters": params,
+            "responses": {"200": {"description": "OK"}, "400": {"description": "Invalid input", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+            "x-flotilla-role": role,
+        });
+        if *role != "none" {
+            op["security"] = json!([{"bearer": []}]);
+        }
+        paths.entry(path.to_string()).or_insert_with(|| json!({}))[*method] = op;
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "Flotilla", "version": env!("CARGO_PKG_VERSION"), "description": "Staged upgrades of Kubernetes fleets; resource shapes follow the Fleet Manager REST API."},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                "code": {"type": "string"}, "message": {"type": "string"}, "target": {"type": "string"}}}}}},
+        },
+    })
+}
+
+async fn openapi_json() -> Response {
+    axum::Json(openapi()).into_response()
+}
+
+async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
+    let open = matches!(
+        request.uri().path(),
+        "/healthz" | "/readyz" | "/openapi.json"
+    );
+    if !open {
+        match authenticate(&state, request.headers()).await {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    let method = request.method().clone();
+    let mut response = next.run(request).await;
+    if method == Method::GET || method == Method::HEAD {
+        response
+            .headers_mut()
+            .entry(header::CACHE_CONTROL)
+            .or_insert(HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+pub fn unauthorized(message: &str) -> HttpError {
+    HttpError::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
+}
+
+pub fn router(state: Shared) -> Router {
+    let fleet = "/v1/fleets/{fleet}";
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .route("/v1/fleets", get(list_fleets))
+        .route(fleet, get(get_fleet).put(put_fleet).delete(delete_fleet))
+        .route(&format!("{fleet}/members"), get(list_members))
+        .route(
+            &format!("{fleet}/members/{{member}}"),
+            get(get_member)
+                .put(put_member)
+                .patch(patch_member)
+                .delete(delete_member),
+        )
+        .route(&format!("{fleet}/updateStrategies"), get(list_strategies))
+        .route(
+            &format!("{fleet}/updateStrategies/{{strategy}}"),
+            get(get_strategy).put(put_strategy).delete(delete_strategy),
+        )
+        .route(&format!("{fleet}/updateRuns"), get(list_runs))
+        .route(
+            &format!("{fleet}/updateRuns/{{run}}"),
+            get(get_run).put(put_run).delete(delete_run),
+        )
+        .route(
+            &format!("{fleet}/updateRuns/{{run}}/events"),
+            get(run_events),
+        )
+        .route(
+            &format!("{fleet}/updateRuns/{{run}}/{{action}}"),
+            post(run_action),
+        )
+        .route(&format!("{fleet}/gates"), get(list_gates))
+        .route(
+            &format!("{fleet}/gates/{{gate}}"),
+            get(get_gate).patch(patch_gate),
+        )
+        .route(&format!("{fleet}/releases"), get(releases))
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .fallback(|| async {
+            HttpError::from(ApiError::new(ErrorCode::NotFound, "no such path", ""))
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), auth_layer))
+        .with_state(state)
+}

@@ -1,0 +1,812 @@
+//! The reconciler: one task per active update run. It feeds the engine what happened, records
+//! the inputs, intents, events and status in one transaction, and only then carries out the
+//! engine's commands through the fleet's driver (SEMANTICS §7). It sleeps until the engine's next
+//! wake-up or the next input: no polling of the engine.
+//!
+//! A run is rebuilt after a restart by replaying its input log into a fresh engine; recorded
+//! intents without a result are asked about before anything is sent again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target};
+use flotilla_engine::error::{ApiError, ErrorCode};
+use flotilla_engine::fleet::{Catalog, Member, MemberRecord};
+use flotilla_engine::status::{EventType, State};
+use flotilla_engine::strategy::{
+    DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
+    parse_upgrade,
+};
+use flotilla_engine::time::Time;
+
+use crate::driver::{Driver, MemberRef, OperationState, driver_from_config};
+use crate::metrics::Metrics;
+use crate::store::{Intent, Kind, RunBatch, Store};
+
+/// The instant now, in the engine's resolution.
+pub fn now() -> Time {
+    Time::from_unix(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64),
+    )
+}
+
+/// A run event for live streams: fleet, run and the event JSON.
+#[derive(Clone, Debug)]
+pub struct RunEvent {
+    pub fleet: String,
+    pub run: String,
+    pub event: Value,
+}
+
+enum Msg {
+    Action {
+        input: Input,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
+    Input {
+        input: Input,
+        observed_at: Option<Instant>,
+    },
+}
+
+/// The key under which a run's hidden snapshot is stored in its resource body.
+pub const SNAPSHOT: &str = "x-flotilla";
+
+/// A driver and the configuration it was built from.
+type BuiltDriver = (Value, Arc<dyn Driver>);
+
+/// Fleet drivers, built from each fleet's configuration and kept while it does not change.
+#[derive(Default)]
+pub struct Drivers {
+    built: Mutex<HashMap<String, BuiltDriver>>,
+}
+
+impl Drivers {
+    pub async fn for_fleet(
+        &self,
+        store: &dyn Store,
+        fleet: &str,
+    ) -> Result<Arc<dyn Driver>, ApiError> {
+        let resource = store
+            .get("", Kind::Fleet, fleet)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::Conflict, e.to_string(), ""))?
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("fleet {fleet:?} does not exist"),
+                    "fleet",
+                )
+            })?;
+        let config = resource.body["properties"]["driver"].clone();
+        let mut built = self
+            .built
+            .lock()
+            .map_err(|_| ApiError::conflict("driver registry poisoned"))?;
+        if let Some((known, driver)) = built.get(fleet)
+            && *known == config
+        {
+            return Ok(driver.clone());
+        }
+        let driver = driver_from_config(&config).map_err(|e| {
+            ApiError::new(ErrorCode::InvalidRequestContent, e.0, "properties.driver")
+        })?;
+        built.insert(fleet.to_string(), (config, driver.clone()));
+        Ok(driver)
+    }
+
+    pub fn forget(&self, fleet: &str) {
+        if let Ok(mut built) = self.built.lock() {
+            built.remove(fleet);
+        }
+    }
+}
+
+/// All active runs of the server.
+pub struct Runs {
+    pub store: Arc<dyn Store>,
+    pub drivers: Drivers,
+    pub metrics: Arc<Metrics>,
+    pub events: broadcast::Sender<RunEvent>,
+    handles: Mutex<HashMap<(String, String), mpsc::UnboundedSender<Msg>>>,
+}
+
+/// What a run is created from, stored with it.
+pub struct RunSnapshot {
+    pub strategy: Option<StrategySpec>,
+    pub update: ManagedClusterUpdateSpec,
+    pub members: Vec<MemberRecord>,
+    pub catalog: Catalog,
+}
+
+pub fn engine_from_snapshot(
+    run: &str,
+    snapshot: &RunSnapshot,
+) -> Result<(Engine, Vec<String>), ApiError> {
+    let strategy = snapshot
+        .strategy
+        .as_ref()
+        .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+        .transpose()?;
+    let upgrade = parse_upgrade(&snapshot.update, "properties.managedClusterUpdate")?;
+    let members: Vec<Member> = snapshot.members.iter().cloned().map(Member::from).collect();
+    Engine::create(
+        run,
+        &RunSpec { strategy, upgrade },
+        &members,
+        snapshot.catalog.clone(),
+    )
+}
+
+fn read_snapshot(body: &Value) -> Result<RunSnapshot, ApiError> {
+    let internal = &body[SNAPSHOT];
+    let bad = |e: serde_json::Error| {
+        ApiError::conflict(format!("stored run snapshot is unreadable: {e}"))
+    };
+    Ok(RunSnapshot {
+        strategy: match &body["properties"]["strategy"] {
+            Value::Null => None,
+            s => Some(serde_json::from_value(s.clone()).map_err(bad)?),
+        },
+        update: serde_json::from_value(body["properties"]["managedClusterUpdate"].clone())
+            .map_err(bad)?,
+        members: serde_json::from_value(internal["members"].clone()).map_err(bad)?,
+        catalog: serde_json::from_value(internal["catalog"].clone()).map_err(bad)?,
+    })
+}
+
+impl Runs {
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Runs> {
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(Runs {
+            store,
+            drivers: Drivers::default(),
+            metrics,
+            events,
+            handles: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sends a user action to a run and waits until it is recorded.
+    pub async fn act(
+        self: &Arc<Self>,
+        fleet: &str,
+        run: &str,
+        input: Input,
+    ) -> Result<(), ApiError> {
+        for _ in 0..2 {
+            let tx = self.handle(fleet, run).await?;
+            let (reply, answer) = oneshot::channel();
+            if tx
+                .send(Msg::Action {
+                    input: input.clone(),
+                    reply,
+                })
+                .is_err()
+            {
+                // The run's task ended (it finished): forget it and load it again.
+                self.forget(fleet, run);
+                continue;
+            }
+            return answer
+                .await
+                .map_err(|_| ApiError::conflict("the run's reconciler stopped; try again"))?;
+        }
+        Err(ApiError::conflict(
+            "the run's reconciler is not available; try again",
+        ))
+    }
+
+    pub fn forget(&self, fleet: &str, run: &str) {
+        if let Ok(mut handles) = self.handles.lock() {
+            handles.remove(&(fleet.to_string(), run.to_string()));
+        }
+    }
+
+    /// Loads every run that is not finished and starts its reconciler (at server start).
+    pub async fn resume_all(self: &Arc<Self>) -> Result<usize, ApiError> {
+        let mut count = 0;
+        let fleets = self
+            .store
+            .list("", Kind::Fleet, None, usize::MAX >> 1)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        for fleet in fleets {
+            let runs = self
+                .store
+                .list(&fleet.name, Kind::Run, None, usize::MAX >> 1)
+                .await
+                .map_err(|e| ApiError::conflict(e.to_string()))?;
+            for run in runs {
+                let state = run.body["properties"]["status"]["status"]["state"]
+                    .as_str()
+                    .unwrap_or("NotStarted");
+                let completed =
+                    run.body["properties"]["status"]["status"]["completedTime"].is_string();
+                if matches!(state, "Completed" | "Skipped")
+                    || (state == "Failed" && completed)
+                    || state == "NotStarted"
+                {
+                    continue;
+                }
+                self.handle(&fleet.name, &run.name).await?;
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    async fn handle(
+        self: &Arc<Self>,
+        fleet: &str,
+        run: &str,
+    ) -> Result<mpsc::UnboundedSender<Msg>, ApiError> {
+        let key = (fleet.to_string(), run.to_string());
+        if let Some(tx) = self
+            .handles
+            .lock()
+            .map_err(|_| ApiError::conflict("poisoned"))?
+            .get(&key)
+            && !tx.is_closed()
+        {
+            return Ok(tx.clone());
+        }
+        let resource = self
+            .store
+            .get(fleet, Kind::Run, run)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("update run {run:?} does not exist"),
+                    "updateRun",
+                )
+            })?;
+        let snapshot = read_snapshot(&resource.body)?;
+        let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
+        // Replay the input log: the engine is deterministic, so this rebuilds its state.
+        for entry in self
+            .store
+            .run_log(fleet, run)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?
+        {
+            let at = entry["at"]
+                .as_str()
+                .and_then(|t| Time::parse(t).ok())
+                .unwrap_or_default();
+            if entry.get("settle").is_some() {
+                engine.settle(at);
+            } else if let Ok(input) = serde_json::from_value::<Input>(entry["input"].clone()) {
+                let _ = engine.handle(at, input);
+            }
+        }
+        while engine.poll_command().is_some() {}
+        while engine.poll_event().is_some() {}
+        let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let members: HashMap<String, String> = snapshot
+            .members
+            .iter()
+            .map(|m| (m.name.clone(), m.cluster_resource_id.clone()))
+            .collect();
+        let mut base = resource.body.clone();
+        if let Some(props) = base.get_mut("properties").and_then(Value::as_object_mut) {
+            props.remove("status");
+        }
+        let actor = Actor {
+            fleet: fleet.to_string(),
+            run: run.to_string(),
+            engine,
+            runs: self.clone(),
+            driver,
+            tx: tx.clone(),
+            members,
+            base,
+            operations: HashMap::new(),
+            outstanding: Default::default(),
+        };
+        let intents = self
+            .store
+            .intents(fleet, run)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.handles
+            .lock()
+            .map_err(|_| ApiError::conflict("poisoned"))?
+            .insert(key, tx.clone());
+        tokio::spawn(actor.run(rx, intents));
+        Ok(tx)
+    }
+}
+
+struct Actor {
+    fleet: String,
+    run: String,
+    engine: Engine,
+    runs: Arc<Runs>,
+    driver: Arc<dyn Driver>,
+    tx: mpsc::UnboundedSender<Msg>,
+    /// Member name → cluster resource id.
+    members: HashMap<String, String>,
+    /// The run resource without its status.
+    base: Value,
+    /// Attempt → operation id, once the driver named it.
+    operations: HashMap<u64, String>,
+    /// Attempts a driver task is still following.
+    outstanding: std::collections::HashSet<u64>,
+}
+
+impl Actor {
+    fn member_ref(&self, name: &str) -> MemberRef {
+        MemberRef {
+            name: name.to_string(),
+            cluster_resource_id: self.members.get(name).cloned().unwrap_or_default(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, intents: Vec<Intent>) {
+        self.recover(intents);
+        loop {
+            let first = match self.engine.next_wakeup() {
+                Some(at) => {
+                    let wait = Duration::from_secs_f64(
+                        (at.unix() as f64
+                            - SystemTime::now()
+                                .duration_since(UNIX_EPOCH)
+                                .map_or(0.0, |d| d.as_secs_f64()))
+                        .max(0.0),
+                    );
+                    tokio::select! {
+                        m = rx.recv() => match m { Some(m) => Some(m), None => break },
+                        _ = tokio::time::sleep(wait) => None,
+                    }
+                }
+                None => match rx.recv().await {
+                    Some(m) => Some(m),
+                    None => break,
+                },
+            };
+            let mut batch: Vec<Msg> = first.into_iter().collect();
+            while let Ok(m) = rx.try_recv() {
+                batch.push(m);
+            }
+            if !self.step(batch).await {
+                break;
+            }
+            if self.engine.is_finished() && self.outstanding.is_empty() {
+                break;
+            }
+        }
+        self.runs.forget(&self.fleet, &self.run);
+    }
+
+    /// Re-asks the driver about everything in flight when the run was last written.
+    fn recover(&mut self, intents: Vec<Intent>) {
+        for intent in intents.into_iter().filter(|i| !i.finished) {
+            if self.engine.member_attempt(&intent.member) != Some((State::Running, intent.attempt))
+            {
+                continue;
+            }
+            if self
+                .engine
+                .pending_observations()
+                .iter()
+                .any(|(m, a)| *m == intent.member && *a == intent.attempt)
+            {
+                continue;
+            }
+            let Ok(target) = serde_json::from_value::<TargetRecord>(intent.target.clone()) else {
+                continue;
+            };
+            let key = operation_key(&self.fleet, &self.run, intent.attempt);
+            self.spawn_upgrade(
+                intent.member.clone(),
+                intent.attempt,
+                target.into_target(),
+                key,
+                intent.operation_id.clone(),
+                true,
+            );
+        }
+        for (member, attempt) in self.engine.pending_observations() {
+            self.spawn_observe(member, attempt);
+        }
+    }
+
+    /// Applies a batch of messages at one instant, records it, then acts. Returns false if the
+    /// store failed (the run is then reloaded from its log on next use).
+    async fn step(&mut self, batch: Vec<Msg>) -> bool {
+        let now = now();
+        let mut log = Vec::new();
+        let mut replies = Vec::new();
+        let mut finished_attempts = Vec::new();
+        let mut finish_seen: Option<Instant> = None;
+        for msg in batch {
+            match msg {
+                Msg::Action { input, reply } => {
+                    let result = self.engine.handle(now, input.clone());
+                    if result.is_ok() {
+                        log.push(json!({"at": now, "input": input}));
+                    }
+                    replies.push((reply, result));
+                }
+                Msg::Input { input, observed_at } => {
+                    match &input {
+                        Input::OperationFinished { attempt, .. } => {
+                            finished_attempts.push(*attempt);
+                            self.outstanding.remove(attempt);
+                            if let Some(t) = observed_at {
+                                finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
+                            }
+                        }
+                        Input::OperationAccepted {
+                            attempt,
+                            operation_id,
+                            ..
+                        } => {
+                            self.operations.insert(*attempt, operation_id.clone());
+                        }
+                        Input::Observed {
+                            operation: Some((attempt, OperationProgress::NotRunning)),
+                            ..
+                        } => {
+                            self.outstanding.remove(attempt);
+                        }
+                        _ => {}
+                    }
+                    let _ = self.engine.handle(now, input.clone());
+                    log.push(json!({"at": now, "input": input}));
+                }
+            }
+        }
+        self.engine.settle(now);
+        log.push(json!({"at": now, "settle": true}));
+        let mut commands = Vec::new();
+        let mut intents = Vec::new();
+        while let Some(command) = self.engine.poll_command() {
+            if let Command::StartUpgrade {
+                member,
+                attempt,
+                target,
+            } = &command
+            {
+                intents.push(Intent {
+                    attempt: *attempt,
+                    member: member.clone(),
+                    target: serde_json::to_value(TargetRecord::from(target)).unwrap_or_default(),
+                    operation_id: None,
+                    finished: false,
+                });
+            }
+            commands.push(command);
+        }
+        let mut events = Vec::new();
+        let mut gates_changed = false;
+        while let Some(event) = self.engine.poll_event() {
+            gates_changed |= matches!(
+                event.kind,
+                EventType::GatePending | EventType::GateCompleted | EventType::GateSkipped
+            );
+            self.runs.metrics.observe_event(&self.fleet, &event);
+            events.push(serde_json::to_value(&event).unwrap_or_default());
+        }
+        let mut body = self.base.clone();
+        body["properties"]["status"] =
+            serde_json::to_value(self.engine.status()).unwrap_or_default();
+        let gates = if gates_changed {
+            self.gate_resources()
+        } else {
+            Vec::new()
+        };
+        let write = RunBatch {
+            fleet: self.fleet.clone(),
+            run: self.run.clone(),
+            log,
+            intents,
+            finished_attempts,
+            events: events.clone(),
+            run_body: Some(body),
+            gates,
+        };
+        if let Err(e) = self.runs.store.write_run_batch(&write).await {
+            tracing::error!(fleet = %self.fleet, run = %self.run, error = %e, "cannot record the run's progress; reloading it");
+            for (reply, _) in replies {
+                let _ = reply.send(Err(ApiError::conflict(format!(
+                    "the change could not be recorded: {e}"
+                ))));
+            }
+            return false;
+        }
+        for (reply, result) in replies {
+            let _ = reply.send(result);
+        }
+        for event in events {
+            let _ = self.runs.events.send(RunEvent {
+                fleet: self.fleet.clone(),
+                run: self.run.clone(),
+                event,
+            });
+        }
+        for command in commands {
+            match command {
+                Command::StartUpgrade {
+                    member,
+                    attempt,
+                    target,
+                } => {
+                    if let Some(seen) = finish_seen {
+                        self.runs.metrics.record_dispatch_delay(seen.elapsed());
+                    }
+                    let key = operation_key(&self.fleet, &self.run, attempt);
+                    self.spawn_upgrade(member, attempt, target, key, None, false);
+                }
+                Command::Observe { member, attempt } => self.spawn_observe(member, attempt),
+            }
+        }
+        true
+    }
+
+    fn gate_resources(&self) -> Vec<(String, Value)> {
+        let run_id = format!("/v1/fleets/{}/updateRuns/{}", self.fleet, self.run);
+        self.engine
+            .gate_views()
+            .into_iter()
+            .map(|g| {
+                let mut properties = json!({
+                    "provisioningState": "Succeeded",
+                    "gateType": g.gate_type,
+                    "target": {"id": run_id, "updateRunProperties": {"name": self.run, "stage": g.stage, "timing": format!("{:?}", g.timing)}},
+                    "state": format!("{:?}", g.state),
+                });
+                if let Some(group) = &g.group {
+                    properties["target"]["updateRunProperties"]["group"] = json!(group);
+                }
+                if let Some(name) = &g.display_name {
+                    properties["displayName"] = json!(name);
+                }
+                if let Some(config) = &g.scheduled {
+                    let mut scheduled = serde_json::to_value(config).unwrap_or_default();
+                    if let Some(at) = g.absolute_start {
+                        scheduled["absoluteStartTime"] = json!(at);
+                    }
+                    properties["scheduledStartProperties"] = scheduled;
+                }
+                if let Some(by) = &g.approved_by {
+                    properties["approvedBy"] = json!(by);
+                }
+                if let Some(at) = g.approved_at {
+                    properties["approvedAt"] = json!(at);
+                }
+                let body = json!({
+                    "id": format!("/v1/fleets/{}/gates/{}", self.fleet, g.id),
+                    "name": g.id,
+                    "type": "Microsoft.ContainerService/fleets/gates",
+                    "properties": properties,
+                });
+                (g.id, body)
+            })
+            .collect()
+    }
+
+    /// Sends an upgrade (unless recovering one the driver already has) and follows it to its end.
+    fn spawn_upgrade(
+        &mut self,
+        member: String,
+        attempt: u64,
+        target: Target,
+        key: String,
+        known: Option<String>,
+        recovering: bool,
+    ) {
+        let driver = self.driver.clone();
+        let tx = self.tx.clone();
+        let store = self.runs.store.clone();
+        let metrics = self.runs.metrics.clone();
+        let (fleet, run) = (self.fleet.clone(), self.run.clone());
+        let who = self.member_ref(&member);
+        self.outstanding.insert(attempt);
+        tokio::spawn(async move {
+            let mut operation = known;
+            if operation.is_none() && recovering {
+                // Recorded but maybe never sent: ask before sending (SEMANTICS §7).
+                match driver.poll(&who, &key).await {
+                    Ok(OperationState::Unknown) => {}
+                    Ok(_) => operation = Some(key.clone()),
+                    Err(e) => {
+                        tracing::warn!(member = %member, error = %e, "cannot ask the driver about a recorded upgrade")
+                    }
+                }
+            }
+            let operation_id = match operation {
+                Some(id) => id,
+                None => match driver.start_upgrade(&who, &target, &key).await {
+                    Ok(id) => {
+                        metrics.count_started(&fleet);
+                        id
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Msg::Input {
+                            input: Input::OperationFinished {
+                                member,
+                                attempt,
+                                outcome: Err(format!("the upgrade could not be sent: {e}")),
+                            },
+                            observed_at: Some(Instant::now()),
+                        });
+                        return;
+                    }
+                },
+            };
+            let _ = store
+                .record_operation(&fleet, &run, attempt, &operation_id)
+                .await;
+            let _ = tx.send(Msg::Input {
+                input: Input::OperationAccepted {
+                    member: member.clone(),
+                    attempt,
+                    operation_id: operation_id.clone(),
+                },
+                observed_at: None,
+            });
+            follow(driver, tx, who, member, attempt, operation_id).await;
+        });
+    }
+
+    /// After a stop and start: is the earlier operation still running, and where is the cluster?
+    fn spawn_observe(&mut self, member: String, attempt: u64) {
+        let driver = self.driver.clone();
+        let tx = self.tx.clone();
+        let who = self.member_ref(&member);
+        let operation = self
+            .operations
+            .get(&attempt)
+            .cloned()
+            .unwrap_or_else(|| operation_key(&self.fleet, &self.run, attempt));
+        self.outstanding.insert(attempt);
+        tokio::spawn(async move {
+            let progress = match driver.poll(&who, &operation).await {
+                Ok(OperationState::Running) => OperationProgress::InProgress,
+                _ => OperationProgress::NotRunning,
+            };
+            let cluster = match driver.observe(&who).await {
+                Ok(spec) => flotilla_engine::fleet::Cluster::parse(&spec, "cluster").ok(),
+                Err(_) => None,
+            };
+            let Some(cluster) = cluster else {
+                // Without an observation the member is attempted again only if nothing runs.
+                return;
+            };
+            let running = progress == OperationProgress::InProgress;
+            let _ = tx.send(Msg::Input {
+                input: Input::Observed {
+                    member: member.clone(),
+                    cluster: Box::new(cluster),
+                    operation: Some((attempt, progress)),
+                },
+                observed_at: None,
+            });
+            if running {
+                follow(driver, tx, who, member, attempt, operation).await;
+            }
+        });
+    }
+}
+
+/// Polls an operation until it ends and reports the result to the run.
+async fn follow(
+    driver: Arc<dyn Driver>,
+    tx: mpsc::UnboundedSender<Msg>,
+    who: MemberRef,
+    member: String,
+    attempt: u64,
+    operation_id: String,
+) {
+    let mut errors = 0;
+    loop {
+        tokio::time::sleep(driver.poll_interval()).await;
+        if tx.is_closed() {
+            return;
+        }
+        let outcome = match driver.poll(&who, &operation_id).await {
+            Ok(OperationState::Running) => continue,
+            Ok(OperationState::Succeeded) => Ok(()),
+            Ok(OperationState::Failed(message)) => Err(message),
+            Ok(OperationState::Unknown) => Err(format!(
+                "the driver no longer knows operation {operation_id}"
+            )),
+            Err(e) => {
+                errors += 1;
+                if errors < 10 {
+                    tracing::warn!(member = %member, error = %e, "polling the upgrade failed; retrying");
+                    continue;
+                }
+                Err(format!("polling the upgrade kept failing: {e}"))
+            }
+        };
+        let observed_at = Instant::now();
+        if outcome.is_ok()
+            && let Ok(spec) = driver.observe(&who).await
+            && let Ok(cluster) = flotilla_engine::fleet::Cluster::parse(&spec, "cluster")
+        {
+            let _ = tx.send(Msg::Input {
+                input: Input::Observed {
+                    member: member.clone(),
+                    cluster: Box::new(cluster),
+                    operation: None,
+                },
+                observed_at: None,
+            });
+        }
+        let _ = tx.send(Msg::Input {
+            input: Input::OperationFinished {
+                member,
+                attempt,
+                outcome,
+            },
+            observed_at: Some(observed_at),
+        });
+        return;
+    }
+}
+
+/// The idempotency key of an attempt, given to the driver with the upgrade.
+pub fn operation_key(fleet: &str, run: &str, attempt: u64) -> String {
+    format!("{fleet}.{run}.{attempt}")
+}
+
+/// A target as stored with its intent.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TargetRecord {
+    upgrade_type: flotilla_engine::strategy::UpgradeType,
+    #[serde(default)]
+    kubernetes_version: Option<String>,
+    #[serde(default)]
+    node_images: Vec<(String, String, String)>,
+}
+
+impl From<&Target> for TargetRecord {
+    fn from(t: &Target) -> TargetRecord {
+        TargetRecord {
+            upgrade_type: t.upgrade_type,
+            kubernetes_version: t.kubernetes_version.map(|v| v.to_string()),
+            node_images: t
+                .node_images
+                .iter()
+                .map(|p| (p.pool.clone(), p.family.clone(), p.image.to_string()))
+                .collect(),
+        }
+    }
+}
+
+impl TargetRecord {
+    fn into_target(self) -> Target {
+        Target {
+            upgrade_type: self.upgrade_type,
+            kubernetes_version: self
+                .kubernetes_version
+                .and_then(|v| flotilla_engine::version::KubeVersion::parse(&v)),
+            node_images: self
+                .node_images
+                .into_iter()
+                .filter_map(|(pool, family, image)| {
+                    flotilla_engine::version::ImageVersion::parse(&image).map(|image| {
+                        flotilla_engine::engine::PoolTarget {
+                            pool,
+                            family,
+                            image,
+                        }
+                    })
+                })
+                .collect(),
+        }
+    }
+}

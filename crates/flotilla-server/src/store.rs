@@ -1,0 +1,662 @@
+//! Durable storage behind one interface: resources with eTags, each run's input log, recorded
+//! upgrade intents, the event log, and API tokens. SQLite now; PostgreSQL implements the same
+//! trait later.
+//!
+//! Every write that drives a run (log entries, intents, events, the run's status) goes in one
+//! transaction ([`RunBatch`]), so a crash leaves either all of a batch or none of it.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// An `If-Match` / `If-None-Match` precondition did not hold.
+    #[error("precondition failed: {0}")]
+    Precondition(String),
+    #[error("stored data is unreadable: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Resource kinds, as they appear in paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Fleet,
+    Member,
+    Strategy,
+    Run,
+    Gate,
+    Profile,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Fleet => "fleets",
+            Kind::Member => "members",
+            Kind::Strategy => "updateStrategies",
+            Kind::Run => "updateRuns",
+            Kind::Gate => "gates",
+            Kind::Profile => "autoUpgradeProfiles",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resource {
+    pub name: String,
+    pub body: Value,
+    pub etag: String,
+}
+
+/// A write's condition on the current eTag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    None,
+    /// `If-Match`: the resource exists with this eTag (`*`: exists at all).
+    IfMatch(String),
+    /// `If-None-Match: *`: the resource does not exist.
+    IfNoneMatchAny,
+}
+
+/// An upgrade the run decided to send, recorded before the driver is called (SEMANTICS §7).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Intent {
+    pub attempt: u64,
+    pub member: String,
+    pub target: Value,
+    pub operation_id: Option<String>,
+    pub finished: bool,
+}
+
+/// Everything one reconciler step writes for a run, in one transaction.
+#[derive(Clone, Debug, Default)]
+pub struct RunBatch {
+    pub fleet: String,
+    pub run: String,
+    /// Input-log entries, in order.
+    pub log: Vec<Value>,
+    pub intents: Vec<Intent>,
+    pub finished_attempts: Vec<u64>,
+    pub events: Vec<Value>,
+    /// The run resource's new body (its status), if it changed.
+    pub run_body: Option<Value>,
+    /// Gate resources created or changed.
+    pub gates: Vec<(String, Value)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: String,
+    pub hash: String,
+    pub role: String,
+    pub subject: String,
+    pub created_at: i64,
+    pub revoked: bool,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>>;
+    /// Resources of a kind in name order, after `after`, at most `limit`.
+    async fn list(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<Resource>>;
+    /// Creates or replaces; returns the stored resource and whether it was created.
+    async fn put(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        body: &Value,
+        when: &Precondition,
+    ) -> StoreResult<(Resource, bool)>;
+    /// Deletes; returns whether it existed. A run's log, intents, events and gates go with it; a
+    /// fleet's children go with the fleet.
+    async fn delete(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        when: &Precondition,
+    ) -> StoreResult<bool>;
+    async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>>;
+    async fn run_events(
+        &self,
+        fleet: &str,
+        run: &str,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<(i64, Value)>>;
+    async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>>;
+    async fn record_operation(
+        &self,
+        fleet: &str,
+        run: &str,
+        attempt: u64,
+        operation_id: &str,
+    ) -> StoreResult<()>;
+    async fn create_token(&self, token: &TokenRecord) -> StoreResult<()>;
+    async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
+    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
+    async fn revoke_token(&self, id: &str) -> StoreResult<bool>;
+}
+
+/// Schema migrations, applied in order at start; each runs once.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    r#"
+    CREATE TABLE resources (
+        fleet TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+        body TEXT NOT NULL, etag TEXT NOT NULL,
+        PRIMARY KEY (fleet, kind, name));
+    CREATE TABLE run_log (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, entry TEXT NOT NULL,
+        PRIMARY KEY (fleet, run, seq));
+    CREATE TABLE run_events (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
+        PRIMARY KEY (fleet, run, seq));
+    CREATE TABLE intents (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, attempt INTEGER NOT NULL, member TEXT NOT NULL,
+        target TEXT NOT NULL, operation_id TEXT, finished INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (fleet, run, attempt));
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL,
+        created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE etag_seq (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
+    INSERT INTO etag_seq (id, value) VALUES (1, 0);
+    "#,
+)];
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    /// Held for the process's life: one server per database file.
+    _lock: Option<std::fs::File>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, takes the single-server lock, and
+    /// runs migrations.
+    pub async fn open(path: &Path) -> StoreResult<SqliteStore> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot open {}: {e}", lock_path.display()))
+            })?;
+        if lock.try_lock().is_err() {
+            return Err(StoreError::Unavailable(format!(
+                "another flotilla server is using {}; SQLite mode serves one replica only (use --database postgres://… for several)",
+                path.display()
+            )));
+        }
+        let store = SqliteStore::connect(path).await?;
+        Ok(SqliteStore {
+            _lock: Some(lock),
+            ..store
+        })
+    }
+
+    /// Opens the database without the server lock, for short-lived commands (`token create`).
+    pub async fn open_unlocked(path: &Path) -> StoreResult<SqliteStore> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        SqliteStore::connect(path).await
+    }
+
+    async fn connect(path: &Path) -> StoreResult<SqliteStore> {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // Every acknowledged write survives a kill at any instant (SEMANTICS §7).
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        let store = SqliteStore { pool, _lock: None };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for (version, sql) in MIGRATIONS {
+            if applied.contains(version) {
+                continue;
+            }
+            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                sqlx::query(statement).execute(&mut *tx).await?;
+            }
+            sqlx::query("INSERT INTO schema_migrations (version) VALUES (?)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+async fn next_etag(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<String> {
+    let row = sqlx::query("UPDATE etag_seq SET value = value + 1 WHERE id = 1 RETURNING value")
+        .fetch_one(&mut **tx)
+        .await?;
+    let n: i64 = row.get(0);
+    Ok(format!("\"{n}\""))
+}
+
+fn parse_body(text: &str) -> StoreResult<Value> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn check(current: Option<&str>, when: &Precondition) -> StoreResult<()> {
+    match (when, current) {
+        (Precondition::None, _) => Ok(()),
+        (Precondition::IfMatch(tag), Some(etag)) if tag == "*" || tag == etag => Ok(()),
+        (Precondition::IfMatch(tag), Some(etag)) => Err(StoreError::Precondition(format!(
+            "If-Match {tag} does not match the current eTag {etag}"
+        ))),
+        (Precondition::IfMatch(tag), None) => Err(StoreError::Precondition(format!(
+            "If-Match {tag}: the resource does not exist"
+        ))),
+        (Precondition::IfNoneMatchAny, Some(_)) => Err(StoreError::Precondition(
+            "If-None-Match *: the resource already exists".into(),
+        )),
+        (Precondition::IfNoneMatchAny, None) => Ok(()),
+    }
+}
+
+async fn current_etag(
+    tx: &mut Transaction<'_, Sqlite>,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+) -> StoreResult<Option<String>> {
+    Ok(
+        sqlx::query("SELECT etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| r.get(0)),
+    )
+}
+
+async fn upsert(
+    tx: &mut Transaction<'_, Sqlite>,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+    body: &Value,
+) -> StoreResult<String> {
+    let etag = next_etag(tx).await?;
+    sqlx::query(
+        "INSERT INTO resources (fleet, kind, name, body, etag) VALUES (?, ?, ?, ?, ?)
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag",
+    )
+    .bind(fleet)
+    .bind(kind.as_str())
+    .bind(name)
+    .bind(body.to_string())
+    .bind(&etag)
+    .execute(&mut **tx)
+    .await?;
+    Ok(etag)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
+        let row = sqlx::query(
+            "SELECT body, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Resource {
+                name: name.to_string(),
+                body: parse_body(r.get::<&str, _>(0))?,
+                etag: r.get(1),
+            })
+        })
+        .transpose()
+    }
+
+    async fn list(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<Resource>> {
+        let rows = sqlx::query(
+            "SELECT name, body, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(after.unwrap_or(""))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Resource {
+                    name: r.get(0),
+                    body: parse_body(r.get::<&str, _>(1))?,
+                    etag: r.get(2),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        body: &Value,
+        when: &Precondition,
+    ) -> StoreResult<(Resource, bool)> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let current = current_etag(&mut tx, fleet, kind, name).await?;
+        check(current.as_deref(), when)?;
+        let etag = upsert(&mut tx, fleet, kind, name, body).await?;
+        tx.commit().await?;
+        Ok((
+            Resource {
+                name: name.to_string(),
+                body: body.clone(),
+                etag,
+            },
+            current.is_none(),
+        ))
+    }
+
+    async fn delete(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        when: &Precondition,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let current = current_etag(&mut tx, fleet, kind, name).await?;
+        check(current.as_deref(), when)?;
+        if current.is_none() {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        match kind {
+            Kind::Run => {
+                for statement in [
+                    "DELETE FROM run_log WHERE fleet = ? AND run = ?",
+                    "DELETE FROM run_events WHERE fleet = ? AND run = ?",
+                    "DELETE FROM intents WHERE fleet = ? AND run = ?",
+                ] {
+                    sqlx::query(statement)
+                        .bind(fleet)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                sqlx::query("DELETE FROM resources WHERE fleet = ? AND kind = 'gates' AND json_extract(body, '$.properties.target.updateRunProperties.name') = ?")
+                    .bind(fleet)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Kind::Fleet => {
+                sqlx::query("DELETE FROM resources WHERE fleet = ?")
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                for statement in [
+                    "DELETE FROM run_log WHERE fleet = ?",
+                    "DELETE FROM run_events WHERE fleet = ?",
+                    "DELETE FROM intents WHERE fleet = ?",
+                ] {
+                    sqlx::query(statement).bind(name).execute(&mut *tx).await?;
+                }
+            }
+            _ => {}
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if !batch.log.is_empty() {
+            let next: i64 = sqlx::query(
+                "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
+            )
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
+            for (i, entry) in batch.log.iter().enumerate() {
+                sqlx::query("INSERT INTO run_log (fleet, run, seq, entry) VALUES (?, ?, ?, ?)")
+                    .bind(&batch.fleet)
+                    .bind(&batch.run)
+                    .bind(next + 1 + i as i64)
+                    .bind(entry.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        if !batch.events.is_empty() {
+            let next: i64 = sqlx::query(
+                "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
+            )
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
+            for (i, event) in batch.events.iter().enumerate() {
+                sqlx::query("INSERT INTO run_events (fleet, run, seq, event) VALUES (?, ?, ?, ?)")
+                    .bind(&batch.fleet)
+                    .bind(&batch.run)
+                    .bind(next + 1 + i as i64)
+                    .bind(event.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        for intent in &batch.intents {
+            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished) VALUES (?, ?, ?, ?, ?, ?, 0)")
+                .bind(&batch.fleet)
+                .bind(&batch.run)
+                .bind(intent.attempt as i64)
+                .bind(&intent.member)
+                .bind(intent.target.to_string())
+                .bind(&intent.operation_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for attempt in &batch.finished_attempts {
+            sqlx::query(
+                "UPDATE intents SET finished = 1 WHERE fleet = ? AND run = ? AND attempt = ?",
+            )
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .bind(*attempt as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some(body) = &batch.run_body {
+            upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
+        }
+        for (name, body) in &batch.gates {
+            upsert(&mut tx, &batch.fleet, Kind::Gate, name, body).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>> {
+        let rows =
+            sqlx::query("SELECT entry FROM run_log WHERE fleet = ? AND run = ? ORDER BY seq")
+                .bind(fleet)
+                .bind(run)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| parse_body(r.get::<&str, _>(0)))
+            .collect()
+    }
+
+    async fn run_events(
+        &self,
+        fleet: &str,
+        run: &str,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<(i64, Value)>> {
+        let rows = sqlx::query("SELECT seq, event FROM run_events WHERE fleet = ? AND run = ? AND seq > ? ORDER BY seq LIMIT ?")
+            .bind(fleet)
+            .bind(run)
+            .bind(after)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.get(0), parse_body(r.get::<&str, _>(1))?)))
+            .collect()
+    }
+
+    async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>> {
+        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt")
+            .bind(fleet)
+            .bind(run)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Intent {
+                    attempt: r.get::<i64, _>(0) as u64,
+                    member: r.get(1),
+                    target: parse_body(r.get::<&str, _>(2))?,
+                    operation_id: r.get(3),
+                    finished: r.get::<i64, _>(4) != 0,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_operation(
+        &self,
+        fleet: &str,
+        run: &str,
+        attempt: u64,
+        operation_id: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
+        )
+        .bind(operation_id)
+        .bind(fleet)
+        .bind(run)
+        .bind(attempt as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn create_token(&self, token: &TokenRecord) -> StoreResult<()> {
+        sqlx::query("INSERT INTO tokens (id, hash, role, subject, created_at, revoked) VALUES (?, ?, ?, ?, ?, 0)")
+            .bind(&token.id)
+            .bind(&token.hash)
+            .bind(&token.role)
+            .bind(&token.subject)
+            .bind(token.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>> {
+        let row = sqlx::query(
+            "SELECT id, hash, role, subject, created_at, revoked FROM tokens WHERE hash = ?",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| token_row(&r)))
+    }
+
+    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>> {
+        let rows = sqlx::query("SELECT id, hash, role, subject, created_at, revoked FROM tokens ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(token_row).collect())
+    }
+
+    async fn revoke_token(&self, id: &str) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE tokens SET revoked = 1 WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+fn token_row(r: &sqlx::sqlite::SqliteRow) -> TokenRecord {
+    TokenRecord {
+        id: r.get(0),
+        hash: r.get(1),
+        role: r.get(2),
+        subject: r.get(3),
+        created_at: r.get(4),
+        revoked: r.get::<i64, _>(5) != 0,
+    }
+}

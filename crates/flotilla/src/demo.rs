@@ -1,0 +1,347 @@
+//! `flotilla demo`: a server on the embedded store with a simulated fleet of 60 clusters in 3
+//! regions, a staged run with a canary stage and an approval gate, driven over real HTTP.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use flotilla_engine::time::Time;
+use flotilla_server::Server;
+use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::{SqliteStore, Store};
+
+const FLEET: &str = "demo";
+const RUN: &str = "upgrade-1-31";
+
+/// The simulated fleet: the sim driver's configuration and the members to create.
+pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
+    let regions = [
+        ("eastus", 24, 0),
+        ("westeurope", 20, 30),
+        ("southeastasia", 16, 60),
+    ];
+    let family = "AKSUbuntu-2204gen2containerd";
+    let mut catalog = serde_json::Map::new();
+    for (region, _, delay) in regions {
+        let at = (delay > 0).then(|| now.plus(delay).to_string());
+        catalog.insert(
+            region.into(),
+            json!({
+                "kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1", "availableAt": at}, {"version": "1.32.0", "preview": true}],
+                "nodeImages": {family: [{"version": "202602.10.0"}, {"version": "202603.01.0", "availableAt": at}]},
+            }),
+        );
+    }
+    // A nightly-style window that opens one minute from now (UTC), for a few stores.
+    let (_, second_of_day) = now.plus(60).civil(0);
+    let window_start = format!(
+        "{:02}:{:02}",
+        second_of_day / 3600,
+        (second_of_day / 60) % 60
+    );
+    let mut clusters = serde_json::Map::new();
+    let mut members = Vec::new();
+    for (region, count, _) in regions {
+        let short = &region[..4];
+        for i in 1..=count {
+            let name = format!("{short}-store-{i:02}");
+            let id = format!(
+                "/subscriptions/demo/resourceGroups/retail/providers/Microsoft.ContainerService/managedClusters/{name}"
+            );
+            let group = if region == "eastus" && i <= 2 {
+                "canary".to_string()
+            } else {
+                format!("prod-{region}")
+            };
+            let mut cluster = json!({
+                "region": region,
+                "kubernetesVersion": "1.30.5",
+                "nodePools": [{"name": "system", "family": family, "os": "Linux", "nodeImageVersion": "202602.10.0"}],
+                "sim": {"durationSeconds": 600 + 60 * (i % 5)},
+            });
+            if i % 7 == 3 {
+                cluster["maintenance"] = json!({"kubernetes": {"schedule": {"daily": {"intervalDays": 1}}, "durationHours": 4, "startTime": window_start}});
+            }
+            if (region == "westeurope" && i == 11) || (region == "southeastasia" && i == 5) {
+                cluster["sim"] = json!({"durationSeconds": 900, "outcome": "fail", "failMessage": "node drain timed out on pool system"});
+            }
+            clusters.insert(id.clone(), cluster);
+            let geo = match region {
+                "eastus" => "us",
+                "westeurope" => "eu",
+                _ => "asia",
+            };
+            members.push((
+                name,
+                json!({"properties": {"clusterResourceId": id, "group": group, "labels": {"env": if group == "canary" { "canary" } else { "prod" }, "geo": geo}}}),
+            ));
+        }
+    }
+    let driver =
+        json!({"type": "sim", "timeScale": time_scale, "catalog": catalog, "clusters": clusters});
+    (driver, members)
+}
+
+pub fn demo_strategy() -> Value {
+    json!({"properties": {"strategy": {"stages": [
+        {
+            "name": "canary",
+            "groups": [{"name": "canary", "maxConcurrency": "1"}],
+            "afterStageWaitInSeconds": 20,
+        },
+        {
+            "name": "production",
+            "beforeGates": [{"type": "Approval", "displayName": "Canary looks healthy: go to production"}],
+            "maxConcurrency": "6",
+            "maxAllowedFailures": "10%",
+            "groups": [
+                {"name": "prod-eastus", "maxConcurrency": "3", "maxAllowedFailures": "2"},
+                {"name": "prod-westeurope", "maxConcurrency": "3", "maxAllowedFailures": "2"},
+                {"name": "prod-southeastasia", "maxConcurrency": "3", "maxAllowedFailures": "2"},
+            ],
+        },
+    ]}}})
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            bail!("{method} {path}: {status}: {text}");
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+}
+
+fn summary(run: &Value) -> String {
+    let status = &run["properties"]["status"];
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for stage in status["stages"].as_array().into_iter().flatten() {
+        for group in stage["groups"].as_array().into_iter().flatten() {
+            for m in group["members"].as_array().into_iter().flatten() {
+                *counts
+                    .entry(m["status"]["state"].as_str().unwrap_or("?").to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+    let stages: Vec<String> = status["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            format!(
+                "{} {}",
+                s["name"].as_str().unwrap_or("?"),
+                s["status"]["state"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!(
+        "run {}  failures {}  [{}]  members: {}",
+        status["status"]["state"].as_str().unwrap_or("?"),
+        status["failureCount"],
+        stages.join(", "),
+        counts.join(", ")
+    )
+}
+
+pub async fn run(
+    listen: SocketAddr,
+    database: Option<String>,
+    time_scale: f64,
+    approve_after: Option<u64>,
+    exit_when_done: bool,
+) -> anyhow::Result<ExitCode> {
+    let path = match database {
+        Some(d) => crate::database_path(Some(&d))?,
+        None => std::env::temp_dir()
+            .join(format!("flotilla-demo-{}", std::process::id()))
+            .join("flotilla.db"),
+    };
+    let store = SqliteStore::open(&path)
+        .await
+        .with_context(|| format!("database {}", path.display()))?;
+    let (admin, admin_record) = new_token(Role::Admin, "demo-admin");
+    let (approver, approver_record) = new_token(Role::Approver, "demo-approver");
+    store.create_token(&admin_record).await?;
+    store.create_token(&approver_record).await?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    let server = Server::start(store, listen, false).await?;
+    let addr = server.local_addr().unwrap_or(listen);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve(async move {
+        tokio::select! {
+            _ = stop_rx => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+    }));
+    let base = format!("http://{addr}");
+    let client = Client {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+        token: admin.clone(),
+    };
+    let now = flotilla_server::runs::now();
+    let (driver, members) = demo_fleet(now, time_scale);
+    client
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{FLEET}"),
+            Some(&json!({"properties": {"driver": driver}})),
+        )
+        .await?;
+    for (name, body) in &members {
+        client
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/{FLEET}/members/{name}"),
+                Some(body),
+            )
+            .await?;
+    }
+    client
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
+            Some(&demo_strategy()),
+        )
+        .await?;
+    let run_body = json!({"properties": {
+        "updateStrategyId": format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
+        "managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}, "nodeImageSelection": {"type": "Latest"}},
+    }});
+    client
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}"),
+            Some(&run_body),
+        )
+        .await?;
+    client
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}/start"),
+            None,
+        )
+        .await?;
+    println!(
+        "Flotilla demo: {} clusters in 3 regions, Kubernetes 1.31.1 rolling out region by region.",
+        members.len()
+    );
+    println!();
+    println!("  server:          {base}");
+    println!("  database:        {}", path.display());
+    println!("  admin token:     {admin}");
+    println!("  approver token:  {approver}");
+    println!();
+    println!(
+        "  watch the run:   curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/updateRuns/{RUN}"
+    );
+    println!(
+        "  pending gates:   curl -s -H 'Authorization: Bearer {approver}' '{base}/v1/fleets/{FLEET}/gates?state=Pending'"
+    );
+    println!(
+        "  approve a gate:  curl -s -X PATCH -H 'Authorization: Bearer {approver}' -H 'Content-Type: application/json' \\"
+    );
+    println!(
+        "                     -d '{{\"properties\": {{\"state\": \"Completed\"}}}}' {base}/v1/fleets/{FLEET}/gates/<gate-name>"
+    );
+    println!();
+    let approver_client = Client {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+        token: approver,
+    };
+    let mut gate_seen: Option<Instant> = None;
+    let mut last = String::new();
+    let outcome = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let run = client
+            .send(
+                reqwest::Method::GET,
+                &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}"),
+                None,
+            )
+            .await?;
+        let line = summary(&run);
+        if line != last {
+            println!("{line}");
+            last = line;
+        }
+        let gates = client
+            .send(
+                reqwest::Method::GET,
+                &format!("/v1/fleets/{FLEET}/gates?state=Pending"),
+                None,
+            )
+            .await?;
+        if let Some(gate) = gates["value"].as_array().and_then(|g| g.first()) {
+            let name = gate["name"].as_str().unwrap_or_default().to_string();
+            let seen = *gate_seen.get_or_insert_with(|| {
+                println!(
+                    "gate {name} is waiting for approval: {}",
+                    gate["properties"]["displayName"].as_str().unwrap_or("")
+                );
+                Instant::now()
+            });
+            if approve_after.is_some_and(|s| seen.elapsed() >= Duration::from_secs(s)) {
+                approver_client
+                    .send(
+                        reqwest::Method::PATCH,
+                        &format!("/v1/fleets/{FLEET}/gates/{name}"),
+                        Some(&json!({"properties": {"state": "Completed"}})),
+                    )
+                    .await?;
+                println!("gate {name} approved by demo-approver");
+            }
+        }
+        let state = run["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let done = run["properties"]["status"]["status"]["completedTime"].is_string();
+        if done && matches!(state.as_str(), "Completed" | "Failed" | "Skipped") {
+            break state;
+        }
+    };
+    println!("the update run ended {outcome}; the server is still up at {base} (Ctrl-C to stop)");
+    if exit_when_done {
+        let _ = stop_tx.send(());
+    }
+    serving.await??;
+    Ok(if outcome == "Completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
