@@ -429,6 +429,7 @@ impl Actor {
         let mut replies = Vec::new();
         let mut finished_attempts = Vec::new();
         let mut finish_seen: Option<Instant> = None;
+        let mut observed = Vec::new();
         for msg in batch {
             match msg {
                 Msg::Action { input, reply } => {
@@ -447,18 +448,24 @@ impl Actor {
                                 finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
                             }
                         }
+                        Input::Observed {
+                            member, cluster, ..
+                        } => {
+                            observed.push((member.clone(), cluster.spec()));
+                            if let Input::Observed {
+                                operation: Some((attempt, OperationProgress::NotRunning)),
+                                ..
+                            } = &input
+                            {
+                                self.outstanding.remove(attempt);
+                            }
+                        }
                         Input::OperationAccepted {
                             attempt,
                             operation_id,
                             ..
                         } => {
                             self.operations.insert(*attempt, operation_id.clone());
-                        }
-                        Input::Observed {
-                            operation: Some((attempt, OperationProgress::NotRunning)),
-                            ..
-                        } => {
-                            self.outstanding.remove(attempt);
                         }
                         _ => {}
                     }
@@ -527,6 +534,15 @@ impl Actor {
         }
         for (reply, result) in replies {
             let _ = reply.send(result);
+        }
+        if !observed.is_empty() {
+            let store = self.runs.store.clone();
+            let fleet = self.fleet.clone();
+            tokio::spawn(async move {
+                for (member, spec) in observed {
+                    record_observation(store.as_ref(), &fleet, &member, &spec).await;
+                }
+            });
         }
         for event in events {
             let _ = self.runs.events.send(RunEvent {
@@ -754,6 +770,35 @@ async fn follow(
             observed_at: Some(observed_at),
         });
         return;
+    }
+}
+
+/// Writes a member's latest observation into its resource (`status.cluster`).
+pub async fn record_observation(
+    store: &dyn Store,
+    fleet: &str,
+    member: &str,
+    spec: &flotilla_engine::fleet::ClusterSpec,
+) {
+    for _ in 0..3 {
+        let Ok(Some(current)) = store.get(fleet, Kind::Member, member).await else {
+            return;
+        };
+        let mut body = current.body.clone();
+        body["properties"]["status"] = json!({"cluster": spec, "lastObservedAt": now()});
+        match store
+            .put(
+                fleet,
+                Kind::Member,
+                member,
+                &body,
+                &crate::store::Precondition::IfMatch(current.etag),
+            )
+            .await
+        {
+            Err(crate::store::StoreError::Precondition(_)) => continue,
+            _ => return,
+        }
     }
 }
 

@@ -1,0 +1,849 @@
+//! The HTTP API over real HTTP on loopback, against the real router and a real SQLite file:
+//! authentication and roles, validation errors with field paths, eTags, paging, a full run to
+//! completion with the sim driver (gate approval included), events and their live stream.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use flotilla_server::Server;
+use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::{SqliteStore, Store};
+
+struct Harness {
+    base: String,
+    http: reqwest::Client,
+    tokens: std::collections::HashMap<&'static str, String>,
+    _dir: TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!(
+        "flotilla-test-{name}-{}-{:?}",
+        std::process::id(),
+        Instant::now()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    TempDir(dir)
+}
+
+impl Harness {
+    async fn start(name: &str) -> Harness {
+        let dir = temp_dir(name);
+        let store = SqliteStore::open(&dir.0.join("flotilla.db"))
+            .await
+            .expect("store opens");
+        let mut tokens = std::collections::HashMap::new();
+        for (label, role) in [
+            ("admin", Role::Admin),
+            ("approver", Role::Approver),
+            ("operator", Role::Operator),
+            ("reader", Role::Reader),
+        ] {
+            let (secret, record) = new_token(role, &format!("{label}-user"));
+            store.create_token(&record).await.expect("token stored");
+            tokens.insert(label, secret);
+        }
+        let store: Arc<dyn Store> = Arc::new(store);
+        let server = Server::start(store, "127.0.0.1:0".parse().expect("addr"), false)
+            .await
+            .expect("server starts");
+        let addr = server.local_addr().expect("bound");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.serve(async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            tokens,
+            _dir: dir,
+            stop: Some(stop),
+        }
+    }
+
+    async fn call(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = self.tokens.get(who) {
+            request = request.bearer_auth(token);
+        }
+        if let Some(b) = body {
+            request = request.json(&b);
+        }
+        let response = request.send().await.expect("request sent");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            headers,
+        )
+    }
+
+    async fn ok(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> Value {
+        let (status, value, _) = self.call(who, method.clone(), path, body).await;
+        assert!(status.is_success(), "{method} {path}: {status} {value}");
+        value
+    }
+
+    /// Waits for a condition on a run, with a deadline (no sleeping to a fixed time).
+    async fn wait_run(&self, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let run = self.ok("reader", Method::GET, path, None).await;
+            if done(&run) {
+                return run;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {}",
+                run["properties"]["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn sim_fleet(clusters: &[(&str, Value)]) -> Value {
+    let mut map = serde_json::Map::new();
+    for (id, c) in clusters {
+        map.insert(id.to_string(), c.clone());
+    }
+    json!({"properties": {"driver": {
+        "type": "sim",
+        "timeScale": 6000,
+        "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}],
+                               "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}}},
+        "clusters": map,
+    }}})
+}
+
+fn cluster(version: &str) -> Value {
+    json!({"region": "eastus", "kubernetesVersion": version,
+           "nodePools": [{"name": "sys", "family": "AKSUbuntu-2204gen2containerd", "os": "Linux", "nodeImageVersion": "202602.10.0"}]})
+}
+
+#[tokio::test]
+async fn authentication_and_roles() {
+    let h = Harness::start("auth").await;
+    let (status, body, _) = h.call("nobody", Method::GET, "/v1/fleets", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["code"], "Unauthorized");
+    let (status, _, _) = h
+        .http
+        .get(format!("{}/v1/fleets", h.base))
+        .bearer_auth("flt_bogus")
+        .send()
+        .await
+        .map(|r| (r.status(), (), ()))
+        .expect("sent");
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body, _) = h
+        .call("reader", Method::PUT, "/v1/fleets/f1", Some(sim_fleet(&[])))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("admin")
+    );
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1",
+            Some(sim_fleet(&[])),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(sim_fleet(&[])))
+        .await;
+    h.ok("reader", Method::GET, "/v1/fleets/f1", None).await;
+    // Open endpoints.
+    let (status, spec, _) = h.call("nobody", Method::GET, "/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(spec["paths"]["/v1/fleets/{fleet}/updateRuns/{run}/skip"]["post"].is_object());
+    let (status, _, _) = h.call("nobody", Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = h.call("nobody", Method::GET, "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    // Tokens: only admins manage them; a revoked token stops working.
+    let created = h
+        .ok(
+            "admin",
+            Method::POST,
+            "/v1/tokens",
+            Some(json!({"role": "reader", "subject": "ci"})),
+        )
+        .await;
+    let secret = created["token"].as_str().expect("shown once").to_string();
+    let status = h
+        .http
+        .get(format!("{}/v1/fleets", h.base))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .expect("sent")
+        .status();
+    assert_eq!(status, StatusCode::OK);
+    h.ok(
+        "admin",
+        Method::DELETE,
+        &format!("/v1/tokens/{}", created["id"].as_str().expect("id")),
+        None,
+    )
+    .await;
+    let status = h
+        .http
+        .get(format!("{}/v1/fleets", h.base))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .expect("sent")
+        .status();
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let listed = h.ok("admin", Method::GET, "/v1/tokens", None).await;
+    assert!(
+        listed.to_string().find(&secret).is_none(),
+        "secrets are never listed"
+    );
+    let (status, _, _) = h.call("operator", Method::GET, "/v1/tokens", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn validation_etags_and_paging() {
+    let h = Harness::start("validation").await;
+    // Bad input: 400 naming the field, nothing stored.
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1",
+            Some(json!({"properties": {"driver": {"type": "teleport"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("teleport")
+    );
+    let (status, _, _) = h.call("admin", Method::GET, "/v1/fleets/f1", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/Bad_Name",
+            Some(sim_fleet(&[])),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1",
+            Some(json!({"properties": {"driver": {"type": "sim"}}, "colour": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "UnknownField");
+    assert_eq!(body["error"]["target"], "colour");
+    let (status, body, _) = h.call("admin", Method::PUT, "/v1/fleets/f1", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // eTags.
+    let (status, created, headers) = h
+        .call("admin", Method::PUT, "/v1/fleets/f1", Some(sim_fleet(&[])))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let etag = headers
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .expect("ETag header")
+        .to_string();
+    assert_eq!(created["eTag"], etag);
+    let put_if = |tag: &str, header: &'static str| {
+        h.http
+            .put(format!("{}/v1/fleets/f1", h.base))
+            .bearer_auth(&h.tokens["admin"])
+            .header(header, tag.to_string())
+            .json(&sim_fleet(&[]))
+    };
+    assert_eq!(
+        put_if("\"999\"", "If-Match")
+            .send()
+            .await
+            .expect("sent")
+            .status(),
+        StatusCode::PRECONDITION_FAILED
+    );
+    assert_eq!(
+        put_if("*", "If-None-Match")
+            .send()
+            .await
+            .expect("sent")
+            .status(),
+        StatusCode::PRECONDITION_FAILED
+    );
+    assert_eq!(
+        put_if(&etag, "If-Match")
+            .send()
+            .await
+            .expect("sent")
+            .status(),
+        StatusCode::OK
+    );
+    // The old eTag no longer matches: a lost-update race is caught.
+    assert_eq!(
+        put_if(&etag, "If-Match")
+            .send()
+            .await
+            .expect("sent")
+            .status(),
+        StatusCode::PRECONDITION_FAILED
+    );
+    // Members: validation and paging.
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/members/m1",
+            Some(json!({"properties": {"group": "g"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["target"], "properties.clusterResourceId");
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/members/m1",
+            Some(json!({"properties": {"clusterResourceId": "c1", "labels": {"bad key!": "x"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    for i in 0..5 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}"), "group": "g"}})),
+        )
+        .await;
+    }
+    let page = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/members?$top=2", None)
+        .await;
+    assert_eq!(page["value"].as_array().map(Vec::len), Some(2));
+    let mut names: Vec<String> = page["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let mut next = page["nextLink"].as_str().map(String::from);
+    while let Some(link) = next {
+        let page = h.ok("reader", Method::GET, &link, None).await;
+        names.extend(
+            page["value"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| m["name"].as_str().unwrap_or_default().to_string()),
+        );
+        next = page["nextLink"].as_str().map(String::from);
+    }
+    assert_eq!(names, ["m0", "m1", "m2", "m3", "m4"]);
+    let (status, _, _) = h
+        .call("reader", Method::GET, "/v1/fleets/f1/members?$top=0", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Strategies: the Fleet Manager stages file is accepted as is; errors name the path.
+    let stages: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/examples/fleet-stages.json"
+        ))
+        .expect("shared example"),
+    )
+    .expect("json");
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateStrategies/walkthrough",
+        Some(json!({"properties": {"strategy": stages}})),
+    )
+    .await;
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateStrategies/bad",
+            Some(json!({"properties": {"strategy": {"stages": [{"name": "s", "groups": [{"name": "g", "maxConcurrency": "0"}]}]}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "InvalidMaxConcurrency");
+    assert_eq!(
+        body["error"]["target"],
+        "properties.strategy.stages[0].groups[0].maxConcurrency"
+    );
+    // A too-large body is refused with 413.
+    let huge = json!({"properties": {"clusterResourceId": "x".repeat(2 << 20)}});
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/members/big",
+            Some(huge),
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, _, _) = h
+        .call("reader", Method::GET, "/v1/fleets/f1/members/big", None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
+    let h = Harness::start("run").await;
+    let clusters = [
+        ("c-a1", cluster("1.30.5")),
+        ("c-a2", cluster("1.30.5")),
+        ("c-b1", cluster("1.30.5")),
+        ("c-b2", cluster("1.31.1")),
+    ];
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for (name, group) in [
+        ("a1", "canary"),
+        ("a2", "canary"),
+        ("b1", "prod"),
+        ("b2", "prod"),
+    ] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let strategy = json!({"stages": [
+        {"name": "canary", "groups": [{"name": "canary"}]},
+        {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "go"}], "groups": [{"name": "prod", "maxConcurrency": "2"}]},
+    ]});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateStrategies/staged",
+        Some(json!({"properties": {"strategy": strategy}})),
+    )
+    .await;
+    // Both a strategy id and a strategy: refused.
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {"updateStrategyId": "/v1/fleets/f1/updateStrategies/staged", "strategy": strategy,
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let azure_id = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ContainerService/fleets/f1/updateStrategies/staged";
+    let created = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {"updateStrategyId": azure_id, "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+        )
+        .await;
+    assert_eq!(
+        created["properties"]["status"]["status"]["state"],
+        "NotStarted"
+    );
+    assert_eq!(
+        created["properties"]["strategy"]["stages"][1]["name"], "prod",
+        "the strategy is copied into the run"
+    );
+    assert!(
+        created.get("x-flotilla").is_none(),
+        "internal fields are not shown"
+    );
+    // Editing the strategy later does not change the run.
+    h.ok("operator", Method::PUT, "/v1/fleets/f1/updateStrategies/staged", Some(json!({"properties": {"strategy": {"stages": [{"name": "all", "groups": [{"name": "canary"}]}]}}})))
+        .await;
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/start",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/start",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let path = "/v1/fleets/f1/updateRuns/r1";
+    h.wait_run(path, "the production gate", |r| {
+        r["properties"]["status"]["stages"][1]["beforeGates"][0]["status"]["state"] == "Pending"
+    })
+    .await;
+    let gates = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/gates?state=Pending",
+            None,
+        )
+        .await;
+    let gate = gates["value"][0]["name"]
+        .as_str()
+        .expect("a pending gate")
+        .to_string();
+    assert_eq!(
+        gates["value"][0]["properties"]["target"]["updateRunProperties"]["stage"],
+        "prod"
+    );
+    let approve = json!({"properties": {"state": "Completed"}});
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PATCH,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            Some(approve.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "an operator cannot approve");
+    let (status, _, _) = h
+        .call(
+            "approver",
+            Method::PATCH,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            Some(json!({"properties": {"state": "Pending"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, _) = h.call("reader", Method::DELETE, path, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = h.call("operator", Method::DELETE, path, None).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a running run cannot be deleted"
+    );
+    let approved = h
+        .ok(
+            "approver",
+            Method::PATCH,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            Some(approve.clone()),
+        )
+        .await;
+    assert_eq!(approved["properties"]["state"], "Completed");
+    assert_eq!(approved["properties"]["approvedBy"], "approver-user");
+    assert!(approved["properties"]["approvedAt"].is_string());
+    let (status, _, _) = h
+        .call(
+            "approver",
+            Method::PATCH,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            Some(approve),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "a gate is approved once");
+    let done = h
+        .wait_run(path, "completion", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    let members: Vec<(String, String)> = done["properties"]["status"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| {
+            s["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        })
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap_or_default().to_string(),
+                m["status"]["state"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        members,
+        [
+            ("a1".into(), "Completed".into()),
+            ("a2".into(), "Completed".into()),
+            ("b1".into(), "Completed".into()),
+            ("b2".into(), "Skipped".into())
+        ]
+    );
+    // The member observations follow the upgrades.
+    let member = h
+        .wait_run("/v1/fleets/f1/members/a1", "the observation", |m| {
+            m["properties"]["status"]["cluster"]["kubernetesVersion"] == "1.31.1"
+        })
+        .await;
+    assert_eq!(member["properties"]["group"], "canary");
+    // The event log, as JSON and as a live stream.
+    let events = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/r1/events",
+            None,
+        )
+        .await;
+    let kinds: Vec<&str> = events["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"GatePending")
+            && kinds.contains(&"GateCompleted")
+            && kinds.last() == Some(&"RunCompleted"),
+        "{kinds:?}"
+    );
+    let mut stream = h
+        .http
+        .get(format!("{}/v1/fleets/f1/updateRuns/r1/events", h.base))
+        .bearer_auth(&h.tokens["reader"])
+        .header("Accept", "text/event-stream")
+        .send()
+        .await
+        .expect("stream opens");
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let mut text = String::new();
+    while !text.contains("RunCompleted") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.chunk())
+            .await
+            .expect("the stream delivers")
+            .expect("no error");
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("more data")));
+    }
+    assert!(
+        text.contains("data: {") && text.contains("MemberStarted"),
+        "{text}"
+    );
+    // Terminal now: start is refused, delete works.
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/start",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let metrics = h.call("reader", Method::GET, "/metrics", None).await.1;
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        metrics.contains("flotilla_member_upgrades_succeeded_total{fleet=\"f1\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("flotilla_update_runs{fleet=\"f1\",state=\"Completed\"} 1"),
+        "{metrics}"
+    );
+    h.ok("operator", Method::DELETE, path, None).await;
+    let (status, _, _) = h.call("reader", Method::GET, path, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let gates = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/gates", None)
+        .await;
+    assert_eq!(
+        gates["value"].as_array().map(Vec::len),
+        Some(0),
+        "a run's gates go with it"
+    );
+}
+
+#[tokio::test]
+async fn skip_and_stop_actions_follow_the_engine() {
+    let h = Harness::start("actions").await;
+    let clusters = [
+        ("c1", cluster("1.30.5")),
+        ("c2", cluster("1.30.5")),
+        ("c3", cluster("1.30.5")),
+    ];
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for i in 1..=3 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}")}})),
+        )
+        .await;
+    }
+    let update = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(update),
+    )
+    .await;
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/skip",
+            Some(json!({"targets": [{"type": "Member", "name": "ghost"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/skip",
+            Some(json!({"targets": [{"type": "Planet", "name": "m1"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let skipped = h
+        .ok(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/skip",
+            Some(json!({"targets": [{"type": "Member", "name": "m3"}]})),
+        )
+        .await;
+    assert_eq!(
+        skipped["properties"]["status"]["stages"][0]["groups"][0]["members"][2]["status"]["state"],
+        "Skipped"
+    );
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/stop",
+            None,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a run that has not started cannot be stopped"
+    );
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    let done = h
+        .wait_run("/v1/fleets/f1/updateRuns/r1", "completion", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    assert_eq!(done["properties"]["status"]["stages"][0]["name"], "default");
+    assert_eq!(
+        done["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"],
+        "Completed"
+    );
+    let (status, _, _) = h.call("operator", Method::PUT, "/v1/fleets/f1/updateRuns/r1", Some(json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "NodeImageOnly"}}}}))).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a started run cannot be changed"
+    );
+}
+
+/// `/openapi.json` is generated from the route table; every route in it is served.
+#[tokio::test]
+async fn every_documented_route_is_served() {
+    let h = Harness::start("routes").await;
+    for (method, path, _, _) in flotilla_server::api::ROUTES {
+        let concrete = path
+            .replace("{fleet}", "nofleet")
+            .replace("{run}", "r")
+            .replace("{member}", "m")
+            .replace("{strategy}", "s")
+            .replace("{gate}", "g")
+            .replace("{id}", "i");
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+        let (status, body, _) = h
+            .call("admin", method.clone(), &concrete, Some(json!({})))
+            .await;
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_ne!(
+            body["error"]["message"], "no such path",
+            "{method} {path} is documented but not routed"
+        );
+    }
+    let (_, body, _) = h.call("admin", Method::GET, "/v1/nothing-here", None).await;
+    assert_eq!(body["error"]["message"], "no such path");
+}
