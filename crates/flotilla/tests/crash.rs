@@ -1,0 +1,284 @@
+//! Crash safety (SEMANTICS §7) with the real binary on a real SQLite file: an update run over the
+//! `exec` driver, whose scripts log every upgrade they start, while the server is killed with
+//! SIGKILL at random moments and restarted. At the end the run completed, every member was
+//! upgraded exactly once, and every write the API acknowledged is still there.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+const MEMBERS: usize = 16;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn start_server(db: &Path, port: u16, log: &Path) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database",
+            &db.display().to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("the server starts")
+}
+
+struct Api {
+    http: reqwest::blocking::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(5));
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let response = request.send().map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let text = response.text().map_err(|e| e.to_string())?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    fn must(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
+        let (status, value) = self
+            .call(method.clone(), path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {value}"
+        );
+        value
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self
+                .call(reqwest::Method::GET, "/readyz", None)
+                .is_ok_and(|(s, _)| s == 200)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the server did not become ready");
+    }
+}
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/exec")
+        .canonicalize()
+        .expect("example scripts")
+}
+
+#[test]
+fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice() {
+    let dir = std::env::temp_dir().join(format!("flotilla-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("state")).expect("state dir");
+    let db = dir.join("flotilla.db");
+    let server_log = dir.join("server.log");
+    let state = dir.join("state").display().to_string();
+    let scripts = scripts().display().to_string();
+
+    let token = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "token",
+            "create",
+            "--role",
+            "admin",
+            "--subject",
+            "crash-test",
+            "--database",
+            &db.display().to_string(),
+        ])
+        .output()
+        .expect("token create runs");
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let mut server = start_server(&db, port, &server_log);
+    api.wait_ready();
+
+    let driver = json!({
+        "type": "exec",
+        "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
+        "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
+        "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", "600"],
+        "pollIntervalSeconds": 0.1,
+        "timeoutSeconds": 10,
+    });
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge",
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    for i in 0..MEMBERS {
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/edge/members/store-{i}"),
+            Some(&json!({"properties": {"clusterResourceId": format!("store-{i}"), "group": "stores"}})),
+        );
+    }
+    let run = json!({"properties": {
+        "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": "2"}]}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+    }});
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge/updateRuns/r1",
+        Some(&run),
+    );
+    api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/edge/updateRuns/r1/start",
+        None,
+    );
+
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    eprintln!("crash test seed {seed}");
+    let mut rng = Lcg(seed);
+    let mut acknowledged: Vec<String> = Vec::new();
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let final_state = loop {
+        // Writes during the run: each acknowledged one must survive the kills.
+        let name = format!("ack-{kills}");
+        let body = json!({"properties": {"strategy": {"stages": [{"name": "s", "groups": [{"name": "g"}]}]}}});
+        if let Ok((status, _)) = api.call(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/edge/updateStrategies/{name}"),
+            Some(&body),
+        ) && (200..300).contains(&status)
+        {
+            acknowledged.push(name);
+        }
+        std::thread::sleep(Duration::from_millis(50 + rng.next(900)));
+        let (_, run) = api
+            .call(reqwest::Method::GET, "/v1/fleets/edge/updateRuns/r1", None)
+            .unwrap_or((0, Value::Null));
+        let state = run["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state == "Completed" || state == "Failed" {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not finish; last state {state:?}; see {}",
+            server_log.display()
+        );
+        // SIGKILL (Child::kill on Unix), then start again on the same file.
+        server.kill().expect("kill");
+        let _ = server.wait();
+        kills += 1;
+        server = start_server(&db, port, &server_log);
+        api.wait_ready();
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        kills >= 5,
+        "only {kills} kills happened before the run ended; the test proves little"
+    );
+    assert_eq!(
+        final_state["properties"]["status"]["status"]["state"], "Completed",
+        "{}",
+        final_state["properties"]["status"]
+    );
+
+    let log = std::fs::read_to_string(dir.join("state/upgrades.log"))
+        .expect("the scripts logged upgrades");
+    let mut per_member: BTreeMap<String, usize> = BTreeMap::new();
+    for line in log.lines() {
+        *per_member
+            .entry(
+                line.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+            .or_default() += 1;
+    }
+    for i in 0..MEMBERS {
+        assert_eq!(
+            per_member.get(&format!("store-{i}")),
+            Some(&1),
+            "store-{i} was not upgraded exactly once:\n{log}"
+        );
+    }
+    assert_eq!(per_member.len(), MEMBERS, "{log}");
+
+    // Restart once more and check every acknowledged write.
+    let mut server = start_server(&db, port, &server_log);
+    api.wait_ready();
+    for name in &acknowledged {
+        api.must(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/edge/updateStrategies/{name}"),
+            None,
+        );
+    }
+    let run = api.must(reqwest::Method::GET, "/v1/fleets/edge/updateRuns/r1", None);
+    assert_eq!(run["properties"]["status"]["status"]["state"], "Completed");
+    let _ = server.kill();
+    let _ = server.wait();
+    eprintln!("{kills} kills, {} acknowledged writes", acknowledged.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}

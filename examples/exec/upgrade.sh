@@ -1,0 +1,18 @@
+#!/bin/sh
+# Flotilla exec driver, example: starts an upgrade of MEMBER to VERSION. The same KEY twice
+# starts nothing new (the server may ask again after a crash). Every upgrade actually started is
+# appended to STATE_DIR/upgrades.log.
+# Usage: upgrade.sh STATE_DIR MEMBER KEY VERSION
+set -eu
+state=$1 member=$2 key=$3 version=$4
+mkdir -p "$state/ops" "$state/clusters"
+tmp=$(mktemp -d "$state/tmp.XXXXXX")
+echo "$member $version" > "$tmp/target"
+date +%s%N > "$tmp/started"
+# The rename is atomic: exactly one caller with this KEY wins.
+if mv -T "$tmp" "$state/ops/$key" 2>/dev/null; then
+  echo "$member $key $version" >> "$state/upgrades.log"
+else
+  rm -rf "$tmp"
+fi
+printf '{"operationId":"%s"}\n' "$key"
