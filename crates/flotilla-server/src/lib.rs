@@ -16,6 +16,56 @@ use crate::metrics::Metrics;
 use crate::runs::Runs;
 use crate::store::Store;
 
+/// How often every member's cluster is observed again through its fleet's driver.
+pub const OBSERVE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Refreshes `status.cluster` of every member, fleet by fleet, forever.
+async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Ok(fleets) = runs.store.list("", store::Kind::Fleet, None, 100_000).await else {
+            continue;
+        };
+        for fleet in fleets {
+            let Ok(driver) = runs
+                .drivers
+                .for_fleet(runs.store.as_ref(), &fleet.name)
+                .await
+            else {
+                continue;
+            };
+            let mut after: Option<String> = None;
+            while let Ok(page) = runs
+                .store
+                .list(&fleet.name, store::Kind::Member, after.as_deref(), 500)
+                .await
+            {
+                let Some(last) = page.last() else { break };
+                after = Some(last.name.clone());
+                for member in page {
+                    let id = member.body["properties"]["clusterResourceId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    let who = driver::MemberRef {
+                        name: member.name.clone(),
+                        cluster_resource_id: id,
+                    };
+                    if let Ok(spec) = driver.observe(&who).await {
+                        runs::record_observation(
+                            runs.store.as_ref(),
+                            &fleet.name,
+                            &member.name,
+                            &spec,
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A server bound to an address, ready to serve.
 pub struct Server {
     pub listener: tokio::net::TcpListener,
@@ -43,6 +93,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
+        tokio::spawn(observe_fleets(runs.clone(), OBSERVE_EVERY));
         Ok(Server {
             listener,
             state: Arc::new(AppState { runs, insecure }),

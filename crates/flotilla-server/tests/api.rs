@@ -847,3 +847,34 @@ async fn every_documented_route_is_served() {
     let (_, body, _) = h.call("admin", Method::GET, "/v1/nothing-here", None).await;
     assert_eq!(body["error"]["message"], "no such path");
 }
+
+#[tokio::test]
+async fn serving_without_authentication_binds_loopback_only() {
+    let dir = temp_dir("insecure");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&dir.0.join("flotilla.db"))
+            .await
+            .expect("store"),
+    );
+    let refused = Server::start(store.clone(), "0.0.0.0:0".parse().expect("addr"), true).await;
+    assert!(refused.is_err_and(|e| e.0.contains("loopback")));
+    let server = Server::start(store, "127.0.0.1:0".parse().expect("addr"), true)
+        .await
+        .expect("loopback is fine");
+    assert!(server.local_addr().is_some_and(|a| a.ip().is_loopback()));
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_sqlite_file_is_refused() {
+    let dir = temp_dir("lock");
+    let first = SqliteStore::open(&dir.0.join("flotilla.db"))
+        .await
+        .expect("first opens");
+    let second = SqliteStore::open(&dir.0.join("flotilla.db")).await;
+    assert!(second.is_err_and(|e| e.to_string().contains("one replica")));
+    drop(first);
+    assert!(
+        SqliteStore::open(&dir.0.join("flotilla.db")).await.is_ok(),
+        "the lock goes with the first server"
+    );
+}

@@ -192,8 +192,8 @@ async fn serve_command(
             .with_context(|| format!("database {}", path.display()))?,
     );
     if !insecure && store.list_tokens().await?.iter().all(|t| t.revoked) {
-        eprintln!(
-            "flotilla: no API token exists yet; create one with: flotilla token create --role admin --database {}",
+        bail!(
+            "no API token exists, so nobody could use this server; create one with\n  flotilla token create --role admin --database {}\nor serve without authentication on loopback with --insecure-no-auth",
             path.display()
         );
     }
