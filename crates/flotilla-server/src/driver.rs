@@ -530,3 +530,126 @@ impl Driver for ExecDriver {
         Duration::from_secs_f64(self.config.poll_interval_seconds)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_engine::strategy::UpgradeType;
+
+    fn exec(upgrade: &str, timeout: f64) -> ExecDriver {
+        ExecDriver::new(&json!({
+            "type": "exec",
+            "observe": ["sh", "-c", "echo '{\"region\":\"eastus\",\"kubernetesVersion\":\"1.30.5\",\"nodePools\":[]}'"],
+            "upgrade": ["sh", "-c", upgrade, "upgrade", "{member}", "{operationKey}", "{kubernetesVersion}"],
+            "poll": ["sh", "-c", "echo '{\"state\":\"Failed\",\"message\":\"drain timed out\"}'"],
+            "timeoutSeconds": timeout,
+        }))
+        .expect("valid config")
+    }
+
+    fn target() -> Target {
+        Target {
+            upgrade_type: UpgradeType::ControlPlaneOnly,
+            kubernetes_version: flotilla_engine::version::KubeVersion::parse("1.31.1"),
+            node_images: vec![],
+        }
+    }
+
+    fn who() -> MemberRef {
+        MemberRef {
+            name: "m1".into(),
+            cluster_resource_id: "/c/m1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_passes_placeholders_and_reads_json() {
+        let driver = exec(
+            "printf '{\"operationId\":\"%s-%s-%s\"}' \"$1\" \"$2\" \"$3\"",
+            10.0,
+        );
+        let id = driver
+            .start_upgrade(&who(), &target(), "k1")
+            .await
+            .expect("starts");
+        assert_eq!(id, "m1-k1-1.31.1");
+        let cluster = driver.observe(&who()).await.expect("observes");
+        assert_eq!(cluster.kubernetes_version, "1.30.5");
+        assert_eq!(
+            driver.poll(&who(), &id).await.expect("polls"),
+            OperationState::Failed("drain timed out".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_failures_carry_the_exit_code_and_stderr() {
+        let err = exec("echo 'quota exceeded in eastus' >&2; exit 3", 10.0)
+            .start_upgrade(&who(), &target(), "k1")
+            .await
+            .unwrap_err();
+        assert!(
+            err.0.contains("code 3") && err.0.contains("quota exceeded"),
+            "{err}"
+        );
+        let err = exec("echo not json", 10.0)
+            .start_upgrade(&who(), &target(), "k1")
+            .await
+            .unwrap_err();
+        assert!(err.0.contains("not JSON"), "{err}");
+        let err = exec("sleep 5", 0.2)
+            .start_upgrade(&who(), &target(), "k1")
+            .await
+            .unwrap_err();
+        assert!(err.0.contains("timed out"), "{err}");
+        let err = ExecDriver::new(
+            &json!({"type": "exec", "observe": [], "upgrade": ["x"], "poll": ["x"]}),
+        )
+        .err()
+        .expect("refused");
+        assert!(err.0.contains("properties.driver.observe"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn sim_is_idempotent_per_key_and_fails_as_configured() {
+        let driver = SimDriver::new(&json!({
+            "type": "sim", "timeScale": 1000,
+            "clusters": {"/c/m1": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": 1, "outcome": "fail", "failAttempts": 1}}},
+        }))
+        .expect("valid");
+        let first = driver
+            .start_upgrade(&who(), &target(), "a1")
+            .await
+            .expect("starts");
+        let again = driver
+            .start_upgrade(&who(), &target(), "a1")
+            .await
+            .expect("same key");
+        assert_eq!(first, again);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(matches!(
+            driver.poll(&who(), "a1").await.expect("polls"),
+            OperationState::Failed(_)
+        ));
+        assert_eq!(
+            driver.poll(&who(), "never-sent").await.expect("polls"),
+            OperationState::Unknown
+        );
+        driver
+            .start_upgrade(&who(), &target(), "a2")
+            .await
+            .expect("second attempt");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            driver.poll(&who(), "a2").await.expect("polls"),
+            OperationState::Succeeded
+        );
+        assert_eq!(
+            driver
+                .observe(&who())
+                .await
+                .expect("observes")
+                .kubernetes_version,
+            "1.31.1"
+        );
+    }
+}
