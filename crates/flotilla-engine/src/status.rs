@@ -79,9 +79,9 @@ pub struct GroupStatus {
     pub max_allowed_failures: u64,
     pub max_concurrency: u64,
     pub members: Vec<MemberStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub before_gates: Vec<GateStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_gates: Vec<GateStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -96,9 +96,9 @@ pub struct StageStatus {
     pub max_allowed_failures: u64,
     pub max_concurrency: u64,
     pub groups: Vec<GroupStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub before_gates: Vec<GateStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_gates: Vec<GateStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_stage_wait_status: Option<WaitStatus>,

@@ -513,6 +513,11 @@ impl Actor {
         } else {
             Vec::new()
         };
+        // Observations land in the members before the run's progress does, so whoever sees the
+        // run move on sees the clusters it changed.
+        for (member, spec) in &observed {
+            record_observation(self.runs.store.as_ref(), &self.fleet, member, spec).await;
+        }
         let write = RunBatch {
             fleet: self.fleet.clone(),
             run: self.run.clone(),
@@ -534,15 +539,6 @@ impl Actor {
         }
         for (reply, result) in replies {
             let _ = reply.send(result);
-        }
-        if !observed.is_empty() {
-            let store = self.runs.store.clone();
-            let fleet = self.fleet.clone();
-            tokio::spawn(async move {
-                for (member, spec) in observed {
-                    record_observation(store.as_ref(), &fleet, &member, &spec).await;
-                }
-            });
         }
         for event in events {
             let _ = self.runs.events.send(RunEvent {

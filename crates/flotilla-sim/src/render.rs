@@ -19,9 +19,15 @@ fn span(status: &UpdateStatus) -> String {
 fn gates(out: &mut String, prefix: &str, label: &str, gates: &[GateStatus]) {
     for g in gates {
         let name = g.display_name.as_deref().unwrap_or("gate");
+        // A pending gate shows its id: what `flotilla gate approve` needs.
+        let id = if g.status.state == flotilla_engine::status::State::Pending {
+            format!("  gate {}", g.gate_id)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{prefix}{label} {name:?}  {:?}{}",
+            "{prefix}{label} {name:?}  {:?}{}{id}",
             g.status.state,
             span(&g.status)
         );

@@ -1,5 +1,7 @@
 //! The `flotilla` binary: one command-line entry point for every part of the product.
 
+mod client;
+mod commands;
 mod demo;
 
 use std::net::SocketAddr;
@@ -22,6 +24,15 @@ use flotilla_sim::{Scenario, render, simulate};
     about = "Staged, predictable upgrades for fleets of Kubernetes clusters"
 )]
 struct Cli {
+    /// The server the client commands talk to (default: the login file, then http://127.0.0.1:8080).
+    #[arg(long, global = true, env = "FLOTILLA_SERVER")]
+    server: Option<String>,
+    /// The API token (default: the login file).
+    #[arg(long, global = true, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Output format (default: table on a terminal, JSON otherwise).
+    #[arg(short = 'o', long, global = true, value_enum)]
+    output: Option<client::Format>,
     #[command(subcommand)]
     command: Command,
 }
@@ -51,10 +62,42 @@ enum Command {
         #[arg(long)]
         insecure_no_auth: bool,
     },
-    /// Manage API tokens in the database directly (the server may be running).
+    /// Fleets and their drivers.
+    Fleet {
+        #[command(subcommand)]
+        command: commands::FleetCommand,
+    },
+    /// Member clusters of a fleet.
+    Member {
+        #[command(subcommand)]
+        command: commands::MemberCommand,
+    },
+    /// Reusable update strategies.
+    Updatestrategy {
+        #[command(subcommand)]
+        command: commands::StrategyCommand,
+    },
+    /// Update runs: create, start, stop, skip, show, watch.
+    Updaterun {
+        #[command(subcommand)]
+        command: commands::RunCommand,
+    },
+    /// Approval and scheduled-start gates.
+    Gate {
+        #[command(subcommand)]
+        command: commands::GateCommand,
+    },
+    /// API tokens.
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// Check a token against a server and remember both for later commands.
+    Login,
+    /// Shell completions: `flotilla completions bash > /etc/bash_completion.d/flotilla`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Start a server with a simulated fleet of 60 clusters and run a staged upgrade on it.
     Demo {
@@ -77,16 +120,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// Create a token; it is printed once and stored hashed.
+    /// Create a token; it is printed once and stored hashed. With `--database`, written to the
+    /// database directly (to make the first one); otherwise through the server.
     Create {
         #[arg(long)]
         role: String,
         /// Who the token is for (recorded as the approver of gates).
         #[arg(long)]
         subject: Option<String>,
-        #[arg(long, env = "FLOTILLA_DATABASE")]
+        #[arg(long)]
         database: Option<String>,
     },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id.
+    Revoke { id: String },
 }
 
 /// The run's name: the file's stem, made into a valid resource name.
@@ -208,13 +256,30 @@ async fn serve_command(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn token_command(command: TokenCommand) -> anyhow::Result<ExitCode> {
+async fn token_command(
+    client: &client::Client,
+    output: Option<client::Format>,
+    command: TokenCommand,
+) -> anyhow::Result<ExitCode> {
     match command {
+        TokenCommand::List => {
+            commands::server_token(client, output, commands::ServerTokenCommand::List).await
+        }
+        TokenCommand::Revoke { id } => {
+            commands::server_token(client, output, commands::ServerTokenCommand::Revoke { id })
+                .await
+        }
         TokenCommand::Create {
             role,
             subject,
-            database,
+            database: None,
+        } => commands::create_token_on_server(client, &role, subject).await,
+        TokenCommand::Create {
+            role,
+            subject,
+            database: Some(database),
         } => {
+            let database = Some(database);
             let role = Role::parse(&role).with_context(|| {
                 format!("--role {role:?}: must be reader, operator, approver or admin")
             })?;
@@ -238,12 +303,25 @@ async fn token_command(command: TokenCommand) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let client = client::Client::new(cli.server.clone(), cli.token.clone());
+    let output = cli.output;
+    let token_flag = cli.token.clone();
     let outcome = match cli.command {
         Command::Simulate {
             scenario,
             json,
             check,
         } => simulate_command(&scenario, json, check),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "flotilla",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         command => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -263,7 +341,26 @@ fn main() -> ExitCode {
                             database,
                             insecure_no_auth,
                         } => serve_command(listen, database, insecure_no_auth).await,
-                        Command::Token { command } => token_command(command).await,
+                        Command::Token { command } => token_command(&client, output, command).await,
+                        Command::Fleet { command } => {
+                            commands::fleet(&client, output, command).await
+                        }
+                        Command::Member { command } => {
+                            commands::member(&client, output, command).await
+                        }
+                        Command::Updatestrategy { command } => {
+                            commands::strategy(&client, output, command).await
+                        }
+                        Command::Updaterun { command } => {
+                            commands::run(&client, output, command).await
+                        }
+                        Command::Gate { command } => commands::gate(&client, output, command).await,
+                        Command::Login => match token_flag {
+                            Some(token) => commands::login(client.server.clone(), token).await,
+                            None => Err(anyhow::anyhow!(
+                                "login needs --token (or FLOTILLA_TOKEN) and --server"
+                            )),
+                        },
                         Command::Demo {
                             listen,
                             database,
@@ -274,7 +371,9 @@ fn main() -> ExitCode {
                             demo::run(listen, database, time_scale, approve_after, exit_when_done)
                                 .await
                         }
-                        Command::Simulate { .. } => unreachable!("handled above"),
+                        Command::Simulate { .. } | Command::Completions { .. } => {
+                            unreachable!("handled above")
+                        }
                     }
                 }),
                 Err(e) => Err(e.into()),

@@ -1,0 +1,263 @@
+//! The CLI's side of the API: where the server is, which token to send, one clear line for every
+//! error, and the output formats (aligned tables with coloured states, JSON, YAML).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Settings written by `flotilla login`.
+pub fn config_path() -> Option<PathBuf> {
+    std::env::var_os("FLOTILLA_CONFIG")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CONFIG_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+                .map(|d| d.join("flotilla").join("config.json"))
+        })
+}
+
+pub fn read_config() -> Value {
+    config_path()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(json!({}))
+}
+
+pub fn write_config(server: &str, token: &str) -> anyhow::Result<PathBuf> {
+    let path = config_path()
+        .context("cannot find a configuration directory: set FLOTILLA_CONFIG or HOME")?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json!({"server": server, "token": token}))?,
+    )
+    .with_context(|| format!("cannot write {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
+    Ok(path)
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    pub server: String,
+    token: Option<String>,
+}
+
+impl Client {
+    /// `--server` / `FLOTILLA_SERVER`, then the login file, then the default; likewise the token.
+    pub fn new(server: Option<String>, token: Option<String>) -> Client {
+        let config = read_config();
+        let server = server
+            .or_else(|| config["server"].as_str().map(String::from))
+            .unwrap_or_else(|| DEFAULT_SERVER.to_string())
+            .trim_end_matches('/')
+            .to_string();
+        let token = token.or_else(|| config["token"].as_str().map(String::from));
+        Client {
+            http: reqwest::Client::new(),
+            server,
+            token,
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, format!("{}{path}", self.server));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        r
+    }
+
+    /// Sends a request; a non-2xx answer becomes one line with the field path.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut request = self.request(method.clone(), path);
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        if !status.is_success() {
+            let error = &value["error"];
+            let message = error["message"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| text.trim().to_string());
+            let target = error["target"]
+                .as_str()
+                .filter(|t| !t.is_empty() && !message.contains(*t));
+            bail!(
+                "{} ({}{})",
+                message,
+                status.as_u16(),
+                target.map(|t| format!(", at {t}")).unwrap_or_default()
+            );
+        }
+        Ok(value)
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    /// Every item of a paged list.
+    pub async fn list_all(&self, path: &str) -> anyhow::Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut next = Some(path.to_string());
+        while let Some(p) = next {
+            let page = self.get(&p).await?;
+            items.extend(page["value"].as_array().cloned().unwrap_or_default());
+            next = page["nextLink"].as_str().map(String::from);
+        }
+        Ok(items)
+    }
+
+    /// A streaming GET (server-sent events).
+    pub async fn stream(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let response = self
+            .request(reqwest::Method::GET, path)
+            .header("Accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            bail!(
+                "{} ({})",
+                response.text().await.unwrap_or_default(),
+                status.as_u16()
+            );
+        }
+        Ok(response)
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot reach the Flotilla server at {} ({}); start one with `flotilla serve` or point --server / FLOTILLA_SERVER at it",
+            self.server,
+            root_cause(&e)
+        )
+    }
+}
+
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut current = e;
+    while let Some(next) = current.source() {
+        current = next;
+    }
+    current.to_string()
+}
+
+pub fn colour_enabled() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// A state word, coloured on a terminal.
+pub fn state(text: &str, colour: bool) -> String {
+    if !colour {
+        return text.to_string();
+    }
+    let code = match text {
+        "Completed" | "Succeeded" => "32",
+        "Running" => "36",
+        "Pending" | "Stopping" | "Stopped" => "33",
+        "Failed" => "31",
+        "Skipped" => "90",
+        _ => "0",
+    };
+    format!("\x1b[{code}m{text}\x1b[0m")
+}
+
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut escape = false;
+    for c in s.chars() {
+        match (escape, c) {
+            (false, '\x1b') => escape = true,
+            (true, 'm') => escape = false,
+            (true, _) => {}
+            (false, _) => n += 1,
+        }
+    }
+    n
+}
+
+/// An aligned table.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(visible_len(cell));
+            }
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<String>, out: &mut String| {
+        let mut parts = Vec::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = widths[i].saturating_sub(visible_len(cell));
+            parts.push(if i + 1 == cells.len() {
+                cell.clone()
+            } else {
+                format!("{cell}{}", " ".repeat(pad))
+            });
+        }
+        out.push_str(parts.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(headers.iter().map(|h| h.to_uppercase()).collect(), &mut out);
+    for row in rows {
+        line(row.clone(), &mut out);
+    }
+    out
+}
+
+/// Prints a value as the user asked: JSON, YAML, or (for tables) the given text.
+pub fn print(
+    format: Format,
+    value: &Value,
+    table_text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Format::Yaml => print!(
+            "{}",
+            serde_saphyr::to_string(value)
+                .map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))?
+        ),
+        Format::Table => print!("{}", table_text()),
+    }
+    Ok(())
+}
+
+pub fn default_format(asked: Option<Format>) -> Format {
+    asked.unwrap_or(if std::io::stdout().is_terminal() {
+        Format::Table
+    } else {
+        Format::Json
+    })
+}

@@ -1,0 +1,1039 @@
+//! Client commands that mirror `az fleet`: fleets, members, update strategies, update runs,
+//! gates, tokens and login, against a Flotilla server.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use flotilla_engine::status::UpdateRunStatus;
+
+use crate::client::{
+    Client, Format, colour_enabled, default_format, print, state, table, write_config,
+};
+
+#[derive(Args, Clone)]
+pub struct Target {
+    /// The fleet.
+    #[arg(short = 'f', long = "fleet", alias = "fleet-name")]
+    pub fleet: String,
+    /// The resource's name.
+    #[arg(short = 'n', long = "name")]
+    pub name: String,
+}
+
+#[derive(Args, Clone)]
+pub struct FleetOnly {
+    #[arg(short = 'f', long = "fleet", alias = "fleet-name")]
+    pub fleet: String,
+}
+
+#[derive(Subcommand)]
+pub enum FleetCommand {
+    /// Create or replace a fleet; `--driver` is a file or inline JSON (`{"type": "sim", ...}`).
+    Create {
+        #[arg(short = 'n', long)]
+        name: String,
+        #[arg(long)]
+        driver: String,
+    },
+    Show {
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+    List,
+    Delete {
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MemberCommand {
+    /// Add a cluster to a fleet.
+    Create {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, alias = "member-cluster-id")]
+        cluster_resource_id: String,
+        #[arg(long)]
+        update_group: Option<String>,
+        /// Labels as space-separated key=value pairs.
+        #[arg(long, alias = "member-labels", num_args = 1..)]
+        labels: Vec<String>,
+    },
+    /// Change a member's update group or labels.
+    Update {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        update_group: Option<String>,
+        #[arg(long, alias = "member-labels", num_args = 1..)]
+        labels: Option<Vec<String>>,
+    },
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StrategyCommand {
+    /// Create or replace an update strategy; `--stages` is a file or inline JSON.
+    Create {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        stages: String,
+    },
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RunCommand {
+    /// Create an update run (it does not start until `updaterun start`).
+    Create {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, value_parser = ["Full", "ControlPlaneOnly", "NodeImageOnly"])]
+        upgrade_type: String,
+        #[arg(long)]
+        kubernetes_version: Option<String>,
+        #[arg(long, value_parser = ["Latest", "Consistent", "Custom"])]
+        node_image_selection: Option<String>,
+        /// With Custom: `<family>-<version>` values.
+        #[arg(long, num_args = 1..)]
+        custom_node_image_versions: Vec<String>,
+        #[arg(long)]
+        stages: Option<String>,
+        #[arg(long)]
+        update_strategy_name: Option<String>,
+    },
+    Start {
+        #[command(flatten)]
+        target: Target,
+    },
+    Stop {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Skip members, groups, stages or waits: `--targets Type:Name ...`.
+    Skip {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, num_args = 1.., required = true)]
+        targets: Vec<String>,
+    },
+    /// The run with its stage → group → member tree.
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Wait until the run ends; the exit code tells how it ended.
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// Follow the run live with a progress bar per stage; exits with the run's outcome.
+    Watch {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Create a new run from a finished one's strategy snapshot and upgrade.
+    Rerun {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        new_name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GateCommand {
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+        #[arg(long, alias = "state-filter", value_parser = ["Pending", "Skipped", "Completed"])]
+        state: Option<String>,
+    },
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Approve a pending gate.
+    Approve {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ServerTokenCommand {
+    List,
+    Revoke { id: String },
+}
+
+/// A file path or inline JSON.
+fn file_or_json(text: &str, what: &str) -> anyhow::Result<Value> {
+    let trimmed = text.trim_start();
+    let body = if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        text.to_string()
+    } else {
+        std::fs::read_to_string(text)
+            .with_context(|| format!("{what}: cannot read file {text:?}"))?
+    };
+    serde_json::from_str(&body).with_context(|| format!("{what}: not valid JSON"))
+}
+
+fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("--labels {p:?}: write labels as key=value"),
+        })
+        .collect()
+}
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_str().unwrap_or("")
+}
+
+fn resource_rows(items: &[Value], columns: &[(&str, &[&str])], colour: bool) -> String {
+    let headers: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|item| {
+            columns
+                .iter()
+                .map(|(h, path)| {
+                    let mut cur = item;
+                    for p in *path {
+                        cur = &cur[*p];
+                    }
+                    let text = match cur {
+                        Value::String(t) => t.clone(),
+                        Value::Null => String::new(),
+                        Value::Object(m) if *h == "labels" => m
+                            .iter()
+                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        other => other.to_string(),
+                    };
+                    if *h == "state" {
+                        state(&text, colour)
+                    } else {
+                        text
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    table(&headers, &rows)
+}
+
+const MEMBER_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("group", &["properties", "group"]),
+    ("region", &["properties", "status", "cluster", "region"]),
+    (
+        "version",
+        &["properties", "status", "cluster", "kubernetesVersion"],
+    ),
+    ("labels", &["properties", "labels"]),
+    ("cluster", &["properties", "clusterResourceId"]),
+];
+const RUN_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("state", &["properties", "status", "status", "state"]),
+    ("failures", &["properties", "status", "failureCount"]),
+    (
+        "type",
+        &["properties", "managedClusterUpdate", "upgrade", "type"],
+    ),
+    (
+        "version",
+        &[
+            "properties",
+            "managedClusterUpdate",
+            "upgrade",
+            "kubernetesVersion",
+        ],
+    ),
+    ("started", &["properties", "status", "status", "startTime"]),
+    (
+        "completed",
+        &["properties", "status", "status", "completedTime"],
+    ),
+];
+const GATE_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("state", &["properties", "state"]),
+    ("type", &["properties", "gateType"]),
+    (
+        "run",
+        &["properties", "target", "updateRunProperties", "name"],
+    ),
+    (
+        "stage",
+        &["properties", "target", "updateRunProperties", "stage"],
+    ),
+    (
+        "group",
+        &["properties", "target", "updateRunProperties", "group"],
+    ),
+    (
+        "timing",
+        &["properties", "target", "updateRunProperties", "timing"],
+    ),
+    ("display name", &["properties", "displayName"]),
+    ("approved by", &["properties", "approvedBy"]),
+];
+
+fn one_row(item: &Value, columns: &[(&str, &[&str])], colour: bool) -> String {
+    resource_rows(std::slice::from_ref(item), columns, colour)
+}
+
+pub async fn fleet(
+    client: &Client,
+    format: Option<Format>,
+    command: FleetCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    let columns: &[(&str, &[&str])] = &[
+        ("name", &["name"]),
+        ("driver", &["properties", "driver", "type"]),
+    ];
+    match command {
+        FleetCommand::Create { name, driver } => {
+            let driver = file_or_json(&driver, "--driver")?;
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/fleets/{name}"),
+                    Some(&json!({"properties": {"driver": driver}})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, columns, colour))?;
+        }
+        FleetCommand::Show { name } => {
+            let v = client.get(&format!("/v1/fleets/{name}")).await?;
+            print(format, &v, || one_row(&v, columns, colour))?;
+        }
+        FleetCommand::List => {
+            let items = client.list_all("/v1/fleets").await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, columns, colour)
+            })?;
+        }
+        FleetCommand::Delete { name } => {
+            client
+                .send(reqwest::Method::DELETE, &format!("/v1/fleets/{name}"), None)
+                .await?;
+            eprintln!("deleted fleet {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn member(
+    client: &Client,
+    format: Option<Format>,
+    command: MemberCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    match command {
+        MemberCommand::Create {
+            target,
+            cluster_resource_id,
+            update_group,
+            labels: pairs,
+        } => {
+            let mut properties =
+                json!({"clusterResourceId": cluster_resource_id, "labels": labels(&pairs)?});
+            if let Some(g) = update_group {
+                properties["group"] = json!(g);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/fleets/{}/members/{}", target.fleet, target.name),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::Update {
+            target,
+            update_group,
+            labels: pairs,
+        } => {
+            if update_group.is_none() && pairs.is_none() {
+                bail!("nothing to update: give --update-group and/or --labels");
+            }
+            let mut properties = json!({});
+            if let Some(g) = update_group {
+                properties["group"] = json!(g);
+            }
+            if let Some(p) = pairs {
+                properties["labels"] = json!(labels(&p)?);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PATCH,
+                    &format!("/v1/fleets/{}/members/{}", target.fleet, target.name),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::Show { target } => {
+            let v = client
+                .get(&format!(
+                    "/v1/fleets/{}/members/{}",
+                    target.fleet, target.name
+                ))
+                .await?;
+            print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::List { fleet } => {
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/members", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, MEMBER_COLUMNS, colour)
+            })?;
+        }
+        MemberCommand::Delete { target } => {
+            client
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/fleets/{}/members/{}", target.fleet, target.name),
+                    None,
+                )
+                .await?;
+            eprintln!("deleted member {}", target.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn strategy(
+    client: &Client,
+    format: Option<Format>,
+    command: StrategyCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let columns: &[(&str, &[&str])] = &[("name", &["name"])];
+    let stage_count = |v: &Value| {
+        v["properties"]["strategy"]["stages"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    match command {
+        StrategyCommand::Create { target, stages } => {
+            let strategy = file_or_json(&stages, "--stages")?;
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!(
+                        "/v1/fleets/{}/updateStrategies/{}",
+                        target.fleet, target.name
+                    ),
+                    Some(&json!({"properties": {"strategy": strategy}})),
+                )
+                .await?;
+            print(format, &v, || {
+                format!(
+                    "update strategy {} with {} stages\n",
+                    target.name,
+                    stage_count(&v)
+                )
+            })?;
+        }
+        StrategyCommand::Show { target } => {
+            let v = client
+                .get(&format!(
+                    "/v1/fleets/{}/updateStrategies/{}",
+                    target.fleet, target.name
+                ))
+                .await?;
+            print(format, &v, || strategy_text(&v))?;
+        }
+        StrategyCommand::List { fleet } => {
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/updateStrategies", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, columns, false)
+            })?;
+        }
+        StrategyCommand::Delete { target } => {
+            client
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!(
+                        "/v1/fleets/{}/updateStrategies/{}",
+                        target.fleet, target.name
+                    ),
+                    None,
+                )
+                .await?;
+            eprintln!("deleted update strategy {}", target.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn strategy_text(v: &Value) -> String {
+    let mut out = format!("update strategy {}\n", s(v, &["name"]));
+    for stage in v["properties"]["strategy"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "  stage {}  maxConcurrency {}  maxAllowedFailures {}  wait {}s\n",
+            s(stage, &["name"]),
+            stage
+                .get("maxConcurrency")
+                .map_or("50 (default)".into(), |c| c
+                    .to_string()
+                    .trim_matches('"')
+                    .to_string()),
+            stage
+                .get("maxAllowedFailures")
+                .map_or("0 (default)".into(), |c| c
+                    .to_string()
+                    .trim_matches('"')
+                    .to_string()),
+            stage["afterStageWaitInSeconds"].as_i64().unwrap_or(0)
+        ));
+        for g in stage["groups"].as_array().into_iter().flatten() {
+            out.push_str(&format!("    group {}\n", s(g, &["name"])));
+        }
+    }
+    out
+}
+
+/// Exit codes of `updaterun wait` and `watch`: how the run ended.
+pub fn outcome_code(run: &Value) -> ExitCode {
+    let status = &run["properties"]["status"];
+    match (
+        s(status, &["status", "state"]),
+        status["failureCount"].as_u64().unwrap_or(0),
+    ) {
+        ("Completed", 0) | ("Skipped", _) => ExitCode::SUCCESS,
+        ("Completed", _) => ExitCode::from(3),
+        ("Failed", _) => ExitCode::from(4),
+        ("Stopped", _) => ExitCode::from(5),
+        _ => ExitCode::from(6),
+    }
+}
+
+fn finished(run: &Value) -> bool {
+    let status = &run["properties"]["status"]["status"];
+    match s(status, &["state"]) {
+        "Completed" | "Skipped" | "Stopped" => true,
+        "Failed" => status["completedTime"].is_string(),
+        _ => false,
+    }
+}
+
+/// The tree of `updaterun show`.
+pub fn run_tree(run: &Value, colour: bool) -> String {
+    let name = s(run, &["name"]);
+    let Ok(status) = serde_json::from_value::<UpdateRunStatus>(run["properties"]["status"].clone())
+    else {
+        return format!("update run {name}: status unreadable\n");
+    };
+    let mut out = flotilla_sim::render::tree(name, &status);
+    if colour {
+        for word in [
+            "Completed",
+            "Running",
+            "Pending",
+            "Stopped",
+            "Failed",
+            "Skipped",
+            "NotStarted",
+        ] {
+            out = out.replace(
+                &format!("  {word}  "),
+                &format!("  {}  ", state(word, true)),
+            );
+            out = out.replace(
+                &format!("  {word}\n"),
+                &format!("  {}\n", state(word, true)),
+            );
+        }
+    }
+    out
+}
+
+fn progress_lines(run: &Value) -> String {
+    let mut out = String::new();
+    for stage in run["properties"]["status"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut total = 0;
+        let mut done = 0;
+        let mut running = 0;
+        for g in stage["groups"].as_array().into_iter().flatten() {
+            for m in g["members"].as_array().into_iter().flatten() {
+                total += 1;
+                match s(m, &["status", "state"]) {
+                    "Completed" | "Failed" | "Skipped" => done += 1,
+                    "Running" => running += 1,
+                    _ => {}
+                }
+            }
+        }
+        let width: usize = 30;
+        let filled = (done * width).checked_div(total).unwrap_or(width);
+        out.push_str(&format!(
+            "{:<20} [{}{}] {done}/{total} done, {running} running  {}\n",
+            s(stage, &["name"]),
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            s(stage, &["status", "state"])
+        ));
+    }
+    out
+}
+
+pub async fn run(
+    client: &Client,
+    format: Option<Format>,
+    command: RunCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    let path = |t: &Target| format!("/v1/fleets/{}/updateRuns/{}", t.fleet, t.name);
+    match command {
+        RunCommand::Create {
+            target,
+            upgrade_type,
+            kubernetes_version,
+            node_image_selection,
+            custom_node_image_versions,
+            stages,
+            update_strategy_name,
+        } => {
+            // The checks and messages of `az fleet updaterun create`.
+            match (upgrade_type.as_str(), &kubernetes_version) {
+                ("NodeImageOnly", Some(_)) => {
+                    bail!("Cannot set kubernetes version when upgrade type is 'NodeImageOnly'.")
+                }
+                (t @ ("Full" | "ControlPlaneOnly"), None) => {
+                    bail!("Please set kubernetes version when upgrade type is '{t}'.")
+                }
+                _ => {}
+            }
+            if stages.is_some() && update_strategy_name.is_some() {
+                bail!("Cannot set stages when update strategy name is set.");
+            }
+            if update_strategy_name
+                .as_deref()
+                .is_some_and(|n| n.trim().is_empty())
+            {
+                bail!("--update-strategy-name must not be blank");
+            }
+            let version = kubernetes_version.map(|v| v.trim_start_matches(['v', 'V']).to_string());
+            let mut upgrade = json!({"type": upgrade_type});
+            if let Some(v) = version {
+                upgrade["kubernetesVersion"] = json!(v);
+            }
+            let mut update = json!({"upgrade": upgrade});
+            let selection = node_image_selection.unwrap_or_else(|| {
+                if custom_node_image_versions.is_empty() {
+                    "Latest".into()
+                } else {
+                    "Custom".into()
+                }
+            });
+            if selection != "Custom" && !custom_node_image_versions.is_empty() {
+                bail!("--custom-node-image-versions needs --node-image-selection Custom");
+            }
+            update["nodeImageSelection"] = json!({"type": selection});
+            if !custom_node_image_versions.is_empty() {
+                update["nodeImageSelection"]["customNodeImageVersions"] = Value::Array(
+                    custom_node_image_versions
+                        .iter()
+                        .map(|v| json!({"version": v}))
+                        .collect(),
+                );
+            }
+            let mut properties = json!({"managedClusterUpdate": update});
+            if let Some(stages) = stages {
+                properties["strategy"] = file_or_json(&stages, "--stages")?;
+            }
+            if let Some(name) = update_strategy_name {
+                properties["updateStrategyId"] = json!(format!(
+                    "/v1/fleets/{}/updateStrategies/{name}",
+                    target.fleet
+                ));
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &path(&target),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || run_tree(&v, colour))?;
+            eprintln!(
+                "created; start it with: flotilla updaterun start -f {} -n {}",
+                target.fleet, target.name
+            );
+        }
+        RunCommand::Start { target } => {
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("{}/start", path(&target)),
+                    None,
+                )
+                .await?;
+            print(format, &v, || {
+                format!(
+                    "update run {} {}\n",
+                    target.name,
+                    state(s(&v, &["properties", "status", "status", "state"]), colour)
+                )
+            })?;
+        }
+        RunCommand::Stop { target } => {
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("{}/stop", path(&target)),
+                    None,
+                )
+                .await?;
+            print(format, &v, || {
+                format!(
+                    "update run {} {}\n",
+                    target.name,
+                    state(s(&v, &["properties", "status", "status", "state"]), colour)
+                )
+            })?;
+        }
+        RunCommand::Skip { target, targets } => {
+            let mut parsed = Vec::new();
+            for t in &targets {
+                let mut parts = t.splitn(3, ':');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (
+                        Some(kind @ ("Member" | "Group" | "Stage" | "AfterStageWait")),
+                        Some(name),
+                        None,
+                    ) if !name.is_empty() => {
+                        parsed.push(json!({"type": kind, "name": name}));
+                    }
+                    _ => bail!(
+                        "--targets {t:?}: write Type:Name with Type one of Member, Group, Stage, AfterStageWait (case-sensitive)"
+                    ),
+                }
+            }
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("{}/skip", path(&target)),
+                    Some(&json!({"targets": parsed})),
+                )
+                .await?;
+            print(format, &v, || run_tree(&v, colour))?;
+        }
+        RunCommand::Show { target } => {
+            let v = client.get(&path(&target)).await?;
+            print(format, &v, || run_tree(&v, colour))?;
+        }
+        RunCommand::List { fleet } => {
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/updateRuns", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, RUN_COLUMNS, colour)
+            })?;
+        }
+        RunCommand::Delete { target } => {
+            client
+                .send(reqwest::Method::DELETE, &path(&target), None)
+                .await?;
+            eprintln!("deleted update run {}", target.name);
+        }
+        RunCommand::Wait { target, timeout } => {
+            let deadline = Instant::now() + Duration::from_secs(timeout);
+            loop {
+                let v = client.get(&path(&target)).await?;
+                if finished(&v) {
+                    print(format, &v, || {
+                        format!(
+                            "update run {} {}  failures {}\n",
+                            target.name,
+                            state(s(&v, &["properties", "status", "status", "state"]), colour),
+                            v["properties"]["status"]["failureCount"]
+                        )
+                    })?;
+                    return Ok(outcome_code(&v));
+                }
+                if Instant::now() >= deadline {
+                    bail!(
+                        "update run {} is still {} after {timeout}s",
+                        target.name,
+                        s(&v, &["properties", "status", "status", "state"])
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        RunCommand::Watch { target } => return watch(client, &target).await,
+        RunCommand::Rerun { target, new_name } => {
+            let old = client.get(&path(&target)).await?;
+            if !finished(&old) {
+                bail!(
+                    "update run {} is {}; only a finished run can be re-run",
+                    target.name,
+                    s(&old, &["properties", "status", "status", "state"])
+                );
+            }
+            let mut properties =
+                json!({"managedClusterUpdate": old["properties"]["managedClusterUpdate"]});
+            if !old["properties"]["strategy"].is_null() {
+                properties["strategy"] = old["properties"]["strategy"].clone();
+            }
+            let new = Target {
+                fleet: target.fleet.clone(),
+                name: new_name.clone(),
+            };
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &path(&new),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || run_tree(&v, colour))?;
+            eprintln!(
+                "created {new_name} from {}; start it with: flotilla updaterun start -f {} -n {new_name}",
+                target.name, target.fleet
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Follows a run over server-sent events, redrawing the progress on every event.
+async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
+    let path = format!("/v1/fleets/{}/updateRuns/{}", target.fleet, target.name);
+    let mut run = client.get(&path).await?;
+    let mut last_progress = progress_lines(&run);
+    print!("{last_progress}");
+    if finished(&run) {
+        return Ok(outcome_code(&run));
+    }
+    let mut stream = client.stream(&format!("{path}/events")).await?;
+    let mut buffer = String::new();
+    loop {
+        let chunk = match tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await {
+            Ok(Ok(Some(c))) => Some(c),
+            Ok(Ok(None)) => bail!("the server closed the event stream"),
+            Ok(Err(e)) => bail!("the event stream broke: {e}"),
+            Err(_) => None,
+        };
+        if let Some(chunk) = &chunk {
+            buffer.push_str(&String::from_utf8_lossy(chunk));
+            while let Some(end) = buffer.find("\n\n") {
+                let block: String = buffer.drain(..end + 2).collect();
+                for line in block.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                    if let Ok(event) = serde_json::from_str::<Value>(line) {
+                        let what = [
+                            s(&event, &["stage"]),
+                            s(&event, &["group"]),
+                            s(&event, &["member"]),
+                        ]
+                        .into_iter()
+                        .filter(|x| !x.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                        println!(
+                            "{}  {}  {}{}",
+                            s(&event, &["time"]),
+                            s(&event, &["type"]),
+                            what,
+                            event["message"]
+                                .as_str()
+                                .map(|m| format!("  ({m})"))
+                                .unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+        run = client.get(&path).await?;
+        let progress = progress_lines(&run);
+        if finished(&run) {
+            print!("{}", progress_lines(&run));
+            println!(
+                "update run {} ended {} with {} failures",
+                target.name,
+                s(&run, &["properties", "status", "status", "state"]),
+                run["properties"]["status"]["failureCount"]
+            );
+            return Ok(outcome_code(&run));
+        }
+        if chunk.is_some() && progress != last_progress {
+            print!("{progress}");
+            last_progress = progress;
+        }
+    }
+}
+
+pub async fn gate(
+    client: &Client,
+    format: Option<Format>,
+    command: GateCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    match command {
+        GateCommand::List { fleet, state } => {
+            let query = state.map(|s| format!("?state={s}")).unwrap_or_default();
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/gates{query}", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, GATE_COLUMNS, colour)
+            })?;
+        }
+        GateCommand::Show { target } => {
+            let v = client
+                .get(&format!(
+                    "/v1/fleets/{}/gates/{}",
+                    target.fleet, target.name
+                ))
+                .await?;
+            print(format, &v, || one_row(&v, GATE_COLUMNS, colour))?;
+        }
+        GateCommand::Approve { target } => {
+            let v = client
+                .send(
+                    reqwest::Method::PATCH,
+                    &format!("/v1/fleets/{}/gates/{}", target.fleet, target.name),
+                    Some(&json!({"properties": {"state": "Completed"}})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, GATE_COLUMNS, colour))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn server_token(
+    client: &Client,
+    format: Option<Format>,
+    command: ServerTokenCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    match command {
+        ServerTokenCommand::List => {
+            let v = client.get("/v1/tokens").await?;
+            let items = v["value"].as_array().cloned().unwrap_or_default();
+            let columns: &[(&str, &[&str])] = &[
+                ("id", &["id"]),
+                ("role", &["role"]),
+                ("subject", &["subject"]),
+                ("created", &["createdAt"]),
+                ("revoked", &["revoked"]),
+            ];
+            print(format, &v, || resource_rows(&items, columns, false))?;
+        }
+        ServerTokenCommand::Revoke { id } => {
+            client
+                .send(reqwest::Method::DELETE, &format!("/v1/tokens/{id}"), None)
+                .await?;
+            eprintln!("revoked token {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn create_token_on_server(
+    client: &Client,
+    role: &str,
+    subject: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let mut body = json!({"role": role});
+    if let Some(s) = subject {
+        body["subject"] = json!(s);
+    }
+    let v = client
+        .send(reqwest::Method::POST, "/v1/tokens", Some(&body))
+        .await?;
+    println!("{}", s(&v, &["token"]));
+    eprintln!(
+        "created {} token {} for {:?}; it is shown only this once",
+        s(&v, &["role"]),
+        s(&v, &["id"]),
+        s(&v, &["subject"])
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn login(server: String, token: String) -> anyhow::Result<ExitCode> {
+    let client = Client::new(Some(server.clone()), Some(token.clone()));
+    client
+        .get("/v1/fleets?$top=1")
+        .await
+        .context("the server refused the token")?;
+    let path = write_config(&client.server, &token)?;
+    eprintln!(
+        "logged in to {}; settings saved in {}",
+        client.server,
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

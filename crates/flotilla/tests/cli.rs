@@ -1,0 +1,735 @@
+//! The CLI: the real binary against a real `flotilla serve` on loopback, through the seeds'
+//! walkthrough (stages file with thresholds, strategy, run, watch, gate approval, failure
+//! counts), every command's error paths, and snapshots of the table and tree outputs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Env {
+    dir: PathBuf,
+    server: Child,
+    url: String,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_flotilla")
+}
+
+impl Env {
+    fn start(name: &str) -> Env {
+        let dir = std::env::temp_dir().join(format!("flotilla-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = dir.join("db.sqlite").display().to_string();
+        let token = Command::new(bin())
+            .args([
+                "token",
+                "create",
+                "--role",
+                "admin",
+                "--subject",
+                "alice",
+                "--database",
+                &db,
+            ])
+            .output()
+            .expect("runs");
+        assert!(token.status.success());
+        let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let server = Command::new(bin())
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--database",
+                &db,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("server");
+        let url = format!("http://127.0.0.1:{port}");
+        let env = Env { dir, server, url };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while env.run(&["fleet", "list", "--token", &token]).status.code() != Some(0) {
+            assert!(Instant::now() < deadline, "the server did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let login = env.run(&["login", "--token", &token]);
+        assert!(
+            login.status.success(),
+            "{}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+        env
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env("FLOTILLA_SERVER", &self.url)
+            .env("FLOTILLA_CONFIG", self.dir.join("config.json"))
+            .env_remove("FLOTILLA_TOKEN")
+            .current_dir(&self.dir);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().expect("the binary runs")
+    }
+
+    /// Runs a command that must succeed; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "flotilla {}: {}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// Runs a command that must fail with one clear line mentioning `needle`.
+    fn fails(&self, args: &[&str], needle: &str) -> String {
+        let out = self.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            !out.status.success(),
+            "flotilla {} should fail",
+            args.join(" ")
+        );
+        assert!(
+            stderr.contains(needle),
+            "flotilla {}: expected {needle:?} in {stderr:?}",
+            args.join(" ")
+        );
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "one clear line: {stderr:?}"
+        );
+        stderr
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all)).expect("JSON output")
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path.display().to_string()
+    }
+}
+
+const DRIVER: &str = r#"{"type": "sim", "timeScale": 3000,
+  "catalog": {"japaneast": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}],
+                            "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}}},
+  "clusters": {
+    "aks-canary": {"region": "japaneast", "kubernetesVersion": "1.30.5"},
+    "aks-east-1": {"region": "japaneast", "kubernetesVersion": "1.30.5"},
+    "aks-east-2": {"region": "japaneast", "kubernetesVersion": "1.30.5", "sim": {"outcome": "fail", "failMessage": "node drain timed out"}},
+    "aks-west-1": {"region": "japaneast", "kubernetesVersion": "1.30.5"},
+    "aks-west-2": {"region": "japaneast", "kubernetesVersion": "1.30.5"}}}"#;
+
+/// Replaces timestamps and gate ids so outputs can be compared.
+fn normalise(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut l = String::new();
+        for word in line.split(' ') {
+            let is_time =
+                word.len() == 20 && word.ends_with('Z') && word.as_bytes().get(10) == Some(&b'T');
+            let is_guid = word.len() == 36 && word.chars().filter(|c| *c == '-').count() == 4;
+            l.push_str(if is_time {
+                "<time>"
+            } else if is_guid {
+                "<gate>"
+            } else {
+                word
+            });
+            l.push(' ');
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn stages_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/examples/fleet-stages.json")
+}
+
+#[test]
+fn the_seed_walkthrough_from_the_command_line() {
+    let env = Env::start("walkthrough");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    for (name, id, group) in [
+        ("canary", "aks-canary", "canary"),
+        ("east-1", "aks-east-1", "prod-east"),
+        ("east-2", "aks-east-2", "prod-east"),
+        ("west-1", "aks-west-1", "prod-west"),
+        ("west-2", "aks-west-2", "prod-west"),
+    ] {
+        env.ok(&[
+            "member",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            name,
+            "--cluster-resource-id",
+            id,
+            "--update-group",
+            group,
+            "--labels",
+            "env=prod",
+            "tier=store",
+        ]);
+    }
+    // The walkthrough's stages file, unchanged.
+    let stages = stages_file().display().to_string();
+    env.ok(&[
+        "updatestrategy",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "safe-rollout",
+        "--stages",
+        &stages,
+    ]);
+    let shown = env.ok(&[
+        "updatestrategy",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "safe-rollout",
+        "-o",
+        "table",
+    ]);
+    insta::assert_snapshot!("strategy_show", shown);
+    env.ok(&[
+        "updaterun",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "--upgrade-type",
+        "Full",
+        "--kubernetes-version",
+        "1.31.1",
+        "--update-strategy-name",
+        "safe-rollout",
+    ]);
+    env.ok(&["updaterun", "start", "-f", "retail", "-n", "upgrade-131"]);
+    // The stages file waits 30 real minutes after the canary; skip that wait.
+    env.ok(&[
+        "updaterun",
+        "skip",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "--targets",
+        "AfterStageWait:canary-stage",
+    ]);
+    let wait = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(
+        wait.status.code(),
+        Some(3),
+        "Completed with failures: {}",
+        String::from_utf8_lossy(&wait.stdout)
+    );
+    let run = env.json(&["updaterun", "show", "-f", "retail", "-n", "upgrade-131"]);
+    assert_eq!(run["properties"]["status"]["failureCount"], 1);
+    assert_eq!(
+        run["properties"]["status"]["stages"][1]["maxAllowedFailures"], 1,
+        "10% of 4 rounds up to 1"
+    );
+    let tree = env.ok(&[
+        "updaterun",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "-o",
+        "table",
+    ]);
+    insta::assert_snapshot!("run_tree", normalise(&tree));
+    let list = env.ok(&["updaterun", "list", "-f", "retail", "-o", "table"]);
+    insta::assert_snapshot!("run_list", normalise(&list));
+    let members = env.ok(&["member", "list", "-f", "retail", "-o", "table"]);
+    insta::assert_snapshot!("member_list", members);
+    let yaml = env.ok(&[
+        "updaterun",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "-o",
+        "yaml",
+    ]);
+    assert!(yaml.contains("failureCount: 1"), "{yaml}");
+    // Re-run reapplies the upgrade: everything upgraded is now Skipped as already at target.
+    env.ok(&[
+        "updaterun",
+        "rerun",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131",
+        "--new-name",
+        "upgrade-131-again",
+    ]);
+    env.ok(&[
+        "updaterun",
+        "start",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131-again",
+    ]);
+    let again = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131-again",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(again.status.code(), Some(3), "east-2 fails again");
+    let again = env.json(&[
+        "updaterun",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "upgrade-131-again",
+    ]);
+    assert_eq!(
+        again["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"],
+        "Skipped"
+    );
+}
+
+#[test]
+fn gates_watch_and_actions() {
+    let env = Env::start("gates");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "--cluster-resource-id",
+        "aks-canary",
+        "--update-group",
+        "canary",
+    ]);
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "west-1",
+        "--cluster-resource-id",
+        "aks-west-1",
+        "--update-group",
+        "prod",
+    ]);
+    let stages = r#"{"stages": [{"name": "canary", "groups": [{"name": "canary"}]},
+        {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "Go to production"}], "groups": [{"name": "prod"}]}]}"#;
+    env.ok(&[
+        "updaterun",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--upgrade-type",
+        "ControlPlaneOnly",
+        "--kubernetes-version",
+        "v1.31.1",
+        "--stages",
+        stages,
+    ]);
+    env.ok(&["updaterun", "start", "-f", "retail", "-n", "r1"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let gate = loop {
+        let gates = env.json(&["gate", "list", "-f", "retail", "--state", "Pending"]);
+        if let Some(name) = gates[0]["name"].as_str() {
+            break name.to_string();
+        }
+        assert!(Instant::now() < deadline, "no gate became pending");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pending = env.ok(&[
+        "updaterun",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "-o",
+        "table",
+    ]);
+    assert!(
+        pending.contains("before-gate \"Go to production\"  Pending") && pending.contains(&gate),
+        "{pending}"
+    );
+    let mut watch = env
+        .command()
+        .args(["updaterun", "watch", "-f", "retail", "-n", "r1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("watch");
+    let approved = env.ok(&[
+        "gate", "approve", "-f", "retail", "-n", &gate, "-o", "table",
+    ]);
+    assert!(
+        approved.contains("Completed") && approved.contains("alice"),
+        "{approved}"
+    );
+    env.fails(
+        &["gate", "approve", "-f", "retail", "-n", &gate],
+        "already Completed",
+    );
+    let status = watch.wait().expect("watch ends");
+    assert_eq!(status.code(), Some(0), "Completed with no failures");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut watch.stdout.take().expect("stdout"), &mut out)
+        .expect("read");
+    assert!(
+        out.contains("GateCompleted") && out.contains("ended Completed") && out.contains("[####"),
+        "{out}"
+    );
+    let gate_show = env.ok(&["gate", "show", "-f", "retail", "-n", &gate, "-o", "table"]);
+    insta::assert_snapshot!("gate_show", normalise(&gate_show));
+    // Stop and skip.
+    env.ok(&[
+        "updaterun",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "r2",
+        "--upgrade-type",
+        "NodeImageOnly",
+    ]);
+    env.fails(
+        &["updaterun", "stop", "-f", "retail", "-n", "r2"],
+        "only a Running or Pending run can be stopped",
+    );
+    env.ok(&[
+        "updaterun",
+        "skip",
+        "-f",
+        "retail",
+        "-n",
+        "r2",
+        "--targets",
+        "Member:canary",
+        "Member:west-1",
+    ]);
+    env.fails(
+        &[
+            "updaterun",
+            "skip",
+            "-f",
+            "retail",
+            "-n",
+            "r2",
+            "--targets",
+            "member:canary",
+        ],
+        "Type:Name",
+    );
+    env.fails(
+        &[
+            "updaterun",
+            "skip",
+            "-f",
+            "retail",
+            "-n",
+            "r2",
+            "--targets",
+            "Member:ghost",
+        ],
+        "not part of this update run",
+    );
+    env.ok(&["updaterun", "start", "-f", "retail", "-n", "r2"]);
+    let r2 = env.run(&["updaterun", "wait", "-f", "retail", "-n", "r2"]);
+    assert_eq!(
+        r2.status.code(),
+        Some(0),
+        "a run of skipped members ends Skipped"
+    );
+    env.ok(&["updaterun", "delete", "-f", "retail", "-n", "r2"]);
+    env.fails(
+        &["updaterun", "show", "-f", "retail", "-n", "r2"],
+        "does not exist",
+    );
+}
+
+#[test]
+fn flag_checks_and_error_lines() {
+    let env = Env::start("errors");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    // az fleet's own checks, before anything is sent.
+    env.fails(
+        &[
+            "updaterun",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "r",
+            "--upgrade-type",
+            "NodeImageOnly",
+            "--kubernetes-version",
+            "1.31.1",
+        ],
+        "Cannot set kubernetes version when upgrade type is 'NodeImageOnly'.",
+    );
+    env.fails(
+        &[
+            "updaterun",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "r",
+            "--upgrade-type",
+            "Full",
+        ],
+        "Please set kubernetes version when upgrade type is 'Full'.",
+    );
+    env.fails(
+        &[
+            "updaterun",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "r",
+            "--upgrade-type",
+            "Full",
+            "--kubernetes-version",
+            "1.31.1",
+            "--stages",
+            "{}",
+            "--update-strategy-name",
+            "x",
+        ],
+        "Cannot set stages when update strategy name is set.",
+    );
+    // Server errors: one line with the field path and the status.
+    env.fails(
+        &[
+            "updatestrategy",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "bad",
+            "--stages",
+            r#"{"stages": [{"name": "s", "groups": [{"name": "g", "maxConcurrency": "0"}]}]}"#,
+        ],
+        "properties.strategy.stages[0].groups[0].maxConcurrency",
+    );
+    env.fails(
+        &[
+            "member",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "Bad_Name",
+            "--cluster-resource-id",
+            "x",
+        ],
+        "(400",
+    );
+    env.fails(&["member", "show", "-f", "retail", "-n", "nobody"], "(404");
+    env.fails(
+        &[
+            "member",
+            "create",
+            "-f",
+            "nofleet",
+            "-n",
+            "m",
+            "--cluster-resource-id",
+            "x",
+        ],
+        "fleet \"nofleet\" does not exist",
+    );
+    env.fails(
+        &[
+            "member",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "m",
+            "--cluster-resource-id",
+            "x",
+            "--labels",
+            "novalue",
+        ],
+        "key=value",
+    );
+    env.fails(
+        &["member", "update", "-f", "retail", "-n", "m"],
+        "nothing to update",
+    );
+    env.fails(
+        &["fleet", "create", "-n", "f2", "--driver", "missing.json"],
+        "cannot read file",
+    );
+    env.fails(
+        &[
+            "updatestrategy",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "s",
+            "--stages",
+            "{not json",
+        ],
+        "not valid JSON",
+    );
+    // Members: create, update, show, delete.
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "m1",
+        "--cluster-resource-id",
+        "aks-canary",
+    ]);
+    let updated = env.json(&[
+        "member",
+        "update",
+        "-f",
+        "retail",
+        "-n",
+        "m1",
+        "--update-group",
+        "canary",
+        "--labels",
+        "ring=0",
+    ]);
+    assert_eq!(updated["properties"]["group"], "canary");
+    assert_eq!(updated["properties"]["labels"]["ring"], "0");
+    env.ok(&["member", "delete", "-f", "retail", "-n", "m1"]);
+    env.fails(
+        &["member", "show", "-f", "retail", "-n", "m1"],
+        "does not exist",
+    );
+    // Tokens through the server; a reader is refused writes.
+    let reader = env
+        .ok(&["token", "create", "--role", "reader", "--subject", "bob"])
+        .trim()
+        .to_string();
+    let tokens = env.json(&["token", "list"]);
+    assert!(
+        tokens["value"].as_array().is_some_and(|t| t.len() == 2)
+            && !tokens.to_string().contains(&reader)
+    );
+    let refused = env
+        .command()
+        .args([
+            "fleet", "create", "-n", "f3", "--driver", &driver, "--token", &reader,
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        !refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("(403"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let id = tokens["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["subject"] == "bob")
+        .and_then(|t| t["id"].as_str())
+        .expect("bob's token is listed")
+        .to_string();
+    env.ok(&["token", "revoke", &id]);
+    let revoked = env
+        .command()
+        .args(["fleet", "list", "--token", &reader])
+        .output()
+        .expect("runs");
+    assert!(String::from_utf8_lossy(&revoked.stderr).contains("(401"));
+    // Fleets.
+    let fleets = env.ok(&["fleet", "list", "-o", "table"]);
+    assert!(
+        fleets.contains("retail") && fleets.contains("sim"),
+        "{fleets}"
+    );
+    env.ok(&["fleet", "delete", "-n", "retail"]);
+    env.fails(&["fleet", "show", "-n", "retail"], "(404");
+    // A server that is not there.
+    let out = env
+        .command()
+        .args(["fleet", "list", "--server", "http://127.0.0.1:9"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("cannot reach the Flotilla server at http://127.0.0.1:9"),
+        "{err}"
+    );
+    // Completions.
+    for shell in ["bash", "zsh", "fish"] {
+        let completions = env.ok(&["completions", shell]);
+        assert!(completions.contains("updaterun"), "{shell}");
+    }
+}
