@@ -339,6 +339,67 @@ async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<Resource> {
     get_one(state, "", Kind::Fleet, fleet, "fleet").await
 }
 
+/// Lists a fleet's resources of one kind (members, strategies, runs).
+async fn list_child(
+    state: Shared,
+    caller: Caller,
+    fleet: String,
+    paging: Paging,
+    kind: Kind,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    list(
+        &state,
+        &fleet,
+        kind,
+        &paging,
+        &format!("/v1/fleets/{fleet}/{}", kind.as_str()),
+    )
+    .await
+}
+
+/// Gets one resource of a fleet.
+async fn get_child(
+    state: Shared,
+    caller: Caller,
+    fleet: String,
+    name: String,
+    kind: Kind,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    let what = match kind {
+        Kind::Member => "member",
+        Kind::Strategy => "updateStrategy",
+        Kind::Run => "updateRun",
+        Kind::Gate => "gate",
+        Kind::Profile => "autoUpgradeProfile",
+        Kind::Fleet => "fleet",
+    };
+    Ok(respond(
+        &get_one(&state, &fleet, kind, &name, what).await?,
+        false,
+    ))
+}
+
+/// The list and get handlers of one kind of fleet child.
+fn lister(kind: Kind) -> axum::routing::MethodRouter<Shared> {
+    get(
+        move |State(s): State<Shared>,
+              c: Caller,
+              Path(f): Path<String>,
+              Query(p): Query<Paging>| list_child(s, c, f, p, kind),
+    )
+}
+
+fn getter(kind: Kind) -> axum::routing::MethodRouter<Shared> {
+    get(
+        move |State(s): State<Shared>, c: Caller, Path((f, n)): Path<(String, String)>| {
+            get_child(s, c, f, n, kind)
+        },
+    )
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fleets.
 
@@ -486,36 +547,6 @@ fn check_group_and_labels(
         })?;
     }
     Ok(())
-}
-
-async fn list_members(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path(fleet): Path<String>,
-    Query(paging): Query<Paging>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    require_fleet(&state, &fleet).await?;
-    list(
-        &state,
-        &fleet,
-        Kind::Member,
-        &paging,
-        &format!("/v1/fleets/{fleet}/members"),
-    )
-    .await
-}
-
-async fn get_member(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, member)): Path<(String, String)>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    Ok(respond(
-        &get_one(&state, &fleet, Kind::Member, &member, "member").await?,
-        false,
-    ))
 }
 
 fn member_body(
@@ -753,36 +784,6 @@ struct StrategyProperties {
     _state: Option<Value>,
 }
 
-async fn list_strategies(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path(fleet): Path<String>,
-    Query(paging): Query<Paging>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    require_fleet(&state, &fleet).await?;
-    list(
-        &state,
-        &fleet,
-        Kind::Strategy,
-        &paging,
-        &format!("/v1/fleets/{fleet}/updateStrategies"),
-    )
-    .await
-}
-
-async fn get_strategy(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, name)): Path<(String, String)>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    Ok(respond(
-        &get_one(&state, &fleet, Kind::Strategy, &name, "updateStrategy").await?,
-        false,
-    ))
-}
-
 async fn put_strategy(
     State(state): State<Shared>,
     caller: Caller,
@@ -897,36 +898,6 @@ fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
         .into());
     }
     Ok(parts[n - 1].to_string())
-}
-
-async fn list_runs(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path(fleet): Path<String>,
-    Query(paging): Query<Paging>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    require_fleet(&state, &fleet).await?;
-    list(
-        &state,
-        &fleet,
-        Kind::Run,
-        &paging,
-        &format!("/v1/fleets/{fleet}/updateRuns"),
-    )
-    .await
-}
-
-async fn get_run(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, run)): Path<(String, String)>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    Ok(respond(
-        &get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
-        false,
-    ))
 }
 
 async fn put_run(
@@ -1789,23 +1760,25 @@ pub fn router(state: Shared) -> Router {
         .route("/openapi.json", get(openapi_json))
         .route("/v1/fleets", get(list_fleets))
         .route(fleet, get(get_fleet).put(put_fleet).delete(delete_fleet))
-        .route(&format!("{fleet}/members"), get(list_members))
+        .route(&format!("{fleet}/members"), lister(Kind::Member))
         .route(
             &format!("{fleet}/members/{{member}}"),
-            get(get_member)
+            getter(Kind::Member)
                 .put(put_member)
                 .patch(patch_member)
                 .delete(delete_member),
         )
-        .route(&format!("{fleet}/updateStrategies"), get(list_strategies))
+        .route(&format!("{fleet}/updateStrategies"), lister(Kind::Strategy))
         .route(
             &format!("{fleet}/updateStrategies/{{strategy}}"),
-            get(get_strategy).put(put_strategy).delete(delete_strategy),
+            getter(Kind::Strategy)
+                .put(put_strategy)
+                .delete(delete_strategy),
         )
-        .route(&format!("{fleet}/updateRuns"), get(list_runs))
+        .route(&format!("{fleet}/updateRuns"), lister(Kind::Run))
         .route(
             &format!("{fleet}/updateRuns/{{run}}"),
-            get(get_run).put(put_run).delete(delete_run),
+            getter(Kind::Run).put(put_run).delete(delete_run),
         )
         .route(
             &format!("{fleet}/updateRuns/{{run}}/events"),

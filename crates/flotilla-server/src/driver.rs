@@ -105,6 +105,39 @@ struct SimConfig {
     /// Cluster resource id (or member name) → cluster and its `sim` knobs.
     #[serde(default)]
     clusters: serde_json::Map<String, Value>,
+    /// A cluster (and `sim` knobs) for every id `clusters` does not name: large simulated fleets.
+    #[serde(default)]
+    default_cluster: Option<Value>,
+}
+
+fn parse_sim_cluster(body: &Value, path: &str) -> Result<SimCluster, DriverError> {
+    // The cluster's fields and its `sim` knobs side by side.
+    let mut fields = body
+        .as_object()
+        .cloned()
+        .ok_or_else(|| DriverError(format!("{path}: must be an object")))?;
+    let knobs: SimKnobs = match fields.remove("sim") {
+        Some(k) => {
+            from_json_value(k, &format!("{path}.sim")).map_err(|e| DriverError(e.message))?
+        }
+        None => SimKnobs::default(),
+    };
+    let spec: ClusterSpec =
+        from_json_value(Value::Object(fields), path).map_err(|e| DriverError(e.message))?;
+    let cluster = Cluster::parse(&spec, path).map_err(|e| DriverError(e.message))?;
+    if let Some(o) = knobs.outcome.as_deref()
+        && o != "succeed"
+        && o != "fail"
+    {
+        return Err(DriverError(format!(
+            "{path}.sim.outcome {o:?}: must be succeed or fail"
+        )));
+    }
+    Ok(SimCluster {
+        cluster,
+        knobs,
+        attempts: 0,
+    })
 }
 
 fn default_scale() -> f64 {
@@ -120,6 +153,7 @@ struct SimOperation {
     applied: bool,
 }
 
+#[derive(Clone)]
 struct SimCluster {
     cluster: Cluster,
     knobs: SimKnobs,
@@ -127,6 +161,8 @@ struct SimCluster {
 }
 
 pub struct SimDriver {
+    /// The cluster every id not configured gets, if any.
+    default: Option<SimCluster>,
     scale: f64,
     catalog: Catalog,
     state: Mutex<(HashMap<String, SimCluster>, HashMap<String, SimOperation>)>,
@@ -146,49 +182,37 @@ impl SimDriver {
             .map_err(|e| DriverError(e.message))?;
         let mut clusters = HashMap::new();
         for (id, body) in &config.clusters {
-            let path = format!("properties.driver.clusters.{id}");
-            // The cluster's fields and its `sim` knobs side by side.
-            let mut fields = body
-                .as_object()
-                .cloned()
-                .ok_or_else(|| DriverError(format!("{path}: must be an object")))?;
-            let knobs: SimKnobs = match fields.remove("sim") {
-                Some(k) => from_json_value(k, &format!("{path}.sim"))
-                    .map_err(|e| DriverError(e.message))?,
-                None => SimKnobs::default(),
-            };
-            let spec: ClusterSpec = from_json_value(Value::Object(fields), &path)
-                .map_err(|e| DriverError(e.message))?;
-            let cluster = Cluster::parse(&spec, &path).map_err(|e| DriverError(e.message))?;
-            if let Some(o) = knobs.outcome.as_deref()
-                && o != "succeed"
-                && o != "fail"
-            {
-                return Err(DriverError(format!(
-                    "{path}.sim.outcome {o:?}: must be succeed or fail"
-                )));
-            }
-            clusters.insert(
-                id.clone(),
-                SimCluster {
-                    cluster,
-                    knobs,
-                    attempts: 0,
-                },
-            );
+            let entry = parse_sim_cluster(body, &format!("properties.driver.clusters.{id}"))?;
+            clusters.insert(id.clone(), entry);
         }
+        let default = config
+            .default_cluster
+            .as_ref()
+            .map(|body| parse_sim_cluster(body, "properties.driver.defaultCluster"))
+            .transpose()?;
         Ok(SimDriver {
             scale: config.time_scale,
             catalog,
             state: Mutex::new((clusters, HashMap::new())),
+            default,
         })
     }
 
-    fn key(member: &MemberRef, clusters: &HashMap<String, SimCluster>) -> Option<String> {
-        [&member.cluster_resource_id, &member.name]
+    /// The simulated cluster of a member, created from the default cluster if there is one.
+    fn key(
+        &self,
+        member: &MemberRef,
+        clusters: &mut HashMap<String, SimCluster>,
+    ) -> Option<String> {
+        if let Some(k) = [&member.cluster_resource_id, &member.name]
             .into_iter()
             .find(|k| clusters.contains_key(*k))
-            .cloned()
+        {
+            return Some(k.clone());
+        }
+        let default = self.default.clone()?;
+        clusters.insert(member.cluster_resource_id.clone(), default);
+        Some(member.cluster_resource_id.clone())
     }
 
     /// Applies finished operations to their clusters.
@@ -216,7 +240,7 @@ impl Driver for SimDriver {
             .lock()
             .map_err(|_| DriverError("simulator state poisoned".into()))?;
         SimDriver::settle(&mut state);
-        let key = SimDriver::key(member, &state.0).ok_or_else(|| {
+        let key = self.key(member, &mut state.0).ok_or_else(|| {
             DriverError(format!(
                 "no simulated cluster {:?} in the fleet's sim driver",
                 member.cluster_resource_id
@@ -238,7 +262,7 @@ impl Driver for SimDriver {
         if state.1.contains_key(key) {
             return Ok(key.to_string());
         }
-        let cluster_key = SimDriver::key(member, &state.0).ok_or_else(|| {
+        let cluster_key = self.key(member, &mut state.0).ok_or_else(|| {
             DriverError(format!(
                 "no simulated cluster {:?} in the fleet's sim driver",
                 member.cluster_resource_id

@@ -21,7 +21,12 @@ struct Inner {
     dispatch_buckets: [u64; BUCKETS.len()],
     dispatch_count: u64,
     dispatch_sum: f64,
+    /// Recent dispatch delays per trigger, seconds.
+    samples: BTreeMap<&'static str, Vec<f64>>,
 }
+
+/// How many recent delays are kept per trigger for quantiles.
+const SAMPLES: usize = 20_000;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -52,19 +57,39 @@ impl Metrics {
         }
     }
 
-    /// The delay between a slot freeing (the driver reporting an upgrade's end) and the next
-    /// upgrade being sent.
-    pub fn record_dispatch_delay(&self, delay: Duration) {
+    /// The delay from what made an upgrade possible to it being sent: a slot freeing (the
+    /// driver reporting an upgrade's end), a user action (an approval, a start), or a timer (a
+    /// window opening, a wait ending).
+    pub fn record_dispatch_delay(&self, trigger: &'static str, delay: Duration) {
         if let Ok(mut inner) = self.inner.lock() {
             let seconds = delay.as_secs_f64();
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                if seconds <= *bound {
-                    inner.dispatch_buckets[i] += 1;
+            if trigger == "slot" {
+                for (i, bound) in BUCKETS.iter().enumerate() {
+                    if seconds <= *bound {
+                        inner.dispatch_buckets[i] += 1;
+                    }
                 }
+                inner.dispatch_count += 1;
+                inner.dispatch_sum += seconds;
             }
-            inner.dispatch_count += 1;
-            inner.dispatch_sum += seconds;
+            let samples = inner.samples.entry(trigger).or_default();
+            if samples.len() >= SAMPLES {
+                samples.remove(0);
+            }
+            samples.push(seconds);
         }
+    }
+
+    /// Count, median, 99th percentile and maximum of the recent delays of one trigger, seconds.
+    pub fn dispatch_quantiles(&self, trigger: &str) -> Option<(usize, f64, f64, f64)> {
+        let inner = self.inner.lock().ok()?;
+        let mut samples = inner.samples.get(trigger)?.clone();
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Some((samples.len(), at(0.5), at(0.99), samples[samples.len() - 1]))
     }
 
     /// Renders counters plus the gauges given (name, help, labelled values).
@@ -97,6 +122,31 @@ impl Metrics {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", inner.dispatch_count);
         let _ = writeln!(out, "{name}_sum {}", inner.dispatch_sum);
         let _ = writeln!(out, "{name}_count {}", inner.dispatch_count);
+        let summary = "flotilla_dispatch_latency_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {summary} Recent delays from a slot freeing, a user action or a timer to the upgrade it allowed being sent."
+        );
+        let _ = writeln!(out, "# TYPE {summary} summary");
+        for (trigger, samples) in &inner.samples {
+            let mut sorted = samples.clone();
+            sorted.sort_by(f64::total_cmp);
+            for q in [0.5, 0.99] {
+                if let Some(v) =
+                    sorted.get(((sorted.len().saturating_sub(1)) as f64 * q).round() as usize)
+                {
+                    let _ = writeln!(
+                        out,
+                        "{summary}{{trigger=\"{trigger}\",quantile=\"{q}\"}} {v}"
+                    );
+                }
+            }
+            let _ = writeln!(
+                out,
+                "{summary}_count{{trigger=\"{trigger}\"}} {}",
+                sorted.len()
+            );
+        }
         for (name, help, values) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} gauge");

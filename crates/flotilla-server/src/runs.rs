@@ -48,6 +48,7 @@ enum Msg {
     Action {
         input: Input,
         reply: oneshot::Sender<Result<(), ApiError>>,
+        at: Instant,
     },
     Input {
         input: Input,
@@ -187,6 +188,7 @@ impl Runs {
                 .send(Msg::Action {
                     input: input.clone(),
                     reply,
+                    at: Instant::now(),
                 })
                 .is_err()
             {
@@ -355,6 +357,7 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, intents: Vec<Intent>) {
         self.recover(intents);
         loop {
+            let mut woke_at = None;
             let first = match self.engine.next_wakeup() {
                 Some(at) => {
                     let wait = Duration::from_secs_f64(
@@ -364,9 +367,13 @@ impl Actor {
                                 .map_or(0.0, |d| d.as_secs_f64()))
                         .max(0.0),
                     );
+                    let deadline = Instant::now() + wait;
                     tokio::select! {
                         m = rx.recv() => match m { Some(m) => Some(m), None => break },
-                        _ = tokio::time::sleep(wait) => None,
+                        _ = tokio::time::sleep_until(deadline.into()) => {
+                            woke_at = Some(deadline);
+                            None
+                        }
                     }
                 }
                 None => match rx.recv().await {
@@ -378,7 +385,7 @@ impl Actor {
             while let Ok(m) = rx.try_recv() {
                 batch.push(m);
             }
-            if !self.step(batch).await {
+            if !self.step(batch, woke_at).await {
                 break;
             }
             if self.engine.is_finished() && self.outstanding.is_empty() {
@@ -423,16 +430,18 @@ impl Actor {
 
     /// Applies a batch of messages at one instant, records it, then acts. Returns false if the
     /// store failed (the run is then reloaded from its log on next use).
-    async fn step(&mut self, batch: Vec<Msg>) -> bool {
+    async fn step(&mut self, batch: Vec<Msg>, woke_at: Option<Instant>) -> bool {
         let now = now();
         let mut log = Vec::new();
         let mut replies = Vec::new();
         let mut finished_attempts = Vec::new();
         let mut finish_seen: Option<Instant> = None;
+        let mut action_at: Option<Instant> = None;
         let mut observed = Vec::new();
         for msg in batch {
             match msg {
-                Msg::Action { input, reply } => {
+                Msg::Action { input, reply, at } => {
+                    action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
                     let result = self.engine.handle(now, input.clone());
                     if result.is_ok() {
                         log.push(json!({"at": now, "input": input}));
@@ -554,8 +563,15 @@ impl Actor {
                     attempt,
                     target,
                 } => {
-                    if let Some(seen) = finish_seen {
-                        self.runs.metrics.record_dispatch_delay(seen.elapsed());
+                    // What made this start possible, and how long ago (SEMANTICS: no polling delay).
+                    let trigger = finish_seen
+                        .map(|t| ("slot", t))
+                        .or(action_at.map(|t| ("action", t)))
+                        .or(woke_at.map(|t| ("timer", t)));
+                    if let Some((kind, since)) = trigger {
+                        self.runs
+                            .metrics
+                            .record_dispatch_delay(kind, since.elapsed());
                     }
                     let key = operation_key(&self.fleet, &self.run, attempt);
                     self.spawn_upgrade(member, attempt, target, key, None, false);

@@ -1,0 +1,395 @@
+//! Server benchmarks over real HTTP on loopback, with the `sim` driver:
+//! - dispatch latency: from a slot freeing (the driver reporting an upgrade's end), a gate being
+//!   approved, or a version arriving (a timer) to the next upgrade being sent; p50/p99;
+//! - API: requests per second and p99 for reading a large run and for listing runs, and the
+//!   process's memory with that fleet and its runs.
+//!
+//! `cargo bench -p flotilla-server --bench server [-- MEMBERS RUNS]` (default 10000 10)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use flotilla_server::Server;
+use flotilla_server::auth::{Role, new_token};
+use flotilla_server::metrics::Metrics;
+use flotilla_server::store::{SqliteStore, Store};
+
+struct Bench {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    metrics: Arc<Metrics>,
+}
+
+impl Bench {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
+        let mut r = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            r = r.json(b);
+        }
+        let response = r.send().await.expect("sent");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        assert!(
+            status.is_success(),
+            "{method} {path}: {status} {}",
+            &text[..text.len().min(300)]
+        );
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    async fn wait_state(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let v = self.send(reqwest::Method::GET, path, None).await;
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out on {path}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn status_mib(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn p99(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[((samples.len() - 1) as f64 * 0.99).round() as usize]
+}
+
+/// Requests per second, p99 latency (ms) and response size of `path` with `clients` concurrent
+/// clients for `seconds`.
+async fn load(bench: &Arc<Bench>, path: &str, clients: usize, seconds: u64) -> (f64, f64, usize) {
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let bench = bench.clone();
+        let path = path.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut times = Vec::new();
+            let mut bytes = 0;
+            while Instant::now() < end {
+                let t = Instant::now();
+                let response = bench
+                    .http
+                    .get(format!("{}{path}", bench.base))
+                    .bearer_auth(&bench.token)
+                    .send()
+                    .await
+                    .expect("sent");
+                assert!(response.status().is_success());
+                bytes = response.bytes().await.expect("body").len();
+                times.push(t.elapsed().as_secs_f64());
+            }
+            (times, bytes)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut size = 0;
+    for t in tasks {
+        let (times, bytes) = t.await.expect("task");
+        all.extend(times);
+        size = bytes;
+    }
+    let count = all.len();
+    (count as f64 / seconds as f64, p99(all) * 1000.0, size)
+}
+
+fn catalog(west_arrives_at: i64) -> Value {
+    json!({
+        "eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}], "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}},
+        "westus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1", "availableAt": flotilla_engine::time::Time::from_unix(west_arrives_at).to_string()}],
+                   "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}},
+    })
+}
+
+fn sim(region: &str, seconds: u64, west_arrives_at: i64) -> Value {
+    json!({"properties": {"driver": {"type": "sim", "timeScale": 100, "catalog": catalog(west_arrives_at),
+        "defaultCluster": {"region": region, "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": seconds}}}}})
+}
+
+fn one_stage(group: &str, concurrency: &str, gate: bool) -> Value {
+    let mut stage =
+        json!({"name": "s", "groups": [{"name": group, "maxConcurrency": concurrency}]});
+    if gate {
+        stage["beforeGates"] = json!([{"type": "Approval"}]);
+    }
+    json!({"properties": {"strategy": {"stages": [stage]}, "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})
+}
+
+fn completed(r: &Value) -> bool {
+    r["properties"]["status"]["status"]["state"] == "Completed"
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let members = args.first().copied().unwrap_or(10_000);
+    let runs = args.get(1).copied().unwrap_or(10).max(1);
+    let dir = std::env::temp_dir().join(format!("flotilla-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = SqliteStore::open(&dir.join("bench.db"))
+        .await
+        .expect("store");
+    let (token, record) = new_token(Role::Admin, "bench");
+    store.create_token(&record).await.expect("token");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let server = Server::start(store, "127.0.0.1:0".parse().expect("addr"), false)
+        .await
+        .expect("server");
+    let addr = server.local_addr().expect("addr");
+    let metrics = server.state.runs.metrics.clone();
+    tokio::spawn(server.serve(std::future::pending()));
+    let bench = Arc::new(Bench {
+        http: reqwest::Client::new(),
+        base: format!("http://{addr}"),
+        token,
+        metrics,
+    });
+    let now = flotilla_server::runs::now().unix();
+
+    // 1. Slots: 400 upgrades of 60 ms, 20 at a time.
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/latency",
+            Some(&sim("eastus", 6, now)),
+        )
+        .await;
+    for i in 0..400 {
+        let body = json!({"properties": {"clusterResourceId": format!("c{i}"), "group": "g"}});
+        bench
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/latency/members/m{i:04}"),
+                Some(&body),
+            )
+            .await;
+    }
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/latency/updateRuns/slots",
+            Some(&one_stage("g", "20", false)),
+        )
+        .await;
+    let t = Instant::now();
+    bench
+        .send(
+            reqwest::Method::POST,
+            "/v1/fleets/latency/updateRuns/slots/start",
+            None,
+        )
+        .await;
+    bench
+        .wait_state("/v1/fleets/latency/updateRuns/slots", completed)
+        .await;
+    let wall = t.elapsed().as_secs_f64();
+    let slot = bench
+        .metrics
+        .dispatch_quantiles("slot")
+        .expect("slot samples");
+    println!(
+        "dispatch after a slot frees: {} upgrades, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (400 upgrades of 60 ms, 20 at a time: {wall:.2} s; back to back it would be {:.2} s)",
+        slot.0,
+        slot.1 * 1000.0,
+        slot.2 * 1000.0,
+        slot.3 * 1000.0,
+        400.0 / 20.0 * 0.06
+    );
+
+    // 2. Gate approvals: 20 runs each waiting at a before-gate.
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/gates",
+            Some(&sim("eastus", 1, now)),
+        )
+        .await;
+    for i in 0..20 {
+        let group = format!("g{i}");
+        let body = json!({"properties": {"clusterResourceId": format!("g{i}"), "group": group}});
+        bench
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/gates/members/m{i:02}"),
+                Some(&body),
+            )
+            .await;
+        bench
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/gates/updateRuns/r{i}"),
+                Some(&one_stage(&group, "1", true)),
+            )
+            .await;
+        bench
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/fleets/gates/updateRuns/r{i}/start"),
+                None,
+            )
+            .await;
+        let gates = bench
+            .wait_state("/v1/fleets/gates/gates?state=Pending", |g| {
+                g["value"].as_array().is_some_and(|v| !v.is_empty())
+            })
+            .await;
+        let gate = gates["value"][0]["name"]
+            .as_str()
+            .expect("gate")
+            .to_string();
+        bench
+            .send(
+                reqwest::Method::PATCH,
+                &format!("/v1/fleets/gates/gates/{gate}"),
+                Some(&json!({"properties": {"state": "Completed"}})),
+            )
+            .await;
+        bench
+            .wait_state(&format!("/v1/fleets/gates/updateRuns/r{i}"), completed)
+            .await;
+    }
+    let action = bench
+        .metrics
+        .dispatch_quantiles("action")
+        .expect("action samples");
+    println!(
+        "dispatch after a user action (start, gate approval): {} upgrades, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        action.0,
+        action.1 * 1000.0,
+        action.2 * 1000.0,
+        action.3 * 1000.0
+    );
+
+    // 3. A version arriving in a region three seconds from now: the run wakes at that instant.
+    let arrives = flotilla_server::runs::now().unix() + 3;
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/west",
+            Some(&sim("westus", 1, arrives)),
+        )
+        .await;
+    for i in 0..5 {
+        let body = json!({"properties": {"clusterResourceId": format!("w{i}"), "group": "west"}});
+        bench
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/west/members/w{i}"),
+                Some(&body),
+            )
+            .await;
+    }
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/west/updateRuns/arrival",
+            Some(&one_stage("west", "5", false)),
+        )
+        .await;
+    bench
+        .send(
+            reqwest::Method::POST,
+            "/v1/fleets/west/updateRuns/arrival/start",
+            None,
+        )
+        .await;
+    bench
+        .wait_state("/v1/fleets/west/updateRuns/arrival", completed)
+        .await;
+    if let Some(timer) = bench.metrics.dispatch_quantiles("timer") {
+        println!(
+            "dispatch after a version arrives (a timer): {} upgrades, p50 {:.2} ms, p99 {:.2} ms",
+            timer.0,
+            timer.1 * 1000.0,
+            timer.2 * 1000.0
+        );
+    }
+
+    // 4. The API with a large fleet and several runs over it.
+    let rss_before = status_mib("VmRSS:");
+    let t = Instant::now();
+    bench
+        .send(
+            reqwest::Method::PUT,
+            "/v1/fleets/big",
+            Some(&sim("eastus", 600, now)),
+        )
+        .await;
+    let mut tasks = Vec::new();
+    for lane in 0..8 {
+        let bench = bench.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut i = lane;
+            while i < members {
+                let body = json!({"properties": {"clusterResourceId": format!("big{i}"), "group": format!("g{:02}", i % 50)}});
+                bench.send(reqwest::Method::PUT, &format!("/v1/fleets/big/members/m{i:06}"), Some(&body)).await;
+                i += 8;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let create_members = t.elapsed().as_secs_f64();
+    let groups: Vec<Value> = (0..50)
+        .map(|g| json!({"name": format!("g{g:02}"), "maxConcurrency": "5%"}))
+        .collect();
+    let run = json!({"properties": {"strategy": {"stages": [{"name": "all", "maxConcurrency": "200", "maxAllowedFailures": "5%", "groups": groups}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    let t = Instant::now();
+    for r in 0..runs {
+        bench
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/big/updateRuns/r{r:03}"),
+                Some(&run),
+            )
+            .await;
+    }
+    let create_runs = t.elapsed().as_secs_f64() / runs as f64;
+    bench
+        .send(
+            reqwest::Method::POST,
+            "/v1/fleets/big/updateRuns/r000/start",
+            None,
+        )
+        .await;
+    let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns/r000", 8, 10).await;
+    println!(
+        "GET a {members}-member run ({:.1} MB) while it runs: {rps:.1} requests/s, p99 {latency:.0} ms (8 clients, 10 s)",
+        bytes as f64 / 1e6
+    );
+    let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns?$top=10", 4, 10).await;
+    println!(
+        "list runs ($top=10, {:.1} MB): {rps:.1} requests/s, p99 {latency:.0} ms (4 clients, 10 s)",
+        bytes as f64 / 1e6
+    );
+    let (rps, latency, _) = load(&bench, "/v1/fleets/big/members/m000001", 8, 5).await;
+    println!("GET a member: {rps:.0} requests/s, p99 {latency:.1} ms (8 clients, 5 s)");
+    println!(
+        "{members} members created over HTTP in {create_members:.1} s; {runs} runs of them, {create_runs:.2} s each to create; RSS {:.0} MiB ({:.0} MiB before the large fleet), peak {:.0} MiB",
+        status_mib("VmRSS:"),
+        rss_before,
+        status_mib("VmHWM:")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,189 @@
+//! Schedule quality: for random strategies and fleets without windows or gates, the ratio of the
+//! simulated completion time to the lower bound the constraints allow. Per stage the bound is
+//! the larger of the longest group's sequential work at its ceiling and the stage's total work
+//! at its ceiling, plus the wait; with equal durations that is
+//! `max(max_g ceil(n_g / c_g), ceil(N / c_s)) × d`.
+//!
+//! `cargo bench -p flotilla-sim --bench quality [-- CASES]`
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
+use flotilla_engine::time::Time;
+use flotilla_engine::version::KubeVersion;
+use flotilla_sim::scenario::{Action, SimBehaviour, TimedAction};
+use flotilla_sim::{Scenario, simulate};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+struct Case {
+    scenario: Scenario,
+    bound: i64,
+}
+
+fn case(rng: &mut Rng, equal: bool) -> Case {
+    let start = Time::parse("2026-03-02T00:00:00Z").expect("valid");
+    let mut catalog = Catalog::default();
+    let mut rc = RegionCatalog::default();
+    for v in ["1.30.5", "1.31.1"] {
+        rc.kubernetes.push(KubeRelease {
+            version: KubeVersion::parse(v).expect("v"),
+            preview: false,
+            long_term_support: false,
+            available_at: None,
+        });
+    }
+    catalog.regions.insert("eastus".into(), rc);
+    let mut members = Vec::new();
+    let mut behaviour = BTreeMap::new();
+    let mut stages = Vec::new();
+    let mut bound = 0;
+    let stage_count = 1 + rng.next(3) as usize;
+    for si in 0..stage_count {
+        let group_count = 1 + rng.next(6) as usize;
+        let sizes: Vec<u64> = (0..group_count).map(|_| 1 + rng.next(12)).collect();
+        let total: u64 = sizes.iter().sum();
+        let stage_cap = if rng.next(3) == 0 {
+            50
+        } else {
+            1 + rng.next(8)
+        };
+        let wait = if rng.next(2) == 0 {
+            0
+        } else {
+            60 * rng.next(30) as i64
+        };
+        let mut groups = Vec::new();
+        let mut stage_work = 0i64;
+        let mut longest = 0i64;
+        for (gi, size) in sizes.iter().enumerate() {
+            let name = format!("s{si}g{gi}");
+            let own = 1 + rng.next(4);
+            let cap = own.min(*size).min(stage_cap).max(1);
+            let mut durations = Vec::new();
+            for k in 0..*size {
+                let member = format!("{name}m{k:02}");
+                let seconds = if equal {
+                    600
+                } else {
+                    300 + 60 * rng.next(20) as i64
+                };
+                durations.push(seconds);
+                members.push(Member {
+                    name: member.clone(),
+                    cluster_resource_id: member.clone(),
+                    group: Some(name.clone()),
+                    labels: BTreeMap::new(),
+                    cluster: Cluster {
+                        region: "eastus".into(),
+                        kubernetes_version: KubeVersion::parse("1.30.5").expect("v"),
+                        node_pools: vec![],
+                        kubernetes_window: None,
+                        node_os_window: None,
+                        long_term_support: false,
+                    },
+                });
+                behaviour.insert(
+                    member,
+                    SimBehaviour {
+                        duration_seconds: seconds,
+                        fail: false,
+                        fail_message: String::new(),
+                        fail_attempts: None,
+                    },
+                );
+            }
+            let work: i64 = durations.iter().sum();
+            let max = durations.iter().copied().max().unwrap_or(0);
+            stage_work += work;
+            // Sequential work at the group's ceiling; with equal durations, whole rounds.
+            let group_bound = if equal {
+                (size.div_ceil(cap) * 600) as i64
+            } else {
+                (work as f64 / cap as f64).ceil() as i64
+            }
+            .max(max);
+            longest = longest.max(group_bound);
+            groups.push(json!({"name": name, "maxConcurrency": own.to_string()}));
+        }
+        let stage_bound = if equal {
+            (total.div_ceil(stage_cap.min(total)) * 600) as i64
+        } else {
+            (stage_work as f64 / stage_cap.min(total) as f64).ceil() as i64
+        };
+        bound += longest.max(stage_bound) + wait;
+        stages.push(json!({"name": format!("s{si}"), "maxConcurrency": stage_cap.to_string(), "afterStageWaitInSeconds": wait, "groups": groups}));
+    }
+    let scenario = Scenario {
+        name: "quality".into(),
+        description: String::new(),
+        start,
+        until: start.plus(365 * 86_400),
+        catalog,
+        members,
+        behaviour,
+        strategy: Some(json!({"stages": stages})),
+        update: json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+        actions: vec![TimedAction {
+            at: start,
+            action: Action::Start,
+            label: "start".into(),
+        }],
+        expect: None,
+    };
+    Case { scenario, bound }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let cases: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(1000);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for equal in [true, false] {
+        let mut ratios = Vec::with_capacity(cases);
+        let mut worst = (0.0, String::new());
+        for _ in 0..cases {
+            let c = case(&mut rng, equal);
+            let result = simulate(&c.scenario);
+            let status = result.status.expect("created");
+            let end = status.status.completed_time.expect("finished");
+            let ratio = (end.unix() - c.scenario.start.unix()) as f64 / c.bound as f64;
+            if ratio > worst.0 {
+                worst = (
+                    ratio,
+                    serde_json::to_string(&c.scenario.strategy).unwrap_or_default(),
+                );
+            }
+            ratios.push(ratio);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let above = ratios.iter().filter(|r| **r > 1.0 + 1e-9).count();
+        println!(
+            "{} durations, {cases} random runs: ratio to lower bound min {:.3} p50 {:.3} p90 {:.3} p99 {:.3} max {:.3}; {above} above 1.00",
+            if equal { "equal" } else { "mixed" },
+            ratios[0],
+            quantile(&ratios, 0.5),
+            quantile(&ratios, 0.9),
+            quantile(&ratios, 0.99),
+            ratios[ratios.len() - 1]
+        );
+        if above > 0 {
+            println!("  worst case ({:.3}): {}", worst.0, worst.1);
+        }
+    }
+}
