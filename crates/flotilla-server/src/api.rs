@@ -375,6 +375,7 @@ async fn get_child(
         Kind::Gate => "gate",
         Kind::Profile => "autoUpgradeProfile",
         Kind::Fleet => "fleet",
+        Kind::RunSnapshot => "updateRun",
     };
     Ok(respond(
         &get_one(&state, &fleet, kind, &name, what).await?,
@@ -1033,8 +1034,9 @@ async fn put_run(
         "name": run,
         "type": "Microsoft.ContainerService/fleets/updateRuns",
         "properties": properties,
-        SNAPSHOT: {"members": snapshot.members, "catalog": snapshot.catalog, "createdAt": now()},
     });
+    let internal =
+        json!({"members": snapshot.members, "catalog": snapshot.catalog, "createdAt": now()});
     state.runs.forget(&fleet, &run);
     // A run replaced before it started starts from a clean log.
     if state
@@ -1050,6 +1052,17 @@ async fn put_run(
             .delete(&fleet, Kind::Run, &run, &precondition(&headers))
             .await?;
     }
+    state
+        .runs
+        .store
+        .put(
+            &fleet,
+            Kind::RunSnapshot,
+            &run,
+            &internal,
+            &Precondition::None,
+        )
+        .await?;
     let (resource, created) = state
         .runs
         .store

@@ -56,7 +56,7 @@ enum Msg {
     },
 }
 
-/// The key under which a run's hidden snapshot is stored in its resource body.
+/// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
 
 /// A driver and the configuration it was built from.
@@ -145,8 +145,7 @@ pub fn engine_from_snapshot(
     )
 }
 
-fn read_snapshot(body: &Value) -> Result<RunSnapshot, ApiError> {
-    let internal = &body[SNAPSHOT];
+fn read_snapshot(body: &Value, internal: &Value) -> Result<RunSnapshot, ApiError> {
     let bad = |e: serde_json::Error| {
         ApiError::conflict(format!("stored run snapshot is unreadable: {e}"))
     };
@@ -271,7 +270,15 @@ impl Runs {
                     "updateRun",
                 )
             })?;
-        let snapshot = read_snapshot(&resource.body)?;
+        let internal = self
+            .store
+            .get(fleet, Kind::RunSnapshot, run)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?
+            .ok_or_else(|| {
+                ApiError::conflict(format!("update run {run:?} has no stored snapshot"))
+            })?;
+        let snapshot = read_snapshot(&resource.body, &internal.body)?;
         let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
         // Replay the input log: the engine is deterministic, so this rebuilds its state.
         for entry in self

@@ -39,6 +39,9 @@ pub enum Kind {
     Run,
     Gate,
     Profile,
+    /// What a run was created from (its members' clusters, the catalog): kept apart from the
+    /// run so that the run's frequent status writes do not rewrite it.
+    RunSnapshot,
 }
 
 impl Kind {
@@ -50,6 +53,7 @@ impl Kind {
             Kind::Run => "updateRuns",
             Kind::Gate => "gates",
             Kind::Profile => "autoUpgradeProfiles",
+            Kind::RunSnapshot => "updateRunSnapshots",
         }
     }
 }
@@ -437,6 +441,7 @@ impl Store for SqliteStore {
         match kind {
             Kind::Run => {
                 for statement in [
+                    "DELETE FROM resources WHERE fleet = ? AND kind = 'updateRunSnapshots' AND name = ?",
                     "DELETE FROM run_log WHERE fleet = ? AND run = ?",
                     "DELETE FROM run_events WHERE fleet = ? AND run = ?",
                     "DELETE FROM intents WHERE fleet = ? AND run = ?",
