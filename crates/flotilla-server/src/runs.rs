@@ -45,6 +45,8 @@ pub struct RunEvent {
 }
 
 enum Msg {
+    /// Something outside the run changed (another run let go of a member): look again.
+    Nudge,
     Action {
         input: Input,
         reply: oneshot::Sender<Result<(), ApiError>>,
@@ -58,6 +60,9 @@ enum Msg {
 
 /// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
+
+/// Member → the run and attempt upgrading it.
+type MemberLocks = HashMap<String, (String, u64)>;
 
 /// A driver and the configuration it was built from.
 type BuiltDriver = (Value, Arc<dyn Driver>);
@@ -116,6 +121,11 @@ pub struct Runs {
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<RunEvent>,
     handles: Mutex<HashMap<(String, String), mpsc::UnboundedSender<Msg>>>,
+    /// Fleet → member → the run (and attempt) upgrading it: one operation per cluster at a time,
+    /// across runs (SEMANTICS §3).
+    locks: Mutex<HashMap<String, MemberLocks>>,
+    /// One scheduling turn per fleet at a time, so two runs never pick the same member.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What a run is created from, stored with it.
@@ -170,7 +180,76 @@ impl Runs {
             metrics,
             events,
             handles: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            turns: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn turn(&self, fleet: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        turns.entry(fleet.to_string()).or_default().clone()
+    }
+
+    /// Members of a fleet being upgraded by runs other than `run`, and by which.
+    fn locked_by_others(&self, fleet: &str, run: &str) -> HashMap<String, String> {
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .get(fleet)
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, (holder, _))| holder != run)
+                    .map(|(member, (holder, _))| (member.clone(), holder.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn acquire(&self, fleet: &str, member: &str, run: &str, attempt: u64) {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .entry(fleet.to_string())
+            .or_default()
+            .insert(member.to_string(), (run.to_string(), attempt));
+    }
+
+    fn release(&self, fleet: &str, member: &str, run: &str, attempt: u64) {
+        let released = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            match locks.get_mut(fleet) {
+                Some(members)
+                    if members
+                        .get(member)
+                        .is_some_and(|(r, a)| r == run && *a == attempt) =>
+                {
+                    members.remove(member);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if released {
+            self.nudge_others(fleet, run);
+        }
+    }
+
+    /// Wakes the other active runs of a fleet, so a member let go of is picked up at once.
+    fn nudge_others(&self, fleet: &str, run: &str) {
+        let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        for ((f, r), tx) in handles.iter() {
+            if f == fleet && r != run {
+                let _ = tx.send(Msg::Nudge);
+            }
+        }
+    }
+
+    fn release_all(&self, fleet: &str, run: &str) {
+        {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(members) = locks.get_mut(fleet) {
+                members.retain(|_, (holder, _)| holder != run);
+            }
+        }
+        self.nudge_others(fleet, run);
     }
 
     /// Sends a user action to a run and waits until it is recorded.
@@ -321,6 +400,7 @@ impl Runs {
             base,
             operations: HashMap::new(),
             outstanding: Default::default(),
+            known_locked: HashMap::new(),
         };
         let intents = self
             .store
@@ -351,6 +431,8 @@ struct Actor {
     operations: HashMap<u64, String>,
     /// Attempts a driver task is still following.
     outstanding: std::collections::HashSet<u64>,
+    /// Members of this run that another run is upgrading, as last told to the engine.
+    known_locked: HashMap<String, String>,
 }
 
 impl Actor {
@@ -400,6 +482,7 @@ impl Actor {
             }
         }
         self.runs.forget(&self.fleet, &self.run);
+        self.runs.release_all(&self.fleet, &self.run);
     }
 
     /// Re-asks the driver about everything in flight when the run was last written.
@@ -421,6 +504,8 @@ impl Actor {
                 continue;
             };
             let key = operation_key(&self.fleet, &self.run, intent.attempt);
+            self.runs
+                .acquire(&self.fleet, &intent.member, &self.run, intent.attempt);
             self.spawn_upgrade(
                 intent.member.clone(),
                 intent.attempt,
@@ -438,6 +523,9 @@ impl Actor {
     /// Applies a batch of messages at one instant, records it, then acts. Returns false if the
     /// store failed (the run is then reloaded from its log on next use).
     async fn step(&mut self, batch: Vec<Msg>, woke_at: Option<Instant>) -> bool {
+        // One run of a fleet schedules at a time, so that the locks it sees are current.
+        let turn = self.runs.turn(&self.fleet);
+        let guard = turn.lock().await;
         let now = now();
         let mut log = Vec::new();
         let mut replies = Vec::new();
@@ -447,6 +535,7 @@ impl Actor {
         let mut observed = Vec::new();
         for msg in batch {
             match msg {
+                Msg::Nudge => {}
                 Msg::Action { input, reply, at } => {
                     action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
                     let result = self.engine.handle(now, input.clone());
@@ -457,9 +546,12 @@ impl Actor {
                 }
                 Msg::Input { input, observed_at } => {
                     match &input {
-                        Input::OperationFinished { attempt, .. } => {
+                        Input::OperationFinished {
+                            attempt, member, ..
+                        } => {
                             finished_attempts.push(*attempt);
                             self.outstanding.remove(attempt);
+                            self.runs.release(&self.fleet, member, &self.run, *attempt);
                             if let Some(t) = observed_at {
                                 finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
                             }
@@ -490,6 +582,30 @@ impl Actor {
                 }
             }
         }
+        // Tell the engine which of its members other runs are upgrading now (SEMANTICS §3).
+        let mut held = self.runs.locked_by_others(&self.fleet, &self.run);
+        held.retain(|member, _| self.engine.member_attempt(member).is_some());
+        let mut lock_inputs = Vec::new();
+        for (member, holder) in &held {
+            if self.known_locked.get(member) != Some(holder) {
+                lock_inputs.push(Input::MemberLocked {
+                    member: member.clone(),
+                    by_run: holder.clone(),
+                });
+            }
+        }
+        for member in self.known_locked.keys() {
+            if !held.contains_key(member) {
+                lock_inputs.push(Input::MemberUnlocked {
+                    member: member.clone(),
+                });
+            }
+        }
+        for input in lock_inputs {
+            let _ = self.engine.handle(now, input.clone());
+            log.push(json!({"at": now, "input": input}));
+        }
+        self.known_locked = held;
         self.engine.settle(now);
         log.push(json!({"at": now, "settle": true}));
         let mut commands = Vec::new();
@@ -501,6 +617,7 @@ impl Actor {
                 target,
             } = &command
             {
+                self.runs.acquire(&self.fleet, member, &self.run, *attempt);
                 intents.push(Intent {
                     attempt: *attempt,
                     member: member.clone(),
@@ -511,6 +628,7 @@ impl Actor {
             }
             commands.push(command);
         }
+        drop(guard);
         let mut events = Vec::new();
         let mut gates_changed = false;
         while let Some(event) = self.engine.poll_event() {

@@ -878,3 +878,122 @@ async fn a_second_server_on_the_same_sqlite_file_is_refused() {
         "the lock goes with the first server"
     );
 }
+
+/// One operation per cluster at a time, across runs (SEMANTICS §3): a member another run is
+/// upgrading waits as Pending, with a message naming that run, and starts when it is let go.
+#[tokio::test]
+async fn a_member_upgraded_by_another_run_waits_for_it() {
+    let h = Harness::start("locks").await;
+    let mut slow = cluster("1.30.5");
+    slow["sim"] = json!({"durationSeconds": 3000});
+    let clusters = [("c1", slow), ("c2", cluster("1.30.5"))];
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for i in 1..=2 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}")}})),
+        )
+        .await;
+    }
+    let control_plane = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    let full = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}}}});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/a",
+        Some(control_plane),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/b",
+        Some(full),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/a/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/a", "m1 in flight in a", |r| {
+        r["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"]
+            == "Running"
+    })
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/b/start",
+        None,
+    )
+    .await;
+    let waiting = h
+        .wait_run("/v1/fleets/f1/updateRuns/b", "m1 pending in b", |r| {
+            r["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"]
+                == "Pending"
+        })
+        .await;
+    let message =
+        waiting["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+    assert!(message.contains("\"a\""), "{message}");
+    h.wait_run("/v1/fleets/f1/updateRuns/a", "a completes", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    let b = h
+        .wait_run("/v1/fleets/f1/updateRuns/b", "b completes", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    // Never two operations on one cluster at once: m1's upgrade in b started after a's ended.
+    let events = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/a/events",
+            None,
+        )
+        .await;
+    let a_end = events["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["type"] == "MemberSucceeded" && e["member"] == "m1")
+        .expect("m1 done in a")["time"]
+        .clone();
+    let b_events = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/b/events",
+            None,
+        )
+        .await;
+    if let Some(b_start) = b_events["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["type"] == "MemberStarted" && e["member"] == "m1")
+    {
+        assert!(
+            b_start["time"].as_str() >= a_end.as_str(),
+            "b started m1 at {} before a finished it at {a_end}",
+            b_start["time"]
+        );
+    }
+    assert_eq!(b["properties"]["status"]["failureCount"], 0);
+}
