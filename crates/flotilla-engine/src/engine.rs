@@ -31,6 +31,19 @@ pub struct RunSpec {
     /// `None`: every member, one at a time, in one implicit stage and group.
     pub strategy: Option<Strategy>,
     pub upgrade: Upgrade,
+    pub rules: RunRules,
+}
+
+/// Rules of runs an auto-upgrade profile generates (SEMANTICS §8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRules {
+    /// A member more than one minor behind the target is Skipped, not upgraded across minors.
+    #[serde(default)]
+    pub skip_minor_jumps: bool,
+    /// The target is kept only by long-term support: members without it fail.
+    #[serde(default)]
+    pub require_long_term_support: bool,
 }
 
 /// Name of the implicit stage and group of a run without a strategy.
@@ -299,6 +312,7 @@ struct StageRt {
 pub struct Engine {
     run_name: String,
     upgrade: Upgrade,
+    rules: RunRules,
     catalog: Catalog,
     members: Vec<MemberRt>,
     member_index: HashMap<String, u32>,
@@ -455,6 +469,7 @@ impl Engine {
         let mut engine = Engine {
             run_name: run_name.to_string(),
             upgrade: spec.upgrade.clone(),
+            rules: spec.rules,
             catalog,
             members: Vec::new(),
             member_index: HashMap::new(),
@@ -1933,6 +1948,28 @@ impl Engine {
         } else {
             None
         };
+        if let Some(target) = kube_target {
+            if self.rules.skip_minor_jumps
+                && target.major == current.major
+                && target.minor > current.minor + 1
+            {
+                return Decision::Skip(format!(
+                    "the cluster is more than one minor behind the target ({}.{} → {}.{}); auto-upgrade does not skip minors",
+                    current.major, current.minor, target.major, target.minor
+                ));
+            }
+            if self.rules.require_long_term_support
+                && !cluster.long_term_support
+                && target != current
+            {
+                return Decision::Fail {
+                    code: "LongTermSupportRequired",
+                    message: format!(
+                        "target Kubernetes version {target} is kept only by long-term support, which this cluster does not have enabled"
+                    ),
+                };
+            }
+        }
         if let Some(target) = kube_target
             && target < current
         {

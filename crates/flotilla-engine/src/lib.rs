@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod error;
 pub mod fleet;
+pub mod profile;
 pub mod selector;
 pub mod status;
 pub mod strategy;

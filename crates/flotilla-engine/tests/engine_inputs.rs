@@ -51,6 +51,7 @@ fn catalog(regions: &[(&str, &[&str])]) -> Catalog {
 fn spec() -> RunSpec {
     RunSpec {
         strategy: None,
+        rules: Default::default(),
         upgrade: Upgrade {
             upgrade_type: UpgradeType::ControlPlaneOnly,
             kubernetes_version: Some(v("1.31.1")),

@@ -31,6 +31,7 @@ use crate::auth::{Caller, Role, authenticate};
 use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
 use crate::store::{Kind, Precondition, Resource, StoreError};
+use flotilla_engine::engine::RunRules;
 
 /// Largest request body accepted (413 above).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -958,7 +959,49 @@ async fn put_run(
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
     }
     parse_upgrade(&update, "properties.managedClusterUpdate")?;
-    if let Some(existing) = state.runs.store.get(&fleet, Kind::Run, &run).await? {
+    let (resource, created, warnings) = create_run(
+        &state,
+        &fleet,
+        &run,
+        NewRun {
+            strategy,
+            strategy_id,
+            update,
+            rules: RunRules::default(),
+            profile_id: None,
+        },
+        precondition(&headers),
+    )
+    .await?;
+    let mut response = respond(&resource, created);
+    if !warnings.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&warnings.join("; ").replace(['\n', '\r'], " "))
+    {
+        response.headers_mut().insert("x-flotilla-warning", v);
+    }
+    Ok(response)
+}
+
+/// What a new run is made of.
+pub struct NewRun {
+    pub strategy: Option<StrategySpec>,
+    pub strategy_id: Option<String>,
+    pub update: ManagedClusterUpdateSpec,
+    pub rules: RunRules,
+    pub profile_id: Option<String>,
+}
+
+/// Creates (or replaces, before it starts) a run: resolves membership from each member's latest
+/// observation, takes the catalog from the driver, and stores the run and its snapshot.
+async fn create_run(
+    state: &Shared,
+    fleet: &str,
+    run: &str,
+    new: NewRun,
+    when: Precondition,
+) -> HttpResult<(Resource, bool, Vec<String>)> {
+    let (strategy, strategy_id, update) = (new.strategy, new.strategy_id, new.update);
+    if let Some(existing) = state.runs.store.get(fleet, Kind::Run, run).await? {
         let current = existing.body["properties"]["status"]["status"]["state"]
             .as_str()
             .unwrap_or("NotStarted");
@@ -969,11 +1012,10 @@ async fn put_run(
             .into());
         }
     }
-    // Membership is resolved now, from each member's latest observation.
     let driver = state
         .runs
         .drivers
-        .for_fleet(state.runs.store.as_ref(), &fleet)
+        .for_fleet(state.runs.store.as_ref(), fleet)
         .await?;
     let mut members = Vec::new();
     let mut after: Option<String> = None;
@@ -981,7 +1023,7 @@ async fn put_run(
         let page = state
             .runs
             .store
-            .list(&fleet, Kind::Member, after.as_deref(), 1000)
+            .list(fleet, Kind::Member, after.as_deref(), 1000)
             .await?;
         if page.is_empty() {
             break;
@@ -995,7 +1037,7 @@ async fn put_run(
                 m.body["properties"]["status"]["cluster"].clone(),
             ) {
                 Ok(c) => c,
-                Err(_) => observe_member(&state, &fleet, &m.name, &id).await?,
+                Err(_) => observe_member(state, fleet, &m.name, &id).await?,
             };
             members.push(MemberRecord {
                 name: m.name.clone(),
@@ -1016,8 +1058,9 @@ async fn put_run(
         update: update.clone(),
         members,
         catalog,
+        rules: new.rules,
     };
-    let (engine, warnings) = engine_from_snapshot(&run, &snapshot)?;
+    let (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
     let mut properties = json!({
         "provisioningState": "Succeeded",
         "managedClusterUpdate": update,
@@ -1029,36 +1072,34 @@ async fn put_run(
     if let Some(id) = strategy_id {
         properties["updateStrategyId"] = json!(id);
     }
+    if let Some(id) = new.profile_id {
+        properties["autoUpgradeProfileId"] = json!(id);
+    }
     let body = json!({
         "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
         "name": run,
         "type": "Microsoft.ContainerService/fleets/updateRuns",
         "properties": properties,
     });
-    let internal =
-        json!({"members": snapshot.members, "catalog": snapshot.catalog, "createdAt": now()});
-    state.runs.forget(&fleet, &run);
+    let internal = json!({"members": snapshot.members, "catalog": snapshot.catalog, "rules": snapshot.rules, "createdAt": now()});
+    state.runs.forget(fleet, run);
     // A run replaced before it started starts from a clean log.
-    if state
-        .runs
-        .store
-        .get(&fleet, Kind::Run, &run)
-        .await?
-        .is_some()
-    {
+    let mut when = when;
+    if state.runs.store.get(fleet, Kind::Run, run).await?.is_some() {
         state
             .runs
             .store
-            .delete(&fleet, Kind::Run, &run, &precondition(&headers))
+            .delete(fleet, Kind::Run, run, &when)
             .await?;
+        when = Precondition::None;
     }
     state
         .runs
         .store
         .put(
-            &fleet,
+            fleet,
             Kind::RunSnapshot,
-            &run,
+            run,
             &internal,
             &Precondition::None,
         )
@@ -1066,15 +1107,9 @@ async fn put_run(
     let (resource, created) = state
         .runs
         .store
-        .put(&fleet, Kind::Run, &run, &body, &precondition(&headers))
+        .put(fleet, Kind::Run, run, &body, &when)
         .await?;
-    let mut response = respond(&resource, created);
-    if !warnings.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&warnings.join("; ").replace(['\n', '\r'], " "))
-    {
-        response.headers_mut().insert("x-flotilla-warning", v);
-    }
-    Ok(response)
+    Ok((resource, created, warnings))
 }
 
 async fn delete_run(

@@ -121,6 +121,8 @@ pub struct Runs {
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<RunEvent>,
     handles: Mutex<HashMap<(String, String), mpsc::UnboundedSender<Msg>>>,
+    /// (fleet, member) → the runs told that member is locked: woken when it is let go.
+    waiters: Mutex<HashMap<(String, String), std::collections::HashSet<String>>>,
     /// Fleet → member → the run (and attempt) upgrading it: one operation per cluster at a time,
     /// across runs (SEMANTICS §3).
     locks: Mutex<HashMap<String, MemberLocks>>,
@@ -134,6 +136,7 @@ pub struct RunSnapshot {
     pub update: ManagedClusterUpdateSpec,
     pub members: Vec<MemberRecord>,
     pub catalog: Catalog,
+    pub rules: flotilla_engine::engine::RunRules,
 }
 
 pub fn engine_from_snapshot(
@@ -149,7 +152,11 @@ pub fn engine_from_snapshot(
     let members: Vec<Member> = snapshot.members.iter().cloned().map(Member::from).collect();
     Engine::create(
         run,
-        &RunSpec { strategy, upgrade },
+        &RunSpec {
+            strategy,
+            upgrade,
+            rules: snapshot.rules,
+        },
         &members,
         snapshot.catalog.clone(),
     )
@@ -168,6 +175,7 @@ fn read_snapshot(body: &Value, internal: &Value) -> Result<RunSnapshot, ApiError
             .map_err(bad)?,
         members: serde_json::from_value(internal["members"].clone()).map_err(bad)?,
         catalog: serde_json::from_value(internal["catalog"].clone()).map_err(bad)?,
+        rules: serde_json::from_value(internal["rules"].clone()).unwrap_or_default(),
     })
 }
 
@@ -182,6 +190,7 @@ impl Runs {
             handles: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
         })
     }
 
@@ -228,28 +237,51 @@ impl Runs {
             }
         };
         if released {
-            self.nudge_others(fleet, run);
+            self.wake_waiters(fleet, member);
         }
     }
 
-    /// Wakes the other active runs of a fleet, so a member let go of is picked up at once.
-    fn nudge_others(&self, fleet: &str, run: &str) {
+    fn wait_for(&self, fleet: &str, member: &str, run: &str) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        waiters
+            .entry((fleet.to_string(), member.to_string()))
+            .or_default()
+            .insert(run.to_string());
+    }
+
+    /// Wakes the runs waiting for a member that was just let go of.
+    fn wake_waiters(&self, fleet: &str, member: &str) {
+        let runs = {
+            let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            waiters
+                .remove(&(fleet.to_string(), member.to_string()))
+                .unwrap_or_default()
+        };
         let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-        for ((f, r), tx) in handles.iter() {
-            if f == fleet && r != run {
+        for run in runs {
+            if let Some(tx) = handles.get(&(fleet.to_string(), run)) {
                 let _ = tx.send(Msg::Nudge);
             }
         }
     }
 
     fn release_all(&self, fleet: &str, run: &str) {
+        let mut released = Vec::new();
         {
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(members) = locks.get_mut(fleet) {
-                members.retain(|_, (holder, _)| holder != run);
+                members.retain(|member, (holder, _)| {
+                    let keep = holder != run;
+                    if !keep {
+                        released.push(member.clone());
+                    }
+                    keep
+                });
             }
         }
-        self.nudge_others(fleet, run);
+        for member in released {
+            self.wake_waiters(fleet, &member);
+        }
     }
 
     /// Sends a user action to a run and waits until it is recorded.
@@ -588,6 +620,7 @@ impl Actor {
         let mut lock_inputs = Vec::new();
         for (member, holder) in &held {
             if self.known_locked.get(member) != Some(holder) {
+                self.runs.wait_for(&self.fleet, member, &self.run);
                 lock_inputs.push(Input::MemberLocked {
                     member: member.clone(),
                     by_run: holder.clone(),
@@ -639,9 +672,15 @@ impl Actor {
             self.runs.metrics.observe_event(&self.fleet, &event);
             events.push(serde_json::to_value(&event).unwrap_or_default());
         }
-        let mut body = self.base.clone();
-        body["properties"]["status"] =
-            serde_json::to_value(self.engine.status()).unwrap_or_default();
+        // A step where nothing happened (a wake-up that changed nothing) leaves the stored status
+        // as it is: rendering and rewriting a large run's status is the expensive part of a step.
+        let changed = log.len() > 1 || !events.is_empty() || !commands.is_empty();
+        let body = changed.then(|| {
+            let mut body = self.base.clone();
+            body["properties"]["status"] =
+                serde_json::to_value(self.engine.status()).unwrap_or_default();
+            body
+        });
         let gates = if gates_changed {
             self.gate_resources()
         } else {
@@ -659,7 +698,7 @@ impl Actor {
             intents,
             finished_attempts,
             events: events.clone(),
-            run_body: Some(body),
+            run_body: body,
             gates,
         };
         if let Err(e) = self.runs.store.write_run_batch(&write).await {

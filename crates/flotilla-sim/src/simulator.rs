@@ -140,7 +140,11 @@ pub fn create_engine(
         .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
         .transpose()?;
     let upgrade = parse_upgrade(&update_spec, "properties.managedClusterUpdate")?;
-    let spec = RunSpec { strategy, upgrade };
+    let spec = RunSpec {
+        strategy,
+        upgrade,
+        rules: Default::default(),
+    };
     let (engine, warnings) = Engine::create(
         &scenario.name,
         &spec,

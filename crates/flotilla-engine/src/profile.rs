@@ -1,0 +1,513 @@
+//! Auto-upgrade profiles (SEMANTICS §8): the wire shape, its validation, and channel resolution —
+//! which upgrade a profile's channel selects from a release catalog at an instant. Pure: the
+//! server and the simulator decide when to ask.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::fleet::Catalog;
+use crate::time::Time;
+use crate::version::{ImageVersion, KubeVersion};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProfileSpec {
+    #[serde(default)]
+    pub channel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_image_selection: Option<ProfileNodeImageSelection>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub long_term_support: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProfileNodeImageSelection {
+    #[serde(rename = "type", default)]
+    pub selection_type: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Rapid,
+    Stable,
+    /// Newest patch of `major.minor`; with long-term support, minors kept only by it count.
+    TargetKubernetesVersion {
+        major: u32,
+        minor: u32,
+        long_term_support: bool,
+    },
+    NodeImage,
+    SecurityPatch,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub channel: Channel,
+    pub update_strategy_id: Option<String>,
+    /// `Latest` or `Consistent` for the Kubernetes channels; NodeImage behaves as Consistent.
+    pub consistent_images: bool,
+    pub disabled: bool,
+}
+
+/// What a channel selects now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChannelTarget {
+    /// A Full upgrade to this version.
+    Kubernetes(KubeVersion),
+    /// Node images only: the newest version of each family (Linux families only for
+    /// SecurityPatch).
+    NodeImages(BTreeMap<String, ImageVersion>),
+}
+
+impl ChannelTarget {
+    /// The versions as `lastTriggerUpgradeVersions` lists them.
+    pub fn versions(&self) -> Vec<String> {
+        match self {
+            ChannelTarget::Kubernetes(v) => vec![v.to_string()],
+            ChannelTarget::NodeImages(images) => {
+                images.iter().map(|(f, v)| format!("{f}-{v}")).collect()
+            }
+        }
+    }
+
+    /// A name for the run a profile generates for this target: deterministic, so generating
+    /// again with nothing new finds the same run. Fits the 50-character name rule.
+    pub fn run_name(&self, profile: &str) -> String {
+        let text = self.versions().join("+");
+        let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        let tag = match self {
+            ChannelTarget::Kubernetes(v) => format!("{}-{}-{}", v.major, v.minor, v.patch),
+            ChannelTarget::NodeImages(_) => "images".to_string(),
+        };
+        let head: String = profile.chars().take(50 - tag.len() - 10).collect();
+        format!("{}-{tag}-{:08x}", head.trim_end_matches('-'), digest as u32)
+    }
+}
+
+fn bad(field: &str, message: String) -> ApiError {
+    let target = format!("properties.{field}");
+    ApiError::new(
+        ErrorCode::InvalidRequestContent,
+        format!("{target}: {message}"),
+        target,
+    )
+}
+
+/// Validates a profile (the rules of the reference API and `az fleet autoupgradeprofile`).
+pub fn parse_profile(spec: &ProfileSpec) -> Result<Profile, ApiError> {
+    let channel_text = spec
+        .channel
+        .as_deref()
+        .ok_or_else(|| bad("channel", "is required".into()))?;
+    let target = spec.target_kubernetes_version.as_deref();
+    let channel = match channel_text {
+        "TargetKubernetesVersion" => {
+            let text = target.ok_or_else(|| {
+                bad(
+                    "targetKubernetesVersion",
+                    "is required with the TargetKubernetesVersion channel".into(),
+                )
+            })?;
+            let parts: Vec<&str> = text.split('.').collect();
+            let number = |p: &str| {
+                (!p.is_empty() && p.len() <= 6 && p.bytes().all(|c| c.is_ascii_digit()))
+                    .then(|| p.parse::<u32>().ok())
+                    .flatten()
+            };
+            match parts.as_slice() {
+                [major, minor] => match (number(major), number(minor)) {
+                    (Some(major), Some(minor)) => Channel::TargetKubernetesVersion {
+                        major,
+                        minor,
+                        long_term_support: spec.long_term_support,
+                    },
+                    _ => {
+                        return Err(bad(
+                            "targetKubernetesVersion",
+                            format!("{text:?} must be major.minor, like 1.30"),
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(bad(
+                        "targetKubernetesVersion",
+                        format!("{text:?} must be major.minor, like 1.30"),
+                    ));
+                }
+            }
+        }
+        other => {
+            if let Some(t) = target {
+                return Err(bad(
+                    "targetKubernetesVersion",
+                    format!(
+                        "{t:?} is only allowed with the TargetKubernetesVersion channel, not {other}"
+                    ),
+                ));
+            }
+            if spec.long_term_support {
+                return Err(bad(
+                    "longTermSupport",
+                    format!(
+                        "is only allowed with the TargetKubernetesVersion channel, not {other}"
+                    ),
+                ));
+            }
+            match other {
+                "Rapid" => Channel::Rapid,
+                "Stable" => Channel::Stable,
+                "NodeImage" => Channel::NodeImage,
+                "SecurityPatch" => Channel::SecurityPatch,
+                _ => {
+                    return Err(bad(
+                        "channel",
+                        format!(
+                            "{other:?} must be Rapid, Stable, TargetKubernetesVersion, NodeImage or SecurityPatch"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    let consistent_images = match spec
+        .node_image_selection
+        .as_ref()
+        .map(|s| s.selection_type.as_deref())
+    {
+        None => matches!(channel, Channel::NodeImage),
+        Some(_) if matches!(channel, Channel::NodeImage) => {
+            return Err(bad(
+                "nodeImageSelection",
+                "cannot be set with the NodeImage channel (it always uses Consistent)".into(),
+            ));
+        }
+        Some(Some("Latest")) => false,
+        Some(Some("Consistent")) => true,
+        Some(other) => {
+            return Err(bad(
+                "nodeImageSelection.type",
+                format!("{:?} must be Latest or Consistent", other.unwrap_or("")),
+            ));
+        }
+    };
+    Ok(Profile {
+        channel,
+        update_strategy_id: spec.update_strategy_id.clone(),
+        consistent_images,
+        disabled: spec.disabled,
+    })
+}
+
+/// The target a channel selects from the catalog at `now`, over the given regions (all regions
+/// of the catalog when empty). Preview versions never count; versions kept only by long-term
+/// support count only for a TargetKubernetesVersion profile that asks for it. `None`: nothing to
+/// upgrade to yet.
+pub fn resolve(
+    channel: Channel,
+    catalog: &Catalog,
+    regions: &[&str],
+    now: Time,
+) -> Option<ChannelTarget> {
+    let in_scope = |region: &String| regions.is_empty() || regions.contains(&region.as_str());
+    match channel {
+        Channel::NodeImage | Channel::SecurityPatch => {
+            let mut newest: BTreeMap<String, ImageVersion> = BTreeMap::new();
+            for (region, rc) in catalog.regions.iter().filter(|(r, _)| in_scope(r)) {
+                let _ = region;
+                for (family, releases) in &rc.node_images {
+                    // Windows image families are not patched by the SecurityPatch channel.
+                    if channel == Channel::SecurityPatch
+                        && family.to_ascii_lowercase().contains("windows")
+                    {
+                        continue;
+                    }
+                    for release in releases
+                        .iter()
+                        .filter(|r| r.available_at.is_none_or(|t| t <= now))
+                    {
+                        let entry = newest
+                            .entry(family.clone())
+                            .or_insert_with(|| release.version.clone());
+                        if release.version > *entry {
+                            *entry = release.version.clone();
+                        }
+                    }
+                }
+            }
+            (!newest.is_empty()).then_some(ChannelTarget::NodeImages(newest))
+        }
+        _ => {
+            let lts_allowed = matches!(
+                channel,
+                Channel::TargetKubernetesVersion {
+                    long_term_support: true,
+                    ..
+                }
+            );
+            let mut versions: Vec<KubeVersion> = catalog
+                .regions
+                .iter()
+                .filter(|(r, _)| in_scope(r))
+                .flat_map(|(_, rc)| rc.kubernetes.iter())
+                .filter(|k| !k.preview && (lts_allowed || !k.long_term_support))
+                .filter(|k| k.available_at.is_none_or(|t| t <= now))
+                .map(|k| k.version)
+                .collect();
+            versions.sort();
+            versions.dedup();
+            let newest_of = |line: (u32, u32)| {
+                versions
+                    .iter()
+                    .filter(|v| v.minor_line() == line)
+                    .max()
+                    .copied()
+            };
+            let mut lines: Vec<(u32, u32)> = versions.iter().map(|v| v.minor_line()).collect();
+            lines.dedup();
+            let target = match channel {
+                Channel::Rapid => lines.last().and_then(|l| newest_of(*l)),
+                Channel::Stable => lines.len().checked_sub(2).and_then(|i| newest_of(lines[i])),
+                Channel::TargetKubernetesVersion { major, minor, .. } => newest_of((major, minor)),
+                Channel::NodeImage | Channel::SecurityPatch => None,
+            };
+            target.map(ChannelTarget::Kubernetes)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{CatalogSpec, RegionCatalogSpec};
+
+    fn catalog(
+        kube: &[(&str, bool, bool, Option<&str>)],
+        images: &[(&str, &str, Option<&str>)],
+    ) -> Catalog {
+        let mut region = RegionCatalogSpec::default();
+        for (v, preview, lts, at) in kube {
+            region.kubernetes.push(crate::fleet::KubeReleaseSpec {
+                version: v.to_string(),
+                preview: *preview,
+                lts: *lts,
+                available_at: at.map(String::from),
+            });
+        }
+        for (family, v, at) in images {
+            let list = region
+                .node_images
+                .entry(family.to_string())
+                .or_insert(serde_json::json!([]));
+            if let Some(a) = list.as_array_mut() {
+                a.push(serde_json::json!({"version": v, "availableAt": at}));
+            }
+        }
+        let spec: CatalogSpec = [("eastus".to_string(), region)].into_iter().collect();
+        Catalog::parse(&spec, "").expect("valid catalog")
+    }
+
+    fn t(s: &str) -> Time {
+        Time::parse(s).expect("time")
+    }
+
+    fn kube(c: Channel, cat: &Catalog, now: &str) -> Option<String> {
+        match resolve(c, cat, &[], t(now)) {
+            Some(ChannelTarget::Kubernetes(v)) => Some(v.to_string()),
+            other => other.map(|o| format!("{o:?}")),
+        }
+    }
+
+    const NOW: &str = "2026-03-02T00:00:00Z";
+
+    #[test]
+    fn rapid_and_stable_follow_the_newest_generally_available_minors() {
+        let cat = catalog(
+            &[
+                ("1.29.9", false, false, None),
+                ("1.30.4", false, false, None),
+                ("1.30.5", false, false, None),
+                ("1.31.2", false, false, None),
+                ("1.32.0", true, false, None),
+                ("1.31.3", false, false, Some("2026-03-05T00:00:00Z")),
+            ],
+            &[],
+        );
+        assert_eq!(
+            kube(Channel::Rapid, &cat, NOW).as_deref(),
+            Some("1.31.2"),
+            "previews never count"
+        );
+        assert_eq!(kube(Channel::Stable, &cat, NOW).as_deref(), Some("1.30.5"));
+        assert_eq!(
+            kube(Channel::Rapid, &cat, "2026-03-06T00:00:00Z").as_deref(),
+            Some("1.31.3"),
+            "a new patch moves Rapid"
+        );
+        // A new minor arriving moves both.
+        let cat = catalog(
+            &[
+                ("1.30.5", false, false, None),
+                ("1.31.2", false, false, None),
+                ("1.32.1", false, false, Some("2026-04-01T00:00:00Z")),
+            ],
+            &[],
+        );
+        assert_eq!(kube(Channel::Rapid, &cat, NOW).as_deref(), Some("1.31.2"));
+        assert_eq!(
+            kube(Channel::Rapid, &cat, "2026-04-02T00:00:00Z").as_deref(),
+            Some("1.32.1")
+        );
+        assert_eq!(
+            kube(Channel::Stable, &cat, "2026-04-02T00:00:00Z").as_deref(),
+            Some("1.31.2")
+        );
+        // One minor only: Stable has nothing.
+        let cat = catalog(&[("1.31.2", false, false, None)], &[]);
+        assert_eq!(kube(Channel::Stable, &cat, NOW), None);
+    }
+
+    #[test]
+    fn target_version_and_long_term_support() {
+        let cat = catalog(
+            &[
+                ("1.27.100", false, true, None),
+                ("1.27.101", false, true, None),
+                ("1.30.4", false, false, None),
+                ("1.30.7", false, false, None),
+                ("1.31.2", false, false, None),
+            ],
+            &[],
+        );
+        let target = |major, minor, lts| Channel::TargetKubernetesVersion {
+            major,
+            minor,
+            long_term_support: lts,
+        };
+        assert_eq!(
+            kube(target(1, 30, false), &cat, NOW).as_deref(),
+            Some("1.30.7"),
+            "never the next minor"
+        );
+        assert_eq!(
+            kube(target(1, 27, false), &cat, NOW),
+            None,
+            "an LTS-only minor needs long-term support"
+        );
+        assert_eq!(
+            kube(target(1, 27, true), &cat, NOW).as_deref(),
+            Some("1.27.101")
+        );
+        assert_eq!(kube(Channel::Rapid, &cat, NOW).as_deref(), Some("1.31.2"));
+    }
+
+    #[test]
+    fn node_image_channels() {
+        let cat = catalog(
+            &[],
+            &[
+                ("AKSUbuntu-2204gen2containerd", "202602.10.0", None),
+                (
+                    "AKSUbuntu-2204gen2containerd",
+                    "202603.01.0",
+                    Some("2026-03-03T00:00:00Z"),
+                ),
+                ("AKSWindows-2022-containerd", "20348.2026.02", None),
+            ],
+        );
+        let Some(ChannelTarget::NodeImages(images)) =
+            resolve(Channel::NodeImage, &cat, &[], t(NOW))
+        else {
+            panic!("images")
+        };
+        assert_eq!(images.len(), 2);
+        assert_eq!(
+            images["AKSUbuntu-2204gen2containerd"].to_string(),
+            "202602.10.0"
+        );
+        let Some(ChannelTarget::NodeImages(images)) =
+            resolve(Channel::SecurityPatch, &cat, &[], t("2026-03-04T00:00:00Z"))
+        else {
+            panic!("images")
+        };
+        assert_eq!(
+            images.keys().collect::<Vec<_>>(),
+            ["AKSUbuntu-2204gen2containerd"],
+            "Windows pools are not patched"
+        );
+        assert_eq!(
+            images["AKSUbuntu-2204gen2containerd"].to_string(),
+            "202603.01.0"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let spec = |json: &str| -> ProfileSpec { serde_json::from_str(json).expect("shape") };
+        for (json, target) in [
+            (r#"{}"#, "properties.channel"),
+            (r#"{"channel": "Fast"}"#, "properties.channel"),
+            (
+                r#"{"channel": "TargetKubernetesVersion"}"#,
+                "properties.targetKubernetesVersion",
+            ),
+            (
+                r#"{"channel": "TargetKubernetesVersion", "targetKubernetesVersion": "1.30.2"}"#,
+                "properties.targetKubernetesVersion",
+            ),
+            (
+                r#"{"channel": "Rapid", "targetKubernetesVersion": "1.30"}"#,
+                "properties.targetKubernetesVersion",
+            ),
+            (
+                r#"{"channel": "Stable", "longTermSupport": true}"#,
+                "properties.longTermSupport",
+            ),
+            (
+                r#"{"channel": "NodeImage", "nodeImageSelection": {"type": "Latest"}}"#,
+                "properties.nodeImageSelection",
+            ),
+            (
+                r#"{"channel": "Rapid", "nodeImageSelection": {"type": "Custom"}}"#,
+                "properties.nodeImageSelection.type",
+            ),
+        ] {
+            let err = parse_profile(&spec(json)).expect_err(json);
+            assert_eq!(err.target, target, "{json}: {err:?}");
+        }
+        let ok = parse_profile(&spec(r#"{"channel": "TargetKubernetesVersion", "targetKubernetesVersion": "1.27", "longTermSupport": true}"#)).expect("valid");
+        assert_eq!(
+            ok.channel,
+            Channel::TargetKubernetesVersion {
+                major: 1,
+                minor: 27,
+                long_term_support: true
+            }
+        );
+    }
+
+    #[test]
+    fn generated_run_names_are_stable_and_valid() {
+        let target = ChannelTarget::Kubernetes(KubeVersion::parse("1.31.2").expect("v"));
+        let name = target.run_name("nightly-rapid");
+        assert_eq!(name, target.run_name("nightly-rapid"));
+        assert!(crate::strategy::check_name(&name, 50).is_ok(), "{name}");
+        let long = target.run_name(&"p".repeat(50));
+        assert!(crate::strategy::check_name(&long, 50).is_ok(), "{long}");
+        assert_ne!(
+            name,
+            ChannelTarget::Kubernetes(KubeVersion::parse("1.31.3").expect("v"))
+                .run_name("nightly-rapid")
+        );
+    }
+}
