@@ -200,3 +200,60 @@ fn a_second_result_for_the_same_attempt_changes_nothing() {
     assert_eq!(engine.status().failure_count, 0);
     assert_eq!(started(&mut engine), vec!["b".to_string()]);
 }
+
+#[test]
+fn generated_runs_skip_minor_jumps_and_require_long_term_support() {
+    let mut behind = member("behind", "eastus");
+    behind.cluster.kubernetes_version = v("1.29.9");
+    let mut lts = member("lts", "eastus");
+    lts.cluster.long_term_support = true;
+    let fleet = [behind, member("plain", "eastus"), lts];
+    let cat = catalog(&[("eastus", &["1.29.9", "1.30.5", "1.31.1"])]);
+    let mut run = spec();
+    run.rules = flotilla_engine::engine::RunRules {
+        skip_minor_jumps: true,
+        require_long_term_support: true,
+    };
+    let (mut engine, _) = Engine::create("r1", &run, &fleet, cat).expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    let (state, message) = member_state(&engine, "behind");
+    assert_eq!(state, State::Skipped);
+    assert!(
+        message
+            .unwrap_or_default()
+            .contains("more than one minor behind")
+    );
+    assert_eq!(
+        member_state(&engine, "lts").0,
+        State::Running,
+        "a cluster with long-term support is upgraded"
+    );
+    let t1 = t0.plus(600);
+    engine
+        .handle(
+            t1,
+            Input::OperationFinished {
+                member: "lts".into(),
+                attempt: 1,
+                outcome: Ok(()),
+            },
+        )
+        .expect("accepted");
+    engine.settle(t1);
+    let status = engine.status();
+    let plain = status.stages[0].groups[0]
+        .members
+        .iter()
+        .find(|m| m.name == "plain")
+        .expect("in run");
+    assert_eq!(plain.status.state, State::Failed);
+    assert!(
+        plain
+            .status
+            .error
+            .as_ref()
+            .is_some_and(|e| e.code == "LongTermSupportRequired")
+    );
+}
