@@ -32,6 +32,7 @@ use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
 use crate::store::{Kind, Precondition, Resource, StoreError};
 use flotilla_engine::engine::RunRules;
+use flotilla_engine::profile::{Channel, ChannelTarget, ProfileSpec, parse_profile, resolve};
 
 /// Largest request body accepted (413 above).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -1377,6 +1378,202 @@ async fn patch_gate(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Auto-upgrade profiles.
+
+async fn put_profile(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    require_fleet(&state, &fleet).await?;
+    check_resource_name(&name, "autoUpgradeProfile", 50)?;
+    let mut props: Value = envelope::<Value>(read_json(body).await?)?;
+    // Read-only fields a client may send back.
+    if let Some(map) = props.as_object_mut() {
+        map.remove("provisioningState");
+        map.remove("autoUpgradeProfileStatus");
+    }
+    let spec: ProfileSpec = from_json_value(props, "properties")?;
+    let profile = parse_profile(&spec)?;
+    if let Some(id) = &profile.update_strategy_id {
+        let strategy = strategy_name(id, &fleet)?;
+        state.runs.store.get(&fleet, Kind::Strategy, &strategy).await?.ok_or_else(|| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("properties.updateStrategyId {id:?}: update strategy {strategy:?} does not exist"),
+                "properties.updateStrategyId",
+            ))
+        })?;
+    }
+    let existing = state.runs.store.get(&fleet, Kind::Profile, &name).await?;
+    let mut properties = serde_json::to_value(&spec).unwrap_or_default();
+    properties["provisioningState"] = json!("Succeeded");
+    if let Some(status) = existing
+        .as_ref()
+        .map(|e| e.body["properties"]["autoUpgradeProfileStatus"].clone())
+        .filter(|v| !v.is_null())
+    {
+        properties["autoUpgradeProfileStatus"] = status;
+    }
+    let body = json!({
+        "id": format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}"),
+        "name": name,
+        "type": "Microsoft.ContainerService/fleets/autoUpgradeProfiles",
+        "properties": properties,
+    });
+    let (resource, created) = state
+        .runs
+        .store
+        .put(&fleet, Kind::Profile, &name, &body, &precondition(&headers))
+        .await?;
+    Ok(respond(&resource, created))
+}
+
+async fn delete_profile(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    if !state
+        .runs
+        .store
+        .delete(&fleet, Kind::Profile, &name, &precondition(&headers))
+        .await?
+    {
+        return Err(not_found("autoUpgradeProfile", &name));
+    }
+    // Runs it generated are left as they are (SEMANTICS §8).
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Creates, without starting it, the run for the profile's current target; generating again
+/// with nothing new returns the same run (SEMANTICS §8).
+async fn generate_update_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let resource = get_one(&state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
+    let spec: ProfileSpec = from_json_value(
+        {
+            let mut p = resource.body["properties"].clone();
+            if let Some(map) = p.as_object_mut() {
+                map.remove("provisioningState");
+                map.remove("autoUpgradeProfileStatus");
+            }
+            p
+        },
+        "properties",
+    )?;
+    let profile = parse_profile(&spec)?;
+    if profile.disabled {
+        return Err(ApiError::conflict(format!(
+            "auto-upgrade profile {name:?} is disabled; a disabled profile generates nothing"
+        ))
+        .into());
+    }
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), &fleet)
+        .await?;
+    let catalog = driver.catalog().await.map_err(|e| {
+        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+    })?;
+    let target = resolve(profile.channel, &catalog, &[], now()).ok_or_else(|| {
+        ApiError::conflict(format!(
+            "the {:?} channel selects nothing from the fleet's releases yet",
+            profile.channel
+        ))
+    })?;
+    let run = target.run_name(&name);
+    let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
+    if state
+        .runs
+        .store
+        .get(&fleet, Kind::Run, &run)
+        .await?
+        .is_some()
+    {
+        return Ok(axum::Json(json!({"id": run_id})).into_response());
+    }
+    let strategy = match &profile.update_strategy_id {
+        Some(id) => {
+            let strategy = strategy_name(id, &fleet)?;
+            let found = state
+                .runs
+                .store
+                .get(&fleet, Kind::Strategy, &strategy)
+                .await?
+                .ok_or_else(|| {
+                    HttpError::from(ApiError::conflict(format!(
+                        "the profile's update strategy {strategy:?} no longer exists"
+                    )))
+                })?;
+            Some(from_json_value::<StrategySpec>(
+                found.body["properties"]["strategy"].clone(),
+                "properties.strategy",
+            )?)
+        }
+        None => None,
+    };
+    let (update, rules) = match &target {
+        ChannelTarget::Kubernetes(version) => {
+            let lts_only = catalog
+                .regions
+                .values()
+                .flat_map(|r| r.kubernetes.iter())
+                .filter(|k| k.version == *version)
+                .all(|k| k.long_term_support);
+            let selection = if profile.consistent_images {
+                "Consistent"
+            } else {
+                "Latest"
+            };
+            (
+                json!({"upgrade": {"type": "Full", "kubernetesVersion": version.to_string()}, "nodeImageSelection": {"type": selection}}),
+                RunRules {
+                    skip_minor_jumps: true,
+                    require_long_term_support: lts_only,
+                },
+            )
+        }
+        ChannelTarget::NodeImages(images) if matches!(profile.channel, Channel::SecurityPatch) => {
+            // Only the listed (Linux) families are upgraded: Windows pools are left alone.
+            let versions: Vec<Value> = images
+                .iter()
+                .map(|(f, v)| json!({"version": format!("{f}-{v}")}))
+                .collect();
+            (
+                json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Custom", "customNodeImageVersions": versions}}),
+                RunRules::default(),
+            )
+        }
+        ChannelTarget::NodeImages(_) => (
+            json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Consistent"}}),
+            RunRules::default(),
+        ),
+    };
+    let update: ManagedClusterUpdateSpec =
+        from_json_value(update, "properties.managedClusterUpdate")?;
+    let new = NewRun {
+        strategy,
+        strategy_id: profile.update_strategy_id.clone(),
+        update,
+        rules,
+        profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
+    };
+    create_run(&state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
+    Ok(axum::Json(json!({"id": run_id})).into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
 // Releases, tokens, health, metrics, OpenAPI.
 
 async fn releases(
@@ -1582,6 +1779,36 @@ async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Resp
 /// Every route: method, path, summary and the role it needs. The router below serves exactly
 /// these (a test checks it), and `/openapi.json` is generated from them.
 pub const ROUTES: &[(&str, &str, &str, &str)] = &[
+    (
+        "get",
+        "/v1/fleets/{fleet}/autoUpgradeProfiles",
+        "List auto-upgrade profiles",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/autoUpgradeProfiles/{profile}",
+        "Get an auto-upgrade profile",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/autoUpgradeProfiles/{profile}",
+        "Create or replace an auto-upgrade profile",
+        "admin",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/autoUpgradeProfiles/{profile}",
+        "Delete an auto-upgrade profile (its runs stay)",
+        "admin",
+    ),
+    (
+        "post",
+        "/v1/fleets/{fleet}/autoUpgradeProfiles/{profile}/generateUpdateRun",
+        "Create (not start) the run for the profile's current target",
+        "admin",
+    ),
     ("get", "/healthz", "Liveness", "none"),
     ("get", "/readyz", "Readiness: the store answers", "none"),
     ("get", "/metrics", "Prometheus metrics", "reader"),
@@ -1842,6 +2069,20 @@ pub fn router(state: Shared) -> Router {
             get(get_gate).patch(patch_gate),
         )
         .route(&format!("{fleet}/releases"), get(releases))
+        .route(
+            &format!("{fleet}/autoUpgradeProfiles"),
+            lister(Kind::Profile),
+        )
+        .route(
+            &format!("{fleet}/autoUpgradeProfiles/{{profile}}"),
+            getter(Kind::Profile)
+                .put(put_profile)
+                .delete(delete_profile),
+        )
+        .route(
+            &format!("{fleet}/autoUpgradeProfiles/{{profile}}/generateUpdateRun"),
+            post(generate_update_run),
+        )
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .fallback(|| async {

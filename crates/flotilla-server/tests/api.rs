@@ -997,3 +997,168 @@ async fn a_member_upgraded_by_another_run_waits_for_it() {
     }
     assert_eq!(b["properties"]["status"]["failureCount"], 0);
 }
+
+#[tokio::test]
+async fn auto_upgrade_profiles_generate_runs_for_their_channel() {
+    let h = Harness::start("profiles").await;
+    let mut driver = sim_fleet(&[("c1", cluster("1.30.5")), ("c2", cluster("1.29.9"))]);
+    driver["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] = json!([{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.31.2"}, {"version": "1.32.0", "preview": true}]);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(driver))
+        .await;
+    for i in 1..=2 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}")}})),
+        )
+        .await;
+    }
+    // Validation names the field; only admins manage profiles.
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/p1",
+            Some(json!({"properties": {"channel": "Rapid", "targetKubernetesVersion": "1.30"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        body["error"]["target"],
+        "properties.targetKubernetesVersion"
+    );
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/p1",
+            Some(json!({"properties": {"channel": "Rapid"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(json!({"properties": {"channel": "Rapid"}})),
+    )
+    .await;
+    let first = h
+        .ok(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid/generateUpdateRun",
+            None,
+        )
+        .await;
+    let again = h
+        .ok(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid/generateUpdateRun",
+            None,
+        )
+        .await;
+    assert_eq!(first["id"], again["id"], "nothing new: the same run");
+    let run_path = first["id"].as_str().expect("a run id").to_string();
+    let run = h.ok("reader", Method::GET, &run_path, None).await;
+    assert_eq!(
+        run["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"], "1.31.2",
+        "previews never count"
+    );
+    assert_eq!(
+        run["properties"]["status"]["status"]["state"], "NotStarted",
+        "generated, not started"
+    );
+    assert_eq!(
+        run["properties"]["autoUpgradeProfileId"],
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid"
+    );
+    h.ok("operator", Method::POST, &format!("{run_path}/start"), None)
+        .await;
+    let done = h
+        .wait_run(&run_path, "completion", |r| {
+            r["properties"]["status"]["status"]["completedTime"].is_string()
+        })
+        .await;
+    let members = &done["properties"]["status"]["stages"][0]["groups"][0]["members"];
+    assert_eq!(members[0]["status"]["state"], "Completed");
+    assert_eq!(
+        members[1]["status"]["state"], "Skipped",
+        "two minors behind: skipped"
+    );
+    assert!(
+        members[1]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("more than one minor behind")
+    );
+    // A disabled profile generates nothing; Stable targets the minor before Rapid's.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/off",
+        Some(json!({"properties": {"channel": "Stable", "disabled": true}})),
+    )
+    .await;
+    let (status, _, _) = h
+        .call(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/off/generateUpdateRun",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/stable",
+        Some(json!({"properties": {"channel": "Stable"}})),
+    )
+    .await;
+    let stable = h
+        .ok(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/stable/generateUpdateRun",
+            None,
+        )
+        .await;
+    let run = h
+        .ok(
+            "reader",
+            Method::GET,
+            stable["id"].as_str().expect("id"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        run["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"],
+        "1.30.5"
+    );
+    let listed = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/autoUpgradeProfiles",
+            None,
+        )
+        .await;
+    assert_eq!(listed["value"].as_array().map(Vec::len), Some(3));
+    h.ok(
+        "admin",
+        Method::DELETE,
+        "/v1/fleets/f1/autoUpgradeProfiles/stable",
+        None,
+    )
+    .await;
+    h.ok(
+        "reader",
+        Method::GET,
+        stable["id"].as_str().expect("id"),
+        None,
+    )
+    .await;
+}

@@ -1037,3 +1037,135 @@ pub async fn login(server: String, token: String) -> anyhow::Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(Subcommand)]
+pub enum ProfileCommand {
+    /// Create or replace an auto-upgrade profile (`create` without `--disabled` re-enables one).
+    Create {
+        #[command(flatten)]
+        target: Target,
+        #[arg(short = 'c', long, value_parser = ["Rapid", "Stable", "TargetKubernetesVersion", "NodeImage", "SecurityPatch"])]
+        channel: String,
+        #[arg(long)]
+        update_strategy_id: Option<String>,
+        #[arg(long, value_parser = ["Latest", "Consistent"])]
+        node_image_selection: Option<String>,
+        #[arg(long, alias = "tkv")]
+        target_kubernetes_version: Option<String>,
+        #[arg(long)]
+        disabled: bool,
+        #[arg(long, alias = "lts")]
+        long_term_support: bool,
+    },
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Create (not start) the update run for the profile's current target.
+    GenerateUpdateRun {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+const PROFILE_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("channel", &["properties", "channel"]),
+    ("target", &["properties", "targetKubernetesVersion"]),
+    ("disabled", &["properties", "disabled"]),
+    ("strategy", &["properties", "updateStrategyId"]),
+    (
+        "last trigger",
+        &[
+            "properties",
+            "autoUpgradeProfileStatus",
+            "lastTriggerStatus",
+        ],
+    ),
+];
+
+pub async fn profile(
+    client: &Client,
+    format: Option<Format>,
+    command: ProfileCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    let path = |t: &Target| format!("/v1/fleets/{}/autoUpgradeProfiles/{}", t.fleet, t.name);
+    match command {
+        ProfileCommand::Create {
+            target,
+            channel,
+            update_strategy_id,
+            node_image_selection,
+            target_kubernetes_version,
+            disabled,
+            long_term_support,
+        } => {
+            if channel == "NodeImage" && node_image_selection.is_some() {
+                bail!("--node-image-selection cannot be used with the NodeImage channel.");
+            }
+            let mut properties = json!({"channel": channel});
+            if let Some(id) = update_strategy_id {
+                properties["updateStrategyId"] = json!(id);
+            }
+            if let Some(sel) = node_image_selection {
+                properties["nodeImageSelection"] = json!({"type": sel});
+            }
+            if let Some(v) = target_kubernetes_version {
+                properties["targetKubernetesVersion"] = json!(v);
+            }
+            if disabled {
+                properties["disabled"] = json!(true);
+            }
+            if long_term_support {
+                properties["longTermSupport"] = json!(true);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &path(&target),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, PROFILE_COLUMNS, colour))?;
+        }
+        ProfileCommand::Show { target } => {
+            let v = client.get(&path(&target)).await?;
+            print(format, &v, || one_row(&v, PROFILE_COLUMNS, colour))?;
+        }
+        ProfileCommand::List { fleet } => {
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/autoUpgradeProfiles", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, PROFILE_COLUMNS, colour)
+            })?;
+        }
+        ProfileCommand::Delete { target } => {
+            client
+                .send(reqwest::Method::DELETE, &path(&target), None)
+                .await?;
+            eprintln!("deleted auto-upgrade profile {}", target.name);
+        }
+        ProfileCommand::GenerateUpdateRun { target } => {
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("{}/generateUpdateRun", path(&target)),
+                    None,
+                )
+                .await?;
+            print(format, &v, || format!("{}\n", s(&v, &["id"])))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

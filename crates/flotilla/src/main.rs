@@ -87,6 +87,11 @@ enum Command {
         #[command(subcommand)]
         command: commands::GateCommand,
     },
+    /// Auto-upgrade profiles: runs generated when a channel selects a new release.
+    Autoupgradeprofile {
+        #[command(subcommand)]
+        command: commands::ProfileCommand,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -355,6 +360,9 @@ fn main() -> ExitCode {
                             commands::run(&client, output, command).await
                         }
                         Command::Gate { command } => commands::gate(&client, output, command).await,
+                        Command::Autoupgradeprofile { command } => {
+                            commands::profile(&client, output, command).await
+                        }
                         Command::Login => match token_flag {
                             Some(token) => commands::login(client.server.clone(), token).await,
                             None => Err(anyhow::anyhow!(

@@ -733,3 +733,93 @@ fn flag_checks_and_error_lines() {
         assert!(completions.contains("updaterun"), "{shell}");
     }
 }
+
+#[test]
+fn auto_upgrade_profile_commands() {
+    let env = Env::start("profiles");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "--cluster-resource-id",
+        "aks-canary",
+    ]);
+    env.fails(
+        &[
+            "autoupgradeprofile",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "images",
+            "-c",
+            "NodeImage",
+            "--node-image-selection",
+            "Latest",
+        ],
+        "cannot be used with the NodeImage channel",
+    );
+    env.fails(
+        &[
+            "autoupgradeprofile",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "t",
+            "-c",
+            "TargetKubernetesVersion",
+        ],
+        "properties.targetKubernetesVersion",
+    );
+    env.ok(&[
+        "autoupgradeprofile",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "rapid",
+        "-c",
+        "Rapid",
+    ]);
+    let listed = env.ok(&["autoupgradeprofile", "list", "-f", "retail", "-o", "table"]);
+    assert!(
+        listed.contains("rapid") && listed.contains("Rapid"),
+        "{listed}"
+    );
+    let id = env.ok(&[
+        "autoupgradeprofile",
+        "generate-update-run",
+        "-f",
+        "retail",
+        "-n",
+        "rapid",
+        "-o",
+        "table",
+    ]);
+    let run_name = id.trim().rsplit('/').next().expect("a run id").to_string();
+    let run = env.json(&["updaterun", "show", "-f", "retail", "-n", &run_name]);
+    assert_eq!(
+        run["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"],
+        "1.31.1"
+    );
+    let shown = env.json(&["autoupgradeprofile", "show", "-f", "retail", "-n", "rapid"]);
+    assert_eq!(shown["properties"]["channel"], "Rapid");
+    env.ok(&[
+        "autoupgradeprofile",
+        "delete",
+        "-f",
+        "retail",
+        "-n",
+        "rapid",
+    ]);
+    env.fails(
+        &["autoupgradeprofile", "show", "-f", "retail", "-n", "rapid"],
+        "(404",
+    );
+}
