@@ -1451,14 +1451,18 @@ async fn delete_profile(
     Ok(StatusCode::OK.into_response())
 }
 
+/// The run a profile generated (or had generated before) for its current target.
+pub struct Generated {
+    pub run: String,
+    pub run_id: String,
+    pub created: bool,
+    pub versions: Vec<String>,
+}
+
 /// Creates, without starting it, the run for the profile's current target; generating again
-/// with nothing new returns the same run (SEMANTICS §8).
-async fn generate_update_run(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, name)): Path<(String, String)>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Admin)?;
+/// with nothing new finds the same run (SEMANTICS §8).
+pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Generated> {
+    let (fleet, name) = (fleet.to_string(), name.to_string());
     let resource = get_one(&state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
     let spec: ProfileSpec = from_json_value(
         {
@@ -1494,6 +1498,7 @@ async fn generate_update_run(
     })?;
     let run = target.run_name(&name);
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
+    let versions = target.versions();
     if state
         .runs
         .store
@@ -1501,7 +1506,12 @@ async fn generate_update_run(
         .await?
         .is_some()
     {
-        return Ok(axum::Json(json!({"id": run_id})).into_response());
+        return Ok(Generated {
+            run,
+            run_id,
+            created: false,
+            versions,
+        });
     }
     let strategy = match &profile.update_strategy_id {
         Some(id) => {
@@ -1569,8 +1579,93 @@ async fn generate_update_run(
         rules,
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
     };
-    create_run(&state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
-    Ok(axum::Json(json!({"id": run_id})).into_response())
+    create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
+    Ok(Generated {
+        run,
+        run_id,
+        created: true,
+        versions,
+    })
+}
+
+async fn generate_update_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let generated = generate(&state, &fleet, &name).await?;
+    Ok(axum::Json(json!({"id": generated.run_id})).into_response())
+}
+
+/// Profiles trigger by themselves: when a profile's channel selects a target it has no run for,
+/// the run is created and started, and the profile's status says so (SEMANTICS §8).
+pub async fn trigger_profiles(state: &Shared) {
+    let Ok(fleets) = state.runs.store.list("", Kind::Fleet, None, 100_000).await else {
+        return;
+    };
+    for fleet in fleets {
+        let Ok(profiles) = state
+            .runs
+            .store
+            .list(&fleet.name, Kind::Profile, None, 100_000)
+            .await
+        else {
+            continue;
+        };
+        for profile in profiles {
+            if profile.body["properties"]["disabled"].as_bool() == Some(true) {
+                continue;
+            }
+            let outcome = generate(state, &fleet.name, &profile.name).await;
+            let status = match outcome {
+                Ok(g) if !g.created => continue,
+                Ok(g) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
+                    Ok(()) => {
+                        json!({"lastTriggerStatus": "Succeeded", "lastTriggerUpgradeVersions": g.versions,
+                        "lastTriggerMessage": format!("created and started update run {}", g.run)})
+                    }
+                    Err(e) => {
+                        json!({"lastTriggerStatus": "Failed", "lastTriggerUpgradeVersions": g.versions,
+                        "lastTriggerError": {"code": "StartFailed", "message": e.message}})
+                    }
+                },
+                // Nothing selected yet is not a failure; anything else is recorded.
+                Err(e)
+                    if e.status == StatusCode::CONFLICT
+                        && e.message.contains("selects nothing") =>
+                {
+                    continue;
+                }
+                Err(e) => {
+                    json!({"lastTriggerStatus": "Failed", "lastTriggerError": {"code": e.code, "message": e.message}})
+                }
+            };
+            let Ok(Some(current)) = state
+                .runs
+                .store
+                .get(&fleet.name, Kind::Profile, &profile.name)
+                .await
+            else {
+                continue;
+            };
+            let mut body = current.body.clone();
+            let mut status = status;
+            status["lastTriggeredAt"] = json!(now());
+            body["properties"]["autoUpgradeProfileStatus"] = status;
+            let _ = state
+                .runs
+                .store
+                .put(
+                    &fleet.name,
+                    Kind::Profile,
+                    &profile.name,
+                    &body,
+                    &Precondition::IfMatch(current.etag),
+                )
+                .await;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

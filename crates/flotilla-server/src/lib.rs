@@ -19,6 +19,25 @@ use crate::store::Store;
 /// How often every member's cluster is observed again through its fleet's driver.
 pub const OBSERVE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// How often the release feed is read and profiles are checked for a new target.
+pub const PROFILES_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The pacing of the server's background loops.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub observe_every: std::time::Duration,
+    pub profiles_every: std::time::Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            observe_every: OBSERVE_EVERY,
+            profiles_every: PROFILES_EVERY,
+        }
+    }
+}
+
 /// Refreshes `status.cluster` of every member, fleet by fleet, forever.
 async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
     loop {
@@ -79,6 +98,16 @@ impl Server {
         addr: SocketAddr,
         insecure: bool,
     ) -> anyhow_like::Result<Server> {
+        Server::start_with(store, addr, insecure, Timing::default()).await
+    }
+
+    /// Like [`Server::start`], with the background loops' pacing.
+    pub async fn start_with(
+        store: Arc<dyn Store>,
+        addr: SocketAddr,
+        insecure: bool,
+        timing: Timing,
+    ) -> anyhow_like::Result<Server> {
         if insecure && !addr.ip().is_loopback() {
             return Err(anyhow_like::Error(format!(
                 "--insecure-no-auth serves without authentication and binds loopback only; {addr} is not a loopback address"
@@ -93,11 +122,18 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
-        tokio::spawn(observe_fleets(runs.clone(), OBSERVE_EVERY));
-        Ok(Server {
-            listener,
-            state: Arc::new(AppState { runs, insecure }),
-        })
+        tokio::spawn(observe_fleets(runs.clone(), timing.observe_every));
+        let state = Arc::new(AppState { runs, insecure });
+        let feed = state.clone();
+        tokio::spawn(async move {
+            // The release feed: each fleet's catalog is read from its driver and every enabled
+            // profile is checked for a new target.
+            loop {
+                api::trigger_profiles(&feed).await;
+                tokio::time::sleep(timing.profiles_every).await;
+            }
+        });
+        Ok(Server { listener, state })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {

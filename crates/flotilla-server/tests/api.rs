@@ -41,6 +41,17 @@ fn temp_dir(name: &str) -> TempDir {
 
 impl Harness {
     async fn start(name: &str) -> Harness {
+        Harness::start_with(
+            name,
+            flotilla_server::Timing {
+                profiles_every: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn start_with(name: &str, timing: flotilla_server::Timing) -> Harness {
         let dir = temp_dir(name);
         let store = SqliteStore::open(&dir.0.join("flotilla.db"))
             .await
@@ -57,7 +68,7 @@ impl Harness {
             tokens.insert(label, secret);
         }
         let store: Arc<dyn Store> = Arc::new(store);
-        let server = Server::start(store, "127.0.0.1:0".parse().expect("addr"), false)
+        let server = Server::start_with(store, "127.0.0.1:0".parse().expect("addr"), false, timing)
             .await
             .expect("server starts");
         let addr = server.local_addr().expect("bound");
@@ -1161,4 +1172,94 @@ async fn auto_upgrade_profiles_generate_runs_for_their_channel() {
         None,
     )
     .await;
+}
+
+/// The release feed: a profile on the Rapid channel starts a run by itself when a new patch is
+/// published, once per target, and its status records the trigger.
+#[tokio::test]
+async fn a_profile_triggers_a_run_when_its_channel_selects_a_new_release() {
+    let h = Harness::start_with(
+        "feed",
+        flotilla_server::Timing {
+            profiles_every: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .await;
+    let published =
+        flotilla_engine::time::Time::from_unix(flotilla_server::runs::now().unix() + 2).to_string();
+    let mut driver = sim_fleet(&[("c1", cluster("1.30.5")), ("c2", cluster("1.29.9"))]);
+    driver["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] = json!([{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.31.2", "availableAt": published}]);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(driver))
+        .await;
+    for i in 1..=2 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}")}})),
+        )
+        .await;
+    }
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(json!({"properties": {"channel": "Rapid"}})),
+    )
+    .await;
+    // First the current target (1.31.1), then the published patch (1.31.2), each once.
+    let profile = h
+        .wait_run(
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            "the trigger for 1.31.2",
+            |p| {
+                p["properties"]["autoUpgradeProfileStatus"]["lastTriggerUpgradeVersions"]
+                    == json!(["1.31.2"])
+            },
+        )
+        .await;
+    let status = &profile["properties"]["autoUpgradeProfileStatus"];
+    assert_eq!(status["lastTriggerStatus"], "Succeeded", "{status}");
+    assert!(status["lastTriggeredAt"].is_string());
+    let runs = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns", None)
+        .await;
+    let versions: Vec<&str> = runs["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            r["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"].as_str()
+        })
+        .collect();
+    let mut sorted = versions.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["1.31.1", "1.31.2"],
+        "one run per target: {versions:?}"
+    );
+    for run in runs["value"].as_array().into_iter().flatten() {
+        assert_eq!(
+            run["properties"]["autoUpgradeProfileId"],
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid"
+        );
+        assert_ne!(
+            run["properties"]["status"]["status"]["state"], "NotStarted",
+            "a triggered run is started"
+        );
+    }
+    // Disabling the profile touches nothing already created, and generates nothing more.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(json!({"properties": {"channel": "Rapid", "disabled": true}})),
+    )
+    .await;
+    let after = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns", None)
+        .await;
+    assert_eq!(after["value"].as_array().map(Vec::len), Some(2));
 }
