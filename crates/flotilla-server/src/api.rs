@@ -1463,7 +1463,7 @@ pub struct Generated {
 /// with nothing new finds the same run (SEMANTICS §8).
 pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Generated> {
     let (fleet, name) = (fleet.to_string(), name.to_string());
-    let resource = get_one(&state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
+    let resource = get_one(state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
     let spec: ProfileSpec = from_json_value(
         {
             let mut p = resource.body["properties"].clone();
