@@ -58,6 +58,9 @@ enum Msg {
     },
 }
 
+/// How stale a running run's stored status may get while steps come fast.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
+
 /// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
 
@@ -433,6 +436,8 @@ impl Runs {
             operations: HashMap::new(),
             outstanding: Default::default(),
             known_locked: HashMap::new(),
+            status_dirty: false,
+            last_status_write: None,
         };
         let intents = self
             .store
@@ -465,6 +470,9 @@ struct Actor {
     outstanding: std::collections::HashSet<u64>,
     /// Members of this run that another run is upgrading, as last told to the engine.
     known_locked: HashMap<String, String>,
+    /// The status changed since it was last written.
+    status_dirty: bool,
+    last_status_write: Option<Instant>,
 }
 
 impl Actor {
@@ -479,20 +487,31 @@ impl Actor {
         self.recover(intents);
         loop {
             let mut woke_at = None;
-            let first = match self.engine.next_wakeup() {
-                Some(at) => {
-                    let wait = Duration::from_secs_f64(
-                        (at.unix() as f64
-                            - SystemTime::now()
-                                .duration_since(UNIX_EPOCH)
-                                .map_or(0.0, |d| d.as_secs_f64()))
-                        .max(0.0),
-                    );
-                    let deadline = Instant::now() + wait;
+            let engine_deadline = self.engine.next_wakeup().map(|at| {
+                let wait = (at.unix() as f64
+                    - SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()))
+                .max(0.0);
+                Instant::now() + Duration::from_secs_f64(wait)
+            });
+            // A status left unwritten by a busy step is written at the latest this much later.
+            let flush_deadline = self.status_dirty.then(|| {
+                self.last_status_write
+                    .map_or_else(Instant::now, |t| t + STATUS_EVERY)
+            });
+            let deadline = match (engine_deadline, flush_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let first = match deadline {
+                Some(deadline) => {
                     tokio::select! {
                         m = rx.recv() => match m { Some(m) => Some(m), None => break },
                         _ = tokio::time::sleep_until(deadline.into()) => {
-                            woke_at = Some(deadline);
+                            if engine_deadline == Some(deadline) {
+                                woke_at = Some(deadline);
+                            }
                             None
                         }
                     }
@@ -664,10 +683,23 @@ impl Actor {
         drop(guard);
         let mut events = Vec::new();
         let mut gates_changed = false;
+        let mut structural = false;
         while let Some(event) = self.engine.poll_event() {
             gates_changed |= matches!(
                 event.kind,
                 EventType::GatePending | EventType::GateCompleted | EventType::GateSkipped
+            );
+            // Runs, stages, groups, gates and waits changing are shown at once; member churn is
+            // what gets batched.
+            structural |= !matches!(
+                event.kind,
+                EventType::MemberPending
+                    | EventType::MemberStarted
+                    | EventType::MemberReattached
+                    | EventType::MemberSucceeded
+                    | EventType::MemberFailed
+                    | EventType::MemberSkipped
+                    | EventType::MemberStopped
             );
             self.runs.metrics.observe_event(&self.fleet, &event);
             events.push(serde_json::to_value(&event).unwrap_or_default());
@@ -675,7 +707,22 @@ impl Actor {
         // A step where nothing happened (a wake-up that changed nothing) leaves the stored status
         // as it is: rendering and rewriting a large run's status is the expensive part of a step.
         let changed = log.len() > 1 || !events.is_empty() || !commands.is_empty();
-        let body = changed.then(|| {
+        self.status_dirty |= changed;
+        // The status is a view of the log: written at once when someone waits for it (an API
+        // action) or the run ends, otherwise at most every STATUS_EVERY, so a large run's many
+        // small steps do not each rewrite its whole status.
+        let urgent = structural
+            || !replies.is_empty()
+            || self.engine.is_finished()
+            || self
+                .last_status_write
+                .is_none_or(|t| t.elapsed() >= STATUS_EVERY);
+        let write_status = self.status_dirty && urgent;
+        if write_status {
+            self.status_dirty = false;
+            self.last_status_write = Some(Instant::now());
+        }
+        let body = write_status.then(|| {
             let mut body = self.base.clone();
             body["properties"]["status"] =
                 serde_json::to_value(self.engine.status()).unwrap_or_default();
