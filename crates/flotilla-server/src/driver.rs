@@ -55,6 +55,12 @@ pub trait Driver: Send + Sync {
     async fn catalog(&self) -> Result<Catalog, DriverError>;
     /// How often to poll an operation in flight.
     fn poll_interval(&self) -> Duration;
+
+    /// How long to wait before polling this operation next; drivers that know when an operation
+    /// ends (the simulator) say so, the others poll at their interval.
+    fn poll_after(&self, _operation_id: &str) -> Duration {
+        self.poll_interval()
+    }
 }
 
 /// Builds the driver a fleet's `properties.driver` describes.
@@ -137,6 +143,7 @@ fn parse_sim_cluster(body: &Value, path: &str) -> Result<SimCluster, DriverError
         cluster,
         knobs,
         attempts: 0,
+        operations: Vec::new(),
     })
 }
 
@@ -158,6 +165,8 @@ struct SimCluster {
     cluster: Cluster,
     knobs: SimKnobs,
     attempts: u32,
+    /// Keys of the operations sent to this cluster.
+    operations: Vec<String>,
 }
 
 pub struct SimDriver {
@@ -216,17 +225,21 @@ impl SimDriver {
     }
 
     /// Applies finished operations to their clusters.
-    fn settle(state: &mut (HashMap<String, SimCluster>, HashMap<String, SimOperation>)) {
-        let now = Instant::now();
+    /// Applies an operation to its cluster once it is due (the simulated cluster changes then).
+    fn settle_one(
+        state: &mut (HashMap<String, SimCluster>, HashMap<String, SimOperation>),
+        key: &str,
+    ) {
         let (clusters, ops) = state;
-        for op in ops.values_mut() {
-            if !op.applied && op.ends <= now {
-                op.applied = true;
-                if op.succeeds
-                    && let Some(c) = clusters.get_mut(&op.member)
-                {
-                    apply_target(&mut c.cluster, &op.target);
-                }
+        if let Some(op) = ops.get_mut(key)
+            && !op.applied
+            && op.ends <= Instant::now()
+        {
+            op.applied = true;
+            if op.succeeds
+                && let Some(c) = clusters.get_mut(&op.member)
+            {
+                apply_target(&mut c.cluster, &op.target);
             }
         }
     }
@@ -239,13 +252,15 @@ impl Driver for SimDriver {
             .state
             .lock()
             .map_err(|_| DriverError("simulator state poisoned".into()))?;
-        SimDriver::settle(&mut state);
         let key = self.key(member, &mut state.0).ok_or_else(|| {
             DriverError(format!(
                 "no simulated cluster {:?} in the fleet's sim driver",
                 member.cluster_resource_id
             ))
         })?;
+        for op in state.0[&key].operations.clone() {
+            SimDriver::settle_one(&mut state, &op);
+        }
         Ok(state.0[&key].cluster.spec())
     }
 
@@ -273,6 +288,7 @@ impl Driver for SimDriver {
             .get_mut(&cluster_key)
             .ok_or_else(|| DriverError("cluster vanished".into()))?;
         c.attempts += 1;
+        c.operations.push(key.to_string());
         let fails = c.knobs.outcome.as_deref() == Some("fail")
             && c.knobs.fail_attempts.is_none_or(|n| c.attempts <= n);
         let seconds = c.knobs.duration_seconds.unwrap_or(600.0).max(0.0) / self.scale;
@@ -304,7 +320,7 @@ impl Driver for SimDriver {
             .state
             .lock()
             .map_err(|_| DriverError("simulator state poisoned".into()))?;
-        SimDriver::settle(&mut state);
+        SimDriver::settle_one(&mut state, operation_id);
         Ok(match state.1.get(operation_id) {
             None => OperationState::Unknown,
             Some(op) if !op.applied => OperationState::Running,
@@ -319,6 +335,17 @@ impl Driver for SimDriver {
 
     fn poll_interval(&self) -> Duration {
         Duration::from_millis(20)
+    }
+
+    fn poll_after(&self, operation_id: &str) -> Duration {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match state.1.get(operation_id) {
+            Some(op) if !op.applied => op
+                .ends
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+            _ => Duration::from_millis(1),
+        }
     }
 }
 

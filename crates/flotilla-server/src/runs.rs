@@ -950,7 +950,7 @@ async fn follow(
 ) {
     let mut errors = 0;
     loop {
-        tokio::time::sleep(driver.poll_interval()).await;
+        tokio::time::sleep(driver.poll_after(&operation_id)).await;
         if tx.is_closed() {
             return;
         }
