@@ -361,6 +361,18 @@ async fn list_child(
     .await
 }
 
+/// What the API calls a resource of this kind in messages.
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Member => "member",
+        Kind::Strategy => "updateStrategy",
+        Kind::Run | Kind::RunSnapshot => "updateRun",
+        Kind::Gate => "gate",
+        Kind::Profile => "autoUpgradeProfile",
+        Kind::Fleet => "fleet",
+    }
+}
+
 /// Gets one resource of a fleet.
 async fn get_child(
     state: Shared,
@@ -370,21 +382,34 @@ async fn get_child(
     kind: Kind,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
-    let what = match kind {
-        Kind::Member => "member",
-        Kind::Strategy => "updateStrategy",
-        Kind::Run => "updateRun",
-        Kind::Gate => "gate",
-        Kind::Profile => "autoUpgradeProfile",
-        Kind::Fleet => "fleet",
-        Kind::RunSnapshot => "updateRun",
-    };
     Ok(respond(
-        &get_one(&state, &fleet, kind, &name, what).await?,
+        &get_one(&state, &fleet, kind, &name, kind_name(kind)).await?,
         false,
     ))
 }
 
+/// Deletes one resource of a fleet (strategies, profiles: nothing else depends on them; runs a
+/// profile generated stay, SEMANTICS §8).
+async fn delete_child(
+    state: Shared,
+    caller: Caller,
+    fleet: String,
+    name: String,
+    headers: HeaderMap,
+    kind: Kind,
+    role: Role,
+) -> HttpResult<Response> {
+    require(&caller, role)?;
+    if !state
+        .runs
+        .store
+        .delete(&fleet, kind, &name, &precondition(&headers))
+        .await?
+    {
+        return Err(not_found(kind_name(kind), &name));
+    }
+    Ok(StatusCode::OK.into_response())
+}
 /// The list and get handlers of one kind of fleet child.
 fn lister(kind: Kind) -> axum::routing::MethodRouter<Shared> {
     get(
@@ -392,6 +417,15 @@ fn lister(kind: Kind) -> axum::routing::MethodRouter<Shared> {
               c: Caller,
               Path(f): Path<String>,
               Query(p): Query<Paging>| list_child(s, c, f, p, kind),
+    )
+}
+
+fn deleter(kind: Kind, role: Role) -> axum::routing::MethodRouter<Shared> {
+    axum::routing::delete(
+        move |State(s): State<Shared>,
+              c: Caller,
+              Path((f, n)): Path<(String, String)>,
+              h: HeaderMap| { delete_child(s, c, f, n, h, kind, role) },
     )
 }
 
@@ -829,24 +863,6 @@ async fn put_strategy(
         )
         .await?;
     Ok(respond(&resource, created))
-}
-
-async fn delete_strategy(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, name)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> HttpResult<Response> {
-    require(&caller, Role::Operator)?;
-    if !state
-        .runs
-        .store
-        .delete(&fleet, Kind::Strategy, &name, &precondition(&headers))
-        .await?
-    {
-        return Err(not_found("updateStrategy", &name));
-    }
-    Ok(StatusCode::OK.into_response())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1430,25 +1446,6 @@ async fn put_profile(
         .put(&fleet, Kind::Profile, &name, &body, &precondition(&headers))
         .await?;
     Ok(respond(&resource, created))
-}
-
-async fn delete_profile(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, name)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> HttpResult<Response> {
-    require(&caller, Role::Admin)?;
-    if !state
-        .runs
-        .store
-        .delete(&fleet, Kind::Profile, &name, &precondition(&headers))
-        .await?
-    {
-        return Err(not_found("autoUpgradeProfile", &name));
-    }
-    // Runs it generated are left as they are (SEMANTICS §8).
-    Ok(StatusCode::OK.into_response())
 }
 
 /// The run a profile generated (or had generated before) for its current target.
@@ -2143,7 +2140,7 @@ pub fn router(state: Shared) -> Router {
             &format!("{fleet}/updateStrategies/{{strategy}}"),
             getter(Kind::Strategy)
                 .put(put_strategy)
-                .delete(delete_strategy),
+                .merge(deleter(Kind::Strategy, Role::Operator)),
         )
         .route(&format!("{fleet}/updateRuns"), lister(Kind::Run))
         .route(
@@ -2172,7 +2169,7 @@ pub fn router(state: Shared) -> Router {
             &format!("{fleet}/autoUpgradeProfiles/{{profile}}"),
             getter(Kind::Profile)
                 .put(put_profile)
-                .delete(delete_profile),
+                .merge(deleter(Kind::Profile, Role::Admin)),
         )
         .route(
             &format!("{fleet}/autoUpgradeProfiles/{{profile}}/generateUpdateRun"),
