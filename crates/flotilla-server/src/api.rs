@@ -136,6 +136,18 @@ fn require(caller: &Caller, role: Role) -> HttpResult<()> {
     }
 }
 
+/// For actions on an existing resource (POST, gate PATCH): `If-Match` must name its eTag.
+fn check_if_match(headers: &HeaderMap, etag: &str) -> HttpResult<()> {
+    match precondition(headers) {
+        Precondition::IfMatch(tag) if tag != "*" && tag != etag => Err(HttpError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "PreconditionFailed",
+            format!("If-Match {tag} does not match the current eTag {etag}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn precondition(headers: &HeaderMap) -> Precondition {
     if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
         Precondition::IfMatch(tag.trim().to_string())
@@ -1175,19 +1187,7 @@ async fn run_action(
 ) -> HttpResult<Response> {
     require(&caller, Role::Operator)?;
     let current = get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
-    if let Precondition::IfMatch(tag) = precondition(&headers)
-        && tag != "*"
-        && tag != current.etag
-    {
-        return Err(HttpError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "PreconditionFailed",
-            format!(
-                "If-Match {tag} does not match the current eTag {}",
-                current.etag
-            ),
-        ));
-    }
+    check_if_match(&headers, &current.etag)?;
     let input = match action.as_str() {
         "start" => Input::Start,
         "stop" => Input::Stop,
@@ -1321,18 +1321,6 @@ async fn list_gates(
     .await
 }
 
-async fn get_gate(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, gate)): Path<(String, String)>,
-) -> HttpResult<Response> {
-    require(&caller, Role::Reader)?;
-    Ok(respond(
-        &get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?,
-        false,
-    ))
-}
-
 async fn patch_gate(
     State(state): State<Shared>,
     caller: Caller,
@@ -1359,19 +1347,7 @@ async fn patch_gate(
         .into());
     }
     let current = get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?;
-    if let Precondition::IfMatch(tag) = precondition(&headers)
-        && tag != "*"
-        && tag != current.etag
-    {
-        return Err(HttpError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "PreconditionFailed",
-            format!(
-                "If-Match {tag} does not match the current eTag {}",
-                current.etag
-            ),
-        ));
-    }
+    check_if_match(&headers, &current.etag)?;
     let run = current.body["properties"]["target"]["updateRunProperties"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -1387,10 +1363,7 @@ async fn patch_gate(
             },
         )
         .await?;
-    Ok(respond(
-        &get_one(&state, &fleet, Kind::Gate, &gate, "gate").await?,
-        false,
-    ))
+    get_child(state, caller, fleet, gate, Kind::Gate).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2158,7 +2131,7 @@ pub fn router(state: Shared) -> Router {
         .route(&format!("{fleet}/gates"), get(list_gates))
         .route(
             &format!("{fleet}/gates/{{gate}}"),
-            get(get_gate).patch(patch_gate),
+            getter(Kind::Gate).patch(patch_gate),
         )
         .route(&format!("{fleet}/releases"), get(releases))
         .route(
