@@ -811,6 +811,24 @@ impl Engine {
         views
     }
 
+    /// The places of the gates before or after a stage (`group: None`) or one of its groups.
+    fn gate_refs(&self, si: usize, group: Option<u32>, timing: Timing) -> Vec<GateRef> {
+        let count = match group {
+            None => self.stage_gates(si, timing).len(),
+            Some(pos) => self
+                .group_gates(self.stages[si].groups[pos as usize], timing)
+                .len(),
+        };
+        (0..count as u32)
+            .map(|index| GateRef {
+                stage: si as u32,
+                group,
+                timing,
+                index,
+            })
+            .collect()
+    }
+
     fn stage_gates(&self, si: usize, timing: Timing) -> &[GateRt] {
         match timing {
             Timing::Before => &self.stages[si].before,
@@ -1632,19 +1650,7 @@ impl Engine {
 
     fn skip_gates(&mut self, now: Time, si: usize, group: Option<u32>) {
         for timing in [Timing::Before, Timing::After] {
-            let count = match group {
-                None => self.stage_gates(si, timing).len(),
-                Some(pos) => self
-                    .group_gates(self.stages[si].groups[pos as usize], timing)
-                    .len(),
-            };
-            for index in 0..count {
-                let at = GateRef {
-                    stage: si as u32,
-                    group,
-                    timing,
-                    index: index as u32,
-                };
+            for at in self.gate_refs(si, group, timing) {
                 let Some(gate) = self.gate_mut(at) else {
                     continue;
                 };
@@ -2111,19 +2117,7 @@ impl Engine {
     }
 
     fn open_gates(&mut self, now: Time, si: usize, group: Option<u32>, timing: Timing) {
-        let count = match group {
-            None => self.stage_gates(si, timing).len(),
-            Some(pos) => self
-                .group_gates(self.stages[si].groups[pos as usize], timing)
-                .len(),
-        };
-        for index in 0..count {
-            let at = GateRef {
-                stage: si as u32,
-                group,
-                timing,
-                index: index as u32,
-            };
+        for at in self.gate_refs(si, group, timing) {
             let Some(gate) = self.gate_mut(at) else {
                 continue;
             };

@@ -326,6 +326,35 @@ async fn current_etag(
     )
 }
 
+/// Appends entries to one of a run's numbered logs (its input log, its events), in order.
+async fn append(
+    tx: &mut Transaction<'_, Sqlite>,
+    last_seq: &'static str,
+    insert: &'static str,
+    batch: &RunBatch,
+    entries: &[Value],
+) -> StoreResult<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let next: i64 = sqlx::query(last_seq)
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .fetch_one(&mut **tx)
+        .await?
+        .get(0);
+    for (i, entry) in entries.iter().enumerate() {
+        sqlx::query(insert)
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .bind(next + 1 + i as i64)
+            .bind(entry.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
 async fn upsert(
     tx: &mut Transaction<'_, Sqlite>,
     fleet: &str,
@@ -479,44 +508,22 @@ impl Store for SqliteStore {
 
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if !batch.log.is_empty() {
-            let next: i64 = sqlx::query(
-                "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
-            )
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .fetch_one(&mut *tx)
-            .await?
-            .get(0);
-            for (i, entry) in batch.log.iter().enumerate() {
-                sqlx::query("INSERT INTO run_log (fleet, run, seq, entry) VALUES (?, ?, ?, ?)")
-                    .bind(&batch.fleet)
-                    .bind(&batch.run)
-                    .bind(next + 1 + i as i64)
-                    .bind(entry.to_string())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        if !batch.events.is_empty() {
-            let next: i64 = sqlx::query(
-                "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
-            )
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .fetch_one(&mut *tx)
-            .await?
-            .get(0);
-            for (i, event) in batch.events.iter().enumerate() {
-                sqlx::query("INSERT INTO run_events (fleet, run, seq, event) VALUES (?, ?, ?, ?)")
-                    .bind(&batch.fleet)
-                    .bind(&batch.run)
-                    .bind(next + 1 + i as i64)
-                    .bind(event.to_string())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
+        append(
+            &mut tx,
+            "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
+            "INSERT INTO run_log (fleet, run, seq, entry) VALUES (?, ?, ?, ?)",
+            batch,
+            &batch.log,
+        )
+        .await?;
+        append(
+            &mut tx,
+            "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
+            "INSERT INTO run_events (fleet, run, seq, event) VALUES (?, ?, ?, ?)",
+            batch,
+            &batch.events,
+        )
+        .await?;
         for intent in &batch.intents {
             sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished) VALUES (?, ?, ?, ?, ?, ?, 0)")
                 .bind(&batch.fleet)
