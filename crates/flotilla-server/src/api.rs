@@ -15,8 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
 
 use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
@@ -30,7 +28,7 @@ use flotilla_engine::strategy::{
 use crate::auth::{Caller, Role, authenticate};
 use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
-use crate::store::{Kind, Precondition, Resource, StoreError};
+use crate::store::{Kind, Notice, Precondition, Resource, StoreError};
 use flotilla_engine::engine::RunRules;
 use flotilla_engine::profile::{Channel, ChannelTarget, ProfileSpec, parse_profile, resolve};
 
@@ -514,6 +512,10 @@ async fn put_fleet(
         .put("", Kind::Fleet, &fleet, &body, &precondition(&headers))
         .await?;
     state.runs.drivers.forget(&fleet);
+    if created {
+        // The replica a new fleet is created on drives it, unless another took it already.
+        state.runs.own(&fleet).await;
+    }
     Ok(respond(&resource, created))
 }
 
@@ -1264,28 +1266,54 @@ async fn run_events(
         )
         .into_response());
     }
-    // Subscribe first, then send what is stored, so nothing falls between the two.
-    let live = BroadcastStream::new(state.runs.events.subscribe());
-    let stored = state
-        .runs
-        .store
-        .run_events(&fleet, &run, after, 100_000)
-        .await?;
-    let last_stored = stored.last().map_or(after, |(seq, _)| *seq);
-    let seen: std::collections::HashSet<String> =
-        stored.iter().map(|(_, e)| e.to_string()).collect();
-    let backlog = tokio_stream::iter(stored.into_iter().map(|(seq, e)| {
-        Ok::<_, Infallible>(SseEvent::default().id(seq.to_string()).data(e.to_string()))
-    }));
-    let (f, r) = (fleet.clone(), run.clone());
-    let live = live.filter_map(move |item| match item {
-        Ok(ev) if ev.fleet == f && ev.run == r && !seen.contains(&ev.event.to_string()) => Some(
-            Ok::<_, Infallible>(SseEvent::default().data(ev.event.to_string())),
-        ),
-        _ => None,
+    // The stream reads the run's event log, from whichever replica wrote it, and reads again
+    // whenever the store says the log grew: subscribe first, so nothing falls between the two.
+    let store = state.runs.store.clone();
+    let mut notices = store.notices();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
+    tokio::spawn(async move {
+        let mut last = after;
+        loop {
+            let page = store
+                .run_events(&fleet, &run, last, 1000)
+                .await
+                .unwrap_or_default();
+            let full = page.len() == 1000;
+            for (seq, event) in page {
+                last = seq;
+                let sse = SseEvent::default()
+                    .id(seq.to_string())
+                    .data(event.to_string());
+                if tx.send(Ok(sse)).await.is_err() {
+                    return;
+                }
+            }
+            if full {
+                continue;
+            }
+            let grew = async {
+                loop {
+                    match notices.recv().await {
+                        Ok(Notice::Events { fleet: f, run: r }) if f == fleet && r == run => {
+                            return;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                _ = grew => {}
+                // A lost notice costs at most this much delay.
+                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+                _ = tx.closed() => return,
+            }
+        }
     });
-    let _ = last_stored;
-    Ok(Sse::new(backlog.chain(live))
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response())
 }
@@ -1575,6 +1603,10 @@ pub async fn trigger_profiles(state: &Shared) {
         return;
     };
     for fleet in fleets {
+        // Only the replica driving a fleet triggers its profiles.
+        if !state.runs.replica.holds(&fleet.name) {
+            continue;
+        }
         let Ok(profiles) = state
             .runs
             .store
@@ -1704,6 +1736,19 @@ async fn list_tokens(State(state): State<Shared>, caller: Caller) -> HttpResult<
         .map(|t| json!({"id": t.id, "role": t.role, "subject": t.subject, "createdAt": flotilla_engine::time::Time::from_unix(t.created_at), "revoked": t.revoked}))
         .collect();
     Ok(axum::Json(json!({"value": value})).into_response())
+}
+
+async fn list_leases(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    let leases = state.runs.store.leases().await?;
+    let value: Vec<Value> = leases
+        .iter()
+        .map(|l| {
+            json!({"fleet": l.fleet, "owner": l.owner, "epoch": l.epoch,
+                "expiresInMs": l.expires_in_ms, "expired": l.expires_in_ms < 0})
+        })
+        .collect();
+    Ok(axum::Json(json!({"replica": state.runs.replica.id, "value": value})).into_response())
 }
 
 async fn revoke_token(
@@ -2026,6 +2071,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "admin",
     ),
     ("delete", "/v1/tokens/{id}", "Revoke an API token", "admin"),
+    (
+        "get",
+        "/v1/leases",
+        "Which replica drives each fleet, at which epoch, and which replica answered",
+        "reader",
+    ),
 ];
 
 pub fn openapi() -> Value {
@@ -2150,6 +2201,7 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/leases", get(list_leases))
         .fallback(|| async {
             HttpError::from(ApiError::new(ErrorCode::NotFound, "no such path", ""))
         })

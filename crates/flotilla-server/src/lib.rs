@@ -27,6 +27,10 @@ pub const PROFILES_EVERY: std::time::Duration = std::time::Duration::from_secs(2
 pub struct Timing {
     pub observe_every: std::time::Duration,
     pub profiles_every: std::time::Duration,
+    /// How long a fleet's lease lasts without renewal: how long the runs of a replica that died
+    /// wait before another takes them over, and how long a slow replica may go without
+    /// reaching the database before it stops sending upgrades.
+    pub lease_ttl: std::time::Duration,
 }
 
 impl Default for Timing {
@@ -34,6 +38,7 @@ impl Default for Timing {
         Timing {
             observe_every: OBSERVE_EVERY,
             profiles_every: PROFILES_EVERY,
+            lease_ttl: runs::LEASE_TTL,
         }
     }
 }
@@ -46,6 +51,10 @@ async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
             continue;
         };
         for fleet in fleets {
+            // Only the replica driving a fleet observes it.
+            if !runs.replica.holds(&fleet.name) {
+                continue;
+            }
             let Ok(driver) = runs
                 .drivers
                 .for_fleet(runs.store.as_ref(), &fleet.name)
@@ -113,12 +122,19 @@ impl Server {
                 "--insecure-no-auth serves without authentication and binds loopback only; {addr} is not a loopback address"
             )));
         }
-        let runs = Runs::new(store, Arc::new(Metrics::default()));
-        let resumed = runs
-            .resume_all()
-            .await
-            .map_err(|e| anyhow_like::Error(e.message))?;
-        tracing::info!(resumed, "active update runs resumed");
+        let replica = runs::Replica::new(
+            runs::Replica::generated_id(&addr.to_string()),
+            timing.lease_ttl,
+        );
+        let runs = Runs::with_replica(store, Arc::new(Metrics::default()), replica);
+        // Take this replica's share of the fleets and resume their active runs before serving.
+        runs.coordinate_once().await;
+        tracing::info!(
+            replica = %runs.replica.id,
+            fleets = runs.replica.held_fleets().len(),
+            "fleets taken and their active runs resumed"
+        );
+        tokio::spawn(runs.clone().coordinate());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
@@ -146,10 +162,13 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow_like::Result<()> {
         let app = api::router(self.state.clone());
-        axum::serve(self.listener, app)
+        let served = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
-            .map_err(|e| anyhow_like::Error(e.to_string()))
+            .map_err(|e| anyhow_like::Error(e.to_string()));
+        // Other replicas take over at once rather than after the lease time.
+        self.state.runs.release_leases().await;
+        served
     }
 }
 

@@ -25,7 +25,83 @@ use flotilla_engine::time::Time;
 
 use crate::driver::{Driver, MemberRef, OperationState, driver_from_config};
 use crate::metrics::Metrics;
-use crate::store::{Intent, Kind, RunBatch, Store};
+use crate::store::{Fence, Intent, Kind, Notice, RunBatch, Store, StoreError};
+
+/// How long a fleet's lease lasts without renewal, unless configured.
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// This replica's share of the fleets: which leases it holds, and since when it may act on them.
+pub struct Replica {
+    /// Unique among the replicas sharing the database.
+    pub id: String,
+    pub ttl: Duration,
+    held: Mutex<HashMap<String, Held>>,
+    /// Serialises taking leases, so the coordinator and an API call do not race for one.
+    taking: tokio::sync::Mutex<()>,
+    /// Handed-over actions already given to a run, until their result is recorded.
+    delivered: Mutex<std::collections::HashSet<i64>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    epoch: i64,
+    /// Upgrades are sent only before this instant: the lease's end by this process's monotonic
+    /// clock, counted from before the renewal was asked for and cut short by a tenth, so it
+    /// ends before the database lets another replica take over.
+    valid_until: Instant,
+}
+
+impl Replica {
+    pub fn new(id: String, ttl: Duration) -> Replica {
+        Replica {
+            id,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+            taking: tokio::sync::Mutex::new(()),
+            delivered: Mutex::new(Default::default()),
+        }
+    }
+
+    /// A replica id: the process and a random part, so restarts get new ids.
+    pub fn generated_id(hint: &str) -> String {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        format!("{hint}/pid{}/{:08x}", std::process::id(), nanos)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn valid_after(&self, asked_at: Instant) -> Instant {
+        asked_at + self.ttl.mul_f64(0.9)
+    }
+
+    pub fn holds(&self, fleet: &str) -> bool {
+        self.held().contains_key(fleet)
+    }
+
+    pub fn fence(&self, fleet: &str) -> Option<Fence> {
+        self.held().get(fleet).map(|h| Fence {
+            owner: self.id.clone(),
+            epoch: h.epoch,
+        })
+    }
+
+    /// Whether an upgrade may be sent now under this epoch: `Some(true)` yes, `Some(false)` not
+    /// yet (the lease is being renewed), `None` never (it was lost).
+    fn may_send(&self, fleet: &str, epoch: i64) -> Option<bool> {
+        match self.held().get(fleet) {
+            Some(h) if h.epoch == epoch => Some(Instant::now() < h.valid_until),
+            _ => None,
+        }
+    }
+
+    pub fn held_fleets(&self) -> Vec<String> {
+        self.held().keys().cloned().collect()
+    }
+}
 
 /// The instant now, in the engine's resolution.
 pub fn now() -> Time {
@@ -47,6 +123,11 @@ pub struct RunEvent {
 enum Msg {
     /// Something outside the run changed (another run let go of a member): look again.
     Nudge,
+    /// This replica lost the fleet's lease: stop driving the run at once.
+    Abandon,
+    /// An action handed over through the store by another replica (or while this one was not
+    /// the owner); its result is recorded with the step.
+    Remote { id: i64, input: Input },
     Action {
         input: Input,
         reply: oneshot::Sender<Result<(), ApiError>>,
@@ -120,6 +201,7 @@ impl Drivers {
 /// All active runs of the server.
 pub struct Runs {
     pub store: Arc<dyn Store>,
+    pub replica: Replica,
     pub drivers: Drivers,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<RunEvent>,
@@ -184,9 +266,22 @@ fn read_snapshot(body: &Value, internal: &Value) -> Result<RunSnapshot, ApiError
 
 impl Runs {
     pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Runs> {
+        Runs::with_replica(
+            store,
+            metrics,
+            Replica::new(Replica::generated_id("flotilla"), LEASE_TTL),
+        )
+    }
+
+    pub fn with_replica(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        replica: Replica,
+    ) -> Arc<Runs> {
         let (events, _) = broadcast::channel(4096);
         Arc::new(Runs {
             store,
+            replica,
             drivers: Drivers::default(),
             metrics,
             events,
@@ -287,13 +382,18 @@ impl Runs {
         }
     }
 
-    /// Sends a user action to a run and waits until it is recorded.
+    /// Sends a user action to a run and waits until it is recorded: directly if this replica
+    /// drives the run's fleet (taking its lease if nobody holds it), otherwise through the store
+    /// to the replica that does.
     pub async fn act(
         self: &Arc<Self>,
         fleet: &str,
         run: &str,
         input: Input,
     ) -> Result<(), ApiError> {
+        if !self.own(fleet).await {
+            return self.act_remotely(fleet, run, input).await;
+        }
         for _ in 0..2 {
             let tx = self.handle(fleet, run).await?;
             let (reply, answer) = oneshot::channel();
@@ -318,24 +418,269 @@ impl Runs {
         ))
     }
 
+    /// Hands an action to the fleet's owner through the store and waits for its result.
+    async fn act_remotely(&self, fleet: &str, run: &str, input: Input) -> Result<(), ApiError> {
+        let store_error = |e: StoreError| ApiError::conflict(e.to_string());
+        let mut notices = self.store.notices();
+        let value = serde_json::to_value(&input).map_err(|e| ApiError::conflict(e.to_string()))?;
+        let id = self
+            .store
+            .submit_action(fleet, run, &value)
+            .await
+            .map_err(store_error)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(result) = self
+                .store
+                .take_action_result(id)
+                .await
+                .map_err(store_error)?
+            {
+                return match serde_json::from_value::<ApiError>(result["error"].clone()) {
+                    Ok(e) => Err(e),
+                    Err(_) => Ok(()),
+                };
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return Err(ApiError::conflict(format!(
+                    "the replica driving fleet {fleet:?} did not answer within 30 s; the action may still be carried out (action {id})"
+                )));
+            };
+            let reply = async {
+                loop {
+                    match notices.recv().await {
+                        Ok(Notice::Reply { id: got }) if got == id => return,
+                        Err(broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            // The notice normally answers at once; the timeout covers a lost notice.
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), reply).await;
+        }
+    }
+
+    /// Whether this replica drives `fleet`, taking its lease if nobody holds it.
+    pub async fn own(self: &Arc<Self>, fleet: &str) -> bool {
+        if self.replica.holds(fleet) {
+            return true;
+        }
+        let _taking = self.replica.taking.lock().await;
+        if self.replica.holds(fleet) {
+            return true;
+        }
+        let asked_at = Instant::now();
+        match self
+            .store
+            .acquire_lease(fleet, &self.replica.id, self.replica.ttl)
+            .await
+        {
+            Ok(Some(epoch)) => {
+                tracing::info!(fleet, epoch, replica = %self.replica.id, "took the fleet's lease");
+                self.replica.held().insert(
+                    fleet.to_string(),
+                    Held {
+                        epoch,
+                        valid_until: self.replica.valid_after(asked_at),
+                    },
+                );
+                if let Err(e) = self.resume_fleet(fleet).await {
+                    tracing::error!(fleet, error = %e.message, "cannot resume the fleet's runs");
+                }
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(fleet, error = %e, "cannot take the fleet's lease");
+                false
+            }
+        }
+    }
+
+    /// Stops driving a fleet whose lease was lost: its runs' tasks end before doing anything
+    /// more, and whoever holds the lease now recovers them from the store.
+    pub fn abandon(&self, fleet: &str) {
+        if self.replica.held().remove(fleet).is_none() {
+            return;
+        }
+        tracing::warn!(fleet, replica = %self.replica.id, "lost the fleet's lease; no longer driving its runs");
+        let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        handles.retain(|(f, _), tx| {
+            if f == fleet {
+                let _ = tx.send(Msg::Abandon);
+            }
+            f != fleet
+        });
+        drop(handles);
+        if let Ok(mut locks) = self.locks.lock() {
+            locks.remove(fleet);
+        }
+        if let Ok(mut delivered) = self.replica.delivered.lock() {
+            delivered.clear();
+        }
+    }
+
+    /// Lets every lease go (graceful shutdown), so other replicas take over at once.
+    pub async fn release_leases(&self) {
+        let held: Vec<(String, i64)> = self
+            .replica
+            .held()
+            .iter()
+            .map(|(f, h)| (f.clone(), h.epoch))
+            .collect();
+        for (fleet, epoch) in held {
+            self.abandon(&fleet);
+            let _ = self
+                .store
+                .release_lease(&fleet, &self.replica.id, epoch)
+                .await;
+        }
+    }
+
+    /// One pass of the coordinator: says this replica is alive, renews its leases (letting go of
+    /// lost ones), takes unheld fleets up to its fair share, and hands over pending actions.
+    pub async fn coordinate_once(self: &Arc<Self>) {
+        let ttl = self.replica.ttl;
+        let alive = match self.store.heartbeat(&self.replica.id, ttl).await {
+            Ok(n) => n.max(1),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach the store");
+                return;
+            }
+        };
+        let held: Vec<(String, i64)> = self
+            .replica
+            .held()
+            .iter()
+            .map(|(f, h)| (f.clone(), h.epoch))
+            .collect();
+        for (fleet, epoch) in held {
+            let asked_at = Instant::now();
+            match self
+                .store
+                .renew_lease(&fleet, &self.replica.id, epoch, ttl)
+                .await
+            {
+                Ok(true) => {
+                    if let Some(h) = self.replica.held().get_mut(&fleet)
+                        && h.epoch == epoch
+                    {
+                        h.valid_until = self.replica.valid_after(asked_at);
+                    }
+                }
+                Ok(false) => self.abandon(&fleet),
+                // Not renewed: the lease runs out by itself, and sending stops with it.
+                Err(e) => tracing::warn!(fleet, error = %e, "cannot renew the fleet's lease"),
+            }
+        }
+        let Ok(fleets) = self
+            .store
+            .list("", Kind::Fleet, None, usize::MAX >> 1)
+            .await
+        else {
+            return;
+        };
+        let fair = fleets.len().div_ceil(alive);
+        for fleet in &fleets {
+            if self.replica.held().len() >= fair {
+                break;
+            }
+            if !self.replica.holds(&fleet.name) {
+                self.own(&fleet.name).await;
+            }
+        }
+        for fleet in self.replica.held_fleets() {
+            self.deliver_actions(&fleet).await;
+        }
+    }
+
+    /// Gives a held fleet's pending handed-over actions to their runs.
+    async fn deliver_actions(self: &Arc<Self>, fleet: &str) {
+        let Ok(pending) = self.store.pending_actions(fleet).await else {
+            return;
+        };
+        for action in pending {
+            let fresh = self
+                .replica
+                .delivered
+                .lock()
+                .map(|mut d| d.insert(action.id))
+                .unwrap_or(false);
+            if !fresh {
+                continue;
+            }
+            let input = serde_json::from_value::<Input>(action.input.clone()).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("unreadable action: {e}"),
+                    "",
+                )
+            });
+            let sent = match input {
+                Ok(input) => match self.handle(fleet, &action.run).await {
+                    Ok(tx) => tx
+                        .send(Msg::Remote {
+                            id: action.id,
+                            input,
+                        })
+                        .map_err(|_| ApiError::conflict("the run's reconciler stopped; try again")),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                let _ = self
+                    .store
+                    .finish_action(action.id, &json!({"error": e}))
+                    .await;
+            }
+        }
+    }
+
+    /// Runs the coordinator forever: a pass every third of the lease time, and at once when an
+    /// action is handed to a fleet.
+    pub async fn coordinate(self: Arc<Self>) {
+        let mut notices = self.store.notices();
+        let every = self.replica.ttl / 3;
+        let mut next = Instant::now() + every;
+        loop {
+            let wait = tokio::time::sleep_until(next.into());
+            tokio::select! {
+                _ = wait => {
+                    self.coordinate_once().await;
+                    next = Instant::now() + every;
+                }
+                notice = notices.recv() => match notice {
+                    // An action on a fleet nobody drives makes this replica take it.
+                    Ok(Notice::Actions { fleet }) if self.own(&fleet).await => {
+                        self.deliver_actions(&fleet).await;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        notices = self.store.notices();
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
     pub fn forget(&self, fleet: &str, run: &str) {
         if let Ok(mut handles) = self.handles.lock() {
             handles.remove(&(fleet.to_string(), run.to_string()));
         }
     }
 
-    /// Loads every run that is not finished and starts its reconciler (at server start).
-    pub async fn resume_all(self: &Arc<Self>) -> Result<usize, ApiError> {
+    /// Loads every run of a fleet that is not finished and starts its reconciler (when this
+    /// replica takes the fleet's lease).
+    async fn resume_fleet(self: &Arc<Self>, fleet: &str) -> Result<usize, ApiError> {
         let mut count = 0;
-        let fleets = self
-            .store
-            .list("", Kind::Fleet, None, usize::MAX >> 1)
-            .await
-            .map_err(|e| ApiError::conflict(e.to_string()))?;
-        for fleet in fleets {
+        {
             let runs = self
                 .store
-                .list(&fleet.name, Kind::Run, None, usize::MAX >> 1)
+                .list(fleet, Kind::Run, None, usize::MAX >> 1)
                 .await
                 .map_err(|e| ApiError::conflict(e.to_string()))?;
             for run in runs {
@@ -350,7 +695,7 @@ impl Runs {
                 {
                     continue;
                 }
-                self.handle(&fleet.name, &run.name).await?;
+                self.handle(fleet, &run.name).await?;
                 count += 1;
             }
         }
@@ -363,6 +708,11 @@ impl Runs {
         run: &str,
     ) -> Result<mpsc::UnboundedSender<Msg>, ApiError> {
         let key = (fleet.to_string(), run.to_string());
+        let Some(fence) = self.replica.fence(fleet) else {
+            return Err(ApiError::conflict(format!(
+                "this replica does not drive fleet {fleet:?} now; try again"
+            )));
+        };
         if let Some(tx) = self
             .handles
             .lock()
@@ -438,6 +788,7 @@ impl Runs {
             known_locked: HashMap::new(),
             status_dirty: false,
             last_status_write: None,
+            fence,
         };
         let intents = self
             .store
@@ -473,6 +824,8 @@ struct Actor {
     /// The status changed since it was last written.
     status_dirty: bool,
     last_status_write: Option<Instant>,
+    /// The fleet lease this run is driven under; every batch is written under it.
+    fence: Fence,
 }
 
 impl Actor {
@@ -584,9 +937,25 @@ impl Actor {
         let mut finish_seen: Option<Instant> = None;
         let mut action_at: Option<Instant> = None;
         let mut observed = Vec::new();
+        let mut action_results = Vec::new();
         for msg in batch {
             match msg {
                 Msg::Nudge => {}
+                Msg::Abandon => return false,
+                Msg::Remote { id, input } => {
+                    action_at = Some(action_at.unwrap_or_else(Instant::now));
+                    let result = self.engine.handle(now, input.clone());
+                    if result.is_ok() {
+                        log.push(json!({"at": now, "input": input}));
+                    }
+                    action_results.push((
+                        id,
+                        match result {
+                            Ok(()) => json!({"ok": true}),
+                            Err(e) => json!({"error": e}),
+                        },
+                    ));
+                }
                 Msg::Action { input, reply, at } => {
                     action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
                     let result = self.engine.handle(now, input.clone());
@@ -713,6 +1082,7 @@ impl Actor {
         // small steps do not each rewrite its whole status.
         let urgent = structural
             || !replies.is_empty()
+            || !action_results.is_empty()
             || self.engine.is_finished()
             || self
                 .last_status_write
@@ -747,8 +1117,20 @@ impl Actor {
             events: events.clone(),
             run_body: body,
             gates,
+            action_results,
+            fence: Some(self.fence.clone()),
         };
         if let Err(e) = self.runs.store.write_run_batch(&write).await {
+            if let StoreError::Fenced(why) = &e {
+                tracing::warn!(fleet = %self.fleet, run = %self.run, why, "stopped driving the run");
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(ApiError::conflict(
+                        "this replica lost the fleet's lease; try again",
+                    )));
+                }
+                self.runs.abandon(&self.fleet);
+                return false;
+            }
             tracing::error!(fleet = %self.fleet, run = %self.run, error = %e, "cannot record the run's progress; reloading it");
             for (reply, _) in replies {
                 let _ = reply.send(Err(ApiError::conflict(format!(
@@ -851,8 +1233,19 @@ impl Actor {
         let metrics = self.runs.metrics.clone();
         let (fleet, run) = (self.fleet.clone(), self.run.clone());
         let who = self.member_ref(&member);
+        let runs = self.runs.clone();
+        let epoch = self.fence.epoch;
         self.outstanding.insert(attempt);
         tokio::spawn(async move {
+            // Nothing is sent unless this replica's lease is current by its own clock: a replica
+            // paused past its lease finds it stale when it wakes, and sends nothing.
+            loop {
+                match runs.replica.may_send(&fleet, epoch) {
+                    Some(true) => break,
+                    Some(false) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    None => return,
+                }
+            }
             let mut operation = known;
             if operation.is_none() && recovering {
                 // Recorded but maybe never sent: ask before sending (SEMANTICS §7).

@@ -1,12 +1,18 @@
 //! Durable storage behind one interface: resources with eTags, each run's input log, recorded
-//! upgrade intents, the event log, and API tokens. SQLite now; PostgreSQL implements the same
-//! trait later.
+//! upgrade intents, the event log, API tokens, and what replicas sharing a database coordinate
+//! with (fleet leases with a fencing epoch, actions handed to a fleet's owner, notices). SQLite
+//! serves one replica; PostgreSQL ([`postgres::PgStore`]) several.
 //!
-//! Every write that drives a run (log entries, intents, events, the run's status) goes in one
-//! transaction ([`RunBatch`]), so a crash leaves either all of a batch or none of it.
+//! Every write that drives a run (log entries, intents, events, the run's status, the results of
+//! actions) goes in one transaction ([`RunBatch`]), so a crash leaves either all of a batch or
+//! none of it; with a [`Fence`], the transaction first checks that its writer still holds the
+//! fleet's lease at the same epoch.
+
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -14,6 +20,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::broadcast;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -26,6 +33,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The writer no longer holds the fleet's lease at the epoch it wrote with.
+    #[error("lease lost: {0}")]
+    Fenced(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -99,6 +109,110 @@ pub struct RunBatch {
     pub run_body: Option<Value>,
     /// Gate resources created or changed.
     pub gates: Vec<(String, Value)>,
+    /// Results of actions handed over through the store ([`Store::submit_action`]).
+    pub action_results: Vec<(i64, Value)>,
+    /// Written only if the writer still holds the fleet's lease at this epoch.
+    pub fence: Option<Fence>,
+}
+
+/// A fleet lease as its holder knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: String,
+    pub epoch: i64,
+}
+
+/// A fleet's lease: which replica drives its runs, from which epoch, until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub fleet: String,
+    pub owner: String,
+    pub epoch: i64,
+    /// Milliseconds until it expires, by the database's clock (negative: expired).
+    pub expires_in_ms: i64,
+}
+
+/// An action on a run handed to the replica that drives its fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingAction {
+    pub id: i64,
+    pub run: String,
+    pub input: Value,
+}
+
+/// Something changed in the store that other tasks (or replicas) may want to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A run's event log grew.
+    Events { fleet: String, run: String },
+    /// An action was handed to a fleet's owner.
+    Actions { fleet: String },
+    /// An action's result was recorded.
+    Reply { id: i64 },
+}
+
+impl Notice {
+    fn to_payload(&self) -> String {
+        match self {
+            Notice::Events { fleet, run } => serde_json::json!({"events": [fleet, run]}),
+            Notice::Actions { fleet } => serde_json::json!({"actions": fleet}),
+            Notice::Reply { id } => serde_json::json!({"reply": id}),
+        }
+        .to_string()
+    }
+
+    fn from_payload(text: &str) -> Option<Notice> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        if let Some([fleet, run]) = v["events"].as_array().map(Vec::as_slice) {
+            return Some(Notice::Events {
+                fleet: fleet.as_str()?.to_string(),
+                run: run.as_str()?.to_string(),
+            });
+        }
+        if let Some(fleet) = v["actions"].as_str() {
+            return Some(Notice::Actions {
+                fleet: fleet.to_string(),
+            });
+        }
+        v["reply"].as_i64().map(|id| Notice::Reply { id })
+    }
+
+    /// The notices a committed batch gives.
+    fn of_batch(batch: &RunBatch) -> Vec<Notice> {
+        let mut notices: Vec<Notice> = batch
+            .action_results
+            .iter()
+            .map(|(id, _)| Notice::Reply { id: *id })
+            .collect();
+        if !batch.events.is_empty() {
+            notices.push(Notice::Events {
+                fleet: batch.fleet.clone(),
+                run: batch.run.clone(),
+            });
+        }
+        notices
+    }
+}
+
+fn millis(ttl: std::time::Duration) -> i64 {
+    ttl.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn fenced(batch: &RunBatch, found: Option<(String, i64)>) -> StoreResult<()> {
+    let Some(fence) = &batch.fence else {
+        return Ok(());
+    };
+    match found {
+        Some((owner, epoch)) if owner == fence.owner && epoch == fence.epoch => Ok(()),
+        Some((owner, epoch)) => Err(StoreError::Fenced(format!(
+            "fleet {:?} is held by {owner} at epoch {epoch}, not by {} at epoch {}",
+            batch.fleet, fence.owner, fence.epoch
+        ))),
+        None => Err(StoreError::Fenced(format!(
+            "fleet {:?} has no lease",
+            batch.fleet
+        ))),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,12 +275,47 @@ pub trait Store: Send + Sync {
     async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
     async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
     async fn revoke_token(&self, id: &str) -> StoreResult<bool>;
+
+    /// Says this replica is alive for `ttl`; returns how many replicas are alive, itself included.
+    async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize>;
+    /// Takes a fleet's lease if nobody holds it or its holder let it expire, with the next
+    /// epoch; returns that epoch, or `None` if another holder's lease is still running.
+    async fn acquire_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<i64>>;
+    /// Extends a lease still held at `epoch`; false if it was lost.
+    async fn renew_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+    ) -> StoreResult<bool>;
+    /// Lets a lease go at once (on shutdown), so another replica takes over without waiting.
+    async fn release_lease(&self, fleet: &str, owner: &str, epoch: i64) -> StoreResult<()>;
+    async fn leases(&self) -> StoreResult<Vec<Lease>>;
+    /// Hands an action to whoever drives the run's fleet; returns its id.
+    async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64>;
+    /// Actions on a fleet's runs without a result yet, oldest first.
+    async fn pending_actions(&self, fleet: &str) -> StoreResult<Vec<PendingAction>>;
+    /// Records an action's result outside a run's batch (the run could not be loaded).
+    async fn finish_action(&self, id: i64, result: &Value) -> StoreResult<()>;
+    /// An action's result, once recorded; it is then forgotten.
+    async fn take_action_result(&self, id: i64) -> StoreResult<Option<Value>>;
+    /// Notices of changes, from this process and, for a shared database, from other replicas.
+    fn notices(&self) -> broadcast::Receiver<Notice>;
+    /// Whether several replicas may share this store.
+    fn shared(&self) -> bool;
 }
 
 /// Schema migrations, applied in order at start; each runs once.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
     CREATE TABLE resources (
         fleet TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
         body TEXT NOT NULL, etag TEXT NOT NULL,
@@ -187,10 +336,24 @@ const MIGRATIONS: &[(i64, &str)] = &[(
     CREATE TABLE etag_seq (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
     INSERT INTO etag_seq (id, value) VALUES (1, 0);
     "#,
-)];
+    ),
+    (
+        2,
+        r#"
+    CREATE TABLE leases (
+        fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL);
+    CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, fleet TEXT NOT NULL, run TEXT NOT NULL,
+        input TEXT NOT NULL, result TEXT)
+    "#,
+    ),
+];
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    notices: broadcast::Sender<Notice>,
     /// Held for the process's life: one server per database file.
     _lock: Option<std::fs::File>,
 }
@@ -220,6 +383,11 @@ impl SqliteStore {
             )));
         }
         let store = SqliteStore::connect(path).await?;
+        // The file lock proves no other server uses this database, so leases held by a server
+        // that died are let go now instead of after their time.
+        sqlx::query("UPDATE leases SET expires_at = 0")
+            .execute(&store.pool)
+            .await?;
         Ok(SqliteStore {
             _lock: Some(lock),
             ..store
@@ -247,7 +415,11 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options)
             .await?;
-        let store = SqliteStore { pool, _lock: None };
+        let store = SqliteStore {
+            pool,
+            notices: broadcast::channel(1024).0,
+            _lock: None,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -508,6 +680,14 @@ impl Store for SqliteStore {
 
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if batch.fence.is_some() {
+            let found = sqlx::query("SELECT owner, epoch FROM leases WHERE fleet = ?")
+                .bind(&batch.fleet)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| (r.get(0), r.get(1)));
+            fenced(batch, found)?;
+        }
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
@@ -551,7 +731,17 @@ impl Store for SqliteStore {
         for (name, body) in &batch.gates {
             upsert(&mut tx, &batch.fleet, Kind::Gate, name, body).await?;
         }
+        for (id, result) in &batch.action_results {
+            sqlx::query("UPDATE actions SET result = ? WHERE id = ? AND result IS NULL")
+                .bind(result.to_string())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
+        for notice in Notice::of_batch(batch) {
+            let _ = self.notices.send(notice);
+        }
         Ok(())
     }
 
@@ -660,6 +850,160 @@ impl Store for SqliteStore {
             .await?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize> {
+        let now = unix_millis();
+        sqlx::query("INSERT INTO replicas (id, expires_at) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at")
+            .bind(replica)
+            .bind(now + millis(ttl))
+            .execute(&self.pool)
+            .await?;
+        // Replicas gone for an hour are forgotten.
+        sqlx::query("DELETE FROM replicas WHERE expires_at < ?")
+            .bind(now - 3_600_000)
+            .execute(&self.pool)
+            .await?;
+        let alive: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE expires_at >= ?")
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await?
+            .get(0);
+        Ok(alive as usize)
+    }
+
+    async fn acquire_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<i64>> {
+        let now = unix_millis();
+        let row = sqlx::query(
+            "INSERT INTO leases (fleet, owner, epoch, expires_at) VALUES (?, ?, 1, ?)
+             ON CONFLICT (fleet) DO UPDATE SET owner = excluded.owner, epoch = leases.epoch + 1,
+                 expires_at = excluded.expires_at
+             WHERE leases.expires_at < ?
+             RETURNING epoch",
+        )
+        .bind(fleet)
+        .bind(owner)
+        .bind(now + millis(ttl))
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn renew_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE leases SET expires_at = ? WHERE fleet = ? AND owner = ? AND epoch = ?",
+        )
+        .bind(unix_millis() + millis(ttl))
+        .bind(fleet)
+        .bind(owner)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn release_lease(&self, fleet: &str, owner: &str, epoch: i64) -> StoreResult<()> {
+        sqlx::query("UPDATE leases SET expires_at = 0 WHERE fleet = ? AND owner = ? AND epoch = ?")
+            .bind(fleet)
+            .bind(owner)
+            .bind(epoch)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn leases(&self) -> StoreResult<Vec<Lease>> {
+        let now = unix_millis();
+        let rows = sqlx::query("SELECT fleet, owner, epoch, expires_at FROM leases ORDER BY fleet")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Lease {
+                fleet: r.get(0),
+                owner: r.get(1),
+                epoch: r.get(2),
+                expires_in_ms: r.get::<i64, _>(3) - now,
+            })
+            .collect())
+    }
+
+    async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64> {
+        let id: i64 =
+            sqlx::query("INSERT INTO actions (fleet, run, input) VALUES (?, ?, ?) RETURNING id")
+                .bind(fleet)
+                .bind(run)
+                .bind(input.to_string())
+                .fetch_one(&self.pool)
+                .await?
+                .get(0);
+        let _ = self.notices.send(Notice::Actions {
+            fleet: fleet.to_string(),
+        });
+        Ok(id)
+    }
+
+    async fn pending_actions(&self, fleet: &str) -> StoreResult<Vec<PendingAction>> {
+        let rows = sqlx::query(
+            "SELECT id, run, input FROM actions WHERE fleet = ? AND result IS NULL ORDER BY id",
+        )
+        .bind(fleet)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PendingAction {
+                    id: r.get(0),
+                    run: r.get(1),
+                    input: parse_body(r.get::<&str, _>(2))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn finish_action(&self, id: i64, result: &Value) -> StoreResult<()> {
+        sqlx::query("UPDATE actions SET result = ? WHERE id = ? AND result IS NULL")
+            .bind(result.to_string())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        let _ = self.notices.send(Notice::Reply { id });
+        Ok(())
+    }
+
+    async fn take_action_result(&self, id: i64) -> StoreResult<Option<Value>> {
+        let row =
+            sqlx::query("DELETE FROM actions WHERE id = ? AND result IS NOT NULL RETURNING result")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|r| parse_body(r.get::<&str, _>(0))).transpose()
+    }
+
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn token_row(r: &sqlx::sqlite::SqliteRow) -> TokenRecord {

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::postgres::PgStore;
 use flotilla_server::store::{SqliteStore, Store};
 use flotilla_sim::{Scenario, render, simulate};
 
@@ -55,12 +56,18 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080", env = "FLOTILLA_LISTEN")]
         listen: SocketAddr,
-        /// Where to store everything: `sqlite://PATH` or a file path (default: the user's data directory).
+        /// Where to store everything: `sqlite://PATH` or a file path (default: the user's data
+        /// directory; one server only), or `postgres://USER@HOST:PORT/DATABASE` (several
+        /// replicas may share it).
         #[arg(long, env = "FLOTILLA_DATABASE")]
         database: Option<String>,
         /// Serve without authentication (loopback addresses only).
         #[arg(long)]
         insecure_no_auth: bool,
+        /// Seconds a replica's hold on a fleet lasts without renewal: how long a dead replica's
+        /// runs wait before another replica takes them over.
+        #[arg(long, default_value_t = 10.0, env = "FLOTILLA_LEASE_TTL")]
+        lease_ttl: f64,
     },
     /// Fleets and their drivers.
     Fleet {
@@ -192,13 +199,58 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a `--database` value names.
+pub enum Database {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Database {
+    pub fn parse(database: Option<&str>) -> anyhow::Result<Database> {
+        match database {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Database::Postgres(url.to_string()))
+            }
+            other => database_path(other).map(Database::Sqlite),
+        }
+    }
+
+    /// Opens the store; `serving` takes SQLite's one-server lock.
+    pub async fn open(&self, serving: bool) -> anyhow::Result<Arc<dyn Store>> {
+        Ok(match self {
+            Database::Sqlite(path) if serving => Arc::new(
+                SqliteStore::open(path)
+                    .await
+                    .with_context(|| format!("database {}", path.display()))?,
+            ),
+            Database::Sqlite(path) => Arc::new(
+                SqliteStore::open_unlocked(path)
+                    .await
+                    .with_context(|| format!("database {}", path.display()))?,
+            ),
+            Database::Postgres(url) => Arc::new(
+                PgStore::open(url)
+                    .await
+                    .with_context(|| format!("database {url}"))?,
+            ),
+        })
+    }
+}
+
+impl std::fmt::Display for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "{}", path.display()),
+            Database::Postgres(url) => f.write_str(url),
+        }
+    }
+}
+
 /// The SQLite file a `--database` value names, or the default under the user's data directory.
 pub fn database_path(database: Option<&str>) -> anyhow::Result<PathBuf> {
     match database {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            bail!(
-                "--database {url}: PostgreSQL is not supported by this build yet; use sqlite://PATH"
-            )
+            bail!("--database {url}: this command works on a SQLite file only; use sqlite://PATH")
         }
         Some(url) => Ok(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
         None => {
@@ -237,25 +289,28 @@ async fn serve_command(
     listen: SocketAddr,
     database: Option<String>,
     insecure: bool,
+    lease_ttl: f64,
 ) -> anyhow::Result<ExitCode> {
-    let path = database_path(database.as_deref())?;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&path)
-            .await
-            .with_context(|| format!("database {}", path.display()))?,
-    );
+    if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
+        bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
+    }
+    let database = Database::parse(database.as_deref())?;
+    let store = database.open(true).await?;
     if !insecure && store.list_tokens().await?.iter().all(|t| t.revoked) {
         bail!(
-            "no API token exists, so nobody could use this server; create one with\n  flotilla token create --role admin --database {}\nor serve without authentication on loopback with --insecure-no-auth",
-            path.display()
+            "no API token exists, so nobody could use this server; create one with\n  flotilla token create --role admin --database {database}\nor serve without authentication on loopback with --insecure-no-auth"
         );
     }
-    let server = Server::start(store, listen, insecure).await?;
+    let timing = flotilla_server::Timing {
+        lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
+        ..Default::default()
+    };
+    let server = Server::start_with(store, listen, insecure, timing).await?;
     let addr = server.local_addr().unwrap_or(listen);
     eprintln!(
-        "flotilla: serving http://{addr} (database {}{})",
-        path.display(),
-        if insecure { ", no authentication" } else { "" }
+        "flotilla: serving http://{addr} (database {database}{}; replica {})",
+        if insecure { ", no authentication" } else { "" },
+        server.state.runs.replica.id
     );
     server.serve(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
@@ -288,8 +343,7 @@ async fn token_command(
             let role = Role::parse(&role).with_context(|| {
                 format!("--role {role:?}: must be reader, operator, approver or admin")
             })?;
-            let path = database_path(database.as_deref())?;
-            let store = SqliteStore::open_unlocked(&path).await?;
+            let store = Database::parse(database.as_deref())?.open(false).await?;
             let subject = subject.unwrap_or_else(|| {
                 std::env::var("USER").unwrap_or_else(|_| role.name().to_string())
             });
@@ -345,7 +399,8 @@ fn main() -> ExitCode {
                             listen,
                             database,
                             insecure_no_auth,
-                        } => serve_command(listen, database, insecure_no_auth).await,
+                            lease_ttl,
+                        } => serve_command(listen, database, insecure_no_auth, lease_ttl).await,
                         Command::Token { command } => token_command(&client, output, command).await,
                         Command::Fleet { command } => {
                             commands::fleet(&client, output, command).await

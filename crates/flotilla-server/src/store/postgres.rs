@@ -1,0 +1,732 @@
+//! The PostgreSQL store: the same interface as SQLite, for several replicas sharing one
+//! database. Time for leases is the database's clock, so replicas' clocks do not matter; notices
+//! travel between replicas with LISTEN/NOTIFY, sent inside the writing transaction so they are
+//! delivered only once it commits.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::broadcast;
+
+use super::{
+    Intent, Kind, Lease, Notice, PendingAction, Precondition, Resource, RunBatch, Store,
+    StoreError, StoreResult, TokenRecord, check, fenced, millis, parse_body,
+};
+
+/// The channel notices travel on.
+const CHANNEL: &str = "flotilla";
+
+/// Schema migrations; the same tables as SQLite's.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
+    CREATE TABLE resources (
+        fleet TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL COLLATE "C",
+        body TEXT NOT NULL, etag TEXT NOT NULL,
+        PRIMARY KEY (fleet, kind, name));
+    CREATE TABLE run_log (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, seq BIGINT NOT NULL, entry TEXT NOT NULL,
+        PRIMARY KEY (fleet, run, seq));
+    CREATE TABLE run_events (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, seq BIGINT NOT NULL, event TEXT NOT NULL,
+        PRIMARY KEY (fleet, run, seq));
+    CREATE TABLE intents (
+        fleet TEXT NOT NULL, run TEXT NOT NULL, attempt BIGINT NOT NULL, member TEXT NOT NULL,
+        target TEXT NOT NULL, operation_id TEXT, finished BOOLEAN NOT NULL DEFAULT FALSE,
+        PRIMARY KEY (fleet, run, attempt));
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL,
+        created_at BIGINT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE);
+    CREATE SEQUENCE etag_seq
+    "#,
+    ),
+    (
+        2,
+        r#"
+    CREATE TABLE leases (
+        fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL);
+    CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at TIMESTAMPTZ NOT NULL);
+    CREATE TABLE actions (
+        id BIGSERIAL PRIMARY KEY, fleet TEXT NOT NULL, run TEXT NOT NULL,
+        input TEXT NOT NULL, result TEXT)
+    "#,
+    ),
+];
+
+/// Any number, the same in every replica: the advisory lock migrations hold.
+const MIGRATION_LOCK: i64 = 0x666c_6f74_696c_6c61;
+
+pub struct PgStore {
+    pool: PgPool,
+    notices: broadcast::Sender<Notice>,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/database`), runs migrations (one replica
+    /// at a time), and starts listening for other replicas' notices.
+    pub async fn open(url: &str) -> StoreResult<PgStore> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            StoreError::Unavailable(format!("--database {url}: not a PostgreSQL URL: {e}"))
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.application_name("flotilla"))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot connect to {url}: {e}")))?;
+        let store = PgStore {
+            pool,
+            notices: broadcast::channel(4096).0,
+        };
+        store.migrate().await?;
+        let mut listener = PgListener::connect_with(&store.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let notices = store.notices.clone();
+        tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(n) => {
+                        if let Some(notice) = Notice::from_payload(n.payload()) {
+                            let _ = notices.send(notice);
+                        }
+                    }
+                    Err(e) => {
+                        // The listener reconnects by itself; notices sent meanwhile are lost,
+                        // which the periodic passes of the coordinator make up for.
+                        tracing::warn!(error = %e, "listening for notices failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        // Replicas starting together migrate one after the other.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for (version, sql) in MIGRATIONS {
+            if applied.contains(version) {
+                continue;
+            }
+            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                sqlx::query(statement).execute(&mut *tx).await?;
+            }
+            sqlx::query("INSERT INTO schema_migrations (version) VALUES ($1)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+async fn notify(tx: &mut Transaction<'_, Postgres>, notice: &Notice) -> StoreResult<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(notice.to_payload())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The current eTag, with the row locked until the transaction ends.
+async fn current_etag(
+    tx: &mut Transaction<'_, Postgres>,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+) -> StoreResult<Option<String>> {
+    Ok(sqlx::query(
+        "SELECT etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE",
+    )
+    .bind(fleet)
+    .bind(kind.as_str())
+    .bind(name)
+    .fetch_optional(&mut **tx)
+    .await?
+    .map(|r| r.get(0)))
+}
+
+async fn upsert(
+    tx: &mut Transaction<'_, Postgres>,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+    body: &Value,
+) -> StoreResult<String> {
+    let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
+        .fetch_one(&mut **tx)
+        .await?
+        .get(0);
+    let etag = format!("\"{n}\"");
+    sqlx::query(
+        "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag",
+    )
+    .bind(fleet)
+    .bind(kind.as_str())
+    .bind(name)
+    .bind(body.to_string())
+    .bind(&etag)
+    .execute(&mut **tx)
+    .await?;
+    Ok(etag)
+}
+
+/// Appends entries to one of a run's numbered logs. Only the fleet's lease holder writes a run's
+/// logs, and its batch holds the lease row locked, so the numbers do not race.
+async fn append(
+    tx: &mut Transaction<'_, Postgres>,
+    last_seq: &'static str,
+    insert: &'static str,
+    batch: &RunBatch,
+    entries: &[Value],
+) -> StoreResult<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let next: i64 = sqlx::query(last_seq)
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .fetch_one(&mut **tx)
+        .await?
+        .get(0);
+    for (i, entry) in entries.iter().enumerate() {
+        sqlx::query(insert)
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .bind(next + 1 + i as i64)
+            .bind(entry.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+fn unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
+        let row = sqlx::query(
+            "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Resource {
+                name: name.to_string(),
+                body: parse_body(r.get::<&str, _>(0))?,
+                etag: r.get(1),
+            })
+        })
+        .transpose()
+    }
+
+    async fn list(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<Resource>> {
+        let rows = sqlx::query(
+            "SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name > $3 ORDER BY name LIMIT $4",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(after.unwrap_or(""))
+        .bind(limit.min(i64::MAX as usize) as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Resource {
+                    name: r.get(0),
+                    body: parse_body(r.get::<&str, _>(1))?,
+                    etag: r.get(2),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        body: &Value,
+        when: &Precondition,
+    ) -> StoreResult<(Resource, bool)> {
+        let mut tx = self.pool.begin().await?;
+        let current = current_etag(&mut tx, fleet, kind, name).await?;
+        check(current.as_deref(), when)?;
+        if current.is_none() && *when == Precondition::IfNoneMatchAny {
+            // Two creations racing: the row lock above cannot hold a row that does not exist
+            // yet, so the insert itself decides.
+            let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
+                .fetch_one(&mut *tx)
+                .await?
+                .get(0);
+            let etag = format!("\"{n}\"");
+            let inserted = sqlx::query(
+                "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .bind(body.to_string())
+            .bind(&etag)
+            .execute(&mut *tx)
+            .await;
+            return match inserted {
+                Ok(_) => {
+                    tx.commit().await?;
+                    Ok((
+                        Resource {
+                            name: name.to_string(),
+                            body: body.clone(),
+                            etag,
+                        },
+                        true,
+                    ))
+                }
+                Err(e) if unique_violation(&e) => Err(StoreError::Precondition(
+                    "If-None-Match *: the resource already exists".into(),
+                )),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let etag = upsert(&mut tx, fleet, kind, name, body).await?;
+        tx.commit().await?;
+        Ok((
+            Resource {
+                name: name.to_string(),
+                body: body.clone(),
+                etag,
+            },
+            current.is_none(),
+        ))
+    }
+
+    async fn delete(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        when: &Precondition,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await?;
+        let current = current_etag(&mut tx, fleet, kind, name).await?;
+        check(current.as_deref(), when)?;
+        if current.is_none() {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3")
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        match kind {
+            Kind::Run => {
+                for statement in [
+                    "DELETE FROM resources WHERE fleet = $1 AND kind = 'updateRunSnapshots' AND name = $2",
+                    "DELETE FROM run_log WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM run_events WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM intents WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM resources WHERE fleet = $1 AND kind = 'gates' AND body::jsonb #>> '{properties,target,updateRunProperties,name}' = $2",
+                ] {
+                    sqlx::query(statement)
+                        .bind(fleet)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            Kind::Fleet => {
+                for statement in [
+                    "DELETE FROM resources WHERE fleet = $1",
+                    "DELETE FROM run_log WHERE fleet = $1",
+                    "DELETE FROM run_events WHERE fleet = $1",
+                    "DELETE FROM intents WHERE fleet = $1",
+                ] {
+                    sqlx::query(statement).bind(name).execute(&mut *tx).await?;
+                }
+            }
+            _ => {}
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        if batch.fence.is_some() {
+            // Locking the lease row orders this batch with any takeover: a replica that took
+            // the fleet over has a new epoch, and this batch is then refused.
+            let found = sqlx::query("SELECT owner, epoch FROM leases WHERE fleet = $1 FOR UPDATE")
+                .bind(&batch.fleet)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| (r.get(0), r.get(1)));
+            fenced(batch, found)?;
+        }
+        append(
+            &mut tx,
+            "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = $1 AND run = $2",
+            "INSERT INTO run_log (fleet, run, seq, entry) VALUES ($1, $2, $3, $4)",
+            batch,
+            &batch.log,
+        )
+        .await?;
+        append(
+            &mut tx,
+            "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
+            "INSERT INTO run_events (fleet, run, seq, event) VALUES ($1, $2, $3, $4)",
+            batch,
+            &batch.events,
+        )
+        .await?;
+        for intent in &batch.intents {
+            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished) VALUES ($1, $2, $3, $4, $5, $6, FALSE)")
+                .bind(&batch.fleet)
+                .bind(&batch.run)
+                .bind(intent.attempt as i64)
+                .bind(&intent.member)
+                .bind(intent.target.to_string())
+                .bind(&intent.operation_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for attempt in &batch.finished_attempts {
+            sqlx::query(
+                "UPDATE intents SET finished = TRUE WHERE fleet = $1 AND run = $2 AND attempt = $3",
+            )
+            .bind(&batch.fleet)
+            .bind(&batch.run)
+            .bind(*attempt as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some(body) = &batch.run_body {
+            upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
+        }
+        for (name, body) in &batch.gates {
+            upsert(&mut tx, &batch.fleet, Kind::Gate, name, body).await?;
+        }
+        for (id, result) in &batch.action_results {
+            sqlx::query("UPDATE actions SET result = $1 WHERE id = $2 AND result IS NULL")
+                .bind(result.to_string())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for notice in Notice::of_batch(batch) {
+            notify(&mut tx, &notice).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>> {
+        let rows =
+            sqlx::query("SELECT entry FROM run_log WHERE fleet = $1 AND run = $2 ORDER BY seq")
+                .bind(fleet)
+                .bind(run)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| parse_body(r.get::<&str, _>(0)))
+            .collect()
+    }
+
+    async fn run_events(
+        &self,
+        fleet: &str,
+        run: &str,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<(i64, Value)>> {
+        let rows = sqlx::query("SELECT seq, event FROM run_events WHERE fleet = $1 AND run = $2 AND seq > $3 ORDER BY seq LIMIT $4")
+            .bind(fleet)
+            .bind(run)
+            .bind(after)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.get(0), parse_body(r.get::<&str, _>(1))?)))
+            .collect()
+    }
+
+    async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>> {
+        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished FROM intents WHERE fleet = $1 AND run = $2 ORDER BY attempt")
+            .bind(fleet)
+            .bind(run)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Intent {
+                    attempt: r.get::<i64, _>(0) as u64,
+                    member: r.get(1),
+                    target: parse_body(r.get::<&str, _>(2))?,
+                    operation_id: r.get(3),
+                    finished: r.get(4),
+                })
+            })
+            .collect()
+    }
+
+    async fn record_operation(
+        &self,
+        fleet: &str,
+        run: &str,
+        attempt: u64,
+        operation_id: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE intents SET operation_id = $1 WHERE fleet = $2 AND run = $3 AND attempt = $4",
+        )
+        .bind(operation_id)
+        .bind(fleet)
+        .bind(run)
+        .bind(attempt as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn create_token(&self, token: &TokenRecord) -> StoreResult<()> {
+        sqlx::query("INSERT INTO tokens (id, hash, role, subject, created_at, revoked) VALUES ($1, $2, $3, $4, $5, FALSE)")
+            .bind(&token.id)
+            .bind(&token.hash)
+            .bind(&token.role)
+            .bind(&token.subject)
+            .bind(token.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>> {
+        let row = sqlx::query(
+            "SELECT id, hash, role, subject, created_at, revoked FROM tokens WHERE hash = $1",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| token_row(&r)))
+    }
+
+    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>> {
+        let rows = sqlx::query("SELECT id, hash, role, subject, created_at, revoked FROM tokens ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(token_row).collect())
+    }
+
+    async fn revoke_token(&self, id: &str) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE tokens SET revoked = TRUE WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize> {
+        sqlx::query("INSERT INTO replicas (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond') ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at")
+            .bind(replica)
+            .bind(millis(ttl))
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM replicas WHERE expires_at < now() - interval '1 hour'")
+            .execute(&self.pool)
+            .await?;
+        let alive: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE expires_at >= now()")
+            .fetch_one(&self.pool)
+            .await?
+            .get(0);
+        Ok(alive as usize)
+    }
+
+    async fn acquire_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<i64>> {
+        let row = sqlx::query(
+            "INSERT INTO leases (fleet, owner, epoch, expires_at)
+                 VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond')
+             ON CONFLICT (fleet) DO UPDATE SET owner = excluded.owner, epoch = leases.epoch + 1,
+                 expires_at = excluded.expires_at
+             WHERE leases.expires_at < now()
+             RETURNING epoch",
+        )
+        .bind(fleet)
+        .bind(owner)
+        .bind(millis(ttl))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn renew_lease(
+        &self,
+        fleet: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE leases SET expires_at = now() + $1 * interval '1 millisecond'
+             WHERE fleet = $2 AND owner = $3 AND epoch = $4",
+        )
+        .bind(millis(ttl))
+        .bind(fleet)
+        .bind(owner)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn release_lease(&self, fleet: &str, owner: &str, epoch: i64) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE leases SET expires_at = now() - interval '1 millisecond'
+             WHERE fleet = $1 AND owner = $2 AND epoch = $3",
+        )
+        .bind(fleet)
+        .bind(owner)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn leases(&self) -> StoreResult<Vec<Lease>> {
+        let rows = sqlx::query(
+            "SELECT fleet, owner, epoch,
+                 (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::BIGINT
+             FROM leases ORDER BY fleet",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Lease {
+                fleet: r.get(0),
+                owner: r.get(1),
+                epoch: r.get(2),
+                expires_in_ms: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64> {
+        let mut tx = self.pool.begin().await?;
+        let id: i64 =
+            sqlx::query("INSERT INTO actions (fleet, run, input) VALUES ($1, $2, $3) RETURNING id")
+                .bind(fleet)
+                .bind(run)
+                .bind(input.to_string())
+                .fetch_one(&mut *tx)
+                .await?
+                .get(0);
+        notify(
+            &mut tx,
+            &Notice::Actions {
+                fleet: fleet.to_string(),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn pending_actions(&self, fleet: &str) -> StoreResult<Vec<PendingAction>> {
+        let rows = sqlx::query(
+            "SELECT id, run, input FROM actions WHERE fleet = $1 AND result IS NULL ORDER BY id",
+        )
+        .bind(fleet)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PendingAction {
+                    id: r.get(0),
+                    run: r.get(1),
+                    input: parse_body(r.get::<&str, _>(2))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn finish_action(&self, id: i64, result: &Value) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE actions SET result = $1 WHERE id = $2 AND result IS NULL")
+            .bind(result.to_string())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        notify(&mut tx, &Notice::Reply { id }).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn take_action_result(&self, id: i64) -> StoreResult<Option<Value>> {
+        let row = sqlx::query(
+            "DELETE FROM actions WHERE id = $1 AND result IS NOT NULL RETURNING result",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| parse_body(r.get::<&str, _>(0))).transpose()
+    }
+
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+fn token_row(r: &PgRow) -> TokenRecord {
+    TokenRecord {
+        id: r.get(0),
+        hash: r.get(1),
+        role: r.get(2),
+        subject: r.get(3),
+        created_at: r.get(4),
+        revoked: r.get(5),
+    }
+}

@@ -1,0 +1,748 @@
+//! One conformance suite for the storage interface, run on both backends: SQLite in a temporary
+//! file, and the machine's PostgreSQL (`FLOTILLA_TEST_POSTGRES`, default
+//! `postgres://postgres@127.0.0.1:5432`) in a fresh database per test. Everything the server
+//! relies on is here: eTag conditions, listing and paging, a run's batch and its logs, recorded
+//! intents, leases and fencing, handed-over actions and notices, tokens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use flotilla_server::store::postgres::PgStore;
+use flotilla_server::store::{
+    Fence, Intent, Kind, Notice, Precondition, RunBatch, SqliteStore, Store, StoreError,
+    TokenRecord,
+};
+
+// ---------------------------------------------------------------------------------------------
+// The backends.
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn sqlite() -> (Arc<dyn Store>, TempDir) {
+    let dir = std::env::temp_dir().join(format!(
+        "flotilla-store-{}-{}",
+        std::process::id(),
+        unique()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = SqliteStore::open(&dir.join("flotilla.db")).await.unwrap();
+    (Arc::new(store), TempDir(dir))
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    (nanos << 8) + NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn postgres_base() -> String {
+    std::env::var("FLOTILLA_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A fresh database, dropped when the test ends (forcibly: the store's listener holds a
+/// connection).
+struct TempDatabase(String);
+
+impl Drop for TempDatabase {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut admin) =
+                    sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base())).await
+                {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn postgres() -> (Arc<dyn Store>, TempDatabase) {
+    use sqlx::Connection;
+    let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
+        .await
+        .expect("the tests need PostgreSQL at FLOTILLA_TEST_POSTGRES or 127.0.0.1:5432");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let store = PgStore::open(&format!("{}/{name}", postgres_base()))
+        .await
+        .unwrap();
+    (Arc::new(store), TempDatabase(name))
+}
+
+/// Each behaviour below, once per backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let (store, _dir) = super::sqlite().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let (store, _db) = super::postgres().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    etag_conditions,
+    concurrent_creations_make_one_resource,
+    listing_pages_in_name_order,
+    run_batches_and_their_logs,
+    deleting_a_run_or_fleet_takes_what_belongs_to_it,
+    leases_and_fencing,
+    leases_expire_by_time,
+    handed_over_actions,
+    notices_of_events_actions_and_replies,
+    heartbeats_count_live_replicas,
+    tokens,
+);
+
+// ---------------------------------------------------------------------------------------------
+// The behaviours.
+
+fn precondition_failed<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Precondition(_)))
+}
+
+async fn etag_conditions(store: Arc<dyn Store>) {
+    let body = json!({"properties": {"a": 1}});
+    let (created, new) = store
+        .put("f", Kind::Member, "m", &body, &Precondition::IfNoneMatchAny)
+        .await
+        .unwrap();
+    assert!(new);
+    assert!(precondition_failed(
+        store
+            .put("f", Kind::Member, "m", &body, &Precondition::IfNoneMatchAny)
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .put(
+                "f",
+                Kind::Member,
+                "m",
+                &body,
+                &Precondition::IfMatch("\"nope\"".into())
+            )
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .put(
+                "f",
+                Kind::Member,
+                "other",
+                &body,
+                &Precondition::IfMatch("*".into())
+            )
+            .await
+    ));
+    let changed = json!({"properties": {"a": 2}});
+    let (updated, new) = store
+        .put(
+            "f",
+            Kind::Member,
+            "m",
+            &changed,
+            &Precondition::IfMatch(created.etag.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(!new);
+    assert_ne!(updated.etag, created.etag);
+    let read = store.get("f", Kind::Member, "m").await.unwrap().unwrap();
+    assert_eq!(read.body, changed);
+    assert_eq!(read.etag, updated.etag);
+    // The old eTag no longer matches, for a write or a delete.
+    assert!(precondition_failed(
+        store
+            .put(
+                "f",
+                Kind::Member,
+                "m",
+                &body,
+                &Precondition::IfMatch(created.etag.clone())
+            )
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .delete("f", Kind::Member, "m", &Precondition::IfMatch(created.etag))
+            .await
+    ));
+    assert!(
+        store
+            .delete("f", Kind::Member, "m", &Precondition::IfMatch(updated.etag))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete("f", Kind::Member, "m", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(store.get("f", Kind::Member, "m").await.unwrap().is_none());
+    // The same name in another kind or fleet is another resource.
+    store
+        .put(
+            "f",
+            Kind::Strategy,
+            "m",
+            &body,
+            &Precondition::IfNoneMatchAny,
+        )
+        .await
+        .unwrap();
+    store
+        .put("g", Kind::Member, "m", &body, &Precondition::IfNoneMatchAny)
+        .await
+        .unwrap();
+}
+
+async fn concurrent_creations_make_one_resource(store: Arc<dyn Store>) {
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .put(
+                    "f",
+                    Kind::Run,
+                    "r",
+                    &json!({"writer": i}),
+                    &Precondition::IfNoneMatchAny,
+                )
+                .await
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(StoreError::Precondition(_)) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(created, 1);
+}
+
+async fn listing_pages_in_name_order(store: Arc<dyn Store>) {
+    let mut names: Vec<String> = (0..23).map(|i| format!("member-{i:02}")).collect();
+    names.extend(["A-upper".to_string(), "zz".to_string(), "b".to_string()]);
+    for name in &names {
+        store
+            .put(
+                "f",
+                Kind::Member,
+                name,
+                &json!({"name": name}),
+                &Precondition::None,
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .put("f", Kind::Strategy, "s", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .put("other", Kind::Member, "x", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list("f", Kind::Member, after.as_deref(), 10)
+            .await
+            .unwrap();
+        assert!(page.len() <= 10);
+        let Some(last) = page.last() else { break };
+        after = Some(last.name.clone());
+        for r in &page {
+            assert_eq!(r.body["name"], json!(r.name));
+        }
+        seen.extend(page.into_iter().map(|r| r.name));
+    }
+    let mut expected = names.clone();
+    // Byte order, as both backends sort: upper case before lower case.
+    expected.sort();
+    assert_eq!(seen, expected);
+    assert_eq!(
+        store
+            .list("f", Kind::Strategy, None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+fn intent(attempt: u64, member: &str) -> Intent {
+    Intent {
+        attempt,
+        member: member.into(),
+        target: json!({"upgradeType": "Full", "kubernetesVersion": "1.30.1"}),
+        operation_id: None,
+        finished: false,
+    }
+}
+
+fn gate_body(run: &str) -> Value {
+    json!({"properties": {"target": {"updateRunProperties": {"name": run}}, "state": "Pending"}})
+}
+
+async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
+    let batch = RunBatch {
+        fleet: "f".into(),
+        run: "r".into(),
+        log: vec![json!({"input": 1}), json!({"input": 2})],
+        intents: vec![intent(1, "m1"), intent(2, "m2")],
+        events: vec![json!({"e": "a"}), json!({"e": "b"})],
+        run_body: Some(json!({"properties": {"status": {"state": "Running"}}})),
+        gates: vec![("g1".into(), gate_body("r"))],
+        ..Default::default()
+    };
+    store.write_run_batch(&batch).await.unwrap();
+    store
+        .record_operation("f", "r", 1, "operation-1")
+        .await
+        .unwrap();
+    let next = RunBatch {
+        fleet: "f".into(),
+        run: "r".into(),
+        log: vec![json!({"input": 3})],
+        finished_attempts: vec![1],
+        events: vec![json!({"e": "c"})],
+        ..Default::default()
+    };
+    store.write_run_batch(&next).await.unwrap();
+    assert_eq!(
+        store.run_log("f", "r").await.unwrap(),
+        vec![
+            json!({"input": 1}),
+            json!({"input": 2}),
+            json!({"input": 3})
+        ]
+    );
+    let events = store.run_events("f", "r", 0, 100).await.unwrap();
+    assert_eq!(
+        events,
+        vec![
+            (1, json!({"e": "a"})),
+            (2, json!({"e": "b"})),
+            (3, json!({"e": "c"}))
+        ]
+    );
+    assert_eq!(
+        store.run_events("f", "r", 1, 1).await.unwrap(),
+        vec![(2, json!({"e": "b"}))]
+    );
+    assert!(store.run_events("f", "r", 3, 100).await.unwrap().is_empty());
+    let intents = store.intents("f", "r").await.unwrap();
+    assert_eq!(intents.len(), 2);
+    assert_eq!(intents[0].operation_id.as_deref(), Some("operation-1"));
+    assert!(intents[0].finished);
+    assert_eq!(intents[1].member, "m2");
+    assert!(!intents[1].finished);
+    assert_eq!(intents[1].target, intent(2, "m2").target);
+    let run = store.get("f", Kind::Run, "r").await.unwrap().unwrap();
+    assert_eq!(run.body["properties"]["status"]["state"], "Running");
+    assert!(store.get("f", Kind::Gate, "g1").await.unwrap().is_some());
+    // Another run's logs are its own.
+    assert!(store.run_log("f", "other").await.unwrap().is_empty());
+    // A batch repeating an intent's attempt fails as a whole: nothing of it lands.
+    let clash = RunBatch {
+        fleet: "f".into(),
+        run: "r".into(),
+        log: vec![json!({"input": 4})],
+        intents: vec![intent(2, "m2")],
+        events: vec![json!({"e": "d"})],
+        ..Default::default()
+    };
+    assert!(store.write_run_batch(&clash).await.is_err());
+    assert_eq!(store.run_log("f", "r").await.unwrap().len(), 3);
+    assert_eq!(store.run_events("f", "r", 0, 100).await.unwrap().len(), 3);
+}
+
+async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>) {
+    for run in ["r", "keep"] {
+        store
+            .put("f", Kind::RunSnapshot, run, &json!({}), &Precondition::None)
+            .await
+            .unwrap();
+        store
+            .write_run_batch(&RunBatch {
+                fleet: "f".into(),
+                run: run.into(),
+                log: vec![json!(1)],
+                intents: vec![intent(1, "m")],
+                events: vec![json!(1)],
+                run_body: Some(json!({})),
+                gates: vec![(format!("gate-{run}"), gate_body(run))],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(
+        store
+            .delete("f", Kind::Run, "r", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(store.run_log("f", "r").await.unwrap().is_empty());
+    assert!(store.run_events("f", "r", 0, 10).await.unwrap().is_empty());
+    assert!(store.intents("f", "r").await.unwrap().is_empty());
+    assert!(
+        store
+            .get("f", Kind::Gate, "gate-r")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .get("f", Kind::RunSnapshot, "r")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The other run is untouched.
+    assert_eq!(store.run_log("f", "keep").await.unwrap().len(), 1);
+    assert!(
+        store
+            .get("f", Kind::Gate, "gate-keep")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    store
+        .put("", Kind::Fleet, "f", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("", Kind::Fleet, "f", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(store.get("f", Kind::Run, "keep").await.unwrap().is_none());
+    assert!(store.run_log("f", "keep").await.unwrap().is_empty());
+    assert!(store.intents("f", "keep").await.unwrap().is_empty());
+}
+
+fn fenced_batch(owner: &str, epoch: i64) -> RunBatch {
+    RunBatch {
+        fleet: "f".into(),
+        run: "r".into(),
+        log: vec![json!({"by": owner, "epoch": epoch})],
+        fence: Some(Fence {
+            owner: owner.into(),
+            epoch,
+        }),
+        ..Default::default()
+    }
+}
+
+async fn leases_and_fencing(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(30);
+    // Without a lease, a fenced batch is refused.
+    assert!(matches!(
+        store.write_run_batch(&fenced_batch("a", 1)).await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(store.acquire_lease("f", "a", ttl).await.unwrap(), Some(1));
+    assert_eq!(store.acquire_lease("f", "b", ttl).await.unwrap(), None);
+    assert_eq!(store.acquire_lease("g", "b", ttl).await.unwrap(), Some(1));
+    assert!(store.renew_lease("f", "a", 1, ttl).await.unwrap());
+    assert!(!store.renew_lease("f", "b", 1, ttl).await.unwrap());
+    assert!(!store.renew_lease("f", "a", 2, ttl).await.unwrap());
+    store.write_run_batch(&fenced_batch("a", 1)).await.unwrap();
+    assert!(matches!(
+        store.write_run_batch(&fenced_batch("b", 1)).await,
+        Err(StoreError::Fenced(_))
+    ));
+    // Let go: the next holder gets the next epoch, and the old one is fenced off.
+    store.release_lease("f", "a", 1).await.unwrap();
+    assert_eq!(store.acquire_lease("f", "b", ttl).await.unwrap(), Some(2));
+    assert!(!store.renew_lease("f", "a", 1, ttl).await.unwrap());
+    assert!(matches!(
+        store.write_run_batch(&fenced_batch("a", 1)).await,
+        Err(StoreError::Fenced(_))
+    ));
+    store.write_run_batch(&fenced_batch("b", 2)).await.unwrap();
+    // Only the holder's batches landed.
+    assert_eq!(
+        store.run_log("f", "r").await.unwrap(),
+        vec![
+            json!({"by": "a", "epoch": 1}),
+            json!({"by": "b", "epoch": 2})
+        ]
+    );
+    let leases = store.leases().await.unwrap();
+    assert_eq!(leases.len(), 2);
+    assert_eq!(
+        (leases[0].fleet.as_str(), leases[0].owner.as_str()),
+        ("f", "b")
+    );
+    assert_eq!(leases[0].epoch, 2);
+    assert!(leases[0].expires_in_ms > 20_000 && leases[0].expires_in_ms <= 30_000);
+    // Releasing with a stale epoch does nothing.
+    store.release_lease("f", "a", 1).await.unwrap();
+    assert_eq!(store.acquire_lease("f", "c", ttl).await.unwrap(), None);
+}
+
+async fn leases_expire_by_time(store: Arc<dyn Store>) {
+    let short = Duration::from_millis(300);
+    assert_eq!(store.acquire_lease("f", "a", short).await.unwrap(), Some(1));
+    assert_eq!(store.acquire_lease("f", "b", short).await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(store.leases().await.unwrap()[0].expires_in_ms < 0);
+    assert_eq!(
+        store
+            .acquire_lease("f", "b", Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    // The expired holder cannot renew what another took.
+    assert!(
+        !store
+            .renew_lease("f", "a", 1, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+}
+
+async fn handed_over_actions(store: Arc<dyn Store>) {
+    let first = store
+        .submit_action("f", "r", &json!({"Start": null}))
+        .await
+        .unwrap();
+    let second = store
+        .submit_action("f", "r2", &json!("Stop"))
+        .await
+        .unwrap();
+    store.submit_action("g", "r", &json!("Stop")).await.unwrap();
+    assert!(second > first);
+    let pending = store.pending_actions("f").await.unwrap();
+    assert_eq!(
+        pending.iter().map(|a| a.id).collect::<Vec<_>>(),
+        vec![first, second]
+    );
+    assert_eq!(pending[0].run, "r");
+    assert_eq!(pending[0].input, json!({"Start": null}));
+    assert_eq!(store.take_action_result(first).await.unwrap(), None);
+    // The result lands with the run's batch, under the lease.
+    store
+        .acquire_lease("f", "a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut batch = fenced_batch("a", 1);
+    batch.action_results = vec![(first, json!({"ok": true}))];
+    store.write_run_batch(&batch).await.unwrap();
+    store
+        .finish_action(second, &json!({"error": {"code": "NotFound"}}))
+        .await
+        .unwrap();
+    assert!(store.pending_actions("f").await.unwrap().is_empty());
+    assert_eq!(
+        store.take_action_result(first).await.unwrap(),
+        Some(json!({"ok": true}))
+    );
+    // Taken once.
+    assert_eq!(store.take_action_result(first).await.unwrap(), None);
+    assert_eq!(
+        store.take_action_result(second).await.unwrap(),
+        Some(json!({"error": {"code": "NotFound"}}))
+    );
+    // A fenced-off batch records no result.
+    let third = store.submit_action("f", "r", &json!("Stop")).await.unwrap();
+    let mut stale = fenced_batch("b", 1);
+    stale.action_results = vec![(third, json!({"ok": true}))];
+    assert!(store.write_run_batch(&stale).await.is_err());
+    assert_eq!(store.pending_actions("f").await.unwrap().len(), 1);
+}
+
+async fn next_notice(
+    notices: &mut tokio::sync::broadcast::Receiver<Notice>,
+    want: &Notice,
+) -> bool {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match notices.recv().await {
+                Ok(n) if n == *want => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+async fn notices_of_events_actions_and_replies(store: Arc<dyn Store>) {
+    let mut notices = store.notices();
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "r".into(),
+            events: vec![json!({"e": 1})],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        next_notice(
+            &mut notices,
+            &Notice::Events {
+                fleet: "f".into(),
+                run: "r".into()
+            }
+        )
+        .await
+    );
+    let id = store.submit_action("f", "r", &json!("Stop")).await.unwrap();
+    assert!(next_notice(&mut notices, &Notice::Actions { fleet: "f".into() }).await);
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "r".into(),
+            action_results: vec![(id, json!({"ok": true}))],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(next_notice(&mut notices, &Notice::Reply { id }).await);
+}
+
+async fn heartbeats_count_live_replicas(store: Arc<dyn Store>) {
+    assert_eq!(
+        store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .heartbeat("b", Duration::from_millis(200))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
+        2
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
+        1
+    );
+}
+
+async fn tokens(store: Arc<dyn Store>) {
+    let record = TokenRecord {
+        id: "t1".into(),
+        hash: "h1".into(),
+        role: "admin".into(),
+        subject: "ops".into(),
+        created_at: 1_700_000_000,
+        revoked: false,
+    };
+    store.create_token(&record).await.unwrap();
+    assert!(
+        store
+            .create_token(&TokenRecord {
+                id: "t2".into(),
+                ..record.clone()
+            })
+            .await
+            .is_err(),
+        "hashes are unique"
+    );
+    assert_eq!(
+        store.token_by_hash("h1").await.unwrap(),
+        Some(record.clone())
+    );
+    assert_eq!(store.token_by_hash("nope").await.unwrap(), None);
+    assert!(store.revoke_token("t1").await.unwrap());
+    assert!(!store.revoke_token("missing").await.unwrap());
+    let listed = store.list_tokens().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].revoked);
+}
+
+/// Several PostgreSQL replicas starting at once migrate one database without tripping on each
+/// other.
+#[tokio::test]
+async fn postgres_replicas_starting_together_migrate_once() {
+    use sqlx::Connection;
+    let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let _db = TempDatabase(name.clone());
+    let url = format!("{}/{name}", postgres_base());
+    let opened = futures_join((0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { PgStore::open(&url).await.map(|_| ()) })
+    }))
+    .await;
+    for result in opened {
+        result.expect("every replica opens the database");
+    }
+}
+
+async fn futures_join<T: Send + 'static>(
+    tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for task in tasks.collect::<Vec<_>>() {
+        out.push(task.await.unwrap());
+    }
+    out
+}
