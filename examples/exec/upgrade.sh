@@ -1,11 +1,13 @@
 #!/bin/sh
 # Flotilla exec driver, example: starts an upgrade of MEMBER to VERSION. The same KEY twice
-# starts nothing new (the server may ask again after a crash). Every upgrade actually started is
-# appended to STATE_DIR/upgrades.log.
+# starts nothing new (the server may ask again after a crash). Every request received is
+# appended to STATE_DIR/received.log (with the sending server's pid and the time in ns), and
+# every upgrade actually started to STATE_DIR/upgrades.log.
 # Usage: upgrade.sh STATE_DIR MEMBER KEY VERSION
 set -eu
 state=$1 member=$2 key=$3 version=$4
 mkdir -p "$state/ops" "$state/clusters"
+echo "$member $key $version $PPID $(date +%s%N)" >> "$state/received.log"
 tmp=$(mktemp -d "$state/tmp.XXXXXX")
 echo "$member $version" > "$tmp/target"
 date +%s%N > "$tmp/started"

@@ -3,115 +3,21 @@
 //! SIGKILL at random moments and restarted. At the end the run completed, every member was
 //! upgraded exactly once, and every write the API acknowledged is still there.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use common::{Api, Lcg, create_token, free_port, scripts, serve};
+
 const MEMBERS: usize = 16;
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % below
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn start_server(db: &Path, port: u16, log: &Path) -> Child {
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .expect("log file");
-    Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--database",
-            &db.display().to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("log"))
-        .stderr(out)
-        .spawn()
-        .expect("the server starts")
-}
-
-struct Api {
-    http: reqwest::blocking::Client,
-    base: String,
-    token: String,
-}
-
-impl Api {
-    fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<(u16, Value), String> {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(5));
-        if let Some(b) = body {
-            request = request.json(b);
-        }
-        let response = request.send().map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let text = response.text().map_err(|e| e.to_string())?;
-        Ok((
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        ))
-    }
-
-    fn must(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
-        let (status, value) = self
-            .call(method.clone(), path, body)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        assert!(
-            (200..300).contains(&status),
-            "{method} {path}: {status} {value}"
-        );
-        value
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self
-                .call(reqwest::Method::GET, "/readyz", None)
-                .is_ok_and(|(s, _)| s == 200)
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("the server did not become ready");
-    }
-}
-
-fn scripts() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/exec")
-        .canonicalize()
-        .expect("example scripts")
+    serve(&db.display().to_string(), port, log, &[])
 }
 
 #[test]
@@ -124,25 +30,7 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     let state = dir.join("state").display().to_string();
     let scripts = scripts().display().to_string();
 
-    let token = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args([
-            "token",
-            "create",
-            "--role",
-            "admin",
-            "--subject",
-            "crash-test",
-            "--database",
-            &db.display().to_string(),
-        ])
-        .output()
-        .expect("token create runs");
-    assert!(
-        token.status.success(),
-        "{}",
-        String::from_utf8_lossy(&token.stderr)
-    );
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let token = create_token(&db.display().to_string());
 
     let port = free_port();
     let api = Api {

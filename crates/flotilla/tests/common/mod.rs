@@ -1,0 +1,137 @@
+//! What the process-level tests share: the real binary started as a server, a blocking API
+//! client, free ports, a seeded random number generator, and the example exec scripts.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub struct Lcg(pub u64);
+impl Lcg {
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `flotilla serve` on a loopback port over `database`, its output appended to `log`.
+pub fn serve(database: &str, port: u16, log: &Path, extra: &[&str]) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database",
+            database,
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("the server starts")
+}
+
+pub struct Api {
+    pub http: reqwest::blocking::Client,
+    pub base: String,
+    pub token: String,
+}
+
+impl Api {
+    pub fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(5));
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let response = request.send().map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let text = response.text().map_err(|e| e.to_string())?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    pub fn must(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
+        let (status, value) = self
+            .call(method.clone(), path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {value}"
+        );
+        value
+    }
+
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self
+                .call(reqwest::Method::GET, "/readyz", None)
+                .is_ok_and(|(s, _)| s == 200)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the server did not become ready");
+    }
+}
+
+pub fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/exec")
+        .canonicalize()
+        .expect("example scripts")
+}
+
+/// Creates an admin token directly in `database` and returns it.
+pub fn create_token(database: &str) -> String {
+    let token = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "token",
+            "create",
+            "--role",
+            "admin",
+            "--subject",
+            "process-test",
+            "--database",
+            database,
+        ])
+        .output()
+        .expect("token create runs");
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    String::from_utf8_lossy(&token.stdout).trim().to_string()
+}

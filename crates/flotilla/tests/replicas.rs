@@ -1,0 +1,507 @@
+//! Several replicas on the machine's PostgreSQL (`FLOTILLA_TEST_POSTGRES`, default
+//! `postgres://postgres@127.0.0.1:5432`), each test in a database of its own: real `flotilla
+//! serve` processes, an update run over the `exec` driver whose scripts log every upgrade
+//! request they receive (with the sending process and the time), and the owner of the fleet
+//! killed or paused under it. Nothing may be sent twice, and a paused owner sends nothing once
+//! it has lost its lease.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use common::{Api, Lcg, create_token, free_port, scripts, serve};
+
+/// Lease time in these tests: short, so takeovers happen quickly.
+const LEASE_TTL: &str = "2";
+
+fn postgres_base() -> String {
+    std::env::var("FLOTILLA_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+fn admin_sql(sql: String) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
+            .await
+            .expect("the tests need PostgreSQL at FLOTILLA_TEST_POSTGRES or 127.0.0.1:5432");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .expect("admin statement");
+    });
+}
+
+/// A database, a state directory for the scripts, and the replicas serving it.
+struct Cluster {
+    name: String,
+    url: String,
+    dir: PathBuf,
+    ports: Vec<u16>,
+    replicas: Vec<Option<Child>>,
+    token: String,
+}
+
+impl Cluster {
+    fn new(test: &str, replicas: usize) -> Cluster {
+        let name = format!("flotilla_{test}_{}", std::process::id());
+        admin_sql(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        admin_sql(format!("CREATE DATABASE {name}"));
+        let url = format!("{}/{name}", postgres_base());
+        let dir = std::env::temp_dir().join(format!("flotilla-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("state")).expect("state dir");
+        let token = create_token(&url);
+        let mut cluster = Cluster {
+            name,
+            url,
+            dir,
+            ports: (0..replicas).map(|_| free_port()).collect(),
+            replicas: (0..replicas).map(|_| None).collect(),
+            token,
+        };
+        for i in 0..replicas {
+            cluster.start(i);
+        }
+        for i in 0..replicas {
+            cluster.api(i).wait_ready();
+        }
+        cluster
+    }
+
+    fn start(&mut self, i: usize) {
+        let log = self.dir.join(format!("replica-{i}.log"));
+        self.replicas[i] = Some(serve(
+            &self.url,
+            self.ports[i],
+            &log,
+            &["--lease-ttl", LEASE_TTL],
+        ));
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.replicas[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.replicas[i].as_ref().map_or(0, Child::id)
+    }
+
+    fn api(&self, i: usize) -> Api {
+        Api {
+            http: reqwest::blocking::Client::new(),
+            base: format!("http://127.0.0.1:{}", self.ports[i]),
+            token: self.token.clone(),
+        }
+    }
+
+    /// Any replica that answers.
+    fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        for i in 0..self.ports.len() {
+            if self.replicas[i].is_none() {
+                continue;
+            }
+            if let Ok(answer) = self.api(i).call(method.clone(), path, body) {
+                return answer;
+            }
+        }
+        (0, Value::Null)
+    }
+
+    /// The replica holding the fleet's unexpired lease, and its epoch.
+    fn owner(&self, fleet: &str) -> Option<(usize, i64)> {
+        let (_, leases) = self.call(reqwest::Method::GET, "/v1/leases", None);
+        let lease = leases["value"]
+            .as_array()?
+            .iter()
+            .find(|l| l["fleet"] == fleet && l["expired"] == false)?
+            .clone();
+        let owner = lease["owner"].as_str()?;
+        let port: u16 = owner.split('/').next()?.rsplit(':').next()?.parse().ok()?;
+        let i = self.ports.iter().position(|p| *p == port)?;
+        Some((i, lease["epoch"].as_i64()?))
+    }
+
+    fn wait_owner(&self, fleet: &str, not: Option<(usize, i64)>, within: Duration) -> (usize, i64) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(owner) = self.owner(fleet)
+                && Some(owner) != not
+                && self.replicas[owner.0].is_some()
+            {
+                return owner;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica took fleet {fleet} over; logs in {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn run_state(&self, fleet: &str, run: &str) -> String {
+        let (_, body) = self.call(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/{fleet}/updateRuns/{run}"),
+            None,
+        );
+        body["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Every upgrade request the scripts received: member, sending pid, time (ns since epoch).
+    fn received(&self) -> Vec<(String, u32, u128)> {
+        std::fs::read_to_string(self.dir.join("state/received.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                Some((
+                    f.first()?.to_string(),
+                    f.get(3)?.parse().ok()?,
+                    f.get(4)?.parse().ok()?,
+                ))
+            })
+            .collect()
+    }
+
+    /// A fleet of `members` over the exec driver, and a started run across them.
+    fn start_run(&self, members: usize, concurrency: usize, upgrade_ms: u64) {
+        let scripts = scripts().display().to_string();
+        let state = self.dir.join("state").display().to_string();
+        let driver = json!({
+            "type": "exec",
+            "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
+            "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
+            "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", upgrade_ms.to_string()],
+            "pollIntervalSeconds": 0.1,
+            "timeoutSeconds": 10,
+        });
+        let api = self.api(0);
+        api.must(
+            reqwest::Method::PUT,
+            "/v1/fleets/edge",
+            Some(&json!({"properties": {"driver": driver}})),
+        );
+        for i in 0..members {
+            api.must(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/edge/members/store-{i:02}"),
+                Some(&json!({"properties": {"clusterResourceId": format!("store-{i:02}"), "group": "stores"}})),
+            );
+        }
+        let run = json!({"properties": {
+            "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": concurrency.to_string()}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+        }});
+        api.must(
+            reqwest::Method::PUT,
+            "/v1/fleets/edge/updateRuns/r1",
+            Some(&run),
+        );
+        // Started through another replica than the one that took the fleet, when it can be.
+        let (owner, _) = self.wait_owner("edge", None, Duration::from_secs(10));
+        let other = (owner + 1) % self.ports.len();
+        self.api(other).must(
+            reqwest::Method::POST,
+            "/v1/fleets/edge/updateRuns/r1/start",
+            None,
+        );
+    }
+
+    fn assert_each_member_received_once(&self, members: usize) {
+        let mut per_member: BTreeMap<String, usize> = BTreeMap::new();
+        for (member, _, _) in self.received() {
+            *per_member.entry(member).or_default() += 1;
+        }
+        let log = std::fs::read_to_string(self.dir.join("state/received.log")).unwrap_or_default();
+        for i in 0..members {
+            assert_eq!(
+                per_member.get(&format!("store-{i:02}")),
+                Some(&1),
+                "store-{i:02} was not sent its upgrade exactly once:\n{log}"
+            );
+        }
+        assert_eq!(per_member.len(), members, "{log}");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.replicas.len() {
+            if let Some(child) = &self.replicas[i] {
+                // A paused replica must be woken to die.
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+            }
+            self.kill(i);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        admin_sql(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ));
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[test]
+fn killing_the_owning_replica_again_and_again_upgrades_every_member_exactly_once() {
+    const MEMBERS: usize = 30;
+    let mut cluster = Cluster::new("kill", 3);
+    cluster.start_run(MEMBERS, 2, 800);
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    eprintln!("replica kill test seed {seed}");
+    let mut rng = Lcg(seed);
+    let mut kills = 0;
+    let mut takeovers_ms = Vec::new();
+    let mut next_upgrade_ms = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        std::thread::sleep(Duration::from_millis(200 + rng.next(1800)));
+        let state = cluster.run_state("edge", "r1");
+        if state == "Completed" || state == "Failed" {
+            assert_eq!(state, "Completed");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not finish; last state {state:?}; logs in {}",
+            cluster.dir.display()
+        );
+        let Some((owner, epoch)) = cluster.owner("edge") else {
+            continue;
+        };
+        let killed_at = Instant::now();
+        let killed_ns = now_ns();
+        cluster.kill(owner);
+        kills += 1;
+        // Measured: from the owner's death to another replica holding the fleet, and to the next
+        // upgrade request any replica sends.
+        let (next_owner, next_epoch) =
+            cluster.wait_owner("edge", Some((owner, epoch)), Duration::from_secs(20));
+        assert!(next_epoch > epoch);
+        assert_ne!(next_owner, owner);
+        takeovers_ms.push(killed_at.elapsed().as_millis());
+        cluster.start(owner);
+        let wait_next = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < wait_next {
+            if let Some(first) = cluster
+                .received()
+                .iter()
+                .filter(|(_, _, t)| *t > killed_ns)
+                .map(|(_, _, t)| *t)
+                .min()
+            {
+                next_upgrade_ms.push((first - killed_ns) / 1_000_000);
+                break;
+            }
+            if matches!(
+                cluster.run_state("edge", "r1").as_str(),
+                "Completed" | "Failed"
+            ) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cluster.api(owner).wait_ready();
+    }
+    assert!(
+        kills >= 5,
+        "only {kills} kills before the run ended; the test proves little"
+    );
+    cluster.assert_each_member_received_once(MEMBERS);
+    takeovers_ms.sort();
+    next_upgrade_ms.sort();
+    eprintln!(
+        "{kills} kills; lease takeover ms (sorted) {takeovers_ms:?}; death to next upgrade ms (sorted) {next_upgrade_ms:?}"
+    );
+}
+
+#[test]
+fn a_paused_owner_sends_nothing_after_losing_its_lease() {
+    const MEMBERS: usize = 12;
+    let cluster = Cluster::new("pause", 3);
+    cluster.start_run(MEMBERS, 2, 1500);
+    // Wait for the run to be under way.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.received().len() < 2 {
+        assert!(Instant::now() < deadline, "no upgrade was sent");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (owner, epoch) = cluster.owner("edge").expect("an owner");
+    let paused = cluster.pid(owner);
+    signal(paused, "-STOP");
+    let paused_ns = now_ns();
+    // Another replica takes over and moves the run on.
+    let (next, _) = cluster.wait_owner("edge", Some((owner, epoch)), Duration::from_secs(20));
+    assert_ne!(next, owner);
+    let successor = cluster.pid(next);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster
+        .received()
+        .iter()
+        .any(|(_, pid, t)| *pid == successor && *t > paused_ns)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the new owner sent nothing; logs in {}",
+            cluster.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Wake the paused one while the run goes on, and let it be for longer than a lease.
+    signal(paused, "-CONT");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = cluster.run_state("edge", "r1");
+        if state == "Completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not finish; last state {state:?}; logs in {}",
+            cluster.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let late: Vec<_> = cluster
+        .received()
+        .into_iter()
+        .filter(|(_, pid, t)| *pid == paused && *t > paused_ns)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the paused replica sent upgrades after losing its lease: {late:?}"
+    );
+    cluster.assert_each_member_received_once(MEMBERS);
+    // It is alive and answers, and does not claim the fleet.
+    cluster.api(owner).wait_ready();
+    assert_ne!(cluster.owner("edge").map(|(i, _)| i), Some(owner));
+}
+
+/// The SQLite mode stays one replica, and says so.
+#[test]
+fn a_second_server_on_one_sqlite_file_is_refused_clearly() {
+    let dir = std::env::temp_dir().join(format!("flotilla-sqlite-one-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db").display().to_string();
+    let token = create_token(&db);
+    let port = free_port();
+    let mut first = serve(&db, port, &dir.join("first.log"), &[]);
+    Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    }
+    .wait_ready();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--database",
+            &db,
+        ])
+        .output()
+        .expect("runs");
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("SQLite mode serves one replica only") && stderr.contains("postgres://"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
+
+/// A client streaming a run's events from a replica that does not drive the run sees every
+/// event the owner records, in order, ending with the run's completion.
+#[test]
+fn events_stream_from_any_replica() {
+    use std::io::BufRead;
+    const MEMBERS: usize = 4;
+    let cluster = Cluster::new("events", 2);
+    cluster.start_run(MEMBERS, 2, 200);
+    let (owner, _) = cluster.owner("edge").expect("an owner");
+    let other = (owner + 1) % 2;
+    let api = cluster.api(other);
+    let response = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+        .get(format!("{}/v1/fleets/edge/updateRuns/r1/events", api.base))
+        .bearer_auth(&api.token)
+        .header("accept", "text/event-stream")
+        .send()
+        .expect("the stream opens");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut ids = Vec::new();
+    let mut types = Vec::new();
+    for line in std::io::BufReader::new(response).lines() {
+        let line = line.expect("the stream goes on until the run completes");
+        if let Some(id) = line.strip_prefix("id:") {
+            ids.push(id.trim().parse::<i64>().expect("numeric ids"));
+        } else if let Some(data) = line.strip_prefix("data:") {
+            let event: Value = serde_json::from_str(data.trim()).expect("JSON events");
+            types.push(event["type"].as_str().unwrap_or_default().to_string());
+            if event["type"] == "RunCompleted" {
+                break;
+            }
+        }
+    }
+    // Everything the owner recorded, in order, with nothing missed or repeated.
+    let stored = cluster.api(owner).must(
+        reqwest::Method::GET,
+        "/v1/fleets/edge/updateRuns/r1/events",
+        None,
+    );
+    let stored_types: Vec<String> = stored["value"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as i64).collect::<Vec<_>>());
+    assert_eq!(types, stored_types[..types.len()]);
+    assert_eq!(
+        types.iter().filter(|t| *t == "MemberSucceeded").count(),
+        MEMBERS,
+        "{types:?}"
+    );
+}
