@@ -32,7 +32,9 @@ use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
 use crate::store::{Kind, Precondition, Resource, StoreError};
 use flotilla_engine::engine::RunRules;
-use flotilla_engine::profile::{Channel, ChannelTarget, ProfileSpec, parse_profile, resolve};
+use flotilla_engine::profile::{
+    ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
+};
 
 /// Largest request body accepted (413 above).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -1460,15 +1462,15 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
     let catalog = driver.catalog().await.map_err(|e| {
         ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
     })?;
-    let target = resolve(profile.channel, &catalog, &[], now()).ok_or_else(|| {
+    let planned = plan_run(&name, &profile, &catalog, now()).ok_or_else(|| {
         ApiError::conflict(format!(
             "the {:?} channel selects nothing from the fleet's releases yet",
             profile.channel
         ))
     })?;
-    let run = target.run_name(&name);
+    let run = planned.name.clone();
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
-    let versions = target.versions();
+    let versions = planned.target.versions();
     if state
         .runs
         .store
@@ -1503,50 +1505,11 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         }
         None => None,
     };
-    let (update, rules) = match &target {
-        ChannelTarget::Kubernetes(version) => {
-            let lts_only = catalog
-                .regions
-                .values()
-                .flat_map(|r| r.kubernetes.iter())
-                .filter(|k| k.version == *version)
-                .all(|k| k.long_term_support);
-            let selection = if profile.consistent_images {
-                "Consistent"
-            } else {
-                "Latest"
-            };
-            (
-                json!({"upgrade": {"type": "Full", "kubernetesVersion": version.to_string()}, "nodeImageSelection": {"type": selection}}),
-                RunRules {
-                    skip_minor_jumps: true,
-                    require_long_term_support: lts_only,
-                },
-            )
-        }
-        ChannelTarget::NodeImages(images) if matches!(profile.channel, Channel::SecurityPatch) => {
-            // Only the listed (Linux) families are upgraded: Windows pools are left alone.
-            let versions: Vec<Value> = images
-                .iter()
-                .map(|(f, v)| json!({"version": format!("{f}-{v}")}))
-                .collect();
-            (
-                json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Custom", "customNodeImageVersions": versions}}),
-                RunRules::default(),
-            )
-        }
-        ChannelTarget::NodeImages(_) => (
-            json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Consistent"}}),
-            RunRules::default(),
-        ),
-    };
-    let update: ManagedClusterUpdateSpec =
-        from_json_value(update, "properties.managedClusterUpdate")?;
     let new = NewRun {
         strategy,
         strategy_id: profile.update_strategy_id.clone(),
-        update,
-        rules,
+        update: planned.update,
+        rules: planned.rules,
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
     };
     create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
@@ -1588,17 +1551,18 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             }
             let outcome = generate(state, &fleet.name, &profile.name).await;
-            let status = match outcome {
+            let outcome = match outcome {
                 Ok(g) if !g.created => continue,
                 Ok(g) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
-                    Ok(()) => {
-                        json!({"lastTriggerStatus": "Succeeded", "lastTriggerUpgradeVersions": g.versions,
-                        "lastTriggerMessage": format!("created and started update run {}", g.run)})
-                    }
-                    Err(e) => {
-                        json!({"lastTriggerStatus": "Failed", "lastTriggerUpgradeVersions": g.versions,
-                        "lastTriggerError": {"code": "StartFailed", "message": e.message}})
-                    }
+                    Ok(()) => TriggerOutcome::Started {
+                        run: g.run,
+                        versions: g.versions,
+                    },
+                    Err(e) => TriggerOutcome::Failed {
+                        versions: g.versions,
+                        code: "StartFailed".into(),
+                        message: e.message,
+                    },
                 },
                 // Nothing selected yet is not a failure; anything else is recorded.
                 Err(e)
@@ -1607,9 +1571,11 @@ pub async fn trigger_profiles(state: &Shared) {
                 {
                     continue;
                 }
-                Err(e) => {
-                    json!({"lastTriggerStatus": "Failed", "lastTriggerError": {"code": e.code, "message": e.message}})
-                }
+                Err(e) => TriggerOutcome::Failed {
+                    versions: Vec::new(),
+                    code: e.code,
+                    message: e.message,
+                },
             };
             let Ok(Some(current)) = state
                 .runs
@@ -1620,9 +1586,7 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             };
             let mut body = current.body.clone();
-            let mut status = status;
-            status["lastTriggeredAt"] = json!(now());
-            body["properties"]["autoUpgradeProfileStatus"] = status;
+            body["properties"]["autoUpgradeProfileStatus"] = trigger_status(now(), &outcome);
             let _ = state
                 .runs
                 .store
