@@ -1,7 +1,7 @@
 //! The HTTP API of `../shared/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -42,6 +42,8 @@ pub const BODY_LIMIT: usize = 1 << 20;
 pub struct AppState {
     pub runs: Arc<Runs>,
     pub insecure: bool,
+    /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
+    pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
 }
 
 type Shared = Arc<AppState>;
@@ -1531,6 +1533,46 @@ async fn generate_update_run(
     Ok(axum::Json(json!({"id": generated.run_id})).into_response())
 }
 
+/// When a fleet's catalog changes, its unfinished runs are told (`CatalogChanged`, logged like
+/// any input): a member waiting for a version to be released in its region starts once it is.
+async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
+    let Ok(driver) = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await
+    else {
+        return;
+    };
+    let Ok(catalog) = driver.catalog().await else {
+        return;
+    };
+    let changed = match state.catalogs.lock() {
+        Ok(mut seen) => seen
+            .insert(fleet.to_string(), catalog.clone())
+            .is_some_and(|before| before != catalog),
+        Err(_) => false,
+    };
+    if !changed {
+        return;
+    }
+    let Ok(runs) = state.runs.store.list(fleet, Kind::Run, None, 100_000).await else {
+        return;
+    };
+    for run in runs {
+        let run_state = run.body["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or("NotStarted");
+        if matches!(run_state, "Completed" | "Failed" | "Skipped") {
+            continue;
+        }
+        let _ = state
+            .runs
+            .act(fleet, &run.name, Input::CatalogChanged(catalog.clone()))
+            .await;
+    }
+}
+
 /// Profiles trigger by themselves: when a profile's channel selects a target it has no run for,
 /// the run is created and started, and the profile's status says so (SEMANTICS §8).
 pub async fn trigger_profiles(state: &Shared) {
@@ -1538,6 +1580,7 @@ pub async fn trigger_profiles(state: &Shared) {
         return;
     };
     for fleet in fleets {
+        tell_runs_of_new_releases(state, &fleet.name).await;
         let Ok(profiles) = state
             .runs
             .store
