@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::fleet::{Availability, Catalog, Cluster, Member};
+use crate::fleet::{Availability, Catalog, Cluster, Member, Os};
 use crate::status::{
     ErrorDetail, Event, EventType, GateStatus, GroupStatus, MemberStatus, NodeImageSelectionStatus,
     SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
@@ -44,6 +44,10 @@ pub struct RunRules {
     /// The target is kept only by long-term support: members without it fail.
     #[serde(default)]
     pub require_long_term_support: bool,
+    /// Node images of Linux pools only (the SecurityPatch channel): Windows pools are left as
+    /// they are, and a member with nothing else to do is Skipped saying so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linux_node_pools_only: bool,
 }
 
 /// Name of the implicit stage and group of a run without a strategy.
@@ -1987,8 +1991,13 @@ impl Engine {
             };
         }
         let mut node_images = Vec::new();
+        let mut left_alone = Vec::new();
         if self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
+                if self.rules.linux_node_pools_only && pool.os == Os::Windows {
+                    left_alone.push(format!("{:?}", pool.name));
+                    continue;
+                }
                 let chosen = match &self.upgrade.node_images {
                     NodeImageSelection::Latest => self
                         .catalog
@@ -2024,6 +2033,12 @@ impl Engine {
         }
         let kube_change = kube_target.filter(|t| *t != current);
         if kube_change.is_none() && node_images.is_empty() {
+            if !left_alone.is_empty() {
+                return Decision::Skip(format!(
+                    "Windows node pool(s) {} skipped: security patches cover Linux node pools only; no Linux node pool needs an update",
+                    left_alone.join(", ")
+                ));
+            }
             let what = match self.upgrade.upgrade_type {
                 UpgradeType::ControlPlaneOnly => format!("already at Kubernetes version {current}"),
                 UpgradeType::NodeImageOnly => {

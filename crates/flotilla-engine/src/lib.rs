@@ -8,6 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod profile;
+pub mod release;
 pub mod selector;
 pub mod status;
 pub mod strategy;

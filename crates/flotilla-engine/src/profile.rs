@@ -6,8 +6,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use serde_json::{Value, json};
+
+use crate::engine::RunRules;
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet::Catalog;
+use crate::strategy::{
+    ManagedClusterUpdateSpec, NodeImageSelectionSpec, NodeImageVersionSpec, UpgradeSpec,
+};
 use crate::time::Time;
 use crate::version::{ImageVersion, KubeVersion};
 
@@ -286,6 +292,145 @@ pub fn resolve(
     }
 }
 
+/// The run a profile generates for a target: its deterministic name, the upgrade and the rules.
+/// The server and the simulator both build generated runs from this, so they agree on names,
+/// upgrades and rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeneratedRun {
+    pub name: String,
+    pub target: ChannelTarget,
+    pub update: ManagedClusterUpdateSpec,
+    pub rules: RunRules,
+}
+
+/// What `profile` would generate from `catalog` at `now` (SEMANTICS §8): `None` when its channel
+/// selects nothing yet. Whether to create it is the shell's decision: a disabled profile
+/// generates nothing, and a run that already exists under the name is the one generated before.
+pub fn plan_run(
+    profile_name: &str,
+    profile: &Profile,
+    catalog: &Catalog,
+    now: Time,
+) -> Option<GeneratedRun> {
+    let target = resolve(profile.channel, catalog, &[], now)?;
+    let (update, rules) = match &target {
+        ChannelTarget::Kubernetes(version) => {
+            // Every listing of the version is kept only by long-term support: members without
+            // it fail (SEMANTICS §8, LTS).
+            let lts_only = catalog
+                .regions
+                .values()
+                .flat_map(|r| r.kubernetes.iter())
+                .filter(|k| k.version == *version)
+                .all(|k| k.long_term_support);
+            let selection = if profile.consistent_images {
+                "Consistent"
+            } else {
+                "Latest"
+            };
+            (
+                ManagedClusterUpdateSpec {
+                    upgrade: Some(UpgradeSpec {
+                        upgrade_type: Some("Full".into()),
+                        kubernetes_version: Some(version.to_string()),
+                    }),
+                    node_image_selection: Some(NodeImageSelectionSpec {
+                        selection_type: Some(selection.into()),
+                        custom_node_image_versions: Vec::new(),
+                    }),
+                },
+                RunRules {
+                    skip_minor_jumps: true,
+                    require_long_term_support: lts_only,
+                    linux_node_pools_only: false,
+                },
+            )
+        }
+        ChannelTarget::NodeImages(images) if profile.channel == Channel::SecurityPatch => (
+            // The newest Linux images, named exactly; Windows pools are left alone, with a
+            // message (the rule below).
+            ManagedClusterUpdateSpec {
+                upgrade: Some(UpgradeSpec {
+                    upgrade_type: Some("NodeImageOnly".into()),
+                    kubernetes_version: None,
+                }),
+                node_image_selection: Some(NodeImageSelectionSpec {
+                    selection_type: Some("Custom".into()),
+                    custom_node_image_versions: images
+                        .iter()
+                        .map(|(f, v)| NodeImageVersionSpec {
+                            version: Some(format!("{f}-{v}")),
+                        })
+                        .collect(),
+                }),
+            },
+            RunRules {
+                linux_node_pools_only: true,
+                ..RunRules::default()
+            },
+        ),
+        ChannelTarget::NodeImages(_) => (
+            ManagedClusterUpdateSpec {
+                upgrade: Some(UpgradeSpec {
+                    upgrade_type: Some("NodeImageOnly".into()),
+                    kubernetes_version: None,
+                }),
+                node_image_selection: Some(NodeImageSelectionSpec {
+                    selection_type: Some("Consistent".into()),
+                    custom_node_image_versions: Vec::new(),
+                }),
+            },
+            RunRules::default(),
+        ),
+    };
+    Some(GeneratedRun {
+        name: target.run_name(profile_name),
+        target,
+        update,
+        rules,
+    })
+}
+
+/// How a trigger ended, for the profile's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TriggerOutcome {
+    /// The run was created and started.
+    Started { run: String, versions: Vec<String> },
+    /// Creating or starting the run failed; `versions` is empty when no target was reached.
+    Failed {
+        versions: Vec<String>,
+        code: String,
+        message: String,
+    },
+}
+
+/// The profile's `autoUpgradeProfileStatus` after a trigger at `at`.
+pub fn trigger_status(at: Time, outcome: &TriggerOutcome) -> Value {
+    match outcome {
+        TriggerOutcome::Started { run, versions } => json!({
+            "lastTriggeredAt": at,
+            "lastTriggerStatus": "Succeeded",
+            "lastTriggerUpgradeVersions": versions,
+            "lastTriggerMessage": format!("created and started update run {run}"),
+        }),
+        TriggerOutcome::Failed {
+            versions,
+            code,
+            message,
+        } => {
+            let mut status = json!({
+                "lastTriggeredAt": at,
+                "lastTriggerStatus": "Failed",
+                "lastTriggerError": {"code": code, "message": message},
+            });
+            if !versions.is_empty() {
+                status["lastTriggerUpgradeVersions"] = json!(versions);
+            }
+            status
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,5 +654,101 @@ mod tests {
             ChannelTarget::Kubernetes(KubeVersion::parse("1.31.3").expect("v"))
                 .run_name("nightly-rapid")
         );
+    }
+
+    fn profile(json: &str) -> Profile {
+        parse_profile(&serde_json::from_str(json).expect("shape")).expect("valid")
+    }
+
+    #[test]
+    fn planned_runs_carry_the_channel_s_upgrade_and_rules() {
+        let cat = catalog(
+            &[
+                ("1.27.101", false, true, None),
+                ("1.30.7", false, false, None),
+                ("1.31.2", false, false, None),
+            ],
+            &[
+                ("AKSUbuntu-2204gen2containerd", "202603.01.0", None),
+                ("AKSWindows-2022-containerd", "20348.2026.02", None),
+            ],
+        );
+        let now = t(NOW);
+        let rapid =
+            plan_run("rapid", &profile(r#"{"channel": "Rapid"}"#), &cat, now).expect("a target");
+        assert_eq!(rapid.name, rapid.target.run_name("rapid"));
+        assert_eq!(
+            serde_json::to_value(&rapid.update).expect("json"),
+            json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.2"}, "nodeImageSelection": {"type": "Latest"}})
+        );
+        assert!(rapid.rules.skip_minor_jumps && !rapid.rules.require_long_term_support);
+        let lts = plan_run(
+            "lts",
+            &profile(r#"{"channel": "TargetKubernetesVersion", "targetKubernetesVersion": "1.27", "longTermSupport": true, "nodeImageSelection": {"type": "Consistent"}}"#),
+            &cat,
+            now,
+        )
+        .expect("a target");
+        assert_eq!(lts.target.versions(), ["1.27.101"]);
+        assert!(lts.rules.require_long_term_support, "an LTS-only target");
+        assert_eq!(
+            lts.update
+                .node_image_selection
+                .and_then(|s| s.selection_type)
+                .as_deref(),
+            Some("Consistent")
+        );
+        let security = plan_run(
+            "sec",
+            &profile(r#"{"channel": "SecurityPatch"}"#),
+            &cat,
+            now,
+        )
+        .expect("a target");
+        assert!(security.rules.linux_node_pools_only);
+        assert_eq!(
+            serde_json::to_value(&security.update).expect("json"),
+            json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Custom", "customNodeImageVersions": [{"version": "AKSUbuntu-2204gen2containerd-202603.01.0"}]}})
+        );
+        let images =
+            plan_run("img", &profile(r#"{"channel": "NodeImage"}"#), &cat, now).expect("a target");
+        assert_eq!(
+            images.target.versions().len(),
+            2,
+            "NodeImage covers Windows too"
+        );
+        assert_eq!(images.rules, RunRules::default());
+        let empty = catalog(&[], &[]);
+        assert_eq!(
+            plan_run("rapid", &profile(r#"{"channel": "Stable"}"#), &empty, now),
+            None
+        );
+    }
+
+    #[test]
+    fn trigger_status_has_the_profile_status_fields() {
+        let at = t(NOW);
+        let ok = trigger_status(
+            at,
+            &TriggerOutcome::Started {
+                run: "rapid-1-31-2-0badf00d".into(),
+                versions: vec!["1.31.2".into()],
+            },
+        );
+        assert_eq!(
+            ok,
+            json!({"lastTriggeredAt": NOW, "lastTriggerStatus": "Succeeded", "lastTriggerUpgradeVersions": ["1.31.2"], "lastTriggerMessage": "created and started update run rapid-1-31-2-0badf00d"})
+        );
+        let failed = trigger_status(
+            at,
+            &TriggerOutcome::Failed {
+                versions: Vec::new(),
+                code: "Conflict".into(),
+                message: "gone".into(),
+            },
+        );
+        assert_eq!(failed["lastTriggerStatus"], "Failed");
+        assert_eq!(failed["lastTriggerError"]["code"], "Conflict");
+        assert!(failed.get("lastTriggerUpgradeVersions").is_none());
     }
 }

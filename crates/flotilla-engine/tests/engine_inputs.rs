@@ -213,6 +213,7 @@ fn generated_runs_skip_minor_jumps_and_require_long_term_support() {
     run.rules = flotilla_engine::engine::RunRules {
         skip_minor_jumps: true,
         require_long_term_support: true,
+        ..Default::default()
     };
     let (mut engine, _) = Engine::create("r1", &run, &fleet, cat).expect("created");
     let t0 = Time::from_unix(1_000_000);

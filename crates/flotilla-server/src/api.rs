@@ -1,7 +1,7 @@
 //! The HTTP API of `../shared/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -30,7 +30,9 @@ use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
 use crate::store::{Kind, Notice, Precondition, Resource, StoreError};
 use flotilla_engine::engine::RunRules;
-use flotilla_engine::profile::{Channel, ChannelTarget, ProfileSpec, parse_profile, resolve};
+use flotilla_engine::profile::{
+    ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
+};
 
 /// Largest request body accepted (413 above).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -38,6 +40,8 @@ pub const BODY_LIMIT: usize = 1 << 20;
 pub struct AppState {
     pub runs: Arc<Runs>,
     pub insecure: bool,
+    /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
+    pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
 }
 
 type Shared = Arc<AppState>;
@@ -1488,15 +1492,15 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
     let catalog = driver.catalog().await.map_err(|e| {
         ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
     })?;
-    let target = resolve(profile.channel, &catalog, &[], now()).ok_or_else(|| {
+    let planned = plan_run(&name, &profile, &catalog, now()).ok_or_else(|| {
         ApiError::conflict(format!(
             "the {:?} channel selects nothing from the fleet's releases yet",
             profile.channel
         ))
     })?;
-    let run = target.run_name(&name);
+    let run = planned.name.clone();
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
-    let versions = target.versions();
+    let versions = planned.target.versions();
     if state
         .runs
         .store
@@ -1531,50 +1535,11 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         }
         None => None,
     };
-    let (update, rules) = match &target {
-        ChannelTarget::Kubernetes(version) => {
-            let lts_only = catalog
-                .regions
-                .values()
-                .flat_map(|r| r.kubernetes.iter())
-                .filter(|k| k.version == *version)
-                .all(|k| k.long_term_support);
-            let selection = if profile.consistent_images {
-                "Consistent"
-            } else {
-                "Latest"
-            };
-            (
-                json!({"upgrade": {"type": "Full", "kubernetesVersion": version.to_string()}, "nodeImageSelection": {"type": selection}}),
-                RunRules {
-                    skip_minor_jumps: true,
-                    require_long_term_support: lts_only,
-                },
-            )
-        }
-        ChannelTarget::NodeImages(images) if matches!(profile.channel, Channel::SecurityPatch) => {
-            // Only the listed (Linux) families are upgraded: Windows pools are left alone.
-            let versions: Vec<Value> = images
-                .iter()
-                .map(|(f, v)| json!({"version": format!("{f}-{v}")}))
-                .collect();
-            (
-                json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Custom", "customNodeImageVersions": versions}}),
-                RunRules::default(),
-            )
-        }
-        ChannelTarget::NodeImages(_) => (
-            json!({"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Consistent"}}),
-            RunRules::default(),
-        ),
-    };
-    let update: ManagedClusterUpdateSpec =
-        from_json_value(update, "properties.managedClusterUpdate")?;
     let new = NewRun {
         strategy,
         strategy_id: profile.update_strategy_id.clone(),
-        update,
-        rules,
+        update: planned.update,
+        rules: planned.rules,
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
     };
     create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
@@ -1596,6 +1561,48 @@ async fn generate_update_run(
     Ok(axum::Json(json!({"id": generated.run_id})).into_response())
 }
 
+/// When a fleet's catalog changes, its unfinished runs are told (`CatalogChanged`, logged like
+/// any input): a member waiting for a version to be released in its region starts once it is.
+async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
+    let Ok(driver) = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await
+    else {
+        return;
+    };
+    let Ok(catalog) = driver.catalog().await else {
+        return;
+    };
+    // The first look (after a start, or after taking the fleet over from another replica)
+    // counts as a change: the catalog may have moved while nobody was watching.
+    let changed = match state.catalogs.lock() {
+        Ok(mut seen) => seen
+            .insert(fleet.to_string(), catalog.clone())
+            .is_none_or(|before| before != catalog),
+        Err(_) => false,
+    };
+    if !changed {
+        return;
+    }
+    let Ok(runs) = state.runs.store.list(fleet, Kind::Run, None, 100_000).await else {
+        return;
+    };
+    for run in runs {
+        let run_state = run.body["properties"]["status"]["status"]["state"]
+            .as_str()
+            .unwrap_or("NotStarted");
+        if matches!(run_state, "Completed" | "Failed" | "Skipped") {
+            continue;
+        }
+        let _ = state
+            .runs
+            .act(fleet, &run.name, Input::CatalogChanged(catalog.clone()))
+            .await;
+    }
+}
+
 /// Profiles trigger by themselves: when a profile's channel selects a target it has no run for,
 /// the run is created and started, and the profile's status says so (SEMANTICS §8).
 pub async fn trigger_profiles(state: &Shared) {
@@ -1603,10 +1610,11 @@ pub async fn trigger_profiles(state: &Shared) {
         return;
     };
     for fleet in fleets {
-        // Only the replica driving a fleet triggers its profiles.
+        // Only the replica driving a fleet tells its runs and triggers its profiles.
         if !state.runs.replica.holds(&fleet.name) {
             continue;
         }
+        tell_runs_of_new_releases(state, &fleet.name).await;
         let Ok(profiles) = state
             .runs
             .store
@@ -1620,17 +1628,18 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             }
             let outcome = generate(state, &fleet.name, &profile.name).await;
-            let status = match outcome {
+            let outcome = match outcome {
                 Ok(g) if !g.created => continue,
                 Ok(g) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
-                    Ok(()) => {
-                        json!({"lastTriggerStatus": "Succeeded", "lastTriggerUpgradeVersions": g.versions,
-                        "lastTriggerMessage": format!("created and started update run {}", g.run)})
-                    }
-                    Err(e) => {
-                        json!({"lastTriggerStatus": "Failed", "lastTriggerUpgradeVersions": g.versions,
-                        "lastTriggerError": {"code": "StartFailed", "message": e.message}})
-                    }
+                    Ok(()) => TriggerOutcome::Started {
+                        run: g.run,
+                        versions: g.versions,
+                    },
+                    Err(e) => TriggerOutcome::Failed {
+                        versions: g.versions,
+                        code: "StartFailed".into(),
+                        message: e.message,
+                    },
                 },
                 // Nothing selected yet is not a failure; anything else is recorded.
                 Err(e)
@@ -1639,9 +1648,11 @@ pub async fn trigger_profiles(state: &Shared) {
                 {
                     continue;
                 }
-                Err(e) => {
-                    json!({"lastTriggerStatus": "Failed", "lastTriggerError": {"code": e.code, "message": e.message}})
-                }
+                Err(e) => TriggerOutcome::Failed {
+                    versions: Vec::new(),
+                    code: e.code,
+                    message: e.message,
+                },
             };
             let Ok(Some(current)) = state
                 .runs
@@ -1652,9 +1663,7 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             };
             let mut body = current.body.clone();
-            let mut status = status;
-            status["lastTriggeredAt"] = json!(now());
-            body["properties"]["autoUpgradeProfileStatus"] = status;
+            body["properties"]["autoUpgradeProfileStatus"] = trigger_status(now(), &outcome);
             let _ = state
                 .runs
                 .store

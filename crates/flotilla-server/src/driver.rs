@@ -1,7 +1,7 @@
 //! Drivers: what actually observes and upgrades clusters, behind one trait. `sim` simulates
 //! clusters in-process with a time scale; `exec` runs the user's commands as subprocesses.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 use flotilla_engine::engine::{Target, apply_target};
 use flotilla_engine::error::from_json_value;
 use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, ClusterSpec};
+use flotilla_engine::release::{self, Published, Release, ReleaseSpec, parse_offset};
+use flotilla_engine::time::Time;
+use flotilla_engine::version::{ImageVersion, KubeVersion};
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -114,6 +117,153 @@ struct SimConfig {
     /// A cluster (and `sim` knobs) for every id `clusters` does not name: large simulated fleets.
     #[serde(default)]
     default_cluster: Option<Value>,
+    /// The release feed: releases published at simulated offsets from when the driver was
+    /// configured, region by region (the scenario format's `releases`).
+    #[serde(default)]
+    releases: Vec<ReleaseSpec>,
+    /// A generated feed: a new patch, minor or node image every so often.
+    #[serde(default)]
+    feed: Option<FeedSpec>,
+}
+
+/// `feed`: every `patchEvery` a new patch of the newest generally available minor, every
+/// `minorEvery` a new minor (`.0`), every `nodeImageEvery` a new version of each node image
+/// family (last part + 1); region by region in name order, each `regionDelay` after the one
+/// before. Durations are simulated time (`"7d"`, `"+2m"`, seconds).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FeedSpec {
+    #[serde(default)]
+    patch_every: Option<Value>,
+    #[serde(default)]
+    minor_every: Option<Value>,
+    #[serde(default)]
+    node_image_every: Option<Value>,
+    #[serde(default)]
+    region_delay: Option<Value>,
+}
+
+/// The validated `feed`, in simulated seconds.
+#[derive(Clone, Debug)]
+struct Feed {
+    patch_every: Option<i64>,
+    minor_every: Option<i64>,
+    node_image_every: Option<i64>,
+    region_delay: i64,
+}
+
+impl Feed {
+    fn parse(spec: &FeedSpec) -> Result<Feed, DriverError> {
+        let every = |v: &Option<Value>, field: &str| -> Result<Option<i64>, DriverError> {
+            let path = format!("properties.driver.feed.{field}");
+            match v {
+                None => Ok(None),
+                Some(v) => match parse_offset(v, &path).map_err(|e| DriverError(e.message))? {
+                    0 => Err(DriverError(format!("{path} {v}: must be longer than zero"))),
+                    s => Ok(Some(s)),
+                },
+            }
+        };
+        Ok(Feed {
+            patch_every: every(&spec.patch_every, "patchEvery")?,
+            minor_every: every(&spec.minor_every, "minorEvery")?,
+            node_image_every: every(&spec.node_image_every, "nodeImageEvery")?,
+            region_delay: match &spec.region_delay {
+                None => 0,
+                Some(v) => parse_offset(v, "properties.driver.feed.regionDelay")
+                    .map_err(|e| DriverError(e.message))?,
+            },
+        })
+    }
+
+    /// The releases the feed has begun by `elapsed` simulated seconds, in order.
+    fn releases(&self, base: &Catalog, elapsed: i64) -> Vec<Release> {
+        let regions: BTreeMap<String, i64> = base
+            .regions
+            .keys()
+            .enumerate()
+            .map(|(i, r)| (r.clone(), self.region_delay.saturating_mul(i as i64)))
+            .collect();
+        // (when, kind): 0 minor, 1 patch, 2 images; a minor before a patch at the same time.
+        let mut ticks: Vec<(i64, u8)> = Vec::new();
+        for (every, kind) in [
+            (self.minor_every, 0u8),
+            (self.patch_every, 1),
+            (self.node_image_every, 2),
+        ] {
+            if let Some(every) = every {
+                ticks.extend(
+                    (1..=elapsed / every)
+                        .take(10_000)
+                        .map(|k| (k * every, kind)),
+                );
+            }
+        }
+        ticks.sort();
+        let mut newest: Option<KubeVersion> = base
+            .regions
+            .values()
+            .flat_map(|r| r.kubernetes.iter())
+            .filter(|k| !k.preview && !k.long_term_support)
+            .map(|k| k.version)
+            .max();
+        let mut images: BTreeMap<String, ImageVersion> = BTreeMap::new();
+        for r in base.regions.values() {
+            for (family, list) in &r.node_images {
+                if let Some(v) = list.iter().map(|i| &i.version).max() {
+                    let e = images.entry(family.clone()).or_insert_with(|| v.clone());
+                    if v > e {
+                        *e = v.clone();
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (at, kind) in ticks {
+            let release = |what| Release {
+                what,
+                regions: regions.iter().map(|(r, d)| (r.clone(), at + d)).collect(),
+                at,
+            };
+            match kind {
+                0 | 1 => {
+                    let Some(v) = newest.as_mut() else { continue };
+                    if kind == 0 {
+                        v.minor += 1;
+                        v.patch = 0;
+                    } else {
+                        v.patch += 1;
+                    }
+                    out.push(release(Published::Kubernetes {
+                        version: *v,
+                        preview: false,
+                        lts: false,
+                    }));
+                }
+                _ => {
+                    for (family, version) in images.iter_mut() {
+                        let text = version.to_string();
+                        let bumped = match text.rsplit_once('.') {
+                            Some((head, last)) => last
+                                .parse::<u64>()
+                                .ok()
+                                .map(|n| format!("{head}.{}", n + 1)),
+                            None => text.parse::<u64>().ok().map(|n| (n + 1).to_string()),
+                        };
+                        let Some(next) = bumped.and_then(|b| ImageVersion::parse(&b)) else {
+                            continue;
+                        };
+                        *version = next.clone();
+                        out.push(release(Published::NodeImage {
+                            family: family.clone(),
+                            version: next,
+                        }));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 fn parse_sim_cluster(body: &Value, path: &str) -> Result<SimCluster, DriverError> {
@@ -174,6 +324,11 @@ pub struct SimDriver {
     default: Option<SimCluster>,
     scale: f64,
     catalog: Catalog,
+    /// The release feed, from `origin` (when the driver was configured) in simulated time.
+    releases: Vec<Release>,
+    feed: Option<Feed>,
+    origin: Time,
+    clock: fn() -> Time,
     state: Mutex<(HashMap<String, SimCluster>, HashMap<String, SimOperation>)>,
 }
 
@@ -199,12 +354,40 @@ impl SimDriver {
             .as_ref()
             .map(|body| parse_sim_cluster(body, "properties.driver.defaultCluster"))
             .transpose()?;
+        let releases = release::parse_releases(&config.releases, "properties.driver.releases")
+            .map_err(|e| DriverError(e.message))?;
+        for (i, r) in releases.iter().enumerate() {
+            if let Some(region) = r.regions.keys().find(|g| !catalog.regions.contains_key(*g)) {
+                return Err(DriverError(format!(
+                    "properties.driver.releases[{i}].regions.{region}: not a region of the catalog"
+                )));
+            }
+        }
+        let feed = config.feed.as_ref().map(Feed::parse).transpose()?;
         Ok(SimDriver {
             scale: config.time_scale,
             catalog,
+            releases,
+            feed,
+            origin: crate::runs::now(),
+            clock: crate::runs::now,
             state: Mutex::new((clusters, HashMap::new())),
             default,
         })
+    }
+
+    /// The catalog as published by `now`: the configured one, plus the releases of the
+    /// timeline and the feed that have come out (simulated offsets divided by `timeScale`).
+    fn published_at(&self, now: Time) -> Catalog {
+        if self.releases.is_empty() && self.feed.is_none() {
+            return self.catalog.clone();
+        }
+        let mut releases = self.releases.clone();
+        if let Some(feed) = &self.feed {
+            let elapsed = ((now.unix() - self.origin.unix()) as f64 * self.scale).min(1e15) as i64;
+            releases.extend(feed.releases(&self.catalog, elapsed));
+        }
+        release::published(&self.catalog, &releases, self.origin, self.scale, now)
     }
 
     /// The simulated cluster of a member, created from the default cluster if there is one.
@@ -330,7 +513,7 @@ impl Driver for SimDriver {
     }
 
     async fn catalog(&self) -> Result<Catalog, DriverError> {
-        Ok(self.catalog.clone())
+        Ok(self.published_at((self.clock)()))
     }
 
     fn poll_interval(&self) -> Duration {
@@ -702,5 +885,103 @@ mod tests {
                 .kubernetes_version,
             "1.31.1"
         );
+    }
+
+    fn with_feed(extra: Value) -> Result<SimDriver, DriverError> {
+        let mut config = json!({
+            "type": "sim", "timeScale": 60,
+            "catalog": {
+                "eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.2"}], "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}},
+                "westeurope": {"kubernetes": [{"version": "1.31.2"}]},
+            },
+        });
+        if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        SimDriver::new(&config)
+    }
+
+    fn kube_in(catalog: &Catalog, region: &str) -> Vec<String> {
+        catalog.regions[region]
+            .kubernetes
+            .iter()
+            .map(|k| k.version.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_release_timeline_comes_out_time_scaled_region_by_region() {
+        let driver = with_feed(json!({"releases": [
+            {"at": "+2m", "kubernetesVersion": "1.31.4", "regions": {"eastus": "0s", "westeurope": "1h"}},
+        ]}))
+        .expect("valid");
+        let at = |s: i64| driver.origin.plus(s);
+        // 60 simulated seconds per second: 2 minutes are 2 seconds, an hour a minute.
+        assert_eq!(
+            kube_in(&driver.published_at(at(1)), "eastus"),
+            ["1.30.5", "1.31.2"]
+        );
+        assert_eq!(
+            kube_in(&driver.published_at(at(2)), "eastus"),
+            ["1.30.5", "1.31.2", "1.31.4"]
+        );
+        assert_eq!(
+            kube_in(&driver.published_at(at(2)), "westeurope"),
+            ["1.31.2"]
+        );
+        assert_eq!(
+            kube_in(&driver.published_at(at(62)), "westeurope"),
+            ["1.31.2", "1.31.4"]
+        );
+    }
+
+    #[test]
+    fn the_generated_feed_publishes_patches_minors_and_images() {
+        let driver = with_feed(json!({"feed": {"patchEvery": "7d", "minorEvery": "30d", "nodeImageEvery": "7d", "regionDelay": "1d"}}))
+            .expect("valid");
+        // 60x: a simulated week is 10080 seconds.
+        let week = 7 * 86_400 / 60;
+        let c = driver.published_at(driver.origin.plus(week));
+        assert_eq!(kube_in(&c, "eastus"), ["1.30.5", "1.31.2", "1.31.3"]);
+        assert_eq!(kube_in(&c, "westeurope"), ["1.31.2"], "a day later there");
+        let images: Vec<String> = c.regions["eastus"].node_images["AKSUbuntu-2204gen2containerd"]
+            .iter()
+            .map(|i| i.version.to_string())
+            .collect();
+        assert_eq!(images, ["202602.10.0", "202602.10.1"]);
+        // After 30 simulated days: patches on 7, 14, 21, 28 and the minor 1.32.0 on 30.
+        let c = driver.published_at(driver.origin.plus(30 * 86_400 / 60));
+        assert_eq!(
+            kube_in(&c, "eastus"),
+            [
+                "1.30.5", "1.31.2", "1.31.3", "1.31.4", "1.31.5", "1.31.6", "1.32.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_release_feeds_name_the_field() {
+        for (extra, field) in [
+            (
+                json!({"releases": [{"at": "soon", "kubernetesVersion": "1.31.4"}]}),
+                "properties.driver.releases[0].at",
+            ),
+            (
+                json!({"releases": [{"at": 0, "kubernetesVersion": "1.31"}]}),
+                "properties.driver.releases[0].kubernetesVersion",
+            ),
+            (
+                json!({"releases": [{"at": 0, "kubernetesVersion": "1.31.4", "regions": {"mars": 0}}]}),
+                "properties.driver.releases[0].regions.mars",
+            ),
+            (
+                json!({"feed": {"patchEvery": "0s"}}),
+                "properties.driver.feed.patchEvery",
+            ),
+            (json!({"feed": {"patchEvry": "7d"}}), "properties.driver"),
+        ] {
+            let err = with_feed(extra.clone()).err().expect("refused");
+            assert!(err.0.contains(field), "{extra}: {err}");
+        }
     }
 }

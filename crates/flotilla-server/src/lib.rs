@@ -139,7 +139,11 @@ impl Server {
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
         tokio::spawn(observe_fleets(runs.clone(), timing.observe_every));
-        let state = Arc::new(AppState { runs, insecure });
+        let state = Arc::new(AppState {
+            runs,
+            insecure,
+            catalogs: Default::default(),
+        });
         let feed = state.clone();
         tokio::spawn(async move {
             // The release feed: each fleet's catalog is read from its driver and every enabled

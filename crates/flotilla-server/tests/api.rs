@@ -1263,3 +1263,121 @@ async fn a_profile_triggers_a_run_when_its_channel_selects_a_new_release() {
         .await;
     assert_eq!(after["value"].as_array().map(Vec::len), Some(2));
 }
+
+/// The done-when of the release feed: a Rapid profile over a fleet whose `sim` driver publishes
+/// a new patch (time-scaled, region by region) starts a run by itself; the run follows the
+/// profile's strategy, a member two minors behind is Skipped with a message, and a member in
+/// the region the patch reaches later is upgraded once it is out there.
+#[tokio::test]
+async fn the_sim_feed_publishing_a_patch_triggers_a_rapid_profile() {
+    let h = Harness::start_with(
+        "simfeed",
+        flotilla_server::Timing {
+            profiles_every: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut west = cluster("1.31.1");
+    west["region"] = json!("westeurope");
+    let mut driver = sim_fleet(&[
+        ("c1", cluster("1.31.1")),
+        ("c2", west),
+        ("c3", cluster("1.29.9")),
+    ]);
+    let catalog = driver["properties"]["driver"]["catalog"]["eastus"].clone();
+    driver["properties"]["driver"]["catalog"]["westeurope"] = catalog;
+    // 6000x: the patch is out in eastus after 5 simulated hours (3 s), westeurope 3 h later (2 s).
+    driver["properties"]["driver"]["releases"] = json!([
+        {"at": "+5h", "kubernetesVersion": "1.31.2", "regions": {"eastus": "0s", "westeurope": "+3h"}},
+    ]);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(driver))
+        .await;
+    for i in 1..=3 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}"), "group": "all"}})),
+        )
+        .await;
+    }
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/updateStrategies/rings",
+        Some(json!({"properties": {"strategy": {"stages": [{"name": "everyone", "groups": [{"name": "all"}]}]}}})),
+    )
+    .await;
+    let releases = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/releases", None)
+        .await;
+    assert!(
+        !releases.to_string().contains("1.31.2"),
+        "not published yet: {releases}"
+    );
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(json!({"properties": {"channel": "Rapid", "updateStrategyId": "/v1/fleets/f1/updateStrategies/rings"}})),
+    )
+    .await;
+    let profile = h
+        .wait_run(
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            "the trigger for 1.31.2",
+            |p| {
+                p["properties"]["autoUpgradeProfileStatus"]["lastTriggerUpgradeVersions"]
+                    == json!(["1.31.2"])
+            },
+        )
+        .await;
+    let message = profile["properties"]["autoUpgradeProfileStatus"]["lastTriggerMessage"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let name = message.rsplit(' ').next().unwrap_or_default().to_string();
+    let run = h
+        .wait_run(
+            &format!("/v1/fleets/f1/updateRuns/{name}"),
+            "the generated run to complete",
+            |r| r["properties"]["status"]["status"]["state"] == "Completed",
+        )
+        .await;
+    assert_eq!(
+        run["properties"]["updateStrategyId"], "/v1/fleets/f1/updateStrategies/rings",
+        "{run}"
+    );
+    assert_eq!(
+        run["properties"]["status"]["stages"][0]["name"], "everyone",
+        "the profile's strategy"
+    );
+    let members: Vec<&Value> = run["properties"]["status"]["stages"][0]["groups"][0]["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let member = |n: &str| {
+        members
+            .iter()
+            .find(|m| m["name"] == n)
+            .copied()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(member("m1")["status"]["state"], "Completed");
+    assert_eq!(
+        member("m2")["status"]["state"],
+        "Completed",
+        "after westeurope got it"
+    );
+    assert_eq!(member("m3")["status"]["state"], "Skipped");
+    assert!(
+        member("m3")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("more than one minor behind")),
+        "{}",
+        member("m3")
+    );
+}

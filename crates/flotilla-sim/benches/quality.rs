@@ -133,11 +133,17 @@ fn case(rng: &mut Rng, equal: bool) -> Case {
         members,
         behaviour,
         strategy: Some(json!({"stages": stages})),
-        update: json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+        update: Some(
+            json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+        ),
+        strategies: Default::default(),
+        profiles: Vec::new(),
+        releases: Vec::new(),
         actions: vec![TimedAction {
             at: start,
             action: Action::Start,
             label: "start".into(),
+            run: None,
         }],
         expect: None,
     };

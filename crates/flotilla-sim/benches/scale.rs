@@ -136,11 +136,15 @@ fn fleet(size: usize) -> Scenario {
         members,
         behaviour,
         strategy: Some(json!({"stages": stages})),
-        update: json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}}),
+        update: Some(json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}})),
+        strategies: Default::default(),
+        profiles: Vec::new(),
+        releases: Vec::new(),
         actions: vec![TimedAction {
             at: start,
             action: Action::Start,
             label: "start".into(),
+            run: None,
         }],
         expect: None,
     }

@@ -67,8 +67,15 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     if let Some(got) = create_error {
         return vec![format!("run was rejected at creation: {got}")];
     }
+    check_profiles(exp, result, &mut errors);
     let Some(run) = result.get("run").filter(|v| !v.is_null()) else {
-        return vec!["the result has no run".into()];
+        // A profile scenario without a hand-made run: only the keys about profiles apply.
+        if let Some(key) = exp.keys().find(|k| !GLOBAL_KEYS.contains(&k.as_str())) {
+            errors.push(format!(
+                "{key}: the scenario has no hand-made run (put expectations on generated runs under runs)"
+            ));
+        }
+        return errors;
     };
     let status = &run["properties"]["status"];
     let mut stages = BTreeMap::new();
@@ -150,6 +157,28 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
                 state_of(node).map(|s| Value::String(s.into())),
                 want,
             ),
+        }
+    }
+    for (name, want) in exp
+        .get("memberMessages")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let want = text(want);
+        let got = members.get(name).map(|m| {
+            [&m["message"], &m["status"]["error"]["message"]]
+                .into_iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        });
+        match got {
+            Some(g) if g.contains(&want) => {}
+            got => errors.push(format!(
+                "memberMessages.{name}: expected a message containing {want:?}, got {:?}",
+                got.unwrap_or_else(|| "no such member".into())
+            )),
         }
     }
     let events: Vec<&Value> = result["events"].as_array().into_iter().flatten().collect();
@@ -352,4 +381,116 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
         );
     }
     errors
+}
+
+/// Keys of `expect` about the whole simulation rather than the hand-made run.
+const GLOBAL_KEYS: [&str; 6] = [
+    "createError",
+    "generatedRuns",
+    "profiles",
+    "runs",
+    "memberKubernetesVersion",
+    "memberNodeImage",
+];
+
+/// The profile expectations: `generatedRuns` (profile → the targets of its runs, in creation
+/// order), `profiles` (status fields), and `runs` (a generated run, named by its name or by
+/// `profile/versions`, checked with the same keys as the hand-made run).
+fn check_profiles(exp: &serde_json::Map<String, Value>, result: &Value, errors: &mut Vec<String>) {
+    let generated: Vec<&Value> = result["generatedRuns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    for (profile, want) in exp
+        .get("generatedRuns")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let got: Vec<Value> = generated
+            .iter()
+            .filter(|g| g["profile"].as_str() == Some(profile.as_str()))
+            .filter_map(|g| g["key"].as_str())
+            .map(|k| Value::String(k.split_once('/').map_or(k, |(_, v)| v).to_string()))
+            .collect();
+        let want = Value::Array(
+            want.as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| Value::String(text(v)))
+                .collect(),
+        );
+        cmp(
+            errors,
+            format!("generatedRuns.{profile}"),
+            Some(Value::Array(got)),
+            &want,
+        );
+    }
+    for (name, want) in exp
+        .get("profiles")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let Some(profile) = result["profiles"].get(name) else {
+            errors.push(format!("profiles.{name}: no such profile"));
+            continue;
+        };
+        let status = &profile["properties"]["autoUpgradeProfileStatus"];
+        for (field, v) in want.as_object().into_iter().flatten() {
+            let label = format!("profiles.{name}.{field}");
+            match field.as_str() {
+                "triggered" => cmp(errors, label, Some(Value::Bool(!status.is_null())), v),
+                "lastTriggeredAt" => {
+                    if time_of(&status[field]) != time_of(v) {
+                        errors.push(format!("{label}: expected {v}, got {}", status[field]));
+                    }
+                }
+                "lastTriggerMessage" | "lastTriggerError" => {
+                    let got = text(&status[field]);
+                    if status[field].is_null() || !got.contains(&text(v)) {
+                        errors.push(format!("{label}: expected it to mention {v}, got {got}"));
+                    }
+                }
+                "lastTriggerUpgradeVersions" => {
+                    let want = Value::Array(
+                        v.as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|x| Value::String(text(x)))
+                            .collect(),
+                    );
+                    cmp(errors, label, status.get(field).cloned(), &want);
+                }
+                _ => cmp(errors, label, status.get(field).cloned(), v),
+            }
+        }
+    }
+    for (key, want) in exp
+        .get("runs")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let found = generated.iter().find(|g| {
+            g["key"].as_str() == Some(key.as_str()) || g["run"]["name"].as_str() == Some(key)
+        });
+        let Some(g) = found else {
+            let made: Vec<&str> = generated.iter().filter_map(|g| g["key"].as_str()).collect();
+            errors.push(format!(
+                "runs.{key}: no such generated run (generated: {made:?})"
+            ));
+            continue;
+        };
+        let document = serde_json::json!({
+            "run": g["run"],
+            "events": g["events"],
+            "clusters": result["clusters"],
+        });
+        for e in check(want, &document) {
+            errors.push(format!("runs.{key}.{e}"));
+        }
+    }
 }

@@ -194,11 +194,38 @@ pub fn report(description: &str, result: &SimResult) -> String {
         );
         return out;
     }
-    let _ = writeln!(out, "timeline:");
-    out.push_str(&timeline(&result.events));
+    if result.run.is_some() || !result.events.is_empty() {
+        let _ = writeln!(out, "timeline:");
+        out.push_str(&timeline(&result.events));
+    }
     if let (Some(run), Some(status)) = (&result.run, &result.status) {
         let _ = writeln!(out);
         out.push_str(&tree(run["name"].as_str().unwrap_or("run"), status));
+    }
+    for g in &result.generated_runs {
+        let name = g.run["name"].as_str().unwrap_or("run");
+        let _ = writeln!(
+            out,
+            "\nprofile {} generated {name} at {} ({}):",
+            g.profile, g.created_at, g.key
+        );
+        out.push_str(&timeline(&g.events));
+        if let Some(status) = &g.status {
+            let _ = writeln!(out);
+            out.push_str(&tree(name, status));
+        }
+    }
+    for (name, profile) in &result.profiles {
+        let status = &profile["properties"]["autoUpgradeProfileStatus"];
+        let _ = writeln!(
+            out,
+            "\nprofile {name}: {}",
+            if status.is_null() {
+                "never triggered".to_string()
+            } else {
+                status.to_string()
+            }
+        );
     }
     out
 }

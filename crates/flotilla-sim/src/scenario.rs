@@ -8,6 +8,8 @@ use serde_json::Value;
 
 use flotilla_engine::error::{ApiError, from_json_value};
 use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, Member, NodePool, NodePoolSpec, Os};
+use flotilla_engine::profile::{Profile, ProfileSpec, parse_profile};
+use flotilla_engine::release::{Release, ReleaseSpec, parse_releases};
 use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec};
 use flotilla_engine::time::{Time, parse_duration};
 use flotilla_engine::version::KubeVersion;
@@ -69,7 +71,19 @@ pub struct ScenarioSpec {
     pub members: Vec<MemberSpec>,
     #[serde(default)]
     pub strategy: Option<Value>,
-    pub update: Value,
+    /// Optional when the scenario declares `autoUpgradeProfiles`: then there may be no
+    /// hand-made run at all.
+    #[serde(default)]
+    pub update: Option<Value>,
+    /// Update strategies by name, for profiles' `updateStrategyId`.
+    #[serde(default)]
+    pub strategies: BTreeMap<String, Value>,
+    /// Profile name → the API's profile `properties`.
+    #[serde(default)]
+    pub auto_upgrade_profiles: BTreeMap<String, Value>,
+    /// The release timeline: releases published at offsets from `start`, region by region.
+    #[serde(default)]
+    pub releases: Vec<ReleaseSpec>,
     #[serde(default)]
     pub actions: Vec<ActionSpec>,
     #[serde(default)]
@@ -164,6 +178,15 @@ pub struct ActionSpec {
     pub member: Option<String>,
     #[serde(default)]
     pub pool: Option<PoolSpec>,
+    /// The generated run an action is for (its name, or `profile/versions`); the hand-made run
+    /// when absent.
+    #[serde(default)]
+    pub run: Option<String>,
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// `updateProfile`: the profile's new `properties`.
+    #[serde(default)]
+    pub properties: Option<Value>,
 }
 
 /// How a simulated cluster behaves.
@@ -183,7 +206,20 @@ pub enum Action {
     Approve(GateLocator),
     Skip(Vec<TargetSpec>),
     RemoveMember(String),
-    AddNodePool { member: String, pool: NodePool },
+    AddNodePool {
+        member: String,
+        pool: NodePool,
+    },
+    /// The release feed reads the catalog again: every enabled profile is checked.
+    RefreshCatalog,
+    /// `generateUpdateRun`: creates (does not start) the profile's run for its current target.
+    GenerateUpdateRun(String),
+    /// Replaces a profile's properties (to disable it, say); runs it created stay.
+    UpdateProfile {
+        profile: String,
+        spec: ProfileSpec,
+        parsed: Profile,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -192,6 +228,16 @@ pub struct TimedAction {
     pub action: Action,
     /// The action as written, for the event log.
     pub label: String,
+    /// The generated run it is for, if not the hand-made run.
+    pub run: Option<String>,
+}
+
+/// An auto-upgrade profile of a scenario.
+#[derive(Clone, Debug)]
+pub struct ScenarioProfile {
+    pub name: String,
+    pub spec: ProfileSpec,
+    pub profile: Profile,
 }
 
 /// A scenario, parsed and checked.
@@ -205,9 +251,38 @@ pub struct Scenario {
     pub members: Vec<Member>,
     pub behaviour: BTreeMap<String, SimBehaviour>,
     pub strategy: Option<Value>,
-    pub update: Value,
+    /// `None`: no hand-made run (a profile scenario).
+    pub update: Option<Value>,
+    pub strategies: BTreeMap<String, Value>,
+    pub profiles: Vec<ScenarioProfile>,
+    pub releases: Vec<Release>,
     pub actions: Vec<TimedAction>,
     pub expect: Option<Value>,
+}
+
+fn profile_from(
+    path: &str,
+    properties: &Value,
+    strategies: &BTreeMap<String, Value>,
+) -> Result<(ProfileSpec, Profile), ScenarioError> {
+    let spec: ProfileSpec = from_json_value(properties.clone(), path)?;
+    let profile = parse_profile(&spec).map_err(|e| {
+        bad(
+            &e.target.replacen("properties", path, 1),
+            e.message
+                .split_once(": ")
+                .map_or(e.message.as_str(), |(_, m)| m),
+        )
+    })?;
+    if let Some(id) = &profile.update_strategy_id
+        && !strategies.contains_key(id)
+    {
+        return Err(bad(
+            &format!("{path}.updateStrategyId"),
+            format!("{id:?} is not one of the scenario's strategies"),
+        ));
+    }
+    Ok((spec, profile))
 }
 
 fn bad(path: &str, message: impl std::fmt::Display) -> ScenarioError {
@@ -385,11 +460,46 @@ impl Scenario {
                         pool: pool(&format!("{apath}.pool"), p)?,
                     }
                 }
+                "refreshCatalog" => Action::RefreshCatalog,
+                "generateUpdateRun" | "updateProfile" => {
+                    let profile = a.profile.clone().ok_or_else(|| {
+                        bad(
+                            &format!("{apath}.profile"),
+                            format!("{} needs a profile", a.action),
+                        )
+                    })?;
+                    if !spec.auto_upgrade_profiles.contains_key(&profile) {
+                        return Err(bad(
+                            &format!("{apath}.profile"),
+                            format!("{profile:?} is not one of the scenario's autoUpgradeProfiles"),
+                        ));
+                    }
+                    if a.action == "generateUpdateRun" {
+                        Action::GenerateUpdateRun(profile)
+                    } else {
+                        let properties = a.properties.as_ref().ok_or_else(|| {
+                            bad(
+                                &format!("{apath}.properties"),
+                                "updateProfile needs properties",
+                            )
+                        })?;
+                        let (spec, parsed) = profile_from(
+                            &format!("{apath}.properties"),
+                            properties,
+                            &spec.strategies,
+                        )?;
+                        Action::UpdateProfile {
+                            profile,
+                            spec,
+                            parsed,
+                        }
+                    }
+                }
                 other => {
                     return Err(bad(
                         &format!("{apath}.do"),
                         format!(
-                            "unknown action {other:?}: start, stop, approve, skip, removeMember or addNodePool"
+                            "unknown action {other:?}: start, stop, approve, skip, removeMember, addNodePool, refreshCatalog, generateUpdateRun or updateProfile"
                         ),
                     ));
                 }
@@ -398,10 +508,39 @@ impl Scenario {
                 at: start.plus(offset),
                 action,
                 label: a.action.clone(),
+                run: a.run.clone(),
             });
         }
         // Actions run in time order, and in file order at the same time.
         actions.sort_by_key(|a| a.at);
+        let mut profiles = Vec::new();
+        for (name, properties) in &spec.auto_upgrade_profiles {
+            let path = format!("autoUpgradeProfiles.{name}");
+            flotilla_engine::strategy::check_name(name, 50).map_err(|e| bad(&path, e))?;
+            let (profile_spec, profile) = profile_from(&path, properties, &spec.strategies)?;
+            profiles.push(ScenarioProfile {
+                name: name.clone(),
+                spec: profile_spec,
+                profile,
+            });
+        }
+        if spec.update.is_none() && profiles.is_empty() {
+            return Err(bad(
+                "update",
+                "is required (only a scenario with autoUpgradeProfiles may leave it out)",
+            ));
+        }
+        let releases = parse_releases(&spec.releases, "releases")?;
+        for (i, r) in releases.iter().enumerate() {
+            for region in r.regions.keys() {
+                if !catalog.regions.contains_key(region) {
+                    return Err(bad(
+                        &format!("releases[{i}].regions.{region}"),
+                        "is not a region of the catalog",
+                    ));
+                }
+            }
+        }
         Ok(Scenario {
             name: name.to_string(),
             description: spec.description.unwrap_or_default(),
@@ -412,12 +551,16 @@ impl Scenario {
             behaviour,
             strategy: spec.strategy,
             update: spec.update,
+            strategies: spec.strategies,
+            profiles,
+            releases,
             actions,
             expect: spec.expect,
         })
     }
 
-    /// The strategy and upgrade of the scenario as wire shapes, checked for unknown fields.
+    /// The strategy and upgrade of the scenario's hand-made run as wire shapes, checked for
+    /// unknown fields.
     pub fn wire_specs(&self) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
         let strategy = self
             .strategy
@@ -425,7 +568,7 @@ impl Scenario {
             .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
             .transpose()?;
         let update = from_json_value::<ManagedClusterUpdateSpec>(
-            self.update.clone(),
+            self.update.clone().unwrap_or(Value::Null),
             "properties.managedClusterUpdate",
         )?;
         Ok((strategy, update))

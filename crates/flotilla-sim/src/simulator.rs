@@ -2,11 +2,12 @@
 //! (conformance README, "Virtual time").
 //!
 //! At each instant it applies, in order: upgrades ending, what time brings to the engine
-//! (gates, waits, windows, versions), the scenario's actions in file order; then it lets the
-//! engine schedule once, answering its commands until it has nothing more to say.
+//! (gates, waits, windows, versions), releases coming out, the scenario's actions in file order,
+//! then the auto-upgrade profiles' triggers; then it lets each run schedule once, in the order
+//! the runs were created, answering its commands until it has nothing more to say.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -15,9 +16,11 @@ use flotilla_engine::engine::{
     Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target, Timing,
     apply_target,
 };
-use flotilla_engine::error::{ApiError, ErrorCode};
-use flotilla_engine::fleet::Cluster;
-use flotilla_engine::status::{Event, UpdateRunStatus};
+use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
+use flotilla_engine::fleet::{Catalog, Cluster, Member};
+use flotilla_engine::profile::{Profile, ProfileSpec, TriggerOutcome, plan_run, trigger_status};
+use flotilla_engine::release;
+use flotilla_engine::status::{Event, EventType, UpdateRunStatus};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
     parse_upgrade,
@@ -31,8 +34,8 @@ use crate::scenario::{Action, Scenario, SimBehaviour};
 pub struct SimCluster {
     pub cluster: Cluster,
     pub behaviour: SimBehaviour,
-    /// Upgrade operations received, in order: (attempt, ends at, succeeds).
-    pub operations: Vec<(u64, Time, bool)>,
+    /// Upgrade operations received, in order: (run, attempt, ends at, succeeds).
+    pub operations: Vec<(usize, u64, Time, bool)>,
     /// Removed from the fleet by a `removeMember` action; a cluster keeps running regardless.
     pub removed: bool,
 }
@@ -62,7 +65,27 @@ pub struct SimResult {
     pub events: Vec<Event>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Profile scenarios: each auto-upgrade profile as the API returns it, status included.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub profiles: BTreeMap<String, Value>,
+    /// Profile scenarios: the runs profiles generated, in the order they were created.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub generated_runs: Vec<GeneratedRunOut>,
     /// The final status, typed, for renderers.
+    #[serde(skip)]
+    pub status: Option<UpdateRunStatus>,
+}
+
+/// A run a profile generated, with its own event log.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GeneratedRunOut {
+    pub profile: String,
+    /// `profile/versions`: how expectations name it without its hash.
+    pub key: String,
+    pub created_at: Time,
+    pub run: Value,
+    pub events: Vec<Event>,
     #[serde(skip)]
     pub status: Option<UpdateRunStatus>,
 }
@@ -168,6 +191,39 @@ pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, St
     }
 }
 
+/// One run of the simulation: the scenario's hand-made run or one a profile generated.
+struct SimRun {
+    name: String,
+    engine: Engine,
+    strategy: Option<StrategySpec>,
+    update: ManagedClusterUpdateSpec,
+    /// The profile that generated it, and its `profile/versions` key.
+    generated: Option<(String, String)>,
+    /// What the profile targeted (`lastTriggerUpgradeVersions`).
+    versions: Vec<String>,
+    created_at: Time,
+    events: Vec<Event>,
+    /// Members this run has been told another run is upgrading.
+    locked: BTreeSet<String>,
+}
+
+/// A profile as the simulation goes: its definition and its status.
+struct SimProfile {
+    name: String,
+    spec: ProfileSpec,
+    profile: Profile,
+    status: Option<Value>,
+}
+
+fn default_behaviour() -> SimBehaviour {
+    SimBehaviour {
+        duration_seconds: 600,
+        fail: false,
+        fail_message: String::new(),
+        fail_attempts: None,
+    }
+}
+
 fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
@@ -177,12 +233,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 .behaviour
                 .get(&m.name)
                 .cloned()
-                .unwrap_or(SimBehaviour {
-                    duration_seconds: 600,
-                    fail: false,
-                    fail_message: String::new(),
-                    fail_attempts: None,
-                });
+                .unwrap_or_else(default_behaviour);
             (
                 m.name.clone(),
                 SimCluster {
@@ -200,36 +251,98 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             .map(|(n, c)| (n.clone(), cluster_out(&c.cluster)))
             .collect()
     };
-    let (mut engine, warnings, strategy_spec, update_spec) = match create_engine(scenario) {
-        Ok(x) => x,
-        Err(error) => {
-            let result = SimResult {
-                run: None,
-                create_error: Some(error),
-                clusters: outputs(&clusters),
-                events: Vec::new(),
-                warnings: Vec::new(),
-                status: None,
-            };
-            return (result, None);
+    let mut runs: Vec<SimRun> = Vec::new();
+    let mut warnings = Vec::new();
+    if scenario.update.is_some() {
+        match create_engine(scenario) {
+            Ok((engine, w, strategy, update)) => {
+                warnings = w;
+                runs.push(SimRun {
+                    name: scenario.name.clone(),
+                    engine,
+                    strategy,
+                    update,
+                    generated: None,
+                    versions: Vec::new(),
+                    created_at: scenario.start,
+                    events: Vec::new(),
+                    locked: BTreeSet::new(),
+                });
+            }
+            Err(error) => {
+                let result = SimResult {
+                    run: None,
+                    create_error: Some(error),
+                    clusters: outputs(&clusters),
+                    events: Vec::new(),
+                    warnings: Vec::new(),
+                    profiles: BTreeMap::new(),
+                    generated_runs: Vec::new(),
+                    status: None,
+                };
+                return (result, None);
+            }
         }
+    }
+    let hand_made = scenario.update.is_some();
+    let mut profiles: Vec<SimProfile> = scenario
+        .profiles
+        .iter()
+        .map(|p| SimProfile {
+            name: p.name.clone(),
+            spec: p.spec.clone(),
+            profile: p.profile.clone(),
+            status: None,
+        })
+        .collect();
+    // The release feed: the catalog changes when a release comes out in a region (the
+    // timeline) or a listed version's `availableAt` arrives; profiles are checked then, at the
+    // start, and on `refreshCatalog`.
+    let mut changes: Vec<Time> =
+        release::change_instants(&scenario.catalog, &scenario.releases, scenario.start, 1.0);
+    if !profiles.is_empty() {
+        changes.extend(scenario.catalog.regions.values().flat_map(|r| {
+            r.kubernetes.iter().filter_map(|k| k.available_at).chain(
+                r.node_images
+                    .values()
+                    .flatten()
+                    .filter_map(|i| i.available_at),
+            )
+        }));
+    }
+    changes.retain(|t| *t > scenario.start);
+    changes.sort();
+    changes.dedup();
+    let mut next_change = 0;
+    let catalog_at = |now: Time| {
+        release::published(
+            &scenario.catalog,
+            &scenario.releases,
+            scenario.start,
+            1.0,
+            now,
+        )
     };
     let mut sim = Sim {
         clusters: &mut clusters,
         finishing: BinaryHeap::new(),
         targets: BTreeMap::new(),
+        busy: BTreeMap::new(),
         seq: 0,
     };
-    let mut events = Vec::new();
+    let mut feed_events: Vec<Event> = Vec::new();
     let mut violation = None;
     let mut next_action = 0;
     let actions = &scenario.actions;
     let mut now = scenario.start;
+    let mut first = true;
     loop {
         let candidates = [
-            sim.finishing.peek().map(|Reverse((t, _, _, _))| *t),
+            sim.finishing.peek().map(|Reverse((t, _, _, _, _))| *t),
             actions.get(next_action).map(|a| a.at),
-            engine.next_wakeup(),
+            changes.get(next_change).copied(),
+            runs.iter().filter_map(|r| r.engine.next_wakeup()).min(),
+            first.then_some(scenario.start),
         ];
         let Some(next) = candidates.into_iter().flatten().min() else {
             break;
@@ -238,16 +351,17 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             break;
         }
         now = next.max(now);
+        let mut check_profiles = std::mem::take(&mut first) && !profiles.is_empty();
         // 1. Upgrades ending.
-        while let Some(Reverse((t, _, _, _))) = sim.finishing.peek() {
+        while let Some(Reverse((t, _, _, _, _))) = sim.finishing.peek() {
             if *t > now {
                 break;
             }
-            let Some(Reverse((_, _, member, attempt))) = sim.finishing.pop() else {
+            let Some(Reverse((_, _, index, member, attempt))) = sim.finishing.pop() else {
                 break;
             };
-            let outcome = sim.finish(&member, attempt);
-            let _ = engine.handle(
+            let outcome = sim.finish(index, &member, attempt);
+            let _ = runs[index].engine.handle(
                 now,
                 Input::OperationFinished {
                     member: member.clone(),
@@ -256,222 +370,527 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 },
             );
             if let Some(c) = sim.clusters.get(&member) {
-                let _ = engine.handle(
-                    now,
-                    Input::Observed {
-                        member,
-                        cluster: Box::new(c.cluster.clone()),
-                        operation: None,
-                    },
-                );
+                // Every run sees the cluster as it now is (the server observes its fleet).
+                for r in runs.iter_mut().filter(|r| !r.engine.is_finished()) {
+                    let _ = r.engine.handle(
+                        now,
+                        Input::Observed {
+                            member: member.clone(),
+                            cluster: Box::new(c.cluster.clone()),
+                            operation: None,
+                        },
+                    );
+                }
             }
         }
-        // 2. What time brings.
-        engine.advance_clock(now);
+        // 2. What time brings, then releases coming out.
+        for r in &mut runs {
+            r.engine.advance_clock(now);
+        }
+        // Without a feed the catalog never changes: no copy per instant.
+        let feed = !profiles.is_empty() || !scenario.releases.is_empty();
+        let catalog = if feed {
+            catalog_at(now)
+        } else {
+            Catalog::default()
+        };
+        let mut released = false;
+        while changes.get(next_change).is_some_and(|t| *t <= now) {
+            next_change += 1;
+            check_profiles = !profiles.is_empty();
+            released = true;
+        }
+        // Runs learn of releases from the timeline as they come out; versions listed with
+        // `availableAt` they knew in advance.
+        if released && !scenario.releases.is_empty() {
+            for r in runs.iter_mut().filter(|r| !r.engine.is_finished()) {
+                let _ = r.engine.handle(now, Input::CatalogChanged(catalog.clone()));
+            }
+        }
         // 3. Actions, in file order.
         while let Some(a) = actions.get(next_action) {
             if a.at > now {
                 break;
             }
             next_action += 1;
+            let index = match &a.run {
+                None if hand_made => Some(0),
+                None => None,
+                Some(key) => runs.iter().position(|r| {
+                    &r.name == key || r.generated.as_ref().is_some_and(|g| &g.1 == key)
+                }),
+            };
             let result = match &a.action {
-                Action::Start => engine.handle(now, Input::Start),
-                Action::Stop => engine.handle(now, Input::Stop),
-                Action::Approve(locator) => {
-                    let timing = match locator.timing.as_str() {
-                        "Before" => Some(Timing::Before),
-                        "After" => Some(Timing::After),
-                        _ => None,
-                    };
-                    match timing
-                        .and_then(|t| engine.find_gate(&locator.stage, locator.group.as_deref(), t))
-                    {
-                        Some(gate) => engine.handle(
-                            now,
-                            Input::ApproveGate {
-                                gate,
-                                by: "scenario".into(),
-                            },
-                        ),
-                        None => Err(ApiError::new(
-                            ErrorCode::NotFound,
-                            format!(
-                                "no {} gate at stage {:?} group {:?}",
-                                locator.timing, locator.stage, locator.group
-                            ),
-                            "gate",
-                        )),
+                Action::RefreshCatalog => {
+                    check_profiles = !profiles.is_empty();
+                    Ok(())
+                }
+                Action::GenerateUpdateRun(name) => {
+                    match profiles.iter().find(|p| &p.name == name) {
+                        Some(p) => {
+                            generate(scenario, &sim, &mut runs, p, &catalog, now).map(|_| ())
+                        }
+                        None => Err(not_found("profile", name)),
                     }
                 }
-                Action::Skip(targets) => {
-                    let parsed: Result<Vec<SkipTarget>, ApiError> = targets
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| {
-                            skip_kind(&t.kind).map(|kind| SkipTarget { kind, name: t.name.clone() }).ok_or_else(|| {
-                                ApiError::new(
-                                    ErrorCode::InvalidSkipTarget,
-                                    format!("targets[{i}].type {:?}: must be Member, Group, Stage or AfterStageWait", t.kind),
-                                    format!("targets[{i}].type"),
-                                )
-                            })
-                        })
-                        .collect();
-                    parsed.and_then(|targets| engine.handle(now, Input::Skip(targets)))
-                }
-                Action::RemoveMember(member) => match sim.clusters.get_mut(member) {
-                    Some(c) if !c.removed => {
-                        c.removed = true;
-                        engine.handle(
-                            now,
-                            Input::MemberRemoved {
-                                member: member.clone(),
-                            },
-                        )
+                Action::UpdateProfile {
+                    profile,
+                    spec,
+                    parsed,
+                } => match profiles.iter_mut().find(|p| &p.name == profile) {
+                    Some(p) => {
+                        p.spec = spec.clone();
+                        p.profile = parsed.clone();
+                        Ok(())
                     }
-                    _ => Err(ApiError::new(
-                        ErrorCode::NotFound,
-                        format!("member {member:?} is not in the fleet"),
-                        "member",
+                    None => Err(not_found("profile", profile)),
+                },
+                _ => match index {
+                    Some(i) => act(&mut runs[i].engine, &mut sim, now, &a.action),
+                    None => Err(not_found(
+                        "update run",
+                        a.run
+                            .as_deref()
+                            .unwrap_or("(the scenario has no hand-made run)"),
                     )),
                 },
-                Action::AddNodePool { member, pool } => {
-                    match sim.clusters.get_mut(member).filter(|c| !c.removed) {
-                        Some(c) => {
-                            c.cluster.node_pools.push(pool.clone());
-                            let cluster = c.cluster.clone();
-                            engine.handle(
-                                now,
-                                Input::Observed {
-                                    member: member.clone(),
-                                    cluster: Box::new(cluster),
-                                    operation: None,
-                                },
-                            )
-                        }
-                        None => Err(ApiError::new(
-                            ErrorCode::NotFound,
-                            format!("member {member:?} is not in the fleet"),
-                            "member",
-                        )),
-                    }
-                }
             };
             if let Err(error) = result {
-                engine.record_rejection(now, &a.label, error);
+                let label = match &a.run {
+                    Some(r) => format!("{} {r}", a.label),
+                    None => a.label.clone(),
+                };
+                match index.filter(|_| a.run.is_some() || hand_made) {
+                    Some(i) => runs[i].engine.record_rejection(now, &label, error),
+                    None => feed_events.push(Event {
+                        time: now,
+                        kind: EventType::ActionRejected,
+                        stage: None,
+                        group: None,
+                        member: None,
+                        gate: None,
+                        message: Some(label),
+                        error: Some(error),
+                    }),
+                }
             }
         }
-        // 4. Schedule, answering commands until the engine is quiet.
-        loop {
-            engine.settle(now);
-            let mut answered = false;
-            while let Some(command) = engine.poll_command() {
-                match command {
-                    Command::StartUpgrade {
-                        member,
-                        attempt,
-                        target,
-                    } => {
-                        let op = sim.start(now, &member, attempt, target);
-                        let _ = engine.handle(
-                            now,
-                            Input::OperationAccepted {
-                                member,
-                                attempt,
-                                operation_id: op,
+        // 4. Profiles: a target an enabled profile has no run for gets one, created and started
+        // (SEMANTICS §8).
+        if check_profiles {
+            for p in profiles.iter_mut().filter(|p| !p.profile.disabled) {
+                let outcome = match generate(scenario, &sim, &mut runs, p, &catalog, now) {
+                    Ok(None) => continue,
+                    Ok(Some(i)) => {
+                        let versions = runs[i].versions.clone();
+                        match runs[i].engine.handle(now, Input::Start) {
+                            Ok(()) => TriggerOutcome::Started {
+                                run: runs[i].name.clone(),
+                                versions,
                             },
-                        );
+                            Err(e) => TriggerOutcome::Failed {
+                                versions,
+                                code: "StartFailed".into(),
+                                message: e.message,
+                            },
+                        }
                     }
-                    Command::Observe { member, attempt } => {
-                        let (cluster, progress) = sim.observe(now, &member, attempt);
-                        if let Some(cluster) = cluster {
-                            let _ = engine.handle(
+                    Err(e) if e.message.contains("selects nothing") => continue,
+                    Err(e) => TriggerOutcome::Failed {
+                        versions: Vec::new(),
+                        code: format!("{:?}", e.code),
+                        message: e.message,
+                    },
+                };
+                p.status = Some(trigger_status(now, &outcome));
+            }
+        }
+        // 5. Schedule each run in turn, answering commands until it is quiet. Before its turn a
+        // run is told which of its members other runs are upgrading (one operation per cluster).
+        for (index, r) in runs.iter_mut().enumerate() {
+            let busy_elsewhere: BTreeSet<String> = sim
+                .busy
+                .iter()
+                .filter(|(_, by)| **by != index)
+                .map(|(m, _)| m.clone())
+                .collect();
+            for member in busy_elsewhere.difference(&r.locked) {
+                let _ = r.engine.handle(
+                    now,
+                    Input::MemberLocked {
+                        member: member.clone(),
+                        by_run: "another update run".into(),
+                    },
+                );
+            }
+            for member in r.locked.difference(&busy_elsewhere) {
+                let _ = r.engine.handle(
+                    now,
+                    Input::MemberUnlocked {
+                        member: member.clone(),
+                    },
+                );
+            }
+            r.locked = busy_elsewhere;
+            loop {
+                r.engine.settle(now);
+                let mut answered = false;
+                while let Some(command) = r.engine.poll_command() {
+                    match command {
+                        Command::StartUpgrade {
+                            member,
+                            attempt,
+                            target,
+                        } => {
+                            let op = sim.start(now, index, &member, attempt, target);
+                            let _ = r.engine.handle(
                                 now,
-                                Input::Observed {
+                                Input::OperationAccepted {
                                     member,
-                                    cluster: Box::new(cluster),
-                                    operation: Some((attempt, progress)),
+                                    attempt,
+                                    operation_id: op,
                                 },
                             );
-                            answered = true;
+                        }
+                        Command::Observe { member, attempt } => {
+                            let (cluster, progress) = sim.observe(now, index, &member, attempt);
+                            if let Some(cluster) = cluster {
+                                let _ = r.engine.handle(
+                                    now,
+                                    Input::Observed {
+                                        member,
+                                        cluster: Box::new(cluster),
+                                        operation: Some((attempt, progress)),
+                                    },
+                                );
+                                answered = true;
+                            }
                         }
                     }
                 }
+                if !answered {
+                    break;
+                }
             }
-            if !answered {
-                break;
+            while let Some(e) = r.engine.poll_event() {
+                r.events.push(e);
+            }
+            if check_invariants
+                && violation.is_none()
+                && let Err(e) = r.engine.check_invariants(now)
+            {
+                violation = Some(format!("at {now} in run {}: {e}", r.name));
             }
         }
-        while let Some(e) = engine.poll_event() {
-            events.push(e);
-        }
-        if check_invariants && let Err(e) = engine.check_invariants(now) {
-            violation = Some(format!("at {now}: {e}"));
+        if violation.is_some() {
             break;
         }
-        if engine.is_finished() && next_action >= actions.len() {
+        if runs.iter().all(|r| r.engine.is_finished())
+            && next_action >= actions.len()
+            && next_change >= changes.len()
+        {
             break;
         }
     }
-    while let Some(e) = engine.poll_event() {
-        events.push(e);
+    for r in &mut runs {
+        while let Some(e) = r.engine.poll_event() {
+            r.events.push(e);
+        }
     }
-    let run = run_resource(
-        &scenario.name,
-        strategy_spec.as_ref(),
-        &update_spec,
-        &engine,
-    );
-    let result = SimResult {
-        run: Some(run),
+    let mut result = SimResult {
+        run: None,
         create_error: None,
         clusters: outputs(&clusters),
-        events,
+        events: Vec::new(),
         warnings,
-        status: Some(engine.status()),
+        profiles: profiles
+            .iter()
+            .map(|p| (p.name.clone(), profile_resource(p)))
+            .collect(),
+        generated_runs: Vec::new(),
+        status: None,
     };
+    for r in runs {
+        let mut resource = run_resource(&r.name, r.strategy.as_ref(), &r.update, &r.engine);
+        match r.generated {
+            None => {
+                let mut events = r.events;
+                // Rejected profile actions, in time order with the run's own events.
+                events.append(&mut feed_events);
+                events.sort_by_key(|e| e.time);
+                result.run = Some(resource);
+                result.status = Some(r.engine.status());
+                result.events = events;
+            }
+            Some((profile, key)) => {
+                resource["properties"]["autoUpgradeProfileId"] = json!(format!(
+                    "/v1/fleets/simulation/autoUpgradeProfiles/{profile}"
+                ));
+                result.generated_runs.push(GeneratedRunOut {
+                    profile,
+                    key,
+                    created_at: r.created_at,
+                    run: resource,
+                    events: r.events,
+                    status: Some(r.engine.status()),
+                });
+            }
+        }
+    }
+    if !feed_events.is_empty() {
+        result.events = feed_events;
+    }
     (result, violation)
 }
 
+fn not_found(what: &str, name: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("{what} {name:?} does not exist"),
+        what.replace(' ', ""),
+    )
+}
+
+/// The profile resource as the API returns it.
+fn profile_resource(p: &SimProfile) -> Value {
+    let mut properties = serde_json::to_value(&p.spec).unwrap_or_else(|_| json!({}));
+    properties["provisioningState"] = json!("Succeeded");
+    if let Some(status) = &p.status {
+        properties["autoUpgradeProfileStatus"] = status.clone();
+    }
+    json!({
+        "id": format!("/v1/fleets/simulation/autoUpgradeProfiles/{}", p.name),
+        "name": p.name,
+        "type": "Microsoft.ContainerService/fleets/autoUpgradeProfiles",
+        "properties": properties,
+    })
+}
+
+/// Creates (does not start) the run for the profile's current target, as `generateUpdateRun`
+/// does: `Ok(None)` when that run already exists, `Ok(Some(index))` for a new one. The name,
+/// upgrade and rules come from the engine's `plan_run`, as in the server.
+fn generate(
+    scenario: &Scenario,
+    sim: &Sim<'_>,
+    runs: &mut Vec<SimRun>,
+    p: &SimProfile,
+    catalog: &Catalog,
+    now: Time,
+) -> Result<Option<usize>, ApiError> {
+    if p.profile.disabled {
+        return Err(ApiError::conflict(format!(
+            "auto-upgrade profile {:?} is disabled; a disabled profile generates nothing",
+            p.name
+        )));
+    }
+    let planned = plan_run(&p.name, &p.profile, catalog, now).ok_or_else(|| {
+        ApiError::conflict(format!(
+            "the {:?} channel selects nothing from the fleet's releases yet",
+            p.profile.channel
+        ))
+    })?;
+    if runs.iter().any(|r| r.name == planned.name) {
+        return Ok(None);
+    }
+    // The strategy is copied into the run at this moment (SEMANTICS §8).
+    let strategy_spec = p
+        .profile
+        .update_strategy_id
+        .as_ref()
+        .and_then(|id| scenario.strategies.get(id))
+        .map(|s| from_json_value::<StrategySpec>(s.clone(), "properties.strategy"))
+        .transpose()?;
+    let strategy = strategy_spec
+        .as_ref()
+        .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+        .transpose()?;
+    let upgrade = parse_upgrade(&planned.update, "properties.managedClusterUpdate")?;
+    let spec = RunSpec {
+        strategy,
+        upgrade,
+        rules: planned.rules,
+    };
+    // Membership from the fleet as it is now.
+    let members: Vec<Member> = scenario
+        .members
+        .iter()
+        .filter_map(|m| {
+            let c = sim.clusters.get(&m.name).filter(|c| !c.removed)?;
+            Some(Member {
+                cluster: c.cluster.clone(),
+                ..m.clone()
+            })
+        })
+        .collect();
+    let (engine, _) = Engine::create(&planned.name, &spec, &members, catalog.clone())?;
+    let key = format!("{}/{}", p.name, planned.target.versions().join("+"));
+    runs.push(SimRun {
+        name: planned.name,
+        engine,
+        strategy: strategy_spec,
+        update: planned.update,
+        generated: Some((p.name.clone(), key)),
+        versions: planned.target.versions(),
+        created_at: now,
+        events: Vec::new(),
+        locked: BTreeSet::new(),
+    });
+    Ok(Some(runs.len() - 1))
+}
+
+/// A user action on one run.
+fn act(engine: &mut Engine, sim: &mut Sim<'_>, now: Time, action: &Action) -> Result<(), ApiError> {
+    match action {
+        Action::Start => engine.handle(now, Input::Start),
+        Action::Stop => engine.handle(now, Input::Stop),
+        Action::Approve(locator) => {
+            let timing = match locator.timing.as_str() {
+                "Before" => Some(Timing::Before),
+                "After" => Some(Timing::After),
+                _ => None,
+            };
+            match timing.and_then(|t| engine.find_gate(&locator.stage, locator.group.as_deref(), t))
+            {
+                Some(gate) => engine.handle(
+                    now,
+                    Input::ApproveGate {
+                        gate,
+                        by: "scenario".into(),
+                    },
+                ),
+                None => Err(ApiError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "no {} gate at stage {:?} group {:?}",
+                        locator.timing, locator.stage, locator.group
+                    ),
+                    "gate",
+                )),
+            }
+        }
+        Action::Skip(targets) => {
+            let parsed: Result<Vec<SkipTarget>, ApiError> = targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    skip_kind(&t.kind)
+                        .map(|kind| SkipTarget {
+                            kind,
+                            name: t.name.clone(),
+                        })
+                        .ok_or_else(|| {
+                            ApiError::new(
+                                ErrorCode::InvalidSkipTarget,
+                                format!(
+                                    "targets[{i}].type {:?}: must be Member, Group, Stage or AfterStageWait",
+                                    t.kind
+                                ),
+                                format!("targets[{i}].type"),
+                            )
+                        })
+                })
+                .collect();
+            parsed.and_then(|targets| engine.handle(now, Input::Skip(targets)))
+        }
+        Action::RemoveMember(member) => match sim.clusters.get_mut(member) {
+            Some(c) if !c.removed => {
+                c.removed = true;
+                engine.handle(
+                    now,
+                    Input::MemberRemoved {
+                        member: member.clone(),
+                    },
+                )
+            }
+            _ => Err(not_found_member(member)),
+        },
+        Action::AddNodePool { member, pool } => {
+            match sim.clusters.get_mut(member).filter(|c| !c.removed) {
+                Some(c) => {
+                    c.cluster.node_pools.push(pool.clone());
+                    let cluster = c.cluster.clone();
+                    engine.handle(
+                        now,
+                        Input::Observed {
+                            member: member.clone(),
+                            cluster: Box::new(cluster),
+                            operation: None,
+                        },
+                    )
+                }
+                None => Err(not_found_member(member)),
+            }
+        }
+        // Profile actions are handled by the caller.
+        Action::RefreshCatalog | Action::GenerateUpdateRun(_) | Action::UpdateProfile { .. } => {
+            Ok(())
+        }
+    }
+}
+
+fn not_found_member(member: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("member {member:?} is not in the fleet"),
+        "member",
+    )
+}
+
+/// An operation in flight: (ends at, sequence, run, member, attempt).
+type Finishing = (Time, u64, usize, String, u64);
+
 struct Sim<'a> {
     clusters: &'a mut BTreeMap<String, SimCluster>,
-    /// (ends at, sequence, member, attempt), earliest first.
-    finishing: BinaryHeap<Reverse<(Time, u64, String, u64)>>,
-    targets: BTreeMap<u64, Target>,
+    /// (ends at, sequence, run, member, attempt), earliest first.
+    finishing: BinaryHeap<Reverse<Finishing>>,
+    targets: BTreeMap<(usize, u64), Target>,
+    /// Member → the run whose operation on it is in flight.
+    busy: BTreeMap<String, usize>,
     seq: u64,
 }
 
 impl Sim<'_> {
-    fn start(&mut self, now: Time, member: &str, attempt: u64, target: Target) -> String {
+    fn start(
+        &mut self,
+        now: Time,
+        run: usize,
+        member: &str,
+        attempt: u64,
+        target: Target,
+    ) -> String {
         let Some(c) = self.clusters.get_mut(member) else {
             // A cluster that left the fleet: the operation fails at once.
             self.seq += 1;
             self.finishing
-                .push(Reverse((now, self.seq, member.to_string(), attempt)));
+                .push(Reverse((now, self.seq, run, member.to_string(), attempt)));
             return format!("sim-op-{attempt}");
         };
         let number = c.operations.len() as u32 + 1;
         let fails = c.behaviour.fail && c.behaviour.fail_attempts.is_none_or(|n| number <= n);
         let end = now.plus(c.behaviour.duration_seconds);
-        c.operations.push((attempt, end, !fails));
-        self.targets.insert(attempt, target);
+        c.operations.push((run, attempt, end, !fails));
+        self.targets.insert((run, attempt), target);
+        self.busy.insert(member.to_string(), run);
         self.seq += 1;
         self.finishing
-            .push(Reverse((end, self.seq, member.to_string(), attempt)));
+            .push(Reverse((end, self.seq, run, member.to_string(), attempt)));
         format!("sim-op-{attempt}")
     }
 
-    fn finish(&mut self, member: &str, attempt: u64) -> Result<(), String> {
+    fn finish(&mut self, run: usize, member: &str, attempt: u64) -> Result<(), String> {
+        if self.busy.get(member) == Some(&run) {
+            self.busy.remove(member);
+        }
         let Some(c) = self.clusters.get_mut(member) else {
             return Err("the cluster is no longer in the fleet".into());
         };
         let succeeds = c
             .operations
             .iter()
-            .find(|o| o.0 == attempt)
-            .is_some_and(|o| o.2);
+            .find(|o| o.0 == run && o.1 == attempt)
+            .is_some_and(|o| o.3);
         if succeeds {
-            if let Some(target) = self.targets.get(&attempt) {
+            if let Some(target) = self.targets.get(&(run, attempt)) {
                 apply_target(&mut c.cluster, target);
             }
             Ok(())
@@ -483,13 +902,17 @@ impl Sim<'_> {
     fn observe(
         &self,
         now: Time,
+        run: usize,
         member: &str,
         attempt: u64,
     ) -> (Option<Cluster>, OperationProgress) {
         let Some(c) = self.clusters.get(member) else {
             return (None, OperationProgress::NotRunning);
         };
-        let running = c.operations.iter().any(|o| o.0 == attempt && o.1 > now);
+        let running = c
+            .operations
+            .iter()
+            .any(|o| o.0 == run && o.1 == attempt && o.2 > now);
         (
             Some(c.cluster.clone()),
             if running {

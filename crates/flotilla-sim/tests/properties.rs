@@ -272,6 +272,7 @@ fn scenario(plan: &Plan) -> Scenario {
         at: start,
         action: Action::Start,
         label: "start".into(),
+        run: None,
     }];
     // Approve every stage's before-gate every six hours (a rejection is fine).
     for hour in (6..30 * 24).step_by(6) {
@@ -285,6 +286,7 @@ fn scenario(plan: &Plan) -> Scenario {
                         timing: "Before".into(),
                     }),
                     label: "approve".into(),
+                    run: None,
                 });
             }
         }
@@ -294,11 +296,13 @@ fn scenario(plan: &Plan) -> Scenario {
             at: start.plus(stop * 60),
             action: Action::Stop,
             label: "stop".into(),
+            run: None,
         });
         actions.push(TimedAction {
             at: start.plus((stop + restart) * 60),
             action: Action::Start,
             label: "start".into(),
+            run: None,
         });
     }
     if let Some((at, m)) = plan.skip_member {
@@ -309,6 +313,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 name: format!("m{:02}", m % plan.members.len()),
             }]),
             label: "skip".into(),
+            run: None,
         });
     }
     actions.sort_by_key(|a| a.at);
@@ -321,7 +326,12 @@ fn scenario(plan: &Plan) -> Scenario {
         members,
         behaviour,
         strategy: (!stages.is_empty()).then(|| json!({"stages": stages})),
-        update: json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+        update: Some(
+            json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+        ),
+        strategies: Default::default(),
+        profiles: Vec::new(),
+        releases: Vec::new(),
         actions,
         expect: None,
     }

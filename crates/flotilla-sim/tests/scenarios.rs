@@ -120,3 +120,21 @@ fn the_checker_reports_wrong_expectations() {
     let differences = check(&wrong, &document);
     assert_eq!(differences.len(), 8, "{differences:#?}");
 }
+
+/// The profile expectations can fail too: wrong targets, statuses and generated-run keys.
+#[test]
+fn the_checker_reports_wrong_profile_expectations() {
+    let scenario = load(&workspace().join("tests/scenarios/p01-rapid-new-patch.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    let wrong = serde_json::json!({
+        "generatedRuns": {"rapid": ["1.31.4"]},
+        "profiles": {"rapid": {"lastTriggerStatus": "Failed", "triggered": false}},
+        "runs": {
+            "rapid/1.31.4": {"members": {"a": "Skipped"}, "memberMessages": {"b": "minor"}},
+            "rapid/1.31.9": {"run": {"state": "Completed"}},
+        },
+        "members": {"a": "Completed"},
+    });
+    let differences = check(&wrong, &document);
+    assert_eq!(differences.len(), 7, "{differences:#?}");
+}

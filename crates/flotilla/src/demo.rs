@@ -1,5 +1,7 @@
 //! `flotilla demo`: a server on the embedded store with a simulated fleet of 60 clusters in 3
-//! regions, a staged run with a canary stage and an approval gate, driven over real HTTP.
+//! regions and a Rapid auto-upgrade profile; a few seconds in, the simulated release feed
+//! publishes a new patch and the profile starts its staged run (a canary stage and an approval
+//! gate) by itself, driven over real HTTP.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,7 +18,11 @@ use flotilla_server::auth::{Role, new_token};
 use flotilla_server::store::{SqliteStore, Store};
 
 const FLEET: &str = "demo";
-const RUN: &str = "upgrade-1-31";
+const PROFILE: &str = "rapid";
+/// The patch the simulated feed publishes a few seconds after the start.
+const NEW_PATCH: &str = "1.31.2";
+/// Real seconds after the start at which the feed publishes it in the first region.
+const PUBLISHED_AFTER: f64 = 3.0;
 
 /// The simulated fleet: the sim driver's configuration and the members to create.
 pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
@@ -27,16 +33,24 @@ pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
     ];
     let family = "AKSUbuntu-2204gen2containerd";
     let mut catalog = serde_json::Map::new();
+    let mut rollout = serde_json::Map::new();
     for (region, _, delay) in regions {
-        let at = (delay > 0).then(|| now.plus(delay).to_string());
         catalog.insert(
             region.into(),
             json!({
-                "kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1", "availableAt": at}, {"version": "1.32.0", "preview": true}],
-                "nodeImages": {family: [{"version": "202602.10.0"}, {"version": "202603.01.0", "availableAt": at}]},
+                "kubernetes": [{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.32.0", "preview": true}],
+                "nodeImages": {family: [{"version": "202602.10.0"}]},
             }),
         );
+        // Region by region: `delay` real seconds after the first (simulated, then scaled).
+        rollout.insert(region.into(), json!(delay as f64 * time_scale));
     }
+    // The release feed: a new patch of the newest minor and a new node image, a few seconds in.
+    let at = PUBLISHED_AFTER * time_scale;
+    let releases = json!([
+        {"at": at, "kubernetesVersion": NEW_PATCH, "regions": rollout},
+        {"at": at, "nodeImage": format!("{family}-202603.01.0"), "regions": rollout},
+    ]);
     // A nightly-style window that opens one minute from now (UTC), for a few stores.
     let (_, second_of_day) = now.plus(60).civil(0);
     let window_start = format!(
@@ -58,9 +72,11 @@ pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
             } else {
                 format!("prod-{region}")
             };
+            // A few stores are two minors behind: the profile's run skips them (SEMANTICS §8).
+            let version = if i % 8 == 6 { "1.29.9" } else { "1.31.1" };
             let mut cluster = json!({
                 "region": region,
-                "kubernetesVersion": "1.30.5",
+                "kubernetesVersion": version,
                 "nodePools": [{"name": "system", "family": family, "os": "Linux", "nodeImageVersion": "202602.10.0"}],
                 "sim": {"durationSeconds": 600 + 60 * (i % 5)},
             });
@@ -82,8 +98,7 @@ pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
             ));
         }
     }
-    let driver =
-        json!({"type": "sim", "timeScale": time_scale, "catalog": catalog, "clusters": clusters});
+    let driver = json!({"type": "sim", "timeScale": time_scale, "catalog": catalog, "clusters": clusters, "releases": releases});
     (driver, members)
 }
 
@@ -175,6 +190,52 @@ fn summary(run: &Value) -> String {
     )
 }
 
+/// Members the run skipped for being more than one minor behind, with the message.
+fn skipped_behind(run: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for stage in run["properties"]["status"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for group in stage["groups"].as_array().into_iter().flatten() {
+            for m in group["members"].as_array().into_iter().flatten() {
+                if let Some(message) = m["message"].as_str()
+                    && m["status"]["state"] == "Skipped"
+                    && message.contains("minor")
+                {
+                    out.push((
+                        m["name"].as_str().unwrap_or("?").to_string(),
+                        message.to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The run the profile generated for the new patch, once it has.
+async fn profile_run(client: &Client) -> anyhow::Result<Option<String>> {
+    let runs = client
+        .send(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/{FLEET}/updateRuns"),
+            None,
+        )
+        .await?;
+    Ok(runs["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| {
+            r["properties"]["autoUpgradeProfileId"].is_string()
+                && r["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"]
+                    == NEW_PATCH
+        })
+        .and_then(|r| r["name"].as_str().map(String::from)))
+}
+
 pub async fn run(
     listen: SocketAddr,
     database: Option<String>,
@@ -236,26 +297,22 @@ pub async fn run(
             Some(&demo_strategy()),
         )
         .await?;
-    let run_body = json!({"properties": {
-        "updateStrategyId": format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
-        "managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}, "nodeImageSelection": {"type": "Latest"}},
-    }});
+    // The demo's run is the profile's: created and started by itself when the feed publishes
+    // the patch, with the staged strategy. Its first trigger, for today's 1.31.1, finds every
+    // store at it or too far behind, and skips them all.
     client
         .send(
             reqwest::Method::PUT,
-            &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}"),
-            Some(&run_body),
-        )
-        .await?;
-    client
-        .send(
-            reqwest::Method::POST,
-            &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}/start"),
-            None,
+            &format!("/v1/fleets/{FLEET}/autoUpgradeProfiles/{PROFILE}"),
+            Some(&json!({"properties": {
+                "channel": "Rapid",
+                "updateStrategyId": format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
+                "nodeImageSelection": {"type": "Latest"},
+            }})),
         )
         .await?;
     println!(
-        "Flotilla demo: {} clusters in 3 regions, Kubernetes 1.31.1 rolling out region by region.",
+        "Flotilla demo: {} clusters in 3 regions; the {PROFILE} auto-upgrade profile upgrades them when Kubernetes {NEW_PATCH} comes out, region by region.",
         members.len()
     );
     println!();
@@ -265,7 +322,10 @@ pub async fn run(
     println!("  approver token:  {approver}");
     println!();
     println!(
-        "  watch the run:   curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/updateRuns/{RUN}"
+        "  watch the runs:  curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/updateRuns"
+    );
+    println!(
+        "  the profile:     curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/autoUpgradeProfiles/{PROFILE}"
     );
     println!(
         "  pending gates:   curl -s -H 'Authorization: Bearer {approver}' '{base}/v1/fleets/{FLEET}/gates?state=Pending'"
@@ -284,15 +344,33 @@ pub async fn run(
     };
     let mut gate_seen: Option<Instant> = None;
     let mut last = String::new();
+    let mut generated: Option<String> = None;
+    let mut told_skips = false;
     let outcome = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(run_name) = &generated else {
+            generated = profile_run(&client).await?;
+            if let Some(name) = &generated {
+                println!(
+                    "Kubernetes {NEW_PATCH} is out: profile {PROFILE} created and started update run {name}"
+                );
+            }
+            continue;
+        };
         let run = client
             .send(
                 reqwest::Method::GET,
-                &format!("/v1/fleets/{FLEET}/updateRuns/{RUN}"),
+                &format!("/v1/fleets/{FLEET}/updateRuns/{run_name}"),
                 None,
             )
             .await?;
+        if !told_skips {
+            let skipped = skipped_behind(&run);
+            if let Some((first, message)) = skipped.first() {
+                told_skips = true;
+                println!("{} stores skipped, {first} first: {message}", skipped.len());
+            }
+        }
         let line = summary(&run);
         if line != last {
             println!("{line}");

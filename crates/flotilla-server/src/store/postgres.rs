@@ -76,7 +76,15 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.application_name("flotilla"))
+            .connect_with(
+                options
+                    .application_name("flotilla")
+                    // A replica paused or cut off inside a transaction would hold its row locks
+                    // (a fleet's lease row among them) and block every other replica's
+                    // takeover; the database ends such a session instead. Flotilla's
+                    // transactions never wait between statements for anything but the database.
+                    .options([("idle_in_transaction_session_timeout", "1000")]),
+            )
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to {url}: {e}")))?;
         let store = PgStore {
