@@ -98,6 +98,14 @@ impl Replica {
         }
     }
 
+    /// The fleets held, with their epochs.
+    fn held_epochs(&self) -> Vec<(String, i64)> {
+        self.held()
+            .iter()
+            .map(|(f, h)| (f.clone(), h.epoch))
+            .collect()
+    }
+
     pub fn held_fleets(&self) -> Vec<String> {
         self.held().keys().cloned().collect()
     }
@@ -525,12 +533,7 @@ impl Runs {
 
     /// Lets every lease go (graceful shutdown), so other replicas take over at once.
     pub async fn release_leases(&self) {
-        let held: Vec<(String, i64)> = self
-            .replica
-            .held()
-            .iter()
-            .map(|(f, h)| (f.clone(), h.epoch))
-            .collect();
+        let held = self.replica.held_epochs();
         for (fleet, epoch) in held {
             self.abandon(&fleet);
             let _ = self
@@ -551,12 +554,7 @@ impl Runs {
                 return;
             }
         };
-        let held: Vec<(String, i64)> = self
-            .replica
-            .held()
-            .iter()
-            .map(|(f, h)| (f.clone(), h.epoch))
-            .collect();
+        let held = self.replica.held_epochs();
         for (fleet, epoch) in held {
             let asked_at = Instant::now();
             match self

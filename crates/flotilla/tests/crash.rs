@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use common::{Api, Lcg, create_token, free_port, scripts, serve};
+use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, serve};
 
 const MEMBERS: usize = 16;
 
@@ -27,8 +27,6 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     std::fs::create_dir_all(dir.join("state")).expect("state dir");
     let db = dir.join("flotilla.db");
     let server_log = dir.join("server.log");
-    let state = dir.join("state").display().to_string();
-    let scripts = scripts().display().to_string();
 
     let token = create_token(&db.display().to_string());
 
@@ -41,35 +39,7 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     let mut server = start_server(&db, port, &server_log);
     api.wait_ready();
 
-    let driver = json!({
-        "type": "exec",
-        "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
-        "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
-        "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", "600"],
-        "pollIntervalSeconds": 0.1,
-        "timeoutSeconds": 10,
-    });
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/edge",
-        Some(&json!({"properties": {"driver": driver}})),
-    );
-    for i in 0..MEMBERS {
-        api.must(
-            reqwest::Method::PUT,
-            &format!("/v1/fleets/edge/members/store-{i}"),
-            Some(&json!({"properties": {"clusterResourceId": format!("store-{i}"), "group": "stores"}})),
-        );
-    }
-    let run = json!({"properties": {
-        "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": "2"}]}]},
-        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
-    }});
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/edge/updateRuns/r1",
-        Some(&run),
-    );
+    create_exec_run(&api, &dir.join("state"), MEMBERS, 2, 600);
     api.must(
         reqwest::Method::POST,
         "/v1/fleets/edge/updateRuns/r1/start",
@@ -146,9 +116,10 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     }
     for i in 0..MEMBERS {
         assert_eq!(
-            per_member.get(&format!("store-{i}")),
+            per_member.get(&member_name(i)),
             Some(&1),
-            "store-{i} was not upgraded exactly once:\n{log}"
+            "{} was not upgraded exactly once:\n{log}",
+            member_name(i)
         );
     }
     assert_eq!(per_member.len(), MEMBERS, "{log}");

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use common::{Api, Lcg, create_token, free_port, scripts, serve};
+use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, serve};
 
 /// Lease time in these tests: short, so takeovers happen quickly.
 const LEASE_TTL: &str = "2";
@@ -182,37 +182,12 @@ impl Cluster {
 
     /// A fleet of `members` over the exec driver, and a started run across them.
     fn start_run(&self, members: usize, concurrency: usize, upgrade_ms: u64) {
-        let scripts = scripts().display().to_string();
-        let state = self.dir.join("state").display().to_string();
-        let driver = json!({
-            "type": "exec",
-            "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
-            "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
-            "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", upgrade_ms.to_string()],
-            "pollIntervalSeconds": 0.1,
-            "timeoutSeconds": 10,
-        });
-        let api = self.api(0);
-        api.must(
-            reqwest::Method::PUT,
-            "/v1/fleets/edge",
-            Some(&json!({"properties": {"driver": driver}})),
-        );
-        for i in 0..members {
-            api.must(
-                reqwest::Method::PUT,
-                &format!("/v1/fleets/edge/members/store-{i:02}"),
-                Some(&json!({"properties": {"clusterResourceId": format!("store-{i:02}"), "group": "stores"}})),
-            );
-        }
-        let run = json!({"properties": {
-            "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": concurrency.to_string()}]}]},
-            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
-        }});
-        api.must(
-            reqwest::Method::PUT,
-            "/v1/fleets/edge/updateRuns/r1",
-            Some(&run),
+        create_exec_run(
+            &self.api(0),
+            &self.dir.join("state"),
+            members,
+            concurrency,
+            upgrade_ms,
         );
         // Started through another replica than the one that took the fleet, when it can be.
         let (owner, _) = self.wait_owner("edge", None, Duration::from_secs(10));
@@ -232,9 +207,10 @@ impl Cluster {
         let log = std::fs::read_to_string(self.dir.join("state/received.log")).unwrap_or_default();
         for i in 0..members {
             assert_eq!(
-                per_member.get(&format!("store-{i:02}")),
+                per_member.get(&member_name(i)),
                 Some(&1),
-                "store-{i:02} was not sent its upgrade exactly once:\n{log}"
+                "{} was not sent its upgrade exactly once:\n{log}",
+                member_name(i)
             );
         }
         assert_eq!(per_member.len(), members, "{log}");

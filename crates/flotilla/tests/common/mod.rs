@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub struct Lcg(pub u64);
 impl Lcg {
@@ -134,4 +134,53 @@ pub fn create_token(database: &str) -> String {
         String::from_utf8_lossy(&token.stderr)
     );
     String::from_utf8_lossy(&token.stdout).trim().to_string()
+}
+
+/// The member names of [`create_exec_run`]'s fleet.
+pub fn member_name(i: usize) -> String {
+    format!("store-{i:02}")
+}
+
+/// Fleet `edge` over the example exec scripts keeping clusters in `state_dir` (upgrades take
+/// `upgrade_ms`), `members` members in one group, and run `r1` across them at `concurrency`,
+/// not started.
+pub fn create_exec_run(
+    api: &Api,
+    state_dir: &Path,
+    members: usize,
+    concurrency: usize,
+    upgrade_ms: u64,
+) {
+    let scripts = scripts().display().to_string();
+    let state = state_dir.display().to_string();
+    let driver = json!({
+        "type": "exec",
+        "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
+        "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
+        "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", upgrade_ms.to_string()],
+        "pollIntervalSeconds": 0.1,
+        "timeoutSeconds": 10,
+    });
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge",
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    for i in 0..members {
+        let name = member_name(i);
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/edge/members/{name}"),
+            Some(&json!({"properties": {"clusterResourceId": name, "group": "stores"}})),
+        );
+    }
+    let run = json!({"properties": {
+        "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": concurrency.to_string()}]}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+    }});
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge/updateRuns/r1",
+        Some(&run),
+    );
 }
