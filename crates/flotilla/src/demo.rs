@@ -260,6 +260,10 @@ pub async fn run(
     );
     println!();
     println!("  server:          {base}");
+    println!("  dashboard:       {base}/");
+    // The fragment never reaches the server (or its logs); the page keeps the token in the
+    // tab's session storage and drops it from the address bar.
+    println!("  sign in:         {base}/#token={approver}");
     println!("  database:        {}", path.display());
     println!("  admin token:     {admin}");
     println!("  approver token:  {approver}");
