@@ -60,8 +60,13 @@ export async function render(ctx) {
   const skip = (type, name) => act(`Skipped ${type} ${name}`, `${runPath}/skip`, { targets: [{ type, name }] });
   const approve = (gateId, name) => act(`Gate "${name}" approved by ${me.subject}`, `${base}/gates/${enc(gateId)}`, { properties: { state: 'Completed' } }, 'PATCH');
 
+  /** A button whose action runs once at a time: it is disabled until the view re-renders. */
   function button(key, label, onclick, extra = {}) {
-    return h('button', { type: 'button', dataset: { key }, onclick, ...extra }, label);
+    const run = (event) => {
+      event.currentTarget.disabled = true;
+      onclick(event);
+    };
+    return h('button', { type: 'button', dataset: { key }, onclick: run, ...extra }, label);
   }
 
   // ------------------------------------------------------------------------------------------
@@ -447,12 +452,17 @@ export async function render(ctx) {
   await refresh();
   if (!view.run) throw new Error(`update run ${runName} could not be read`);
   renderEvents();
+  let eventsQueued = false;
   streamEvents(`${runPath}/events`, {
     signal,
     onEvent: (event) => {
       view.events.push(event);
       if (view.events.length > MAX_EVENTS * 2) view.events.splice(0, view.events.length - MAX_EVENTS);
-      renderEvents();
+      // A stream's backlog can hold thousands of events: draw the log once per frame.
+      if (!eventsQueued) {
+        eventsQueued = true;
+        requestAnimationFrame(() => { eventsQueued = false; renderEvents(); });
+      }
       scheduleRefresh();
     },
     onState: (s) => {
