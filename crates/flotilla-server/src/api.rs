@@ -230,7 +230,37 @@ fn present(resource: &Resource) -> Value {
         map.remove(SNAPSHOT);
         map.insert("eTag".into(), json!(resource.etag));
     }
+    if body["type"] == "Microsoft.ContainerService/fleets/members" {
+        add_maintenance_openings(&mut body, now());
+    }
     body
+}
+
+/// A member's next maintenance openings (`status.maintenanceOpenings.{kubernetes,nodeOS}` with
+/// `from` and `until`), worked out at read time from its last observed windows, so a client need
+/// not reimplement the window rules (SEMANTICS §3a). `null` when a window never opens again.
+fn add_maintenance_openings(body: &mut Value, at: flotilla_engine::time::Time) {
+    use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
+    let maintenance = &body["properties"]["status"]["cluster"]["maintenance"];
+    let mut openings = serde_json::Map::new();
+    for field in ["kubernetes", "nodeOS"] {
+        let Ok(spec) = serde_json::from_value::<MaintenanceWindowSpec>(maintenance[field].clone())
+        else {
+            continue;
+        };
+        let Ok(window) = MaintenanceWindow::parse(&spec, field) else {
+            continue;
+        };
+        let opening = window
+            .next_opening(at)
+            .map(|o| json!({"from": o.from, "until": o.until}));
+        openings.insert(field.into(), opening.unwrap_or(Value::Null));
+    }
+    if !openings.is_empty()
+        && let Some(status) = body["properties"]["status"].as_object_mut()
+    {
+        status.insert("maintenanceOpenings".into(), Value::Object(openings));
+    }
 }
 
 fn respond(resource: &Resource, created: bool) -> Response {
@@ -1772,6 +1802,13 @@ async fn revoke_token(
     Ok(StatusCode::OK.into_response())
 }
 
+/// The caller's subject and role, so a client (the dashboard) shows only the actions the
+/// server would allow; the server checks the role on every action regardless.
+async fn who_am_i(caller: Caller) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    Ok(axum::Json(json!({"subject": caller.subject, "role": caller.role.name()})).into_response())
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -1928,6 +1965,18 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "Create (not start) the run for the profile's current target",
         "admin",
     ),
+    (
+        "get",
+        "/",
+        "The web dashboard (HTML; it holds no data, so no token)",
+        "none",
+    ),
+    (
+        "get",
+        "/ui/{asset}",
+        "The dashboard's embedded scripts, styles and icon",
+        "none",
+    ),
     ("get", "/healthz", "Liveness", "none"),
     ("get", "/readyz", "Readiness: the store answers", "none"),
     ("get", "/metrics", "Prometheus metrics", "reader"),
@@ -2072,6 +2121,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "The release catalog the fleet's driver reports (?region=)",
         "reader",
     ),
+    (
+        "get",
+        "/v1/me",
+        "Who the token belongs to: its subject and role",
+        "reader",
+    ),
     ("get", "/v1/tokens", "List API tokens", "admin"),
     (
         "post",
@@ -2124,10 +2179,9 @@ async fn openapi_json() -> Response {
 }
 
 async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
-    let open = matches!(
-        request.uri().path(),
-        "/healthz" | "/readyz" | "/openapi.json"
-    );
+    let path = request.uri().path();
+    let open = matches!(path, "/healthz" | "/readyz" | "/openapi.json")
+        || crate::dashboard::is_dashboard_path(path);
     if !open {
         match authenticate(&state, request.headers()).await {
             Ok(caller) => {
@@ -2154,6 +2208,8 @@ pub fn unauthorized(message: &str) -> HttpError {
 pub fn router(state: Shared) -> Router {
     let fleet = "/v1/fleets/{fleet}";
     Router::new()
+        .route("/", get(crate::dashboard::index))
+        .route("/ui/{asset}", get(crate::dashboard::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -2208,6 +2264,7 @@ pub fn router(state: Shared) -> Router {
             &format!("{fleet}/autoUpgradeProfiles/{{profile}}/generateUpdateRun"),
             post(generate_update_run),
         )
+        .route("/v1/me", get(who_am_i))
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/leases", get(list_leases))

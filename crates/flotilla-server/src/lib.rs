@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod dashboard;
 pub mod driver;
 pub mod metrics;
 pub mod runs;

@@ -1381,3 +1381,94 @@ async fn the_sim_feed_publishing_a_patch_triggers_a_rapid_profile() {
         member("m3")
     );
 }
+
+/// The dashboard is served at `/` without a token, with its assets under `/ui/` and their
+/// content types, and a content security policy that allows no inline script; the page learns
+/// the caller's role from `/v1/me`.
+#[tokio::test]
+async fn the_dashboard_and_its_assets_are_served() {
+    let h = Harness::start("dashboard").await;
+    let get = |path: &str| h.http.get(format!("{}{path}", h.base)).send();
+    let page = get("/").await.expect("GET /");
+    assert_eq!(page.status(), StatusCode::OK);
+    let headers = page.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().expect("ascii");
+    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"));
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    let html = page.text().await.expect("body");
+    assert!(html.contains("<script type=\"module\" src=\"/ui/app.js\">"));
+    for (asset, content_type) in [
+        ("app.js", "text/javascript; charset=utf-8"),
+        ("run.js", "text/javascript; charset=utf-8"),
+        ("style.css", "text/css; charset=utf-8"),
+        ("icon.svg", "image/svg+xml"),
+    ] {
+        let response = get(&format!("/ui/{asset}")).await.expect("asset");
+        assert_eq!(response.status(), StatusCode::OK, "{asset}");
+        assert_eq!(response.headers()["content-type"], content_type, "{asset}");
+        assert!(!response.text().await.expect("body").is_empty(), "{asset}");
+    }
+    let missing = get("/ui/nothing.js").await.expect("missing asset");
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let traversal = get("/ui/..%2FCargo.toml").await.expect("traversal");
+    assert_eq!(traversal.status(), StatusCode::NOT_FOUND);
+    // The data is not open: the API still wants a token.
+    let (status, _, _) = h.call("nobody", Method::GET, "/v1/fleets", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    for (who, subject, role) in [
+        ("reader", "reader-user", "reader"),
+        ("approver", "approver-user", "approver"),
+    ] {
+        let me = h.ok(who, Method::GET, "/v1/me", None).await;
+        assert_eq!(me, json!({"subject": subject, "role": role}));
+    }
+}
+
+/// Members show their next maintenance opening, worked out from their observed window.
+#[tokio::test]
+async fn members_show_their_next_maintenance_opening() {
+    let h = Harness::start("openings").await;
+    let window = json!({"kubernetes": {"schedule": {"daily": {"intervalDays": 1}}, "durationHours": 4, "startTime": "00:00"}});
+    let driver = json!({"type": "sim", "clusters": {"/c/1": {"region": "eastus", "kubernetesVersion": "1.30.5", "maintenance": window}}, "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}]}}});
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(json!({"properties": {"driver": driver}})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m1",
+        Some(json!({"properties": {"clusterResourceId": "/c/1"}})),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let member = loop {
+        let m = h
+            .ok("reader", Method::GET, "/v1/fleets/f1/members/m1", None)
+            .await;
+        if !m["properties"]["status"]["cluster"].is_null() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "member never observed: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let opening = &member["properties"]["status"]["maintenanceOpenings"]["kubernetes"];
+    let from = opening["from"].as_str().expect("from");
+    let until = opening["until"].as_str().expect("until");
+    assert!(
+        from.ends_with("Z") && until > from,
+        "{opening} should be an opening in UTC"
+    );
+    let listed = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/members", None)
+        .await;
+    assert_eq!(
+        &listed["value"][0]["properties"]["status"]["maintenanceOpenings"]["kubernetes"],
+        opening
+    );
+}

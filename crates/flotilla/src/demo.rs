@@ -317,6 +317,10 @@ pub async fn run(
     );
     println!();
     println!("  server:          {base}");
+    println!("  dashboard:       {base}/");
+    // The fragment never reaches the server (or its logs); the page keeps the token in the
+    // tab's session storage and drops it from the address bar.
+    println!("  sign in:         {base}/#token={approver}");
     println!("  database:        {}", path.display());
     println!("  admin token:     {admin}");
     println!("  approver token:  {approver}");
@@ -354,6 +358,7 @@ pub async fn run(
                 println!(
                     "Kubernetes {NEW_PATCH} is out: profile {PROFILE} created and started update run {name}"
                 );
+                println!("  watch it live:   {base}/#/fleets/{FLEET}/runs/{name}");
             }
             continue;
         };

@@ -1,0 +1,159 @@
+// The dashboard's entry: sign-in with a bearer token, the header, and hash routes
+//   #/                      fleets (straight to the fleet when there is one)
+//   #/fleets/F              the fleet's members
+//   #/fleets/F/runs         its update runs
+//   #/fleets/F/runs/R       one run, live
+// Each view renders into <main> and returns a function that stops its timers and streams.
+
+import { api, token, ApiError, listAll, enc } from './api.js';
+import { h, clear } from './dom.js';
+import * as fleetView from './fleet.js';
+import * as runsView from './runs.js';
+import * as runView from './run.js';
+
+const main = document.getElementById('main');
+const nav = document.getElementById('nav');
+const who = document.getElementById('who');
+const notice = document.getElementById('notice');
+
+let me = null;
+let stopView = () => {};
+
+/** A short message at the top of the page; errors stay until dismissed or replaced. */
+export function notify(message, kind = 'info') {
+  clear(notice);
+  notice.className = `notice ${kind}`;
+  notice.append(h('span', {}, message), h('button', { type: 'button', class: 'link', 'aria-label': 'Dismiss', onclick: () => { notice.hidden = true; } }, '×'));
+  notice.hidden = false;
+  if (kind !== 'error') {
+    const shown = notice.textContent;
+    setTimeout(() => { if (notice.textContent === shown) notice.hidden = true; }, 6000);
+  }
+}
+
+function takeTokenFromFragment() {
+  // `flotilla demo` prints a sign-in link with #token=…; the fragment never reaches the server.
+  const match = location.hash.match(/^#token=([A-Za-z0-9_]+)/);
+  if (match) {
+    token.set(match[1]);
+    history.replaceState(null, '', location.pathname + '#/');
+  }
+}
+
+function signInForm(message) {
+  clear(nav);
+  clear(who);
+  const input = h('input', { id: 'token', name: 'token', type: 'password', autocomplete: 'off', required: true, placeholder: 'flt_…', spellcheck: 'false', size: 60 });
+  const form = h('form', { class: 'signin', 'aria-labelledby': 'signin-title' },
+    h('h1', { id: 'signin-title' }, 'Sign in'),
+    h('p', {}, 'Paste an API token (', h('code', {}, 'flotilla token create'), '). It is kept in this tab only, in session storage.'),
+    message ? h('p', { class: 'error', role: 'alert' }, message) : null,
+    h('label', { for: 'token' }, 'Bearer token'),
+    input,
+    h('button', { type: 'submit', class: 'primary' }, 'Sign in'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    token.set(input.value.trim());
+    start();
+  });
+  clear(main).append(form);
+  input.focus();
+}
+
+function signOut() {
+  token.clear();
+  me = null;
+  stopView();
+  stopView = () => {};
+  signInForm('Signed out.');
+}
+
+function header(fleet) {
+  clear(who).append(
+    h('span', { id: 'me', 'data-role': me.role }, 'Signed in as ', h('strong', {}, me.subject), ` (${me.role})`),
+    h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
+  clear(nav);
+  if (fleet) {
+    const here = location.hash;
+    const link = (href, text) => h('a', { href, 'aria-current': here === href ? 'page' : null }, text);
+    nav.append(h('span', { class: 'fleet-name' }, fleet), link(`#/fleets/${enc(fleet)}`, 'Fleet'), link(`#/fleets/${enc(fleet)}/runs`, 'Runs'));
+  }
+}
+
+async function route() {
+  stopView();
+  stopView = () => {};
+  const parts = location.hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decodeURIComponent);
+  // Each route renders into its own container and owns an abort signal, so a view still
+  // loading when the user moves on cannot draw into the next one or keep its streams open.
+  const controller = new AbortController();
+  const container = h('div', { class: 'view' });
+  clear(main).append(container);
+  const ctx = { main: container, me, notify, signal: controller.signal };
+  let stop = () => {};
+  stopView = () => {
+    controller.abort();
+    stop?.();
+  };
+  try {
+    if (parts[0] === 'fleets' && parts[1]) {
+      ctx.fleet = parts[1];
+      header(ctx.fleet);
+      if (parts[2] === 'runs' && parts[3]) {
+        ctx.run = parts[3];
+        document.title = `${ctx.run} · Flotilla`;
+        stop = await runView.render(ctx);
+      } else if (parts[2] === 'runs') {
+        document.title = `Runs · ${ctx.fleet} · Flotilla`;
+        stop = await runsView.render(ctx);
+      } else {
+        document.title = `${ctx.fleet} · Flotilla`;
+        stop = await fleetView.render(ctx);
+      }
+    } else {
+      header(null);
+      document.title = 'Flotilla';
+      const fleets = await listAll('/v1/fleets');
+      if (fleets.length === 1) {
+        location.replace(`#/fleets/${enc(fleets[0].name)}`);
+        return;
+      }
+      ctx.main.append(h('h1', {}, 'Fleets'),
+        fleets.length
+          ? h('ul', { class: 'plain' }, fleets.map((f) => h('li', {}, h('a', { href: `#/fleets/${enc(f.name)}` }, f.name))))
+          : h('p', {}, 'No fleets yet.'));
+    }
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) {
+      token.clear();
+      signInForm('That token was not accepted.');
+      return;
+    }
+    if (e?.name !== 'AbortError') {
+      ctx.main.append(h('p', { class: 'error', role: 'alert' }, `Could not load: ${e.message}`));
+    }
+  }
+  if (controller.signal.aborted) stop?.();
+}
+
+async function start() {
+  takeTokenFromFragment();
+  if (!token.get()) {
+    signInForm();
+    return;
+  }
+  try {
+    me = await api('/v1/me');
+  } catch (e) {
+    token.clear();
+    signInForm(e instanceof ApiError && e.status === 401 ? 'That token was not accepted.' : `Could not reach the server: ${e.message}`);
+    return;
+  }
+  await route();
+}
+
+window.addEventListener('hashchange', () => {
+  if (location.hash.startsWith('#token=')) start();
+  else if (me) route();
+});
+start();

@@ -1,0 +1,481 @@
+// One update run, live: stages left to right with their groups and member tiles, gates as
+// checkpoints between them, waits as countdowns, thresholds against failure counts, a details
+// panel for whatever is clicked, a timeline of member upgrades and the event log. The run's
+// event stream (server-sent events) triggers a re-read of the run; a slow poll covers a
+// dropped stream.
+
+import { api, listAll, enc, streamEvents, can, ApiError } from './api.js';
+import { h, clear, badge, stateBar, countStates, time, fmtDuration, fmtTime, parseTime, STATES, TERMINAL } from './dom.js';
+import { targetText, progress, progressBar } from './runs.js';
+
+/** Above this many members a group shows counts until expanded. */
+const GROUP_COLLAPSE_MEMBERS = 100;
+/** Above this many groups a stage shows each group as one summary line until expanded. */
+const STAGE_COLLAPSE_GROUPS = 12;
+const POLL_MS = 5000;
+const DEBOUNCE_MS = 250;
+const MAX_EVENTS = 200;
+
+export async function render(ctx) {
+  const { main, fleet, run: runName, me, notify, signal } = ctx;
+  const base = `/v1/fleets/${enc(fleet)}`;
+  const runPath = `${base}/updateRuns/${enc(runName)}`;
+
+  const view = {
+    run: null,
+    gates: new Map(),
+    expanded: new Map(),
+    timelineOpen: new Set(),
+    selected: null,
+    events: [],
+  };
+
+  const live = h('span', { id: 'live', class: 'live', role: 'status' }, 'connecting…');
+  const head = h('section', { id: 'run-header', 'aria-label': 'Run summary' });
+  const pipeline = h('ol', { id: 'pipeline', class: 'pipeline', 'aria-label': 'Stages, gates and waits in order' });
+  const details = h('aside', { id: 'details', class: 'details', 'aria-live': 'polite', 'aria-label': 'Details' });
+  const timeline = h('div', { id: 'timeline', class: 'timeline' });
+  const events = h('ol', { id: 'events', class: 'events', reversed: true });
+  main.append(
+    h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: `#/fleets/${enc(fleet)}/runs` }, 'Runs'), ' / ', runName),
+    head,
+    h('div', { class: 'run-body' },
+      h('div', { class: 'pipeline-wrap' }, pipeline),
+      details),
+    h('section', { 'aria-labelledby': 'tl-title' }, h('h2', { id: 'tl-title' }, 'Timeline'), timeline),
+    h('section', { 'aria-labelledby': 'ev-title' }, h('h2', { id: 'ev-title' }, 'Events'), events));
+
+  // ------------------------------------------------------------------------------------------
+  // Actions: each one is checked by the server too; buttons only appear for roles that may.
+
+  async function act(label, path, body, method = 'POST') {
+    try {
+      await api(path, { method, body });
+      notify(label, 'ok');
+    } catch (e) {
+      notify(`${label} failed: ${e.message}`, 'error');
+    }
+    await refresh();
+  }
+  const skip = (type, name) => act(`Skipped ${type} ${name}`, `${runPath}/skip`, { targets: [{ type, name }] });
+  const approve = (gateId, name) => act(`Gate "${name}" approved by ${me.subject}`, `${base}/gates/${enc(gateId)}`, { properties: { state: 'Completed' } }, 'PATCH');
+
+  /** A button whose action runs once at a time: it is disabled until the view re-renders. */
+  function button(key, label, onclick, extra = {}) {
+    const run = (event) => {
+      event.currentTarget.disabled = true;
+      onclick(event);
+    };
+    return h('button', { type: 'button', dataset: { key }, onclick: run, ...extra }, label);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Rendering.
+
+  function renderHeader() {
+    const run = view.run;
+    const status = run.properties?.status || {};
+    const state = status.status?.state || 'NotStarted';
+    const p = progress(status);
+    const images = status.nodeImageSelection?.selectedNodeImageVersions?.map((v) => v.version) || [];
+    const actions = h('div', { class: 'actions', id: 'run-actions' });
+    if (can(me, 'operator')) {
+      if (!['Running', 'Stopping', 'Completed', 'Skipped'].includes(state)) {
+        actions.append(button('a:start', state === 'NotStarted' ? 'Start' : 'Start again', () => act('Run started', `${runPath}/start`), { class: 'primary', id: 'start-run' }));
+      }
+      if (['Running', 'Pending'].includes(state)) {
+        actions.append(button('a:stop', 'Stop', () => act('Run stopping', `${runPath}/stop`), { class: 'danger', id: 'stop-run' }));
+      }
+    }
+    const stageFailures = (status.stages || []).map((s) => `${s.name} ${s.failureCount}/${s.maxAllowedFailures}`).join(', ');
+    clear(head).append(...[
+      h('div', { class: 'title-row' },
+        h('h1', {}, runName, ' ', h('span', { id: 'run-state' }, badge(state))),
+        live,
+        actions),
+      h('dl', { class: 'facts' },
+        h('div', {}, h('dt', {}, 'Target'), h('dd', {}, targetText(run))),
+        images.length ? h('div', {}, h('dt', {}, 'Node images'), h('dd', {}, images.join(', '))) : null,
+        h('div', {}, h('dt', {}, 'Progress'), h('dd', { id: 'run-progress' }, progressBar(p, 'Members done'))),
+        h('div', {}, h('dt', {}, 'Failures'), h('dd', { id: 'run-failures', class: status.failureCount ? 'bad' : '' }, `${status.failureCount ?? 0}`, stageFailures ? h('span', { class: 'muted' }, ` (allowed per stage: ${stageFailures})`) : null)),
+        h('div', {}, h('dt', {}, 'Started'), h('dd', {}, time(status.status?.startTime))),
+        h('div', {}, h('dt', {}, 'Finished'), h('dd', {}, time(status.status?.completedTime)))),
+      status.status?.error ? h('p', { class: 'error' }, status.status.error.message) : null,
+    ].filter(Boolean));
+  }
+
+  /** The strategy's gate definitions in the order of the status tree, for their types. */
+  function gateType(gate, definitions, index) {
+    return view.gates.get(gate.gateId)?.properties?.gateType || definitions?.[index]?.type || 'Approval';
+  }
+
+  function checkpoint(gate, type, where, compact) {
+    const state = gate.status?.state || 'NotStarted';
+    const resource = view.gates.get(gate.gateId)?.properties || {};
+    const name = gate.displayName || `${type} gate`;
+    const key = `g:${gate.gateId}`;
+    const parts = [
+      h('span', { class: 'gate-mark', 'aria-hidden': 'true' }, type === 'Approval' ? '◆' : '◷'),
+      h('button', { type: 'button', class: 'link gate-name', dataset: { key }, onclick: () => select({ kind: 'gate', gate, type, where }) }, name),
+      badge(state),
+    ];
+    if (resource.approvedBy) {
+      parts.push(h('span', { class: 'approved-by' }, `approved by ${resource.approvedBy}`, resource.approvedAt ? [' at ', time(resource.approvedAt)] : null));
+    }
+    const start = parseTime(resource.scheduledStartProperties?.absoluteStartTime);
+    if (type !== 'Approval' && start && state === 'Pending') {
+      parts.push(h('span', { class: 'countdown', dataset: { deadline: String(start) } }, ''));
+    }
+    if (type === 'Approval' && state === 'Pending') {
+      if (can(me, 'approver')) {
+        parts.push(button(`a:approve:${gate.gateId}`, 'Approve', () => approve(gate.gateId, name), { class: 'primary approve', 'aria-label': `Approve gate: ${name}` }));
+      } else {
+        parts.push(h('span', { class: 'muted' }, 'waiting for an approver'));
+      }
+    }
+    return h(compact ? 'div' : 'li', {
+      class: `checkpoint s-${state}${compact ? ' compact' : ''}`,
+      dataset: { gate: gate.gateId, state },
+      role: 'group',
+      'aria-label': `${where} ${type} gate ${name}: ${state}`,
+    }, parts);
+  }
+
+  function waitItem(stage) {
+    const wait = stage.afterStageWaitStatus;
+    const state = wait.status?.state || 'NotStarted';
+    const started = parseTime(wait.status?.startTime);
+    const parts = [h('span', { class: 'gate-mark', 'aria-hidden': 'true' }, '◔'), h('span', { class: 'gate-name' }, `Wait ${fmtDuration(wait.waitDurationInSeconds * 1000)}`), badge(state)];
+    if (state === 'Running' && started) {
+      parts.push(h('span', { class: 'countdown', dataset: { deadline: String(started + wait.waitDurationInSeconds * 1000) } }, ''));
+    }
+    if (can(me, 'operator') && ['NotStarted', 'Running', 'Pending'].includes(state)) {
+      parts.push(button(`a:skipwait:${stage.name}`, 'Skip wait', () => skip('AfterStageWait', stage.name), { class: 'small' }));
+    }
+    return h('li', { class: `checkpoint wait s-${state}`, dataset: { wait: stage.name, state }, 'aria-label': `Wait after stage ${stage.name}: ${state}` }, parts);
+  }
+
+  function tile(stage, group, m) {
+    const state = m.status?.state || 'NotStarted';
+    const message = m.status?.error?.message || m.message || '';
+    const key = `m:${stage.name}/${group.name}/${m.name}`;
+    const selected = view.selected?.kind === 'member' && view.selected.name === m.name;
+    return h('li', {},
+      h('button', {
+        type: 'button',
+        class: `tile s-${state}${selected ? ' selected' : ''}`,
+        dataset: { member: m.name, state, key },
+        title: `${m.name}: ${STATES[state]?.label || state}${message ? ` — ${message}` : ''}`,
+        'aria-label': `${m.name}: ${STATES[state]?.label || state}${message ? `. ${message}` : ''}`,
+        'aria-pressed': selected ? 'true' : 'false',
+        onclick: () => select({ kind: 'member', stage: stage.name, group: group.name, name: m.name }),
+      }, h('span', { 'aria-hidden': 'true' }, STATES[state]?.glyph || '?')));
+  }
+
+  function limits(node, members) {
+    const running = members.filter((m) => m.status?.state === 'Running').length;
+    const over = node.failureCount > node.maxAllowedFailures;
+    return h('p', { class: 'limits' },
+      h('span', { title: 'members upgrading now / resolved maxConcurrency' }, `${running} / ${node.maxConcurrency} at once`),
+      ' · ',
+      h('span', { class: over ? 'bad' : node.failureCount ? 'warn' : '', title: 'failures / resolved maxAllowedFailures' }, `failures ${node.failureCount} / ${node.maxAllowedFailures} allowed`));
+  }
+
+  function groupCard(stage, group, definition, collapsedByDefault) {
+    const members = group.members || [];
+    const state = group.status?.state || 'NotStarted';
+    const key = `${stage.name}/${group.name}`;
+    const expanded = view.expanded.has(key) ? view.expanded.get(key) : !collapsedByDefault && members.length <= GROUP_COLLAPSE_MEMBERS;
+    const done = members.filter((m) => TERMINAL.has(m.status?.state)).length;
+    const toggle = h('button', {
+      type: 'button',
+      class: 'toggle',
+      'aria-expanded': String(expanded),
+      dataset: { key: `t:${key}` },
+      'aria-label': `${expanded ? 'Collapse' : 'Expand'} group ${group.name} (${members.length} members)`,
+      onclick: () => { view.expanded.set(key, !expanded); renderPipeline(); },
+    }, expanded ? '▾' : '▸');
+    const card = h('article', { class: `group s-${state}${expanded ? '' : ' collapsed'}`, dataset: { group: group.name, state }, 'aria-label': `Group ${group.name}: ${state}` },
+      h('header', {},
+        toggle,
+        h('button', { type: 'button', class: 'link name', dataset: { key: `gr:${key}` }, onclick: () => select({ kind: 'group', stage: stage.name, group: group.name }) }, group.name),
+        badge(state),
+        expanded ? null : stateBar(countStates(members), members.length),
+        h('span', { class: 'counts done' }, `${done}/${members.length}`)));
+    const beforeGates = group.beforeGates || [];
+    const afterGates = group.afterGates || [];
+    beforeGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before group ${group.name}`, true)));
+    if (expanded) {
+      card.append(limits(group, members));
+      if (group.message) card.append(h('p', { class: 'muted small' }, group.message));
+      if (group.status?.error) card.append(h('p', { class: 'error small' }, group.status.error.message));
+      card.append(h('ul', { class: 'tiles', 'aria-label': `Members of ${group.name}` }, members.map((m) => tile(stage, group, m))));
+    }
+    afterGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After group ${group.name}`, true)));
+    return card;
+  }
+
+  function stageCard(stage, definition) {
+    const state = stage.status?.state || 'NotStarted';
+    const groups = stage.groups || [];
+    const members = groups.flatMap((g) => g.members || []);
+    const many = groups.length > STAGE_COLLAPSE_GROUPS;
+    return h('li', { class: `stage s-${state}`, dataset: { stage: stage.name, state } },
+      h('section', { 'aria-label': `Stage ${stage.name}: ${state}` },
+        h('header', {},
+          h('h2', {}, h('button', { type: 'button', class: 'link name', dataset: { key: `st:${stage.name}` }, onclick: () => select({ kind: 'stage', stage: stage.name }) }, stage.name)),
+          badge(state)),
+        limits(stage, members),
+        stateBar(countStates(members), members.length),
+        stage.message ? h('p', { class: 'muted small' }, stage.message) : null,
+        stage.status?.error ? h('p', { class: 'error small' }, stage.status.error.message) : null,
+        many ? h('p', { class: 'muted small' }, `${groups.length} groups: expand one to see its members.`) : null,
+        h('div', { class: many ? 'groups many' : 'groups' }, groups.map((g) => groupCard(stage, g, definition?.groups?.find((d) => d.name === g.name), many)))));
+  }
+
+  function renderPipeline() {
+    const focused = document.activeElement?.dataset?.key;
+    const run = view.run;
+    const status = run.properties?.status || {};
+    const definitions = run.properties?.strategy?.stages || [];
+    clear(pipeline);
+    for (const stage of status.stages || []) {
+      const definition = definitions.find((d) => d.name === stage.name);
+      (stage.beforeGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before stage ${stage.name}`, false)));
+      pipeline.append(stageCard(stage, definition));
+      (stage.afterGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After stage ${stage.name}`, false)));
+      if (stage.afterStageWaitStatus) pipeline.append(waitItem(stage));
+    }
+    if (focused) pipeline.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
+    tick();
+  }
+
+  function find(selection) {
+    const stages = view.run.properties?.status?.stages || [];
+    const stage = stages.find((s) => s.name === selection.stage);
+    const group = stage?.groups?.find((g) => g.name === selection.group);
+    return { stage, group, member: group?.members?.find((m) => m.name === selection.name) };
+  }
+
+  function select(selection) {
+    view.selected = selection;
+    renderDetails();
+    renderPipeline();
+  }
+
+  function renderDetails() {
+    const focused = document.activeElement?.dataset?.key;
+    clear(details);
+    const sel = view.selected;
+    if (!sel) {
+      details.append(h('h2', {}, 'Details'), h('p', { class: 'muted' }, 'Click a member, group, stage or gate to see its times, messages and actions.'),
+        h('div', { class: 'legend', 'aria-label': 'Legend' }, Object.entries(STATES).map(([s, v]) => h('span', { class: `tile-legend s-${s}` }, h('span', { class: 'tile', 'aria-hidden': 'true' }, v.glyph), ` ${v.label}`))));
+      return;
+    }
+    const rows = [];
+    const row = (k, v) => rows.push(h('dt', {}, k), h('dd', {}, v ?? '—'));
+    let title = '';
+    const actions = h('div', { class: 'actions' });
+    if (sel.kind === 'member') {
+      const { member } = find(sel);
+      if (!member) { view.selected = null; renderDetails(); return; }
+      const state = member.status?.state;
+      title = member.name;
+      row('State', badge(state));
+      row('Stage / group', `${sel.stage} / ${sel.group}`);
+      row('Started', time(member.status?.startTime));
+      row('Finished', time(member.status?.completedTime));
+      const start = parseTime(member.status?.startTime);
+      if (start) row('Took', fmtDuration((parseTime(member.status?.completedTime) ?? Date.now()) - start));
+      if (member.message) row('Message', member.message);
+      if (member.status?.error) row('Error', h('span', { class: 'error' }, `${member.status.error.code}: ${member.status.error.message}`));
+      row('Operation', member.operationId);
+      row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));
+      if (can(me, 'operator') && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
+    } else if (sel.kind === 'group') {
+      const { group } = find(sel);
+      if (!group) { view.selected = null; renderDetails(); return; }
+      title = `Group ${group.name}`;
+      row('State', badge(group.status?.state));
+      row('Members', stateBar(countStates(group.members || []), (group.members || []).length));
+      row('maxConcurrency', String(group.maxConcurrency));
+      row('Failures', `${group.failureCount} of ${group.maxAllowedFailures} allowed`);
+      row('Started', time(group.status?.startTime));
+      row('Finished', time(group.status?.completedTime));
+      if (group.message) row('Message', group.message);
+      if (group.status?.error) row('Error', h('span', { class: 'error' }, group.status.error.message));
+      if (can(me, 'operator') && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
+    } else if (sel.kind === 'stage') {
+      const { stage } = find(sel);
+      if (!stage) { view.selected = null; renderDetails(); return; }
+      title = `Stage ${stage.name}`;
+      row('State', badge(stage.status?.state));
+      row('Groups', String((stage.groups || []).length));
+      row('maxConcurrency', String(stage.maxConcurrency));
+      row('Failures', `${stage.failureCount} of ${stage.maxAllowedFailures} allowed`);
+      row('Started', time(stage.status?.startTime));
+      row('Finished', time(stage.status?.completedTime));
+      if (stage.message) row('Message', stage.message);
+      if (stage.status?.error) row('Error', h('span', { class: 'error' }, stage.status.error.message));
+      if (can(me, 'operator') && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
+    } else if (sel.kind === 'gate') {
+      const resource = view.gates.get(sel.gate.gateId)?.properties || {};
+      title = sel.gate.displayName || `${sel.type} gate`;
+      row('Where', sel.where);
+      row('Type', sel.type);
+      row('State', badge(resource.state || sel.gate.status?.state));
+      row('Reached', time(sel.gate.status?.startTime));
+      row('Completed', time(sel.gate.status?.completedTime));
+      if (resource.approvedBy) row('Approved by', resource.approvedBy);
+      if (resource.approvedAt) row('Approved at', time(resource.approvedAt));
+      if (resource.scheduledStartProperties?.absoluteStartTime) row('Opens at', time(resource.scheduledStartProperties.absoluteStartTime));
+      row('Gate id', h('code', {}, sel.gate.gateId));
+    }
+    details.append(
+      h('div', { class: 'title-row' }, h('h2', {}, title), button('d:close', 'Close', () => { view.selected = null; renderDetails(); renderPipeline(); }, { class: 'link', 'aria-label': 'Close details' })),
+      h('dl', { class: 'kv' }, rows),
+      actions);
+    if (focused) details.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
+  }
+
+  function renderTimeline() {
+    const status = view.run.properties?.status || {};
+    const t0 = parseTime(status.status?.startTime);
+    clear(timeline);
+    if (!t0) {
+      timeline.append(h('p', { class: 'muted' }, 'The run has not started.'));
+      return;
+    }
+    const t1 = Math.max(parseTime(status.status?.completedTime) ?? Date.now(), t0 + 1000);
+    const span = t1 - t0;
+    const bar = (node, label) => {
+      const s = parseTime(node.status?.startTime);
+      const state = node.status?.state || 'NotStarted';
+      if (s === null) return h('div', { class: 'track' });
+      const e = parseTime(node.status?.completedTime) ?? t1;
+      const left = (100 * (s - t0)) / span;
+      const width = Math.max((100 * (e - s)) / span, 0.3);
+      return h('div', { class: 'track' }, h('span', {
+        class: `bar s-${state}`,
+        style: { left: `${left}%`, width: `${width}%` },
+        title: `${label}: ${STATES[state]?.label || state}, ${fmtTime(node.status?.startTime)} → ${node.status?.completedTime ? fmtTime(node.status.completedTime) : 'now'} (${fmtDuration(e - s)})`,
+      }));
+    };
+    const rows = [h('div', { class: 'axis', 'aria-hidden': 'true' }, h('span', {}, fmtTime(new Date(t0).toISOString())), h('span', {}, fmtDuration(span)), h('span', {}, status.status?.completedTime ? fmtTime(status.status.completedTime) : 'now'))];
+    for (const stage of status.stages || []) {
+      rows.push(h('div', { class: 'tl-row stage-row' }, h('span', { class: 'tl-label' }, stage.name), bar(stage, `Stage ${stage.name}`)));
+      for (const group of stage.groups || []) {
+        const key = `${stage.name}/${group.name}`;
+        const open = view.timelineOpen.has(key);
+        const det = h('details', { open: open || null },
+          h('summary', { class: 'tl-row' }, h('span', { class: 'tl-label' }, `${group.name} (${(group.members || []).length})`), bar(group, `Group ${group.name}`)));
+        if (open) {
+          for (const m of group.members || []) {
+            if (!m.status?.startTime) continue;
+            det.append(h('div', { class: 'tl-row member-row' }, h('span', { class: 'tl-label' }, m.name), bar(m, m.name)));
+          }
+        }
+        det.addEventListener('toggle', () => {
+          if (det.open === open) return;
+          if (det.open) view.timelineOpen.add(key); else view.timelineOpen.delete(key);
+          renderTimeline();
+        });
+        rows.push(det);
+      }
+    }
+    timeline.append(...rows);
+  }
+
+  function renderEvents() {
+    clear(events);
+    for (const e of view.events.slice(-MAX_EVENTS).reverse()) {
+      const where = [e.stage, e.group, e.member, e.gate].filter(Boolean).join(' / ');
+      events.append(h('li', { class: `event t-${e.type}` }, time(e.time), ' ', h('strong', {}, e.type), where ? ` ${where}` : '', e.message ? h('span', { class: 'muted' }, ` — ${e.message}`) : '', e.error?.message ? h('span', { class: 'error' }, ` — ${e.error.message}`) : ''));
+    }
+    if (!view.events.length) events.append(h('li', { class: 'muted' }, 'No events yet.'));
+  }
+
+  /** Countdowns tick every second without a re-read. */
+  function tick() {
+    for (const el of main.querySelectorAll('[data-deadline]')) {
+      const left = Number(el.dataset.deadline) - Date.now();
+      el.textContent = left > 0 ? `${fmtDuration(left)} left` : 'due now';
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Data.
+
+  let inFlight = null;
+  let again = false;
+  async function refresh() {
+    if (inFlight) {
+      again = true;
+      return inFlight;
+    }
+    inFlight = (async () => {
+      try {
+        const [run, gates] = await Promise.all([
+          api(runPath, { signal }),
+          listAll(`${base}/gates`, { signal }),
+        ]);
+        view.run = run;
+        view.gates = new Map(gates.filter((g) => g.properties?.target?.updateRunProperties?.name === runName).map((g) => [g.name, g]));
+        renderHeader();
+        renderPipeline();
+        renderDetails();
+        renderTimeline();
+        main.dataset.updated = String(Date.now());
+      } catch (e) {
+        if (e.name !== 'AbortError' && !(e instanceof ApiError && e.status === 404)) notify(`Could not refresh: ${e.message}`, 'error');
+        if (e instanceof ApiError && e.status === 404) throw e;
+      } finally {
+        inFlight = null;
+      }
+      if (again && !signal.aborted) {
+        again = false;
+        await refresh();
+      }
+    })();
+    return inFlight;
+  }
+
+  let debounce = null;
+  function scheduleRefresh() {
+    if (debounce) return;
+    debounce = setTimeout(() => {
+      debounce = null;
+      refresh();
+    }, DEBOUNCE_MS);
+  }
+
+  await refresh();
+  if (!view.run) throw new Error(`update run ${runName} could not be read`);
+  renderEvents();
+  let eventsQueued = false;
+  streamEvents(`${runPath}/events`, {
+    signal,
+    onEvent: (event) => {
+      view.events.push(event);
+      if (view.events.length > MAX_EVENTS * 2) view.events.splice(0, view.events.length - MAX_EVENTS);
+      // A stream's backlog can hold thousands of events: draw the log once per frame.
+      if (!eventsQueued) {
+        eventsQueued = true;
+        requestAnimationFrame(() => { eventsQueued = false; renderEvents(); });
+      }
+      scheduleRefresh();
+    },
+    onState: (s) => {
+      live.textContent = s === 'live' ? '● live' : s === 'closed' ? 'not live' : 'reconnecting…';
+      live.dataset.state = s;
+      if (s === 'reconnecting') view.events = [];
+    },
+  });
+  const poll = setInterval(() => refresh(), POLL_MS);
+  const ticker = setInterval(tick, 1000);
+  return () => {
+    clearInterval(poll);
+    clearInterval(ticker);
+    clearTimeout(debounce);
+  };
+}

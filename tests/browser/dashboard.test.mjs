@@ -1,0 +1,325 @@
+// The dashboard in a real browser: Debian's headless Chromium driven by playwright-core, against
+// `flotilla demo` (60 simulated clusters, a canary stage, a wait, an approval gate, production).
+// The tests run in order on one demo: the fleet page, a run moving live, a reader who cannot
+// approve (neither on the page nor through the API), and an approver who approves the gate
+// from the page and sees production start. Screenshots go to target/browser-artifacts/.
+//
+// Environment: FLOTILLA_BIN (the binary), CHROMIUM (default /usr/bin/chromium),
+// ARTIFACTS (default ../../target/browser-artifacts).
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const here = new URL('.', import.meta.url).pathname;
+const BIN = process.env.FLOTILLA_BIN || resolve(here, '../../target/release/flotilla');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const ARTIFACTS = process.env.ARTIFACTS || resolve(here, '../../target/browser-artifacts');
+// Simulated seconds per real second: a member's upgrade takes about ten seconds, so the canary
+// stage is still running when the page first loads and its tiles can be seen changing.
+const TIME_SCALE = '60';
+
+let demo;
+let demoLog = '';
+let workdir;
+let browser;
+let base;
+let adminToken;
+let approverToken;
+// The run the demo's auto-upgrade profile starts when the simulated feed publishes 1.31.2.
+let runName;
+
+function waitForLine(pattern, deadlineMs) {
+  return new Promise((resolvePromise, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the demo printed no ${pattern} within ${deadlineMs} ms:\n${demoLog}`)), deadlineMs);
+    const check = () => {
+      const match = demoLog.match(pattern);
+      if (match) {
+        clearTimeout(timer);
+        resolvePromise(match);
+      }
+    };
+    demo.stdout.on('data', check);
+    demo.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`the demo exited with ${code}:\n${demoLog}`));
+    });
+    check();
+  });
+}
+
+async function apiCall(path, tokenValue, { method = 'GET', body } = {}) {
+  const response = await fetch(base + path, {
+    method,
+    headers: { Authorization: `Bearer ${tokenValue}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  return { status: response.status, body: text ? JSON.parse(text) : null };
+}
+
+async function newPage(name) {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.errors = errors;
+  page.shot = async (label, options = {}) => {
+    await page.screenshot({ path: join(ARTIFACTS, `${name}-${label}.png`), fullPage: true, ...options });
+  };
+  return page;
+}
+
+/** Polls fn until it returns a truthy value; fails with `what` after the deadline. */
+async function eventually(what, fn, deadlineMs = 30000) {
+  const end = Date.now() + deadlineMs;
+  let last;
+  while (Date.now() < end) {
+    last = await fn();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`timed out after ${deadlineMs} ms waiting for ${what} (last: ${JSON.stringify(last)})`);
+}
+
+const tileStates = (page) => page.$$eval('#pipeline .tile[data-member]', (tiles) => Object.fromEntries(tiles.map((t) => [t.dataset.member, t.dataset.state])));
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  workdir = mkdtempSync(join(tmpdir(), 'flotilla-browser-'));
+  demo = spawn(BIN, ['demo', '--listen', '127.0.0.1:0', '--database', join(workdir, 'flotilla.db'), '--time-scale', TIME_SCALE], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'warn' },
+  });
+  demo.stdout.setEncoding('utf8');
+  demo.stderr.setEncoding('utf8');
+  demo.stdout.on('data', (d) => { demoLog += d; });
+  demo.stderr.on('data', (d) => { demoLog += d; });
+  [, base] = await waitForLine(/dashboard:\s+(http:\/\/127\.0\.0\.1:\d+)\//, 60000);
+  [, adminToken] = await waitForLine(/admin token:\s+(flt_\S+)/, 5000);
+  [, approverToken] = await waitForLine(/approver token:\s+(flt_\S+)/, 5000);
+  [, runName] = await waitForLine(/watch it live:\s+http:\/\/127\.0\.0\.1:\d+\/#\/fleets\/demo\/runs\/(\S+)/, 60000);
+  // launch() gives Chromium a fresh user-data-dir of its own (a new temporary profile each
+  // run; Playwright refuses a --user-data-dir argument), so nothing carries over between runs.
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+});
+
+after(async () => {
+  await browser?.close();
+  if (demo && demo.exitCode === null) {
+    demo.kill('SIGTERM');
+    await new Promise((r) => { demo.once('exit', r); setTimeout(r, 5000); });
+  }
+  writeFileSync(join(ARTIFACTS, 'demo.log'), demoLog);
+  if (workdir) rmSync(workdir, { recursive: true, force: true });
+});
+
+test('the page is served with a strict content security policy and asks for a token', async () => {
+  const response = await fetch(`${base}/`);
+  assert.equal(response.status, 200);
+  assert.match(response.headers.get('content-type'), /^text\/html/);
+  assert.match(response.headers.get('content-security-policy'), /script-src 'self'/);
+  const page = await newPage('signin');
+  await page.goto(`${base}/`);
+  await page.getByLabel('Bearer token').waitFor();
+  await page.getByLabel('Bearer token').fill('flt_not_a_real_token');
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByText('That token was not accepted.').waitFor({ timeout: 10000 });
+  await page.shot('rejected');
+  assert.deepEqual(page.errors.filter((e) => !e.includes('401')), []);
+  await page.context().close();
+});
+
+test('the fleet page shows the demo fleet: 60 members with group, region, version, windows and run', async () => {
+  const page = await newPage('fleet');
+  await page.goto(`${base}/`);
+  await page.getByLabel('Bearer token').fill(approverToken);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await eventually('60 member rows', async () => (await page.locator('#members tbody tr').count()) === 60);
+  const row = page.locator('#members tbody tr[data-member="east-store-03"]');
+  const cells = await row.locator('td').allInnerTexts();
+  assert.equal(cells[0], 'prod-eastus', 'group');
+  assert.match(cells[1], /env=prod/, 'labels');
+  assert.equal(cells[2], 'eastus', 'region');
+  assert.match(cells[3], /^1\.3[01]\.\d+$/, 'Kubernetes version');
+  assert.match(cells[4], /system: AKSUbuntu-2204gen2containerd-/, 'node images');
+  assert.match(cells[5], /Kubernetes: (opens|open)/, 'the maintenance window with its next opening');
+  assert.ok(cells[6].includes(runName), `the run it is in: ${cells[6]}`);
+  assert.match(await page.locator('#me').innerText(), /demo-approver \(approver\)/);
+  // The token stays out of the address bar and in session storage only.
+  assert.ok(!page.url().includes('flt_'));
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('flotilla.token')), approverToken);
+  await page.locator('#member-filter').fill('westeurope');
+  await eventually('the filter to leave 20 rows', async () => (await page.locator('#members tbody tr:not([hidden])').count()) === 20);
+  await page.locator('#member-filter').fill('');
+  await page.shot('members');
+  await page.getByRole('link', { name: 'Runs', exact: true }).click();
+  await page.locator(`#runs tbody tr[data-run="${runName}"]`).waitFor();
+  assert.match(await page.locator(`#runs tbody tr[data-run="${runName}"]`).innerText(), /Running[\s\S]*Full · Kubernetes 1\.31\.2[\s\S]*\/ 60/);
+  await page.shot('runs');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('the run page shows tiles changing state live, without a reload', async () => {
+  const page = await newPage('live');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
+  await page.locator('#pipeline .tile[data-member]').first().waitFor();
+  await eventually('the event stream to be live', async () => (await page.locator('#live').getAttribute('data-state')) === 'live');
+  await page.evaluate(() => { window.notReloaded = true; });
+  const first = await tileStates(page);
+  assert.equal(Object.keys(first).length, 60, 'a tile per member');
+  await page.shot('before');
+  const changed = await eventually('a tile to change state', async () => {
+    const now = await tileStates(page);
+    const moved = Object.keys(first).filter((m) => now[m] !== first[m]);
+    return moved.length ? { moved, now } : null;
+  }, 60000);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  // The canary members move first: at least one of them changed, and they end Completed.
+  assert.ok(changed.moved.some((m) => m === 'east-store-01' || m === 'east-store-02'), `moved: ${changed.moved}`);
+  await eventually('both canary members Completed', async () => {
+    const now = await tileStates(page);
+    return now['east-store-01'] === 'Completed' && now['east-store-02'] === 'Completed';
+  }, 60000);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  assert.ok((await page.locator('#events li.event').count()) >= 4, 'the event log fills from the stream');
+  const tile = page.locator('.tile[data-member="east-store-01"]');
+  assert.match(await tile.getAttribute('aria-label'), /east-store-01: Completed/);
+  await tile.click();
+  assert.match(await page.locator('#details').innerText(), /east-store-01[\s\S]*Completed[\s\S]*canary \/ canary/);
+  await page.shot('canary-done');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a reader sees the pending gate without an approve button, and the API refuses the reader (403)', async () => {
+  const created = await apiCall('/v1/tokens', adminToken, { method: 'POST', body: { role: 'reader', subject: 'demo-reader' } });
+  assert.equal(created.status, 201);
+  const readerToken = created.body.token;
+  const page = await newPage('reader');
+  await page.goto(`${base}/#token=${readerToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
+  const gate = page.locator('#pipeline li.checkpoint[data-gate]');
+  await eventually('the production gate to be Pending', async () => (await gate.getAttribute('data-state')) === 'Pending', 90000);
+  await page.getByText('waiting for an approver').waitFor();
+  assert.equal(await page.locator('button.approve').count(), 0, 'no approve button for a reader');
+  assert.equal(await page.locator('#stop-run').count(), 0, 'no stop button for a reader');
+  assert.equal(await page.getByRole('button', { name: /skip/i }).count(), 0, 'no skip button for a reader');
+  assert.match(await page.locator('#me').innerText(), /demo-reader \(reader\)/);
+  await page.shot('pending-gate');
+  const gateId = await gate.getAttribute('data-gate');
+  const refused = await apiCall(`/v1/fleets/demo/gates/${gateId}`, readerToken, { method: 'PATCH', body: { properties: { state: 'Completed' } } });
+  assert.equal(refused.status, 403, JSON.stringify(refused.body));
+  const still = await apiCall(`/v1/fleets/demo/gates/${gateId}`, readerToken);
+  assert.equal(still.body.properties.state, 'Pending', 'the refused approval changed nothing');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('an approver approves the gate from the page, the approver is shown, and production starts', async () => {
+  const page = await newPage('approve');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
+  const approve = page.getByRole('button', { name: /^Approve gate: Canary looks healthy/ });
+  await approve.waitFor({ timeout: 90000 });
+  await page.evaluate(() => { window.notReloaded = true; });
+  const production = page.locator('#pipeline li.stage[data-stage="production"]');
+  assert.ok(['NotStarted', 'Pending'].includes(await production.getAttribute('data-state')), 'production waits at the gate');
+  await page.shot('before');
+  await approve.click();
+  const gate = page.locator('#pipeline li.checkpoint[data-gate]');
+  await eventually('the gate to be Completed', async () => (await gate.getAttribute('data-state')) === 'Completed', 15000);
+  assert.match(await gate.innerText(), /approved by demo-approver/);
+  await eventually('the production stage to run', async () => (await production.getAttribute('data-state')) === 'Running', 15000);
+  await eventually('a production member to start', async () => {
+    const states = await production.locator('.tile[data-member]').evaluateAll((tiles) => tiles.map((t) => t.dataset.state));
+    return states.some((s) => s === 'Running' || s === 'Completed' || s === 'Pending');
+  }, 30000);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  const gateId = await gate.getAttribute('data-gate');
+  const recorded = await apiCall(`/v1/fleets/demo/gates/${gateId}`, adminToken);
+  assert.equal(recorded.body.properties.approvedBy, 'demo-approver');
+  await page.locator('#pipeline li.checkpoint[data-gate] button.gate-name').click();
+  assert.match(await page.locator('#details').innerText(), /Approved by\s+demo-approver/);
+  await page.shot('production-running');
+  await page.setViewportSize({ width: 2560, height: 1200 });
+  await page.shot('wide');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a stage of 50 groups and a group of 1,000 members collapse into summaries and fit the screen', async () => {
+  // A second fleet beside the demo's, 1,000 members in 50 groups of 20: run "wide" has one
+  // stage of the 50 groups; run "deep" has no strategy, so one stage with one group of 1,000.
+  const clusters = {};
+  for (let i = 0; i < 1000; i++) {
+    clusters[`/c/big-${i}`] = { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [] };
+  }
+  const driver = { type: 'sim', timeScale: 1, catalog: { eastus: { kubernetes: [{ version: '1.30.5' }, { version: '1.31.1' }] } }, clusters };
+  assert.equal((await apiCall('/v1/fleets/big', adminToken, { method: 'PUT', body: { properties: { driver } } })).status, 201);
+  const puts = [];
+  for (let i = 0; i < 1000; i++) {
+    const body = { properties: { clusterResourceId: `/c/big-${i}`, group: `g${String(i % 50).padStart(2, '0')}` } };
+    puts.push(apiCall(`/v1/fleets/big/members/m${String(i).padStart(4, '0')}`, adminToken, { method: 'PUT', body }));
+    if (puts.length === 50) assert.ok((await Promise.all(puts.splice(0))).every((r) => r.status < 300));
+  }
+  assert.ok((await Promise.all(puts)).every((r) => r.status < 300));
+  const groups = Array.from({ length: 50 }, (_, g) => ({ name: `g${String(g).padStart(2, '0')}` }));
+  const upgrade = { upgrade: { type: 'Full', kubernetesVersion: '1.31.1' } };
+  for (const [name, properties] of [
+    ['wide', { strategy: { stages: [{ name: 'wide', groups }] }, managedClusterUpdate: upgrade }],
+    ['deep', { managedClusterUpdate: upgrade }],
+  ]) {
+    const run = await apiCall(`/v1/fleets/big/updateRuns/${name}`, adminToken, { method: 'PUT', body: { properties } });
+    assert.ok(run.status < 300, JSON.stringify(run.body));
+  }
+
+  const page = await newPage('large');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  const noSidewaysScroll = async (what) => {
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `${what}: the page is ${overflow}px wider than the window`);
+  };
+  for (const width of [1366, 2560]) {
+    await page.setViewportSize({ width, height: 900 });
+    await page.goto(`${base}/#/fleets/big/runs/wide`);
+    const wide = page.locator('#pipeline li.stage[data-stage="wide"]');
+    await wide.waitFor();
+    assert.equal(await wide.locator('article.group').count(), 50);
+    assert.equal(await wide.locator('.tile').count(), 0, 'a stage of 50 groups shows summaries, not tiles');
+    assert.equal(await wide.locator('article.group .statebar').count(), 50);
+    assert.match(await wide.locator('article.group[data-group="g07"] .statebar-wrap').innerText(), /20 not started/);
+    await noSidewaysScroll(`wide at ${width}px`);
+    const height = await wide.evaluate((el) => el.getBoundingClientRect().height);
+    assert.ok(height < 1600, `50 collapsed groups take ${height}px`);
+    await page.shot(`wide-${width}`);
+    await page.goto(`${base}/#/fleets/big/runs/deep`);
+    const deep = page.locator('#pipeline li.stage[data-stage="default"]');
+    await deep.waitFor();
+    assert.equal(await deep.locator('.tile').count(), 0, 'a group of 1,000 starts collapsed');
+    assert.match(await deep.locator('article.group .counts.done').innerText(), /^0\/1000$/);
+    await deep.getByRole('button', { name: 'Expand group default (1000 members)' }).click();
+    await eventually('1,000 tiles', async () => (await deep.locator('.tile').count()) === 1000);
+    await noSidewaysScroll(`deep at ${width}px`);
+    const tilesHeight = await deep.locator('ul.tiles').evaluate((el) => el.getBoundingClientRect().height);
+    assert.ok(tilesHeight < 800, `1,000 tiles take ${tilesHeight}px`);
+    await page.shot(`deep-${width}`);
+  }
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
