@@ -377,6 +377,11 @@ async fn main() {
             )
             .await;
     }
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    println!(
+        "RSS with {runs} runs started over {members} members, before any large read: {:.0} MiB",
+        status_mib("VmRSS:")
+    );
     let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns/r000", 8, 10).await;
     println!(
         "GET a {members}-member run ({:.1} MB) while {runs} runs run: {rps:.1} requests/s, p99 {latency:.0} ms (8 clients, 10 s)",

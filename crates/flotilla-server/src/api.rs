@@ -581,6 +581,7 @@ async fn delete_fleet(
         return Err(not_found("fleet", &fleet));
     }
     state.runs.drivers.forget(&fleet);
+    state.runs.let_go(&fleet).await;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -1147,7 +1148,7 @@ async fn create_run(
         "properties": properties,
     });
     let internal = json!({"members": snapshot.members, "catalog": snapshot.catalog, "rules": snapshot.rules, "createdAt": now()});
-    state.runs.forget(fleet, run);
+    state.runs.retire(fleet, run);
     // A run replaced before it started starts from a clean log.
     let mut when = when;
     if state.runs.store.get(fleet, Kind::Run, run).await?.is_some() {
@@ -1191,7 +1192,7 @@ async fn delete_run(
         ))
         .into());
     }
-    state.runs.forget(&fleet, &run);
+    state.runs.retire(&fleet, &run);
     state
         .runs
         .store

@@ -167,13 +167,24 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow_like::Result<()> {
         let app = api::router(self.state.clone());
-        let served = axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| anyhow_like::Error(e.to_string()));
-        // Other replicas take over at once rather than after the lease time.
-        self.state.runs.release_leases().await;
-        served
+        let runs = self.state.runs.clone();
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let stopped = stopping.clone();
+        let graceful = async move {
+            shutdown.await;
+            // Other replicas take over at once rather than after the lease time.
+            runs.release_leases().await;
+            stopped.notify_one();
+        };
+        let serve = axum::serve(self.listener, app).with_graceful_shutdown(graceful);
+        tokio::select! {
+            served = serve => served.map_err(|e| anyhow_like::Error(e.to_string())),
+            // Open event streams never end by themselves: they get a few seconds, no more.
+            _ = async {
+                stopping.notified().await;
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            } => Ok(()),
+        }
     }
 }
 

@@ -38,8 +38,10 @@ pub struct Replica {
     held: Mutex<HashMap<String, Held>>,
     /// Serialises taking leases, so the coordinator and an API call do not race for one.
     taking: tokio::sync::Mutex<()>,
-    /// Handed-over actions already given to a run, until their result is recorded.
-    delivered: Mutex<std::collections::HashSet<i64>>,
+    /// Handed-over actions already given to a run, by fleet, until their result is recorded.
+    delivered: Mutex<HashMap<String, std::collections::HashSet<i64>>>,
+    /// Shutting down: take no more leases.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +51,8 @@ struct Held {
     /// clock, counted from before the renewal was asked for and cut short by a tenth, so it
     /// ends before the database lets another replica take over.
     valid_until: Instant,
+    /// When this replica took the lease.
+    taken_at: Instant,
 }
 
 impl Replica {
@@ -59,15 +63,21 @@ impl Replica {
             held: Mutex::new(HashMap::new()),
             taking: tokio::sync::Mutex::new(()),
             delivered: Mutex::new(Default::default()),
+            closing: Default::default(),
         }
     }
 
-    /// A replica id: the process and a random part, so restarts get new ids.
+    /// A replica id: the listen address for people to read, the process, and 64 random bits,
+    /// so that replicas in identical containers and restarts all differ.
     pub fn generated_id(hint: &str) -> String {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        format!("{hint}/pid{}/{:08x}", std::process::id(), nanos)
+        use std::hash::{BuildHasher, Hasher};
+        let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+        random.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        format!("{hint}/pid{}/{:016x}", std::process::id(), random.finish())
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -99,11 +109,24 @@ impl Replica {
     }
 
     /// The fleets held, with their epochs.
+    /// The epoch held for a fleet, if any.
+    fn epoch(&self, fleet: &str) -> Option<i64> {
+        self.held().get(fleet).map(|h| h.epoch)
+    }
+
     fn held_epochs(&self) -> Vec<(String, i64)> {
         self.held()
             .iter()
             .map(|(f, h)| (f.clone(), h.epoch))
             .collect()
+    }
+
+    /// How long until a lease taken at `epoch` is a full lease time old, if it is not yet.
+    fn settling(&self, fleet: &str, epoch: i64) -> Option<Duration> {
+        let held = self.held().get(fleet).copied()?;
+        (held.epoch == epoch)
+            .then(|| (held.taken_at + self.ttl).checked_duration_since(Instant::now()))
+            .flatten()
     }
 
     pub fn held_fleets(&self) -> Vec<String> {
@@ -155,6 +178,9 @@ pub const SNAPSHOT: &str = "x-flotilla";
 
 /// Member → the run and attempt upgrading it.
 type MemberLocks = HashMap<String, (String, u64)>;
+
+/// A run's task: the lease epoch it drives the run under, and its mailbox.
+type RunTask = (i64, mpsc::UnboundedSender<Msg>);
 
 /// A driver and the configuration it was built from.
 type BuiltDriver = (Value, Arc<dyn Driver>);
@@ -213,7 +239,14 @@ pub struct Runs {
     pub drivers: Drivers,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<RunEvent>,
-    handles: Mutex<HashMap<(String, String), mpsc::UnboundedSender<Msg>>>,
+    /// The task of each run this replica drives, with the lease epoch it drives it under.
+    handles: Mutex<HashMap<(String, String), RunTask>>,
+    /// One run task is built at a time, so two callers never build two for one run.
+    loading: tokio::sync::Mutex<()>,
+    /// Runs whose task ended on a store error, and fleets whose runs could not all be resumed:
+    /// the coordinator tries again on its next pass.
+    to_reload: Mutex<std::collections::HashSet<(String, String)>>,
+    to_resume: Mutex<std::collections::HashSet<String>>,
     /// (fleet, member) → the runs told that member is locked: woken when it is let go.
     waiters: Mutex<HashMap<(String, String), std::collections::HashSet<String>>>,
     /// Fleet → member → the run (and attempt) upgrading it: one operation per cluster at a time,
@@ -294,6 +327,9 @@ impl Runs {
             metrics,
             events,
             handles: Mutex::new(HashMap::new()),
+            loading: tokio::sync::Mutex::new(()),
+            to_reload: Mutex::new(Default::default()),
+            to_resume: Mutex::new(Default::default()),
             locks: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
@@ -365,7 +401,7 @@ impl Runs {
         };
         let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         for run in runs {
-            if let Some(tx) = handles.get(&(fleet.to_string(), run)) {
+            if let Some((_, tx)) = handles.get(&(fleet.to_string(), run)) {
                 let _ = tx.send(Msg::Nudge);
             }
         }
@@ -414,7 +450,7 @@ impl Runs {
                 .is_err()
             {
                 // The run's task ended (it finished): forget it and load it again.
-                self.forget(fleet, run);
+                self.forget(fleet, run, &tx);
                 continue;
             }
             return answer
@@ -436,7 +472,9 @@ impl Runs {
             .submit_action(fleet, run, &value)
             .await
             .map_err(store_error)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // A takeover may have to wait for the lease to run out first.
+        let patience = Duration::from_secs(30).max(self.replica.ttl * 2);
+        let deadline = Instant::now() + patience;
         loop {
             if let Some(result) = self
                 .store
@@ -451,7 +489,8 @@ impl Runs {
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return Err(ApiError::conflict(format!(
-                    "the replica driving fleet {fleet:?} did not answer within 30 s; the action may still be carried out (action {id})"
+                    "the replica driving fleet {fleet:?} did not answer within {} s; the action may still be carried out (action {id})",
+                    patience.as_secs()
                 )));
             };
             let reply = async {
@@ -476,6 +515,13 @@ impl Runs {
         if self.replica.holds(fleet) {
             return true;
         }
+        if self
+            .replica
+            .closing
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return false;
+        }
         let _taking = self.replica.taking.lock().await;
         if self.replica.holds(fleet) {
             return true;
@@ -493,11 +539,10 @@ impl Runs {
                     Held {
                         epoch,
                         valid_until: self.replica.valid_after(asked_at),
+                        taken_at: asked_at,
                     },
                 );
-                if let Err(e) = self.resume_fleet(fleet).await {
-                    tracing::error!(fleet, error = %e.message, "cannot resume the fleet's runs");
-                }
+                self.resume_fleet(fleet).await;
                 true
             }
             Ok(None) => false,
@@ -508,15 +553,20 @@ impl Runs {
         }
     }
 
-    /// Stops driving a fleet whose lease was lost: its runs' tasks end before doing anything
-    /// more, and whoever holds the lease now recovers them from the store.
-    pub fn abandon(&self, fleet: &str) {
-        if self.replica.held().remove(fleet).is_none() {
-            return;
+    /// Stops driving a fleet whose lease was lost at `epoch`: its runs' tasks end before doing
+    /// anything more, and whoever holds the lease now recovers them from the store. A later
+    /// epoch this replica took since is left alone.
+    pub fn abandon(&self, fleet: &str, epoch: i64) {
+        {
+            let mut held = self.replica.held();
+            if held.get(fleet).map(|h| h.epoch) != Some(epoch) {
+                return;
+            }
+            held.remove(fleet);
         }
-        tracing::warn!(fleet, replica = %self.replica.id, "lost the fleet's lease; no longer driving its runs");
+        tracing::warn!(fleet, epoch, replica = %self.replica.id, "no longer driving the fleet's runs");
         let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-        handles.retain(|(f, _), tx| {
+        handles.retain(|(f, _), (_, tx)| {
             if f == fleet {
                 let _ = tx.send(Msg::Abandon);
             }
@@ -527,19 +577,29 @@ impl Runs {
             locks.remove(fleet);
         }
         if let Ok(mut delivered) = self.replica.delivered.lock() {
-            delivered.clear();
+            delivered.remove(fleet);
         }
     }
 
-    /// Lets every lease go (graceful shutdown), so other replicas take over at once.
-    pub async fn release_leases(&self) {
-        let held = self.replica.held_epochs();
-        for (fleet, epoch) in held {
-            self.abandon(&fleet);
+    /// Lets a fleet's lease go at once (the fleet was deleted, or this replica stops).
+    pub async fn let_go(&self, fleet: &str) {
+        if let Some(epoch) = self.replica.epoch(fleet) {
+            self.abandon(fleet, epoch);
             let _ = self
                 .store
-                .release_lease(&fleet, &self.replica.id, epoch)
+                .release_lease(fleet, &self.replica.id, epoch)
                 .await;
+        }
+    }
+
+    /// Takes no more leases and lets every lease go (graceful shutdown), so other replicas take
+    /// over at once.
+    pub async fn release_leases(&self) {
+        self.replica
+            .closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for fleet in self.replica.held_fleets() {
+            self.let_go(&fleet).await;
         }
     }
 
@@ -569,7 +629,7 @@ impl Runs {
                         h.valid_until = self.replica.valid_after(asked_at);
                     }
                 }
-                Ok(false) => self.abandon(&fleet),
+                Ok(false) => self.abandon(&fleet, epoch),
                 // Not renewed: the lease runs out by itself, and sending stops with it.
                 Err(e) => tracing::warn!(fleet, error = %e, "cannot renew the fleet's lease"),
             }
@@ -581,7 +641,21 @@ impl Runs {
         else {
             return;
         };
-        let fair = fleets.len().div_ceil(alive);
+        // A fleet deleted (through any replica) is let go of, so it neither counts towards the
+        // fair share nor stays leased forever.
+        let existing: std::collections::HashSet<&str> =
+            fleets.iter().map(|f| f.name.as_str()).collect();
+        for fleet in self.replica.held_fleets() {
+            if !existing.contains(fleet.as_str()) {
+                self.let_go(&fleet).await;
+            }
+        }
+        // A store for one replica gives it every fleet; a shared one, its share.
+        let fair = if self.store.shared() {
+            fleets.len().div_ceil(alive)
+        } else {
+            fleets.len()
+        };
         for fleet in &fleets {
             if self.replica.held().len() >= fair {
                 break;
@@ -590,8 +664,39 @@ impl Runs {
                 self.own(&fleet.name).await;
             }
         }
+        // Runs whose task ended on a store error, and fleets not fully resumed, are tried again.
+        let resume: Vec<String> = self
+            .to_resume
+            .lock()
+            .map(|mut r| r.drain().collect())
+            .unwrap_or_default();
+        for fleet in resume {
+            if self.replica.holds(&fleet) {
+                self.resume_fleet(&fleet).await;
+            }
+        }
+        let reload: Vec<(String, String)> = self
+            .to_reload
+            .lock()
+            .map(|mut r| r.drain().collect())
+            .unwrap_or_default();
+        for (fleet, run) in reload {
+            if self.replica.holds(&fleet)
+                && let Err(e) = self.handle(&fleet, &run).await
+                && e.code != ErrorCode::NotFound
+            {
+                tracing::warn!(fleet, run, error = %e.message, "cannot reload the run; trying again");
+                self.reload_later(&fleet, &run);
+            }
+        }
         for fleet in self.replica.held_fleets() {
             self.deliver_actions(&fleet).await;
+        }
+    }
+
+    fn reload_later(&self, fleet: &str, run: &str) {
+        if let Ok(mut r) = self.to_reload.lock() {
+            r.insert((fleet.to_string(), run.to_string()));
         }
     }
 
@@ -605,7 +710,7 @@ impl Runs {
                 .replica
                 .delivered
                 .lock()
-                .map(|mut d| d.insert(action.id))
+                .map(|mut d| d.entry(fleet.to_string()).or_default().insert(action.id))
                 .unwrap_or(false);
             if !fresh {
                 continue;
@@ -629,12 +734,28 @@ impl Runs {
                 },
                 Err(e) => Err(e),
             };
-            if let Err(e) = sent {
-                let _ = self
-                    .store
-                    .finish_action(action.id, &json!({"error": e}))
-                    .await;
+            match sent {
+                Ok(()) => {}
+                // The run is gone or the action unreadable: that is the answer.
+                Err(e) if e.code != ErrorCode::Conflict => {
+                    let _ = self
+                        .store
+                        .finish_action(action.id, &json!({"error": e}))
+                        .await;
+                }
+                // This replica cannot carry it out now (it lost the fleet, or the run's task is
+                // being rebuilt): it stays pending for whoever drives the fleet next.
+                Err(_) => self.undeliver(fleet, action.id),
             }
+        }
+    }
+
+    /// Forgets that an action was handed to a run, so that it is handed over again.
+    fn undeliver(&self, fleet: &str, id: i64) {
+        if let Ok(mut delivered) = self.replica.delivered.lock()
+            && let Some(ids) = delivered.get_mut(fleet)
+        {
+            ids.remove(&id);
         }
     }
 
@@ -645,6 +766,13 @@ impl Runs {
         let every = self.replica.ttl / 3;
         let mut next = Instant::now() + every;
         loop {
+            if self
+                .replica
+                .closing
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return;
+            }
             let wait = tokio::time::sleep_until(next.into());
             tokio::select! {
                 _ = wait => {
@@ -665,22 +793,45 @@ impl Runs {
         }
     }
 
-    pub fn forget(&self, fleet: &str, run: &str) {
+    /// Forgets a run's task if it is still the one behind `tx` (a newer one is kept).
+    fn forget(&self, fleet: &str, run: &str, tx: &mpsc::UnboundedSender<Msg>) {
         if let Ok(mut handles) = self.handles.lock() {
-            handles.remove(&(fleet.to_string(), run.to_string()));
+            let key = (fleet.to_string(), run.to_string());
+            if handles.get(&key).is_some_and(|(_, t)| t.same_channel(tx)) {
+                handles.remove(&key);
+            }
+        }
+    }
+
+    /// Ends a run's task at once (the run was replaced or deleted); it is loaded afresh when
+    /// next needed.
+    pub fn retire(&self, fleet: &str, run: &str) {
+        if let Ok(mut handles) = self.handles.lock()
+            && let Some((_, tx)) = handles.remove(&(fleet.to_string(), run.to_string()))
+        {
+            let _ = tx.send(Msg::Abandon);
         }
     }
 
     /// Loads every run of a fleet that is not finished and starts its reconciler (when this
-    /// replica takes the fleet's lease).
-    async fn resume_fleet(self: &Arc<Self>, fleet: &str) -> Result<usize, ApiError> {
-        let mut count = 0;
+    /// replica takes the fleet's lease). What cannot be loaded now is tried again by the
+    /// coordinator.
+    async fn resume_fleet(self: &Arc<Self>, fleet: &str) {
+        let runs = match self
+            .store
+            .list(fleet, Kind::Run, None, usize::MAX >> 1)
+            .await
         {
-            let runs = self
-                .store
-                .list(fleet, Kind::Run, None, usize::MAX >> 1)
-                .await
-                .map_err(|e| ApiError::conflict(e.to_string()))?;
+            Ok(runs) => runs,
+            Err(e) => {
+                tracing::error!(fleet, error = %e, "cannot list the fleet's runs; trying again");
+                if let Ok(mut r) = self.to_resume.lock() {
+                    r.insert(fleet.to_string());
+                }
+                return;
+            }
+        };
+        {
             for run in runs {
                 let state = run.body["properties"]["status"]["status"]["state"]
                     .as_str()
@@ -693,11 +844,12 @@ impl Runs {
                 {
                     continue;
                 }
-                self.handle(fleet, &run.name).await?;
-                count += 1;
+                if let Err(e) = self.handle(fleet, &run.name).await {
+                    tracing::error!(fleet, run = %run.name, error = %e.message, "cannot resume the run; trying again");
+                    self.reload_later(fleet, &run.name);
+                }
             }
         }
-        Ok(count)
     }
 
     async fn handle(
@@ -711,14 +863,20 @@ impl Runs {
                 "this replica does not drive fleet {fleet:?} now; try again"
             )));
         };
-        if let Some(tx) = self
-            .handles
-            .lock()
-            .map_err(|_| ApiError::conflict("poisoned"))?
-            .get(&key)
-            && !tx.is_closed()
-        {
-            return Ok(tx.clone());
+        let live = |runs: &Runs| -> Option<mpsc::UnboundedSender<Msg>> {
+            runs.handles
+                .lock()
+                .ok()?
+                .get(&key)
+                .filter(|(epoch, tx)| *epoch == fence.epoch && !tx.is_closed())
+                .map(|(_, tx)| tx.clone())
+        };
+        if let Some(tx) = live(self) {
+            return Ok(tx);
+        }
+        let _loading = self.loading.lock().await;
+        if let Some(tx) = live(self) {
+            return Ok(tx);
         }
         let resource = self
             .store
@@ -786,17 +944,29 @@ impl Runs {
             known_locked: HashMap::new(),
             status_dirty: false,
             last_status_write: None,
-            fence,
+            fence: fence.clone(),
+            snapshot_etag: internal.etag.clone(),
         };
         let intents = self
             .store
             .intents(fleet, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?;
-        self.handles
-            .lock()
-            .map_err(|_| ApiError::conflict("poisoned"))?
-            .insert(key, tx.clone());
+        {
+            let mut handles = self
+                .handles
+                .lock()
+                .map_err(|_| ApiError::conflict("poisoned"))?;
+            // The lease may have been lost (or taken again) while the run was loading.
+            if self.replica.fence(fleet) != Some(fence.clone()) {
+                return Err(ApiError::conflict(format!(
+                    "this replica does not drive fleet {fleet:?} now; try again"
+                )));
+            }
+            if let Some((_, old)) = handles.insert(key, (fence.epoch, tx.clone())) {
+                let _ = old.send(Msg::Abandon);
+            }
+        }
         tokio::spawn(actor.run(rx, intents));
         Ok(tx)
     }
@@ -824,6 +994,9 @@ struct Actor {
     last_status_write: Option<Instant>,
     /// The fleet lease this run is driven under; every batch is written under it.
     fence: Fence,
+    /// The eTag of the run's snapshot when this task loaded it: a batch is written only while
+    /// it is the same, so a run replaced or deleted (through any replica) stops this task.
+    snapshot_etag: String,
 }
 
 impl Actor {
@@ -883,8 +1056,21 @@ impl Actor {
                 break;
             }
         }
-        self.runs.forget(&self.fleet, &self.run);
+        self.runs.forget(&self.fleet, &self.run, &self.tx);
         self.runs.release_all(&self.fleet, &self.run);
+        // Whatever was queued is answered or handed over again, never silently dropped.
+        rx.close();
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                Msg::Action { reply, .. } => {
+                    let _ = reply.send(Err(ApiError::conflict(
+                        "the run's reconciler stopped; try again",
+                    )));
+                }
+                Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
+                _ => {}
+            }
+        }
     }
 
     /// Re-asks the driver about everything in flight when the run was last written.
@@ -925,6 +1111,22 @@ impl Actor {
     /// Applies a batch of messages at one instant, records it, then acts. Returns false if the
     /// store failed (the run is then reloaded from its log on next use).
     async fn step(&mut self, batch: Vec<Msg>, woke_at: Option<Instant>) -> bool {
+        if batch.iter().any(|m| matches!(m, Msg::Abandon)) {
+            // Told to stop: nothing of this batch is applied; actions are answered or handed
+            // over again.
+            for msg in batch {
+                match msg {
+                    Msg::Action { reply, .. } => {
+                        let _ = reply.send(Err(ApiError::conflict(
+                            "the run's reconciler stopped; try again",
+                        )));
+                    }
+                    Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
+                    _ => {}
+                }
+            }
+            return false;
+        }
         // One run of a fleet schedules at a time, so that the locks it sees are current.
         let turn = self.runs.turn(&self.fleet);
         let guard = turn.lock().await;
@@ -938,8 +1140,7 @@ impl Actor {
         let mut action_results = Vec::new();
         for msg in batch {
             match msg {
-                Msg::Nudge => {}
-                Msg::Abandon => return false,
+                Msg::Nudge | Msg::Abandon => {}
                 Msg::Remote { id, input } => {
                     action_at = Some(action_at.unwrap_or_else(Instant::now));
                     let result = self.engine.handle(now, input.clone());
@@ -1117,23 +1318,32 @@ impl Actor {
             gates,
             action_results,
             fence: Some(self.fence.clone()),
+            snapshot_etag: Some(self.snapshot_etag.clone()),
         };
-        if let Err(e) = self.runs.store.write_run_batch(&write).await {
-            if let StoreError::Fenced(why) = &e {
-                tracing::warn!(fleet = %self.fleet, run = %self.run, why, "stopped driving the run");
-                for (reply, _) in replies {
-                    let _ = reply.send(Err(ApiError::conflict(
-                        "this replica lost the fleet's lease; try again",
-                    )));
+        let written = self.runs.store.write_run_batch(&write).await;
+        // Handed-over actions are done with either way: answered now, or pending again.
+        for (id, _) in &write.action_results {
+            self.runs.undeliver(&self.fleet, *id);
+        }
+        if let Err(e) = written {
+            let message = match &e {
+                StoreError::Fenced(why) => {
+                    tracing::warn!(fleet = %self.fleet, run = %self.run, why, "stopped driving the run");
+                    self.runs.abandon(&self.fleet, self.fence.epoch);
+                    "this replica lost the fleet's lease; try again".to_string()
                 }
-                self.runs.abandon(&self.fleet);
-                return false;
-            }
-            tracing::error!(fleet = %self.fleet, run = %self.run, error = %e, "cannot record the run's progress; reloading it");
+                StoreError::Superseded(why) => {
+                    tracing::info!(fleet = %self.fleet, run = %self.run, why, "the run changed under its task; stopping it");
+                    "the update run was replaced or deleted".to_string()
+                }
+                _ => {
+                    tracing::error!(fleet = %self.fleet, run = %self.run, error = %e, "cannot record the run's progress; reloading it");
+                    self.runs.reload_later(&self.fleet, &self.run);
+                    format!("the change could not be recorded: {e}")
+                }
+            };
             for (reply, _) in replies {
-                let _ = reply.send(Err(ApiError::conflict(format!(
-                    "the change could not be recorded: {e}"
-                ))));
+                let _ = reply.send(Err(ApiError::conflict(message.clone())));
             }
             return false;
         }
@@ -1246,6 +1456,14 @@ impl Actor {
             }
             let mut operation = known;
             if operation.is_none() && recovering {
+                // Taken over from another replica: a send it began just before its lease ran out
+                // may still be on its way to the driver; give it a lease's time to land before
+                // asking the driver whether it knows the key.
+                if let Some(wait) = runs.replica.settling(&fleet, epoch)
+                    && runs.store.shared()
+                {
+                    tokio::time::sleep(wait).await;
+                }
                 // Recorded but maybe never sent: ask before sending (SEMANTICS §7).
                 match driver.poll(&who, &key).await {
                     Ok(OperationState::Unknown) => {}
@@ -1257,6 +1475,9 @@ impl Actor {
             }
             let operation_id = match operation {
                 Some(id) => id,
+                // The lease is checked again right before sending: the recovery poll may have
+                // taken long.
+                None if runs.replica.may_send(&fleet, epoch) != Some(true) => return,
                 None => match driver.start_upgrade(&who, &target, &key).await {
                     Ok(id) => {
                         metrics.count_started(&fleet);

@@ -36,6 +36,9 @@ pub enum StoreError {
     /// The writer no longer holds the fleet's lease at the epoch it wrote with.
     #[error("lease lost: {0}")]
     Fenced(String),
+    /// The run was replaced or deleted since the writer loaded it.
+    #[error("{0}")]
+    Superseded(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -113,6 +116,9 @@ pub struct RunBatch {
     pub action_results: Vec<(i64, Value)>,
     /// Written only if the writer still holds the fleet's lease at this epoch.
     pub fence: Option<Fence>,
+    /// Written only if the run's snapshot still has this eTag (the run was not replaced or
+    /// deleted since its writer loaded it).
+    pub snapshot_etag: Option<String>,
 }
 
 /// A fleet lease as its holder knows it.
@@ -196,6 +202,16 @@ impl Notice {
 
 fn millis(ttl: std::time::Duration) -> i64 {
     ttl.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn same_run(batch: &RunBatch, found: Option<String>) -> StoreResult<()> {
+    match &batch.snapshot_etag {
+        Some(expected) if found.as_ref() != Some(expected) => Err(StoreError::Superseded(format!(
+            "update run {:?} was replaced or deleted",
+            batch.run
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn fenced(batch: &RunBatch, found: Option<(String, i64)>) -> StoreResult<()> {
@@ -386,6 +402,9 @@ impl SqliteStore {
         // The file lock proves no other server uses this database, so leases held by a server
         // that died are let go now instead of after their time.
         sqlx::query("UPDATE leases SET expires_at = 0")
+            .execute(&store.pool)
+            .await?;
+        sqlx::query("DELETE FROM replicas")
             .execute(&store.pool)
             .await?;
         Ok(SqliteStore {
@@ -688,6 +707,10 @@ impl Store for SqliteStore {
                 .map(|r| (r.get(0), r.get(1)));
             fenced(batch, found)?;
         }
+        if batch.snapshot_etag.is_some() {
+            let found = current_etag(&mut tx, &batch.fleet, Kind::RunSnapshot, &batch.run).await?;
+            same_run(batch, found)?;
+        }
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
@@ -882,7 +905,7 @@ impl Store for SqliteStore {
             "INSERT INTO leases (fleet, owner, epoch, expires_at) VALUES (?, ?, 1, ?)
              ON CONFLICT (fleet) DO UPDATE SET owner = excluded.owner, epoch = leases.epoch + 1,
                  expires_at = excluded.expires_at
-             WHERE leases.expires_at < ?
+             WHERE leases.expires_at < ? OR leases.owner = excluded.owner
              RETURNING epoch",
         )
         .bind(fleet)

@@ -1472,3 +1472,75 @@ async fn members_show_their_next_maintenance_opening() {
         opening
     );
 }
+
+/// SQLite serves one replica, which drives every fleet: after a crash its successor takes every
+/// lease at once, however long the dead one's were, and counts no dead replica in the share. A
+/// deleted fleet's lease is let go of.
+#[tokio::test]
+async fn a_restarted_sqlite_server_drives_every_fleet_and_lets_deleted_ones_go() {
+    let dir = temp_dir("leases");
+    let path = dir.0.join("flotilla.db");
+    {
+        let store = SqliteStore::open(&path).await.expect("store opens");
+        for fleet in ["f1", "f2", "f3", "f4"] {
+            store
+                .put(
+                    "",
+                    flotilla_server::store::Kind::Fleet,
+                    fleet,
+                    &json!({"name": fleet, "properties": {"driver": {"type": "sim"}}}),
+                    &flotilla_server::store::Precondition::None,
+                )
+                .await
+                .expect("fleet stored");
+            // A replica that then died, holding every fleet for an hour.
+            assert!(
+                store
+                    .acquire_lease(fleet, "ghost", Duration::from_secs(3600))
+                    .await
+                    .expect("lease")
+                    .is_some()
+            );
+        }
+        store
+            .heartbeat("ghost", Duration::from_secs(3600))
+            .await
+            .expect("heartbeat");
+    }
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await.expect("reopens"));
+    let server = Server::start(store.clone(), "127.0.0.1:0".parse().expect("addr"), true)
+        .await
+        .expect("server starts");
+    let mut held = server.state.runs.replica.held_fleets();
+    held.sort();
+    assert_eq!(held, ["f1", "f2", "f3", "f4"]);
+    let me = server.state.runs.replica.id.clone();
+    let addr = server.local_addr().expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.serve(async move {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    let deleted = http
+        .delete(format!("http://{addr}/v1/fleets/f4"))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), StatusCode::OK);
+    let leases: Value = http
+        .get(format!("http://{addr}/v1/leases"))
+        .send()
+        .await
+        .expect("leases")
+        .json()
+        .await
+        .expect("json");
+    for lease in leases["value"].as_array().expect("leases") {
+        assert_eq!(lease["owner"], json!(me), "{lease}");
+        let expired = lease["fleet"] == "f4";
+        assert_eq!(lease["expired"], json!(expired), "{lease}");
+        // Taken at a new epoch, which fences off anything the dead replica had in flight.
+        assert_eq!(lease["epoch"], json!(2), "{lease}");
+    }
+    let _ = stop.send(());
+}

@@ -133,6 +133,9 @@ on_both_backends!(
     notices_of_events_actions_and_replies,
     heartbeats_count_live_replicas,
     tokens,
+    a_holder_taking_its_lease_again_gets_a_new_epoch,
+    batches_race_a_takeover,
+    a_replaced_run_refuses_its_old_writer,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -745,4 +748,153 @@ async fn futures_join<T: Send + 'static>(
         out.push(task.await.unwrap());
     }
     out
+}
+
+async fn a_holder_taking_its_lease_again_gets_a_new_epoch(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(30);
+    assert_eq!(store.acquire_lease("f", "a", ttl).await.unwrap(), Some(1));
+    // A replica that let go of a fleet in memory takes it again: its old epoch is fenced off.
+    assert_eq!(store.acquire_lease("f", "a", ttl).await.unwrap(), Some(2));
+    assert!(matches!(
+        store.write_run_batch(&fenced_batch("a", 1)).await,
+        Err(StoreError::Fenced(_))
+    ));
+    store.write_run_batch(&fenced_batch("a", 2)).await.unwrap();
+}
+
+/// A holder writing as fast as it can while its lease runs out and another replica takes it:
+/// none of the old holder's batches lands after the new holder's first.
+async fn batches_race_a_takeover(store: Arc<dyn Store>) {
+    assert_eq!(
+        store
+            .acquire_lease("f", "a", Duration::from_millis(300))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut landed = 0;
+            loop {
+                match store.write_run_batch(&fenced_batch("a", 1)).await {
+                    Ok(()) => landed += 1,
+                    Err(StoreError::Fenced(_)) => return landed,
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }
+        })
+    };
+    let taken = loop {
+        if let Some(epoch) = store
+            .acquire_lease("f", "b", Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            break epoch;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(taken, 2);
+    store.write_run_batch(&fenced_batch("b", 2)).await.unwrap();
+    let landed = writer.await.unwrap();
+    assert!(
+        landed > 0,
+        "the old holder wrote nothing before the takeover"
+    );
+    let log = store.run_log("f", "r").await.unwrap();
+    assert_eq!(log.len(), landed + 1);
+    assert_eq!(log.last(), Some(&json!({"by": "b", "epoch": 2})));
+}
+
+async fn a_replaced_run_refuses_its_old_writer(store: Arc<dyn Store>) {
+    let (first, _) = store
+        .put(
+            "f",
+            Kind::RunSnapshot,
+            "r",
+            &json!({"v": 1}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    let batch = |etag: &str| RunBatch {
+        fleet: "f".into(),
+        run: "r".into(),
+        log: vec![json!({"etag": etag})],
+        snapshot_etag: Some(etag.to_string()),
+        ..Default::default()
+    };
+    store.write_run_batch(&batch(&first.etag)).await.unwrap();
+    // Replaced: a new snapshot.
+    let (second, _) = store
+        .put(
+            "f",
+            Kind::RunSnapshot,
+            "r",
+            &json!({"v": 2}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.write_run_batch(&batch(&first.etag)).await,
+        Err(StoreError::Superseded(_))
+    ));
+    store.write_run_batch(&batch(&second.etag)).await.unwrap();
+    // Deleted, with its snapshot.
+    store
+        .put("f", Kind::Run, "r", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("f", Kind::Run, "r", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.write_run_batch(&batch(&second.etag)).await,
+        Err(StoreError::Superseded(_))
+    ));
+}
+
+/// Notices cross replicas: what one PostgreSQL store writes, another one connected to the same
+/// database hears (LISTEN/NOTIFY), so event streams and handed-over actions need no polling.
+#[tokio::test]
+async fn postgres_notices_reach_other_replicas() {
+    let (writer, db) = postgres().await;
+    let reader = PgStore::open(&format!("{}/{}", postgres_base(), db.0))
+        .await
+        .unwrap();
+    let mut notices = reader.notices();
+    writer
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "r".into(),
+            events: vec![json!({"e": 1})],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        next_notice(
+            &mut notices,
+            &Notice::Events {
+                fleet: "f".into(),
+                run: "r".into()
+            }
+        )
+        .await
+    );
+    let id = writer
+        .submit_action("f", "r", &json!("Stop"))
+        .await
+        .unwrap();
+    assert!(next_notice(&mut notices, &Notice::Actions { fleet: "f".into() }).await);
+    writer
+        .finish_action(id, &json!({"ok": true}))
+        .await
+        .unwrap();
+    assert!(next_notice(&mut notices, &Notice::Reply { id }).await);
 }

@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 
 use super::{
     Intent, Kind, Lease, Notice, PendingAction, Precondition, Resource, RunBatch, Store,
-    StoreError, StoreResult, TokenRecord, check, fenced, millis, parse_body,
+    StoreError, StoreResult, TokenRecord, check, fenced, millis, parse_body, same_run,
 };
 
 /// The channel notices travel on.
@@ -405,6 +405,10 @@ impl Store for PgStore {
                 .map(|r| (r.get(0), r.get(1)));
             fenced(batch, found)?;
         }
+        if batch.snapshot_etag.is_some() {
+            let found = current_etag(&mut tx, &batch.fleet, Kind::RunSnapshot, &batch.run).await?;
+            same_run(batch, found)?;
+        }
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = $1 AND run = $2",
@@ -595,7 +599,7 @@ impl Store for PgStore {
                  VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond')
              ON CONFLICT (fleet) DO UPDATE SET owner = excluded.owner, epoch = leases.epoch + 1,
                  expires_at = excluded.expires_at
-             WHERE leases.expires_at < now()
+             WHERE leases.expires_at < now() OR leases.owner = excluded.owner
              RETURNING epoch",
         )
         .bind(fleet)
