@@ -665,6 +665,9 @@ impl Engine {
                 error: None,
             });
         }
+        // A run holds every member it selected for its whole life: no growth slack.
+        engine.members.shrink_to_fit();
+        engine.member_index.shrink_to_fit();
         Ok((engine, warnings))
     }
 
@@ -1833,8 +1836,8 @@ impl Engine {
 
     fn window_of<'a>(&self, cluster: &'a Cluster) -> Option<&'a MaintenanceWindow> {
         match self.upgrade.upgrade_type {
-            UpgradeType::NodeImageOnly => cluster.node_os_window.as_ref(),
-            _ => cluster.kubernetes_window.as_ref(),
+            UpgradeType::NodeImageOnly => cluster.node_os_window.as_deref(),
+            _ => cluster.kubernetes_window.as_deref(),
         }
     }
 

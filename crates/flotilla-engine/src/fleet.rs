@@ -1,6 +1,7 @@
 //! Members, their clusters as last observed, and the release catalog (SEMANTICS §1–§3).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::time::Time;
 use crate::version::{ImageVersion, KubeVersion};
@@ -27,10 +28,12 @@ pub struct Cluster {
     pub region: String,
     pub kubernetes_version: KubeVersion,
     pub node_pools: Vec<NodePool>,
-    /// The AKS `aksManagedAutoUpgradeSchedule` window (Full and ControlPlaneOnly runs).
-    pub kubernetes_window: Option<MaintenanceWindow>,
+    /// The AKS `aksManagedAutoUpgradeSchedule` window (Full and ControlPlaneOnly runs). Windows
+    /// are shared, not copied, between the clusters and runs that hold them: a window is large
+    /// and every run holds every member's cluster.
+    pub kubernetes_window: Option<Arc<MaintenanceWindow>>,
     /// The AKS `aksManagedNodeOSUpgradeSchedule` window (NodeImageOnly runs).
-    pub node_os_window: Option<MaintenanceWindow>,
+    pub node_os_window: Option<Arc<MaintenanceWindow>>,
     pub long_term_support: bool,
 }
 
@@ -333,6 +336,7 @@ impl Cluster {
             w.as_ref()
                 .map(|w| MaintenanceWindow::parse(w, &format!("{path}.maintenance.{field}")))
                 .transpose()
+                .map(|w| w.map(Arc::new))
         };
         Ok(Cluster {
             region: spec.region.clone(),

@@ -224,8 +224,10 @@ fn envelope<P: serde::de::DeserializeOwned>(value: Value) -> HttpResult<P> {
 }
 
 /// A stored resource as the API shows it: the body, its eTag, no internal fields.
-fn present(resource: &Resource) -> Value {
-    let mut body = resource.body.clone();
+/// A stored resource as the API shows it. It takes the resource: a run's body is large, and a
+/// copy of it per read was most of a busy server's memory.
+fn present(resource: Resource) -> Value {
+    let mut body = resource.body;
     if let Some(map) = body.as_object_mut() {
         map.remove(SNAPSHOT);
         map.insert("eTag".into(), json!(resource.etag));
@@ -263,14 +265,15 @@ fn add_maintenance_openings(body: &mut Value, at: flotilla_engine::time::Time) {
     }
 }
 
-fn respond(resource: &Resource, created: bool) -> Response {
+fn respond(resource: Resource, created: bool) -> Response {
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
+    let etag = HeaderValue::from_str(&resource.etag).ok();
     let mut response = (status, axum::Json(present(resource))).into_response();
-    if let Ok(v) = HeaderValue::from_str(&resource.etag) {
+    if let Some(v) = etag {
         response.headers_mut().insert(header::ETAG, v);
     }
     response
@@ -333,7 +336,7 @@ async fn list(
                 .as_ref()
                 .is_none_or(|s| r.body["properties"]["state"].as_str() == Some(s))
             {
-                items.push(present(&r));
+                items.push(present(r));
                 if items.len() == top {
                     break;
                 }
@@ -427,7 +430,7 @@ async fn get_child(
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     Ok(respond(
-        &get_one(&state, &fleet, kind, &name, kind_name(kind)).await?,
+        get_one(&state, &fleet, kind, &name, kind_name(kind)).await?,
         false,
     ))
 }
@@ -507,7 +510,7 @@ async fn get_fleet(
     Path(fleet): Path<String>,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
-    Ok(respond(&require_fleet(&state, &fleet).await?, false))
+    Ok(respond(require_fleet(&state, &fleet).await?, false))
 }
 
 async fn put_fleet(
@@ -550,7 +553,7 @@ async fn put_fleet(
         // The replica a new fleet is created on drives it, unless another took it already.
         state.runs.own(&fleet).await;
     }
-    Ok(respond(&resource, created))
+    Ok(respond(resource, created))
 }
 
 async fn delete_fleet(
@@ -712,7 +715,7 @@ async fn put_member(
         )
         .await?;
     spawn_observe(state.clone(), fleet, member, id);
-    Ok(respond(&resource, created))
+    Ok(respond(resource, created))
 }
 
 async fn patch_member(
@@ -750,7 +753,7 @@ async fn patch_member(
         .store
         .put(&fleet, Kind::Member, &member, &body, &when)
         .await?;
-    Ok(respond(&resource, false))
+    Ok(respond(resource, false))
 }
 
 async fn delete_member(
@@ -911,7 +914,7 @@ async fn put_strategy(
             &precondition(&headers),
         )
         .await?;
-    Ok(respond(&resource, created))
+    Ok(respond(resource, created))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1039,7 +1042,7 @@ async fn put_run(
         precondition(&headers),
     )
     .await?;
-    let mut response = respond(&resource, created);
+    let mut response = respond(resource, created);
     if !warnings.is_empty()
         && let Ok(v) = HeaderValue::from_str(&warnings.join("; ").replace(['\n', '\r'], " "))
     {
@@ -1268,7 +1271,7 @@ async fn run_action(
     };
     state.runs.act(&fleet, &run, input).await?;
     Ok(respond(
-        &get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
+        get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
         false,
     ))
 }
@@ -1481,7 +1484,7 @@ async fn put_profile(
         .store
         .put(&fleet, Kind::Profile, &name, &body, &precondition(&headers))
         .await?;
-    Ok(respond(&resource, created))
+    Ok(respond(resource, created))
 }
 
 /// The run a profile generated (or had generated before) for its current target.

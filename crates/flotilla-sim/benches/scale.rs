@@ -63,7 +63,7 @@ fn fleet(size: usize) -> Scenario {
     }
     let window_spec: MaintenanceWindowSpec =
         serde_json::from_value(json!({"schedule": {"daily": {"intervalDays": 1}}, "durationHours": 8, "startTime": "22:00"})).expect("valid");
-    let window = MaintenanceWindow::parse(&window_spec, "w").expect("valid");
+    let window = std::sync::Arc::new(MaintenanceWindow::parse(&window_spec, "w").expect("valid"));
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut members = Vec::with_capacity(size);
     let mut behaviour = BTreeMap::new();

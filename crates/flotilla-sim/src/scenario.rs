@@ -367,6 +367,7 @@ impl Scenario {
             let window = |spec: Option<&MaintenanceWindowSpec>, field: &str| {
                 spec.map(|s| MaintenanceWindow::parse(s, &format!("{mpath}.maintenance.{field}")))
                     .transpose()
+                    .map(|w| w.map(std::sync::Arc::new))
             };
             let cluster = Cluster {
                 region: m.region.clone(),

@@ -163,7 +163,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 "schedule": {"daily": {"intervalDays": 1}}, "durationHours": 4, "startTime": format!("{h:02}:00")
             }))
             .expect("valid window");
-            MaintenanceWindow::parse(&spec, "w").expect("valid window")
+            std::sync::Arc::new(MaintenanceWindow::parse(&spec, "w").expect("valid window"))
         });
         members.push(Member {
             name: name.clone(),
