@@ -247,6 +247,8 @@ pub struct Runs {
     /// the coordinator tries again on its next pass.
     to_reload: Mutex<std::collections::HashSet<(String, String)>>,
     to_resume: Mutex<std::collections::HashSet<String>>,
+    /// Live replicas at the last heartbeat.
+    alive: std::sync::atomic::AtomicUsize,
     /// (fleet, member) → the runs told that member is locked: woken when it is let go.
     waiters: Mutex<HashMap<(String, String), std::collections::HashSet<String>>>,
     /// Fleet → member → the run (and attempt) upgrading it: one operation per cluster at a time,
@@ -330,6 +332,7 @@ impl Runs {
             loading: tokio::sync::Mutex::new(()),
             to_reload: Mutex::new(Default::default()),
             to_resume: Mutex::new(Default::default()),
+            alive: std::sync::atomic::AtomicUsize::new(1),
             locks: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
@@ -606,12 +609,22 @@ impl Runs {
     /// One pass of the coordinator: says this replica is alive, renews its leases (letting go of
     /// lost ones), takes unheld fleets up to its fair share, and hands over pending actions.
     pub async fn coordinate_once(self: &Arc<Self>) {
+        let Some(alive) = self.renew_once().await else {
+            return;
+        };
+        self.balance_once(alive).await;
+    }
+
+    /// Says this replica is alive and renews its leases, letting go of lost ones; returns how
+    /// many replicas are alive. Runs on a task of its own, so that slow work elsewhere (loading
+    /// runs, handing over actions) never delays a renewal into a needless takeover.
+    async fn renew_once(&self) -> Option<usize> {
         let ttl = self.replica.ttl;
         let alive = match self.store.heartbeat(&self.replica.id, ttl).await {
             Ok(n) => n.max(1),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach the store");
-                return;
+                return None;
             }
         };
         let held = self.replica.held_epochs();
@@ -634,6 +647,14 @@ impl Runs {
                 Err(e) => tracing::warn!(fleet, error = %e, "cannot renew the fleet's lease"),
             }
         }
+        self.alive
+            .store(alive, std::sync::atomic::Ordering::Relaxed);
+        Some(alive)
+    }
+
+    /// Lets go of deleted fleets, takes unheld ones up to this replica's fair share, retries
+    /// what could not be loaded, and hands over pending actions.
+    async fn balance_once(self: &Arc<Self>, alive: usize) {
         let Ok(fleets) = self
             .store
             .list("", Kind::Fleet, None, usize::MAX >> 1)
@@ -764,6 +785,20 @@ impl Runs {
     pub async fn coordinate(self: Arc<Self>) {
         let mut notices = self.store.notices();
         let every = self.replica.ttl / 3;
+        let renewing = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if renewing
+                    .replica
+                    .closing
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    return;
+                }
+                renewing.renew_once().await;
+            }
+        });
         let mut next = Instant::now() + every;
         loop {
             if self
@@ -776,7 +811,7 @@ impl Runs {
             let wait = tokio::time::sleep_until(next.into());
             tokio::select! {
                 _ = wait => {
-                    self.coordinate_once().await;
+                    self.balance_once(self.alive.load(std::sync::atomic::Ordering::Relaxed).max(1)).await;
                     next = Instant::now() + every;
                 }
                 notice = notices.recv() => match notice {

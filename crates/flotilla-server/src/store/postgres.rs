@@ -350,6 +350,11 @@ impl Store for PgStore {
         when: &Precondition,
     ) -> StoreResult<bool> {
         let mut tx = self.pool.begin().await?;
+        if kind == Kind::Run {
+            // A run's batches lock its snapshot before its resource; so does its deletion, so
+            // the two never wait for each other in opposite orders.
+            current_etag(&mut tx, fleet, Kind::RunSnapshot, name).await?;
+        }
         let current = current_etag(&mut tx, fleet, kind, name).await?;
         check(current.as_deref(), when)?;
         if current.is_none() {
