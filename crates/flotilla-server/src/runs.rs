@@ -1096,15 +1096,21 @@ impl Actor {
         // Whatever was queued is answered or handed over again, never silently dropped.
         rx.close();
         while let Ok(msg) = rx.try_recv() {
-            match msg {
-                Msg::Action { reply, .. } => {
-                    let _ = reply.send(Err(ApiError::conflict(
-                        "the run's reconciler stopped; try again",
-                    )));
-                }
-                Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
-                _ => {}
+            self.turn_away(msg);
+        }
+    }
+
+    /// Answers a message this task will not carry out: an action is refused, a handed-over
+    /// action is handed over again.
+    fn turn_away(&self, msg: Msg) {
+        match msg {
+            Msg::Action { reply, .. } => {
+                let _ = reply.send(Err(ApiError::conflict(
+                    "the run's reconciler stopped; try again",
+                )));
             }
+            Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
+            _ => {}
         }
     }
 
@@ -1150,15 +1156,7 @@ impl Actor {
             // Told to stop: nothing of this batch is applied; actions are answered or handed
             // over again.
             for msg in batch {
-                match msg {
-                    Msg::Action { reply, .. } => {
-                        let _ = reply.send(Err(ApiError::conflict(
-                            "the run's reconciler stopped; try again",
-                        )));
-                    }
-                    Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
-                    _ => {}
-                }
+                self.turn_away(msg);
             }
             return false;
         }

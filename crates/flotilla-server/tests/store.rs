@@ -626,8 +626,14 @@ async fn next_notice(
 }
 
 async fn notices_of_events_actions_and_replies(store: Arc<dyn Store>) {
-    let mut notices = store.notices();
-    store
+    let notices = store.notices();
+    notices_reach(store.as_ref(), notices).await;
+}
+
+/// What `writer` does is announced on `notices`: a run's events, a handed-over action, its
+/// result.
+async fn notices_reach(writer: &dyn Store, mut notices: tokio::sync::broadcast::Receiver<Notice>) {
+    writer
         .write_run_batch(&RunBatch {
             fleet: "f".into(),
             run: "r".into(),
@@ -646,9 +652,22 @@ async fn notices_of_events_actions_and_replies(store: Arc<dyn Store>) {
         )
         .await
     );
-    let id = store.submit_action("f", "r", &json!("Stop")).await.unwrap();
+    let id = writer
+        .submit_action("f", "r", &json!("Stop"))
+        .await
+        .unwrap();
     assert!(next_notice(&mut notices, &Notice::Actions { fleet: "f".into() }).await);
-    store
+    writer
+        .finish_action(id, &json!({"ok": true}))
+        .await
+        .unwrap();
+    assert!(next_notice(&mut notices, &Notice::Reply { id }).await);
+    // A result recorded with the run's batch is announced too.
+    let id = writer
+        .submit_action("f", "r", &json!("Stop"))
+        .await
+        .unwrap();
+    writer
         .write_run_batch(&RunBatch {
             fleet: "f".into(),
             run: "r".into(),
@@ -867,34 +886,5 @@ async fn postgres_notices_reach_other_replicas() {
     let reader = PgStore::open(&format!("{}/{}", postgres_base(), db.0))
         .await
         .unwrap();
-    let mut notices = reader.notices();
-    writer
-        .write_run_batch(&RunBatch {
-            fleet: "f".into(),
-            run: "r".into(),
-            events: vec![json!({"e": 1})],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert!(
-        next_notice(
-            &mut notices,
-            &Notice::Events {
-                fleet: "f".into(),
-                run: "r".into()
-            }
-        )
-        .await
-    );
-    let id = writer
-        .submit_action("f", "r", &json!("Stop"))
-        .await
-        .unwrap();
-    assert!(next_notice(&mut notices, &Notice::Actions { fleet: "f".into() }).await);
-    writer
-        .finish_action(id, &json!({"ok": true}))
-        .await
-        .unwrap();
-    assert!(next_notice(&mut notices, &Notice::Reply { id }).await);
+    notices_reach(writer.as_ref(), reader.notices()).await;
 }
