@@ -267,6 +267,28 @@ async fn concurrent_creations_make_one_resource(store: Arc<dyn Store>) {
         }
     }
     assert_eq!(created, 1);
+    // Without a condition every write lands, and exactly one of them says it created it.
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .put(
+                    "f",
+                    Kind::Run,
+                    "unconditional",
+                    &json!({"writer": i}),
+                    &Precondition::None,
+                )
+                .await
+        }));
+    }
+    let mut said_created = 0;
+    for task in tasks {
+        let (_, created) = task.await.unwrap().unwrap();
+        said_created += usize::from(created);
+    }
+    assert_eq!(said_created, 1);
 }
 
 async fn listing_pages_in_name_order(store: Arc<dyn Store>) {

@@ -175,30 +175,39 @@ async fn current_etag(
     .map(|r| r.get(0)))
 }
 
+async fn next_etag(tx: &mut Transaction<'_, Postgres>) -> StoreResult<String> {
+    let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
+        .fetch_one(&mut **tx)
+        .await?
+        .get(0);
+    Ok(format!("\"{n}\""))
+}
+
+/// Creates or replaces a resource; returns its new eTag and whether this created it (decided by
+/// the insert itself, so of two racing creators only one is told it created the resource).
 async fn upsert(
     tx: &mut Transaction<'_, Postgres>,
     fleet: &str,
     kind: Kind,
     name: &str,
     body: &Value,
-) -> StoreResult<String> {
-    let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
-        .fetch_one(&mut **tx)
-        .await?
-        .get(0);
-    let etag = format!("\"{n}\"");
-    sqlx::query(
+) -> StoreResult<(String, bool)> {
+    let etag = next_etag(tx).await?;
+    // `xmax` is zero on a row this statement inserted, and set on one it updated.
+    let inserted: bool = sqlx::query(
         "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag",
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag
+         RETURNING (xmax = 0)",
     )
     .bind(fleet)
     .bind(kind.as_str())
     .bind(name)
     .bind(body.to_string())
     .bind(&etag)
-    .execute(&mut **tx)
-    .await?;
-    Ok(etag)
+    .fetch_one(&mut **tx)
+    .await?
+    .get(0);
+    Ok((etag, inserted))
 }
 
 /// Appends entries to one of a run's numbered logs. Only the fleet's lease holder writes a run's
@@ -297,11 +306,7 @@ impl Store for PgStore {
         if current.is_none() && *when == Precondition::IfNoneMatchAny {
             // Two creations racing: the row lock above cannot hold a row that does not exist
             // yet, so the insert itself decides.
-            let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
-                .fetch_one(&mut *tx)
-                .await?
-                .get(0);
-            let etag = format!("\"{n}\"");
+            let etag = next_etag(&mut tx).await?;
             let inserted = sqlx::query(
                 "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)",
             )
@@ -330,7 +335,7 @@ impl Store for PgStore {
                 Err(e) => Err(e.into()),
             };
         }
-        let etag = upsert(&mut tx, fleet, kind, name, body).await?;
+        let (etag, created) = upsert(&mut tx, fleet, kind, name, body).await?;
         tx.commit().await?;
         Ok((
             Resource {
@@ -338,7 +343,7 @@ impl Store for PgStore {
                 body: body.clone(),
                 etag,
             },
-            current.is_none(),
+            created,
         ))
     }
 
