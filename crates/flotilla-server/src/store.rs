@@ -244,6 +244,14 @@ pub struct TokenRecord {
 #[async_trait]
 pub trait Store: Send + Sync {
     async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>>;
+    /// A resource's body as stored (JSON text) and its eTag, unparsed: large bodies (a run's
+    /// status) are answered without building them in memory.
+    async fn get_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+    ) -> StoreResult<Option<(String, String)>>;
     /// Resources of a kind in name order, after `after`, at most `limit`.
     async fn list(
         &self,
@@ -587,6 +595,23 @@ impl Store for SqliteStore {
             })
         })
         .transpose()
+    }
+
+    async fn get_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+    ) -> StoreResult<Option<(String, String)>> {
+        let row = sqlx::query(
+            "SELECT body, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
     async fn list(

@@ -195,6 +195,20 @@ async fn etag_conditions(store: Arc<dyn Store>) {
     let read = store.get("f", Kind::Member, "m").await.unwrap().unwrap();
     assert_eq!(read.body, changed);
     assert_eq!(read.etag, updated.etag);
+    let (text, etag) = store
+        .get_raw("f", Kind::Member, "m")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), changed);
+    assert_eq!(etag, updated.etag);
+    assert!(
+        store
+            .get_raw("f", Kind::Member, "nobody")
+            .await
+            .unwrap()
+            .is_none()
+    );
     // The old eTag no longer matches, for a write or a delete.
     assert!(precondition_failed(
         store

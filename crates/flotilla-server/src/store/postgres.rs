@@ -265,6 +265,23 @@ impl Store for PgStore {
         .transpose()
     }
 
+    async fn get_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+    ) -> StoreResult<Option<(String, String)>> {
+        let row = sqlx::query(
+            "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
     async fn list(
         &self,
         fleet: &str,
