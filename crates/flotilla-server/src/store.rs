@@ -243,7 +243,18 @@ pub struct TokenRecord {
 
 #[async_trait]
 pub trait Store: Send + Sync {
-    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>>;
+    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
+        self.get_raw(fleet, kind, name)
+            .await?
+            .map(|(text, etag)| {
+                Ok(Resource {
+                    name: name.to_string(),
+                    body: parse_body(&text)?,
+                    etag,
+                })
+            })
+            .transpose()
+    }
     /// A resource's body as stored (JSON text) and its eTag, unparsed: large bodies (a run's
     /// status) are answered without building them in memory.
     async fn get_raw(
@@ -578,25 +589,6 @@ async fn upsert(
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
-        let row = sqlx::query(
-            "SELECT body, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
-        )
-        .bind(fleet)
-        .bind(kind.as_str())
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(Resource {
-                name: name.to_string(),
-                body: parse_body(r.get::<&str, _>(0))?,
-                etag: r.get(1),
-            })
-        })
-        .transpose()
-    }
-
     async fn get_raw(
         &self,
         fleet: &str,

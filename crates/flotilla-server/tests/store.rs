@@ -256,25 +256,32 @@ async fn etag_conditions(store: Arc<dyn Store>) {
         .unwrap();
 }
 
-async fn concurrent_creations_make_one_resource(store: Arc<dyn Store>) {
+/// Twelve writers putting one resource at once.
+async fn race(
+    store: &Arc<dyn Store>,
+    name: &'static str,
+    when: Precondition,
+) -> Vec<Result<(flotilla_server::store::Resource, bool), StoreError>> {
     let mut tasks = Vec::new();
     for i in 0..12 {
-        let store = store.clone();
+        let (store, when) = (store.clone(), when.clone());
         tasks.push(tokio::spawn(async move {
             store
-                .put(
-                    "f",
-                    Kind::Run,
-                    "r",
-                    &json!({"writer": i}),
-                    &Precondition::IfNoneMatchAny,
-                )
+                .put("f", Kind::Run, name, &json!({"writer": i}), &when)
                 .await
         }));
     }
-    let mut created = 0;
+    let mut results = Vec::new();
     for task in tasks {
-        match task.await.unwrap() {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+async fn concurrent_creations_make_one_resource(store: Arc<dyn Store>) {
+    let mut created = 0;
+    for result in race(&store, "r", Precondition::IfNoneMatchAny).await {
+        match result {
             Ok(_) => created += 1,
             Err(StoreError::Precondition(_)) => {}
             Err(e) => panic!("unexpected error: {e}"),
@@ -282,25 +289,9 @@ async fn concurrent_creations_make_one_resource(store: Arc<dyn Store>) {
     }
     assert_eq!(created, 1);
     // Without a condition every write lands, and exactly one of them says it created it.
-    let mut tasks = Vec::new();
-    for i in 0..12 {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move {
-            store
-                .put(
-                    "f",
-                    Kind::Run,
-                    "unconditional",
-                    &json!({"writer": i}),
-                    &Precondition::None,
-                )
-                .await
-        }));
-    }
     let mut said_created = 0;
-    for task in tasks {
-        let (_, created) = task.await.unwrap().unwrap();
-        said_created += usize::from(created);
+    for result in race(&store, "unconditional", Precondition::None).await {
+        said_created += usize::from(result.unwrap().1);
     }
     assert_eq!(said_created, 1);
 }

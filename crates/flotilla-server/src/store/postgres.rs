@@ -246,25 +246,6 @@ fn unique_violation(e: &sqlx::Error) -> bool {
 
 #[async_trait]
 impl Store for PgStore {
-    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
-        let row = sqlx::query(
-            "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
-        )
-        .bind(fleet)
-        .bind(kind.as_str())
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(Resource {
-                name: name.to_string(),
-                body: parse_body(r.get::<&str, _>(0))?,
-                etag: r.get(1),
-            })
-        })
-        .transpose()
-    }
-
     async fn get_raw(
         &self,
         fleet: &str,
