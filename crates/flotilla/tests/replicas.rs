@@ -182,6 +182,11 @@ impl Cluster {
 
     /// A fleet of `members` over the exec driver, and a started run across them.
     fn start_run(&self, members: usize, concurrency: usize, upgrade_ms: u64) {
+        self.create_run(members, concurrency, upgrade_ms);
+        self.start_created_run();
+    }
+
+    fn create_run(&self, members: usize, concurrency: usize, upgrade_ms: u64) {
         create_exec_run(
             &self.api(0),
             &self.dir.join("state"),
@@ -189,7 +194,10 @@ impl Cluster {
             concurrency,
             upgrade_ms,
         );
-        // Started through another replica than the one that took the fleet, when it can be.
+    }
+
+    /// Starts run r1 through another replica than the one that took the fleet.
+    fn start_created_run(&self) {
         let (owner, _) = self.wait_owner("edge", None, Duration::from_secs(10));
         let other = (owner + 1) % self.ports.len();
         self.api(other).must(
@@ -426,17 +434,10 @@ fn a_second_server_on_one_sqlite_file_is_refused_clearly() {
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
 
-/// A client streaming a run's events from a replica that does not drive the run sees every
-/// event the owner records, in order, ending with the run's completion.
-#[test]
-fn events_stream_from_any_replica() {
+/// Reads run r1's event stream from a replica until the run completes: each event's id, type
+/// and arrival instant.
+fn stream_events(api: &Api, opened: std::sync::mpsc::Sender<()>) -> Vec<(i64, String, Instant)> {
     use std::io::BufRead;
-    const MEMBERS: usize = 4;
-    let cluster = Cluster::new("events", 2);
-    cluster.start_run(MEMBERS, 2, 200);
-    let (owner, _) = cluster.owner("edge").expect("an owner");
-    let other = (owner + 1) % 2;
-    let api = cluster.api(other);
     let response = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -447,20 +448,60 @@ fn events_stream_from_any_replica() {
         .send()
         .expect("the stream opens");
     assert_eq!(response.status().as_u16(), 200);
-    let mut ids = Vec::new();
-    let mut types = Vec::new();
+    let _ = opened.send(());
+    let mut events = Vec::new();
+    let mut id = None;
     for line in std::io::BufReader::new(response).lines() {
         let line = line.expect("the stream goes on until the run completes");
-        if let Some(id) = line.strip_prefix("id:") {
-            ids.push(id.trim().parse::<i64>().expect("numeric ids"));
+        if let Some(value) = line.strip_prefix("id:") {
+            id = Some(value.trim().parse::<i64>().expect("numeric ids"));
         } else if let Some(data) = line.strip_prefix("data:") {
             let event: Value = serde_json::from_str(data.trim()).expect("JSON events");
-            types.push(event["type"].as_str().unwrap_or_default().to_string());
+            let kind = event["type"].as_str().unwrap_or_default().to_string();
+            events.push((
+                id.take().expect("an id before each event"),
+                kind,
+                Instant::now(),
+            ));
             if event["type"] == "RunCompleted" {
                 break;
             }
         }
     }
+    events
+}
+
+/// A client streaming a run's events from a replica that does not drive the run sees every
+/// event the owner records, in order, ending with the run's completion. How much later it sees
+/// each one than a client of the owner is printed (BENCHMARKS.md), not asserted.
+#[test]
+fn events_stream_from_any_replica() {
+    const MEMBERS: usize = 4;
+    let cluster = Cluster::new("events", 2);
+    cluster.create_run(MEMBERS, 2, 200);
+    let (owner, _) = cluster.wait_owner("edge", None, Duration::from_secs(10));
+    let other = (owner + 1) % 2;
+    let (opened, ready) = std::sync::mpsc::channel();
+    let streams: Vec<_> = [owner, other]
+        .into_iter()
+        .map(|i| {
+            let (api, opened) = (cluster.api(i), opened.clone());
+            std::thread::spawn(move || stream_events(&api, opened))
+        })
+        .collect();
+    for _ in 0..2 {
+        ready
+            .recv_timeout(Duration::from_secs(20))
+            .expect("both streams open");
+    }
+    cluster.start_created_run();
+    let mut seen: Vec<Vec<(i64, String, Instant)>> = streams
+        .into_iter()
+        .map(|t| t.join().expect("stream thread"))
+        .collect();
+    let (from_other, from_owner) = (seen.pop().expect("other"), seen.pop().expect("owner"));
+    let ids: Vec<i64> = from_other.iter().map(|(id, _, _)| *id).collect();
+    let types: Vec<String> = from_other.iter().map(|(_, t, _)| t.clone()).collect();
     // Everything the owner recorded, in order, with nothing missed or repeated.
     let stored = cluster.api(owner).must(
         reqwest::Method::GET,
@@ -479,5 +520,27 @@ fn events_stream_from_any_replica() {
         types.iter().filter(|t| *t == "MemberSucceeded").count(),
         MEMBERS,
         "{types:?}"
+    );
+    assert_eq!(
+        from_owner.iter().map(|(id, _, _)| *id).collect::<Vec<_>>(),
+        ids,
+        "both streams carry the same events"
+    );
+    let mut lag_us: Vec<i128> = from_owner
+        .iter()
+        .zip(&from_other)
+        .map(|((_, _, a), (_, _, b))| {
+            let (a, b) = (*a, *b);
+            if b >= a {
+                b.duration_since(a).as_micros() as i128
+            } else {
+                -(a.duration_since(b).as_micros() as i128)
+            }
+        })
+        .collect();
+    lag_us.sort();
+    eprintln!(
+        "{} events; a non-owner's stream behind the owner's, µs (sorted): {lag_us:?}",
+        lag_us.len()
     );
 }
