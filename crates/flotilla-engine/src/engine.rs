@@ -4,10 +4,11 @@
 //! then [`Engine::settle`] once; it drains [`Engine::poll_command`] and [`Engine::poll_event`],
 //! and calls again at [`Engine::next_wakeup`]. The engine reads no clock and does no I/O.
 //!
-//! Cost: membership is resolved once into dense indices. Each group keeps a ready set ordered by
-//! (priority class, name); members that cannot start yet sit in a timer set keyed by the instant
-//! they may become startable. A scheduling pass touches only the groups of the current stage
-//! (at most 50) and the members it starts, so an event costs O(changes × log n).
+//! Cost: membership is resolved once into dense indices. Each group keeps a queue of the members
+//! it has not reached, ordered by (priority class, name); members reached that cannot start yet
+//! are parked as Pending in a timer set keyed by the instant they may start. A scheduling pass
+//! touches only the groups of the current stage (at most 50) and the members it reaches, so an
+//! event costs O(changes × log n).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -207,11 +208,13 @@ enum RunPhase {
     Skipped,
 }
 
-/// Where a not-started member sits.
+/// Where a member that has not started sits in its (active) group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
     Nowhere,
-    Ready(u8),
+    /// NotStarted, in the group's queue under its priority class, to be reached in order.
+    Queued(u8),
+    /// Pending: reached, will be upgraded, cannot start yet; woken by its timer or an input.
     Parked,
 }
 
@@ -339,12 +342,15 @@ pub struct Engine {
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
 const SOON: i64 = 4 * SECONDS_PER_HOUR;
 
-/// Priority classes inside a group (SEMANTICS §3); only classes 1 and 3 can start.
+/// Priority classes inside a group (SEMANTICS §3): the order in which a group reaches its
+/// members. Only members of classes 1 and 3 can start; the others become Pending when reached.
 const CLASS_OPEN: u8 = 1;
+const CLASS_SOON: u8 = 2;
 const CLASS_NO_WINDOW: u8 = 3;
+const CLASS_CLOSED: u8 = 4;
 
 enum Readiness {
-    Ready { class: u8, until: Option<Time> },
+    Ready,
     Wait { wake: Option<Time>, message: String },
 }
 
@@ -1035,14 +1041,14 @@ impl Engine {
             Input::MemberLocked { member, by_run } => {
                 if let Some(&m) = self.member_index.get(&member) {
                     self.members[m as usize].locked_by = Some(by_run);
-                    self.replace_if_waiting(now, m);
+                    self.repark(now, m);
                 }
                 Ok(())
             }
             Input::MemberUnlocked { member } => {
                 if let Some(&m) = self.member_index.get(&member) {
                     self.members[m as usize].locked_by = None;
-                    self.replace_if_waiting(now, m);
+                    self.repark(now, m);
                 }
                 Ok(())
             }
@@ -1056,17 +1062,11 @@ impl Engine {
                         .filter(|&m| self.members[m as usize].place == Place::Parked)
                         .collect();
                     for m in waiting {
-                        self.place(now, m);
+                        self.repark(now, m);
                     }
                 }
                 Ok(())
             }
-        }
-    }
-
-    fn replace_if_waiting(&mut self, now: Time, m: u32) {
-        if self.phase == RunPhase::Running && self.members[m as usize].place != Place::Nowhere {
-            self.place(now, m);
         }
     }
 
@@ -1178,7 +1178,7 @@ impl Engine {
                         });
                     }
                     State::NotStarted if !self.groups[g as usize].user_skipped => {
-                        self.place(now, m)
+                        self.enqueue(now, m)
                     }
                     _ => {}
                 }
@@ -1250,7 +1250,7 @@ impl Engine {
                     let members = group.members.clone();
                     for m in members {
                         if self.members[m as usize].state == State::NotStarted {
-                            self.place(now, m);
+                            self.enqueue(now, m);
                         }
                     }
                 }
@@ -1482,6 +1482,16 @@ impl Engine {
         };
         self.members[m as usize].cluster = cluster;
         let Some((attempt, progress)) = operation else {
+            if self.members[m as usize].place == Place::Parked {
+                // A Pending member is decided again with its latest observation when its group
+                // next comes to it (SEMANTICS §1): queue it if that decision is no longer an
+                // upgrade (another run upgraded it, say); otherwise its reason may have moved.
+                if matches!(self.decide(m, now), Decision::Upgrade(_)) {
+                    self.repark(now, m);
+                } else {
+                    self.enqueue(now, m);
+                }
+            }
             return;
         };
         let member = &self.members[m as usize];
@@ -1516,7 +1526,7 @@ impl Engine {
                     // Not at target: attempted again.
                     member.state = State::NotStarted;
                     if self.phase == RunPhase::Running && !self.groups[g as usize].user_skipped {
-                        self.place(now, m);
+                        self.enqueue(now, m);
                     }
                 }
             }
@@ -1781,12 +1791,8 @@ impl Engine {
     fn unplace(&mut self, m: u32) {
         let member = &mut self.members[m as usize];
         let g = member.group as usize;
-        match member.place {
-            Place::Ready(class) => {
-                self.groups[g].ready.remove(&(class, m));
-            }
-            Place::Parked => {}
-            Place::Nowhere => {}
+        if let Place::Queued(class) = member.place {
+            self.groups[g].ready.remove(&(class, m));
         }
         if member.state == State::Pending {
             member.state = State::NotStarted;
@@ -1797,40 +1803,70 @@ impl Engine {
         self.set_member_timer(m, None);
     }
 
-    /// Puts a not-started member where it belongs now: the ready set, or parked as Pending
-    /// until the instant it may become startable.
-    fn place(&mut self, now: Time, m: u32) {
-        let readiness = self.readiness(m, now);
+    /// The priority class of a member now (SEMANTICS §3) and the instant it changes.
+    fn class_of(&self, m: u32, now: Time) -> (u8, Option<Time>) {
+        let Some(window) = self.window_of(&self.members[m as usize].cluster) else {
+            return (CLASS_NO_WINDOW, None);
+        };
+        match window.next_opening(now) {
+            None => (CLASS_CLOSED, None),
+            Some(o) if o.from == now => (CLASS_OPEN, Some(o.until)),
+            Some(o) if o.from.unix() - now.unix() <= SOON => (CLASS_SOON, Some(o.from)),
+            Some(o) => (CLASS_CLOSED, Some(Time::from_unix(o.from.unix() - SOON))),
+        }
+    }
+
+    /// Queues a member for its group to reach, in priority order (SEMANTICS §1, §3). A queued
+    /// member is NotStarted: a Pending one that may start now (its window opened, its version
+    /// arrived, another run let go of it) goes back to waiting for its group to come to it.
+    fn enqueue(&mut self, now: Time, m: u32) {
+        let (class, changes) = self.class_of(m, now);
         let member = &mut self.members[m as usize];
         let g = member.group as usize;
-        if let Place::Ready(class) = member.place {
+        if let Place::Queued(old) = member.place {
+            self.groups[g].ready.remove(&(old, m));
+        }
+        if member.state == State::Pending {
+            member.state = State::NotStarted;
+            self.groups[g].pending -= 1;
+        }
+        member.message = None;
+        member.place = Place::Queued(class);
+        self.groups[g].ready.insert((class, m));
+        self.set_member_timer(m, changes);
+    }
+
+    /// A reached member that will be upgraded but cannot start yet: Pending, holding no slot,
+    /// until `wake` (or an input) makes it worth reaching again (SEMANTICS §3).
+    fn park(&mut self, now: Time, m: u32, wake: Option<Time>, message: String) {
+        let member = &mut self.members[m as usize];
+        let g = member.group as usize;
+        if let Place::Queued(class) = member.place {
             self.groups[g].ready.remove(&(class, m));
         }
-        match readiness {
-            Readiness::Ready { class, until } => {
-                if member.state == State::Pending {
-                    member.state = State::NotStarted;
-                    self.groups[g].pending -= 1;
-                }
-                member.message = None;
-                member.place = Place::Ready(class);
-                self.groups[g].ready.insert((class, m));
-                self.set_member_timer(m, until);
-            }
-            Readiness::Wait { wake, message } => {
-                let newly = member.state != State::Pending;
-                let changed = member.message.as_deref() != Some(message.as_str());
-                if newly {
-                    member.state = State::Pending;
-                    self.groups[g].pending += 1;
-                }
-                member.message = Some(message.clone());
-                member.place = Place::Parked;
-                self.set_member_timer(m, wake);
-                if newly || changed {
-                    self.emit_member(now, EventType::MemberPending, m, Some(message));
-                }
-            }
+        let newly = member.state != State::Pending;
+        let changed = member.message.as_deref() != Some(message.as_str());
+        if newly {
+            member.state = State::Pending;
+            self.groups[g].pending += 1;
+        }
+        member.message = Some(message.clone());
+        member.place = Place::Parked;
+        self.set_member_timer(m, wake);
+        if newly || changed {
+            self.emit_member(now, EventType::MemberPending, m, Some(message));
+        }
+    }
+
+    /// A Pending member's reason may have changed (a lock taken or released, the catalog): it
+    /// stays Pending with the new reason, or is queued again if it may start now.
+    fn repark(&mut self, now: Time, m: u32) {
+        if self.phase != RunPhase::Running || self.members[m as usize].place != Place::Parked {
+            return;
+        }
+        match self.readiness(m, now) {
+            Readiness::Ready => self.enqueue(now, m),
+            Readiness::Wait { wake, message } => self.park(now, m, wake, message),
         }
     }
 
@@ -1841,7 +1877,9 @@ impl Engine {
         }
     }
 
-    /// Whether a member can start now, and if not, until when it waits (SEMANTICS §3).
+    /// Whether a reached member that will be upgraded can start now, and if not, until when it
+    /// waits (SEMANTICS §3): another run's operation, its target not yet in its region, its
+    /// maintenance window.
     fn readiness(&self, m: u32, now: Time) -> Readiness {
         let member = &self.members[m as usize];
         if let Some(run) = &member.locked_by {
@@ -1917,20 +1955,14 @@ impl Engine {
                     message: format!("{what}; expected at {earliest}"),
                 };
             }
-            return Readiness::Ready {
-                class: CLASS_NO_WINDOW,
-                until: None,
-            };
+            return Readiness::Ready;
         };
         match window.next_opening(earliest) {
             None => Readiness::Wait {
                 wake: None,
                 message: "the maintenance window never opens again".into(),
             },
-            Some(o) if o.from == now => Readiness::Ready {
-                class: CLASS_OPEN,
-                until: Some(o.until),
-            },
+            Some(o) if o.from == now => Readiness::Ready,
             Some(o) => {
                 let message = if earliest > now {
                     format!(
@@ -1995,6 +2027,9 @@ impl Engine {
         }
         let mut node_images = Vec::new();
         let mut left_alone = Vec::new();
+        // A Latest pool whose family has no image in the region yet is not at target: the
+        // member waits for one (readiness), then is decided again with the image it got.
+        let mut awaiting_image = false;
         if self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
                 if self.rules.linux_node_pools_only && pool.os == Os::Windows {
@@ -2002,10 +2037,14 @@ impl Engine {
                     continue;
                 }
                 let chosen = match &self.upgrade.node_images {
-                    NodeImageSelection::Latest => self
-                        .catalog
-                        .newest_image(&cluster.region, &pool.family, now)
-                        .cloned(),
+                    NodeImageSelection::Latest => {
+                        let newest = self
+                            .catalog
+                            .newest_image(&cluster.region, &pool.family, now)
+                            .cloned();
+                        awaiting_image |= newest.is_none();
+                        newest
+                    }
                     NodeImageSelection::Consistent => {
                         match self
                             .selected_images
@@ -2035,7 +2074,7 @@ impl Engine {
             }
         }
         let kube_change = kube_target.filter(|t| *t != current);
-        if kube_change.is_none() && node_images.is_empty() {
+        if kube_change.is_none() && node_images.is_empty() && !awaiting_image {
             if !left_alone.is_empty() {
                 return Decision::Skip(format!(
                     "Windows node pool(s) {} skipped: security patches cover Linux node pools only; no Linux node pool needs an update",
@@ -2124,10 +2163,14 @@ impl Engine {
                 }
                 TimerKey::Member(m) => {
                     self.members[m as usize].timer = None;
-                    if self.phase == RunPhase::Running
-                        && self.members[m as usize].place != Place::Nowhere
-                    {
-                        self.place(now, m);
+                    if self.phase == RunPhase::Running {
+                        match self.members[m as usize].place {
+                            // Its priority class changes now.
+                            Place::Queued(_) => self.enqueue(now, m),
+                            // What it waited for came: it may start, or waits for the next thing.
+                            Place::Parked => self.repark(now, m),
+                            Place::Nowhere => {}
+                        }
                     }
                 }
             }
@@ -2374,7 +2417,7 @@ impl Engine {
                 let members = self.groups[g as usize].members.clone();
                 for m in members {
                     if self.members[m as usize].state == State::NotStarted {
-                        self.place(now, m);
+                        self.enqueue(now, m);
                     }
                 }
                 true
@@ -2448,8 +2491,13 @@ impl Engine {
                 {
                     continue;
                 }
-                let (picked, touched) = self.take_startable(now, g);
+                let (picked, touched) = self.reach(now, g);
                 changed |= touched;
+                if self.phase != RunPhase::Running {
+                    // A failure in this pass ended the run: nobody else is started, skipped or
+                    // failed in it (SEMANTICS §4).
+                    return changed;
+                }
                 if let Some((m, target)) = picked {
                     self.start_member(now, m, target);
                     self.stages[si].last_served = pos;
@@ -2462,17 +2510,29 @@ impl Engine {
         changed
     }
 
-    /// Pops the best startable member of a group, deciding at-target skips and downgrade
-    /// failures on the way. Returns the member (if any) and whether anything changed.
-    fn take_startable(&mut self, now: Time, g: u32) -> (Option<(u32, Target)>, bool) {
+    /// The group comes to its members in priority order (SEMANTICS §1, §3): each member reached
+    /// is decided first (already at target or no Consistent image: Skipped; a downgrade:
+    /// Failed), then, if it will be upgraded, either returned to start or parked as Pending
+    /// (another run's operation, its target not in its region, its window). Skips, failures and
+    /// Pending members use no slot, so the group goes on to its next member. Returns the member
+    /// to start (if any) and whether anything changed. A failure that ends the run ends the
+    /// walk (§4: the pass neither starts, skips nor fails anyone after it).
+    fn reach(&mut self, now: Time, g: u32) -> (Option<(u32, Target)>, bool) {
         let mut touched = false;
-        while let Some((_, m)) = self.groups[g as usize].ready.pop_first() {
-            self.members[m as usize].place = Place::Nowhere;
-            self.set_member_timer(m, None);
+        while let Some(&(class, m)) = self.groups[g as usize].ready.first() {
             touched = true;
             match self.decide(m, now) {
-                Decision::Upgrade(target) => return (Some((m, target)), true),
+                Decision::Upgrade(target) => match self.readiness(m, now) {
+                    Readiness::Ready => {
+                        self.groups[g as usize].ready.remove(&(class, m));
+                        self.members[m as usize].place = Place::Nowhere;
+                        self.set_member_timer(m, None);
+                        return (Some((m, target)), true);
+                    }
+                    Readiness::Wait { wake, message } => self.park(now, m, wake, message),
+                },
                 Decision::Skip(why) => {
+                    self.unplace(m);
                     let member = &mut self.members[m as usize];
                     member.state = State::Skipped;
                     member.completed = Some(now);
@@ -2481,6 +2541,7 @@ impl Engine {
                     self.emit_member(now, EventType::MemberSkipped, m, Some(why));
                 }
                 Decision::Fail { code, message } => {
+                    self.unplace(m);
                     self.groups[g as usize].unfinished -= 1;
                     self.fail_member(now, m, code, message);
                     if self.phase != RunPhase::Running || self.groups[g as usize].outcome.is_some()
@@ -2642,11 +2703,12 @@ impl Engine {
                         group.name, self.group_failures[g as usize]
                     ));
                 }
-                for &(_, m) in &group.ready {
-                    if self.members[m as usize].state != State::NotStarted {
+                for &(class, m) in &group.ready {
+                    let member = &self.members[m as usize];
+                    if member.state != State::NotStarted || member.place != Place::Queued(class) {
                         return Err(format!(
-                            "member {} is ready but {:?}",
-                            self.members[m as usize].name, self.members[m as usize].state
+                            "member {} is queued but {:?} at {:?}",
+                            member.name, member.state, member.place
                         ));
                     }
                 }
@@ -2688,33 +2750,68 @@ impl Engine {
         if self.failure_count != self.stages.iter().map(|s| s.failure_count).sum::<u64>() {
             return Err("run failure count is not the sum of its stages'".into());
         }
-        // No idle slot: in a running run, a group with room and a startable member means the
-        // stage is full.
-        if self.phase == RunPhase::Running
-            && let Some(stage) = self.stages.get(self.current)
-            && stage.phase == Phase::Active
-            && stage.outcome.is_none()
-        {
-            for &g in &stage.groups {
-                let group = &self.groups[g as usize];
-                let startable = group.members.iter().any(|&m| {
-                    let member = &self.members[m as usize];
-                    matches!(member.state, State::NotStarted | State::Pending)
-                        && member.place != Place::Nowhere
-                        && matches!(self.readiness(m, now), Readiness::Ready { .. })
-                });
-                if group.phase == Phase::Active
-                    && group.outcome.is_none()
-                    && !group.user_skipped
-                    && startable
-                    && group.in_flight < group.max_concurrency
-                    && stage.in_flight < stage.max_concurrency
-                {
-                    return Err(format!(
-                        "group {}: a slot is idle while a member could start",
-                        group.name
-                    ));
+        if self.phase == RunPhase::Running {
+            self.check_reaching(now)?;
+        }
+        Ok(())
+    }
+
+    /// In a running run's current stage: every member that has not started is queued in its
+    /// class or parked as Pending for a reason that still holds, and no slot is idle while a
+    /// member waits to be reached (SEMANTICS §1, §3).
+    fn check_reaching(&self, now: Time) -> Result<(), String> {
+        let Some(stage) = self.stages.get(self.current) else {
+            return Ok(());
+        };
+        for &g in &stage.groups {
+            let group = &self.groups[g as usize];
+            let active = stage.phase == Phase::Active
+                && group.phase == Phase::Active
+                && group.outcome.is_none()
+                && !group.user_skipped;
+            for &m in &group.members {
+                let member = &self.members[m as usize];
+                let name = &member.name;
+                match (member.state, member.place) {
+                    (State::Pending, Place::Parked) => {
+                        if !matches!(self.decide(m, now), Decision::Upgrade(_)) {
+                            return Err(format!(
+                                "member {name} is Pending although it is decided without an upgrade"
+                            ));
+                        }
+                        if matches!(self.readiness(m, now), Readiness::Ready) {
+                            return Err(format!("member {name} is Pending but could start"));
+                        }
+                    }
+                    (State::Pending, place) => {
+                        return Err(format!("member {name} is Pending but {place:?}"));
+                    }
+                    (State::NotStarted, Place::Queued(class))
+                        if class != self.class_of(m, now).0 =>
+                    {
+                        return Err(format!("member {name} is queued in a stale class {class}"));
+                    }
+                    (State::NotStarted, Place::Queued(_)) => {}
+                    (State::NotStarted, Place::Nowhere) if active => {
+                        return Err(format!("member {name} of an active group is never reached"));
+                    }
+                    (state, place @ (Place::Parked | Place::Queued(_))) => {
+                        return Err(format!(
+                            "member {name} is {state:?} but placed at {place:?}"
+                        ));
+                    }
+                    _ => {}
                 }
+            }
+            if active
+                && !group.ready.is_empty()
+                && group.in_flight < group.max_concurrency
+                && stage.in_flight < stage.max_concurrency
+            {
+                return Err(format!(
+                    "group {}: a slot is idle while a member waits to be reached",
+                    group.name
+                ));
             }
         }
         Ok(())

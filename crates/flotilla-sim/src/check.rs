@@ -181,7 +181,41 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
             )),
         }
     }
+    for (name, want) in exp
+        .get("memberCompletedAt")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let got = members
+            .get(name)
+            .and_then(|m| m["status"]["completedTime"].as_str());
+        if got.and_then(|g| Time::parse(g).ok()) != time_of(want) {
+            errors.push(format!(
+                "memberCompletedAt.{name}: expected {want}, got {}",
+                got.unwrap_or("nothing")
+            ));
+        }
+    }
     let events: Vec<&Value> = result["events"].as_array().into_iter().flatten().collect();
+    for name in exp
+        .get("neverPending")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(text)
+    {
+        if let Some(e) = events
+            .iter()
+            .find(|e| e["type"] == "MemberPending" && text(&e["member"]) == name)
+        {
+            errors.push(format!(
+                "neverPending: {name} was Pending at {}: {}",
+                text(&e["time"]),
+                text(&e["message"])
+            ));
+        }
+    }
     // Peak in flight per `stage:X` and `group:Y`.
     let mut current: BTreeMap<String, i64> = BTreeMap::new();
     let mut peak: BTreeMap<String, i64> = BTreeMap::new();

@@ -524,6 +524,18 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 );
             }
             for member in r.locked.difference(&busy_elsewhere) {
+                // The other run may have upgraded it: this run decides it again on what the
+                // cluster is now (SEMANTICS §1).
+                if let Some(c) = sim.clusters.get(member) {
+                    let _ = r.engine.handle(
+                        now,
+                        Input::Observed {
+                            member: member.clone(),
+                            cluster: Box::new(c.cluster.clone()),
+                            operation: None,
+                        },
+                    );
+                }
                 let _ = r.engine.handle(
                     now,
                     Input::MemberUnlocked {

@@ -28,6 +28,12 @@ struct MemberPlan {
     fails: bool,
     window_start_hour: Option<i64>,
     region: usize,
+    /// 0: behind the target, 1: already on it, 2: ahead of it (a refused downgrade).
+    version: usize,
+    /// Whether its pool is already on the newest image.
+    image_current: bool,
+    /// Whether it also has a pool of a family only one region lists (Consistent skips it).
+    arm_pool: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -45,6 +51,10 @@ struct StagePlan {
 #[derive(Clone, Debug)]
 struct Plan {
     members: Vec<MemberPlan>,
+    /// 0: ControlPlaneOnly, 1: Full with Latest images, 2: Full with Consistent, 3: NodeImageOnly.
+    upgrade: usize,
+    /// Hours after the start at which the target reaches westus (never: not listed there).
+    west_arrival_hours: Option<i64>,
     stages: Vec<StagePlan>,
     stop_at: Option<(i64, i64)>,
     skip_member: Option<(i64, usize)>,
@@ -73,16 +83,32 @@ fn plan() -> impl Strategy<Value = Plan> {
         1i64..40,
         proptest::bool::weighted(0.08),
         proptest::option::weighted(0.25, 0i64..24),
-        0usize..2,
+        0usize..3,
+        prop_oneof![6 => Just(0usize), 2 => Just(1usize), 1 => Just(2usize)],
+        proptest::bool::weighted(0.3),
+        proptest::bool::weighted(0.1),
     )
         .prop_map(
-            |(group, label, minutes, fails, window_start_hour, region)| MemberPlan {
+            |(
                 group,
                 label,
                 minutes,
                 fails,
                 window_start_hour,
                 region,
+                version,
+                image_current,
+                arm_pool,
+            )| MemberPlan {
+                group,
+                label,
+                minutes,
+                fails,
+                window_start_hour,
+                region,
+                version,
+                image_current,
+                arm_pool,
             },
         );
     let stage = (
@@ -121,37 +147,60 @@ fn plan() -> impl Strategy<Value = Plan> {
         proptest::collection::vec(stage, 1..4),
         proptest::option::weighted(0.3, (1i64..120, 1i64..300)),
         proptest::option::weighted(0.3, (0i64..60, 0usize..40)),
+        0usize..4,
+        proptest::option::weighted(0.8, 0i64..72),
     )
-        .prop_map(|(members, stages, stop_at, skip_member)| Plan {
-            members,
-            stages,
-            stop_at,
-            skip_member,
-        })
+        .prop_map(
+            |(members, stages, stop_at, skip_member, upgrade, west_arrival_hours)| Plan {
+                members,
+                stages,
+                stop_at,
+                skip_member,
+                upgrade,
+                west_arrival_hours,
+            },
+        )
 }
 
 /// Builds a scenario from a plan. Stages draw disjoint groups, so membership is unique.
 fn scenario(plan: &Plan) -> Scenario {
-    let regions = ["eastus", "westus"];
+    const FAMILY: &str = "AKSUbuntu-2204gen2containerd";
+    const ARM: &str = "AKSUbuntu-2204gen2arm64containerd";
+    let regions = ["eastus", "westus", "northeurope"];
+    let versions = ["1.30.5", "1.31.1", "1.32.0"];
+    let kube = |v: &str| KubeVersion::parse(v).expect("valid");
+    let image = |v: &str| ImageVersion::parse(v).expect("valid");
     let mut catalog = Catalog::default();
     for region in regions {
         let mut rc = RegionCatalog::default();
-        for v in ["1.30.5", "1.31.1"] {
+        for v in versions {
+            // The target rolls out region by region: westus gets it later, or never.
+            let available_at = match (region, v) {
+                ("westus", "1.31.1") => match plan.west_arrival_hours {
+                    Some(h) => Some(Time::from_unix(START + h * 3600)),
+                    None => continue,
+                },
+                _ => None,
+            };
             rc.kubernetes.push(KubeRelease {
-                version: KubeVersion::parse(v).expect("valid"),
+                version: kube(v),
                 preview: false,
                 long_term_support: false,
-                available_at: None,
+                available_at,
             });
         }
-        rc.node_images.insert(
-            "AKSUbuntu-2204gen2containerd".into(),
-            vec![ImageRelease {
-                version: ImageVersion::parse("202602.10.0").expect("valid"),
+        let images = ["202602.10.0", "202603.01.0"]
+            .map(|v| ImageRelease {
+                version: image(v),
                 available_at: None,
-            }],
-        );
-        rc.family_order.push("AKSUbuntu-2204gen2containerd".into());
+            })
+            .to_vec();
+        rc.node_images.insert(FAMILY.into(), images.clone());
+        rc.family_order.push(FAMILY.into());
+        if region == "eastus" {
+            rc.node_images.insert(ARM.into(), images);
+            rc.family_order.push(ARM.into());
+        }
         catalog.regions.insert(region.into(), rc);
     }
     let mut members = Vec::new();
@@ -165,6 +214,25 @@ fn scenario(plan: &Plan) -> Scenario {
             .expect("valid window");
             std::sync::Arc::new(MaintenanceWindow::parse(&spec, "w").expect("valid window"))
         });
+        let pool_image = image(if m.image_current {
+            "202603.01.0"
+        } else {
+            "202602.10.0"
+        });
+        let mut node_pools = vec![NodePool {
+            name: "nodepool1".into(),
+            family: FAMILY.into(),
+            os: Os::Linux,
+            image: pool_image.clone(),
+        }];
+        if m.arm_pool && m.region == 0 {
+            node_pools.push(NodePool {
+                name: "arm".into(),
+                family: ARM.into(),
+                os: Os::Linux,
+                image: pool_image,
+            });
+        }
         members.push(Member {
             name: name.clone(),
             cluster_resource_id: format!("/sim/{name}"),
@@ -177,15 +245,10 @@ fn scenario(plan: &Plan) -> Scenario {
             .collect(),
             cluster: Cluster {
                 region: regions[m.region].into(),
-                kubernetes_version: KubeVersion::parse("1.30.5").expect("valid"),
-                node_pools: vec![NodePool {
-                    name: "nodepool1".into(),
-                    family: "AKSUbuntu-2204gen2containerd".into(),
-                    os: Os::Linux,
-                    image: ImageVersion::parse("202602.10.0").expect("valid"),
-                }],
-                kubernetes_window: window,
-                node_os_window: None,
+                kubernetes_version: kube(versions[m.version]),
+                node_pools,
+                kubernetes_window: window.clone().filter(|_| m.label != 2),
+                node_os_window: window.filter(|_| m.label != 1),
                 long_term_support: false,
             },
         });
@@ -326,9 +389,13 @@ fn scenario(plan: &Plan) -> Scenario {
         members,
         behaviour,
         strategy: (!stages.is_empty()).then(|| json!({"stages": stages})),
-        update: Some(
-            json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
-        ),
+        update: Some(match plan.upgrade {
+            0 => json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}),
+            1 => json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}}),
+            2 => json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"},
+                         "nodeImageSelection": {"type": "Consistent"}}),
+            _ => json!({"upgrade": {"type": "NodeImageOnly"}}),
+        }),
         strategies: Default::default(),
         profiles: Vec::new(),
         releases: Vec::new(),
@@ -338,7 +405,7 @@ fn scenario(plan: &Plan) -> Scenario {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(500))]
 
     #[test]
     fn random_runs_keep_every_invariant(plan in plan()) {
@@ -386,6 +453,36 @@ proptest! {
                 }
             }
         }
+        // A failure ends the pass (SEMANTICS §4): after RunFailed, the same instant holds no
+        // member event but the results of members already in flight, unless a user action at
+        // that instant (a skip, a stop, a start) has effects of its own.
+        let acted: std::collections::BTreeSet<Time> = scenario
+            .actions
+            .iter()
+            .filter(|a| !matches!(a.action, Action::Approve(_)))
+            .map(|a| a.at)
+            .collect();
+        let mut in_flight = std::collections::BTreeSet::new();
+        let mut failed_at = None;
+        for e in &result.events {
+            let kind = format!("{:?}", e.kind);
+            let member = e.member.clone().unwrap_or_default();
+            if failed_at == Some(e.time) && !acted.contains(&e.time) && e.member.is_some() {
+                let a_result = matches!(kind.as_str(), "MemberSucceeded" | "MemberFailed")
+                    && in_flight.contains(&member);
+                prop_assert!(a_result, "{} {} at {} after the run failed in that instant", kind, member, e.time);
+            }
+            match kind.as_str() {
+                "RunFailed" => failed_at = Some(e.time),
+                "MemberStarted" | "MemberReattached" => {
+                    in_flight.insert(member);
+                }
+                "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
+                    in_flight.remove(&member);
+                }
+                _ => {}
+            }
+        }
         // Without a stop there is no second attempt (failed runs are not retried here).
         if plan.stop_at.is_none() {
             for (member, n) in &starts {
@@ -407,7 +504,13 @@ proptest! {
         prop_assert_eq!(status["failureCount"].as_u64(), Some(run_failed));
         // Every run ends: Completed, Failed or Skipped, within the 30 simulated days.
         let state = status["status"]["state"].as_str().unwrap_or_default();
-        prop_assert!(matches!(state, "Completed" | "Failed" | "Skipped"), "run ended {}", state);
+        // Except a run whose target never reaches a member's region: that member waits for it.
+        let waits_for_version = status["stages"].as_array().into_iter().flatten()
+            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+            .flat_map(|g| g["members"].as_array().into_iter().flatten())
+            .any(|m| m["status"]["state"] == "Pending"
+                && m["message"].as_str().is_some_and(|t| t.contains("not yet available")));
+        prop_assert!(matches!(state, "Completed" | "Failed" | "Skipped") || (plan.west_arrival_hours.is_none() && waits_for_version), "run ended {}", state);
         // Same input, same output.
         let again = serde_json::to_string(&simulate(&scenario)).expect("serializes");
         prop_assert_eq!(again, serde_json::to_string(&result).expect("serializes"));
