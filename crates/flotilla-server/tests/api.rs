@@ -404,7 +404,7 @@ async fn validation_etags_and_paging() {
     let stages: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/examples/fleet-stages.json"
+            "/../../examples/fleet-stages.json"
         ))
         .expect("shared example"),
     )

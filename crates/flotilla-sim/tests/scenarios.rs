@@ -1,4 +1,4 @@
-//! Runs every scenario of `../shared/conformance/` and of the project's `tests/scenarios/`
+//! Runs every scenario of `tests/conformance/` (the shared suite, copied) and of the project's `tests/scenarios/`
 //! through the simulator, with the engine's invariants recounted after every instant, and
 //! checks each scenario's expectations. Also checks that a second run gives the same bytes.
 
@@ -78,7 +78,7 @@ fn run_all(dir: &Path, at_least: usize) {
 
 #[test]
 fn shared_conformance_scenarios() {
-    run_all(&workspace().join("../shared/conformance"), 16);
+    run_all(&workspace().join("tests/conformance"), 16);
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn the_example_in_the_readme_runs_to_completion() {
 /// The checker must be able to fail: a wrong expectation is reported.
 #[test]
 fn the_checker_reports_wrong_expectations() {
-    let scenario = load(&workspace().join("../shared/conformance/01-one-by-one.yaml"));
+    let scenario = load(&workspace().join("tests/conformance/01-one-by-one.yaml"));
     let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
     let wrong = serde_json::json!({
         "run": {"state": "Failed"},

@@ -175,7 +175,7 @@ fn normalise(text: &str) -> String {
 }
 
 fn stages_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/examples/fleet-stages.json")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fleet-stages.json")
 }
 
 #[test]

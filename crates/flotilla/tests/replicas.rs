@@ -24,6 +24,37 @@ fn postgres_base() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
+/// Whether the PostgreSQL tests can run here: the server answers, or CI requires it
+/// (`FLOTILLA_REQUIRE_POSTGRES=1`, set by `.ci/run`), in which case its absence fails them.
+/// Without either they are skipped with a notice written past the test harness's capture.
+fn postgres_reachable() -> bool {
+    use std::io::Write;
+    let base = postgres_base();
+    let address = base
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("postgres://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let reachable = std::net::ToSocketAddrs::to_socket_addrs(&address)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|a| {
+            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
+        });
+    let required = std::env::var_os("FLOTILLA_REQUIRE_POSTGRES").is_some_and(|v| v != "0");
+    if !reachable && !required {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: no PostgreSQL at {base} (set FLOTILLA_TEST_POSTGRES to one, or FLOTILLA_REQUIRE_POSTGRES=1 to fail instead)"
+        );
+    }
+    reachable || required
+}
+
 fn admin_sql(sql: String) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -262,6 +293,9 @@ fn signal(pid: u32, sig: &str) {
 
 #[test]
 fn killing_the_owning_replica_again_and_again_upgrades_every_member_exactly_once() {
+    if !postgres_reachable() {
+        return;
+    }
     const MEMBERS: usize = 30;
     let mut cluster = Cluster::new("kill", 3);
     cluster.start_run(MEMBERS, 2, 800);
@@ -337,6 +371,9 @@ fn killing_the_owning_replica_again_and_again_upgrades_every_member_exactly_once
 
 #[test]
 fn a_paused_owner_sends_nothing_after_losing_its_lease() {
+    if !postgres_reachable() {
+        return;
+    }
     const MEMBERS: usize = 12;
     let cluster = Cluster::new("pause", 3);
     cluster.start_run(MEMBERS, 2, 1500);
@@ -476,6 +513,9 @@ fn stream_events(api: &Api, opened: std::sync::mpsc::Sender<()>) -> Vec<(i64, St
 /// each one than a client of the owner is printed (BENCHMARKS.md), not asserted.
 #[test]
 fn events_stream_from_any_replica() {
+    if !postgres_reachable() {
+        return;
+    }
     const MEMBERS: usize = 4;
     let cluster = Cluster::new("events", 2);
     cluster.create_run(MEMBERS, 2, 200);

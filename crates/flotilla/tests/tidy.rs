@@ -106,3 +106,61 @@ fn the_engine_is_pure() {
         }
     }
 }
+
+/// The repository carries copies of the shared conformance suite and example so that a clone
+/// alone passes its tests; where the shared folder sits beside the checkout, the copies must be
+/// the same bytes (a newer shared suite is copied in, never edited here).
+#[test]
+fn copies_of_the_shared_suite_match_it() {
+    let shared = workspace().join("../shared");
+    if !shared.is_dir() {
+        return;
+    }
+    let pairs = std::fs::read_dir(shared.join("conformance"))
+        .expect("shared conformance")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|x| x == "yaml" || x == "py" || x == "sh")
+        })
+        .map(|p| {
+            let copy = workspace()
+                .join("tests/conformance")
+                .join(p.file_name().expect("a file name"));
+            (p, copy)
+        })
+        .chain([
+            (
+                shared.join("conformance/README.md"),
+                workspace().join("tests/conformance/FORMAT.md"),
+            ),
+            (
+                shared.join("examples/fleet-stages.json"),
+                workspace().join("examples/fleet-stages.json"),
+            ),
+            (
+                shared.join("spec/API.md"),
+                workspace().join("docs/spec/API.md"),
+            ),
+            (
+                shared.join("spec/SEMANTICS.md"),
+                workspace().join("docs/spec/SEMANTICS.md"),
+            ),
+        ]);
+    let mut stale = Vec::new();
+    for (original, copy) in pairs {
+        if std::fs::read(&original).ok() != std::fs::read(&copy).ok() {
+            stale.push(format!(
+                "{} differs from {}",
+                copy.display(),
+                original.display()
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "copy the shared files again:\n{}",
+        stale.join("\n")
+    );
+}
