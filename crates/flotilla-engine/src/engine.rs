@@ -774,6 +774,12 @@ impl Engine {
         Some((member.state, member.attempt))
     }
 
+    /// What a member's current attempt upgrades it to, if it has one.
+    pub fn member_target(&self, name: &str) -> Option<Target> {
+        let m = *self.member_index.get(name)?;
+        self.members[m as usize].target.clone()
+    }
+
     /// Members waiting for the answer to a [`Command::Observe`] (after a restart of the shell,
     /// the observation is asked again).
     pub fn pending_observations(&self) -> Vec<(String, u64)> {

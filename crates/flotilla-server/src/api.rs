@@ -570,7 +570,7 @@ async fn put_fleet(
     validate_driver_config(&driver).map_err(|e| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
-            e.0,
+            e.message,
             "properties.driver",
         ))
     })?;
@@ -869,10 +869,10 @@ async fn observe_member(
             ),
         },
         Err(e) => (
-            json!({"lastObservationError": {"code": "ObservationFailed", "message": e.0}, "lastObservedAt": now()}),
+            json!({"lastObservationError": {"code": "ObservationFailed", "message": e.message}, "lastObservedAt": now()}),
             Err(ApiError::conflict(format!(
                 "member {member:?} cannot be observed: {}",
-                e.0
+                e.message
             ))),
         ),
     };
@@ -1157,7 +1157,10 @@ async fn create_run(
         after = page.last().map(|r| r.name.clone());
     }
     let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+        ApiError::conflict(format!(
+            "the fleet's driver cannot list releases: {}",
+            e.message
+        ))
     })?;
     let snapshot = RunSnapshot {
         strategy: strategy.clone(),
@@ -1561,7 +1564,10 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
     let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+        ApiError::conflict(format!(
+            "the fleet's driver cannot list releases: {}",
+            e.message
+        ))
     })?;
     let planned = plan_run(&name, &profile, &catalog, now()).ok_or_else(|| {
         ApiError::conflict(format!(
@@ -1767,7 +1773,10 @@ async fn releases(
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
     let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!("the fleet's driver cannot list releases: {}", e.0))
+        ApiError::conflict(format!(
+            "the fleet's driver cannot list releases: {}",
+            e.message
+        ))
     })?;
     let mut spec = catalog.spec();
     if let Some(region) = &paging.region {

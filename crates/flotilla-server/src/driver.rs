@@ -17,9 +17,61 @@ use flotilla_engine::release::{self, Published, Release, ReleaseSpec, parse_offs
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 
+/// What a driver's failure means (API.md, "Driver errors and deadlines").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Not an answer: asked again with backoff (a timeout, a command that crashed or could not
+    /// be spawned, no file descriptors, output that does not parse).
+    Transient,
+    /// An answer: the member fails with the message (also a configuration that is not valid).
+    Permanent,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct DriverError(pub String);
+#[error("{message}")]
+pub struct DriverError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl DriverError {
+    pub fn transient(message: impl Into<String>) -> DriverError {
+        DriverError {
+            kind: ErrorKind::Transient,
+            message: message.into(),
+        }
+    }
+
+    pub fn permanent(message: impl Into<String>) -> DriverError {
+        DriverError {
+            kind: ErrorKind::Permanent,
+            message: message.into(),
+        }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.kind == ErrorKind::Transient
+    }
+}
+
+/// How long an operation is followed after it was sent before the member fails with the last
+/// error (`operationDeadlineSeconds`, API.md).
+pub const DEFAULT_OPERATION_DEADLINE: Duration = Duration::from_secs(6 * 3600);
+
+/// A number of seconds a user sent, checked against its bounds before it becomes a duration
+/// (`Duration::from_secs_f64` panics on what does not fit).
+fn bounded_seconds(value: f64, field: &str, min: f64, max: f64) -> Result<f64, DriverError> {
+    if value.is_finite() && value >= min && value <= max {
+        Ok(value)
+    } else {
+        Err(DriverError::permanent(format!(
+            "{field} {value}: must be a number of seconds from {min} to {max}"
+        )))
+    }
+}
+
+/// The longest an upgrade may be followed: a week.
+const MAX_DEADLINE_SECONDS: f64 = 7.0 * 86_400.0;
 
 /// How the engine names a member to a driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +111,12 @@ pub trait Driver: Send + Sync {
     /// How often to poll an operation in flight.
     fn poll_interval(&self) -> Duration;
 
+    /// How long an operation is followed after it was sent before the member fails with the
+    /// last error.
+    fn operation_deadline(&self) -> Duration {
+        DEFAULT_OPERATION_DEADLINE
+    }
+
     /// How long to wait before polling this operation next; drivers that know when an operation
     /// ends (the simulator) say so, the others poll at their interval.
     fn poll_after(&self, _operation_id: &str) -> Duration {
@@ -71,11 +129,11 @@ pub fn driver_from_config(config: &Value) -> Result<Arc<dyn Driver>, DriverError
     match config.get("type").and_then(Value::as_str) {
         Some("sim") => Ok(Arc::new(SimDriver::new(config)?)),
         Some("exec") => Ok(Arc::new(ExecDriver::new(config)?)),
-        Some(other) => Err(DriverError(format!(
+        Some(other) => Err(DriverError::permanent(format!(
             "properties.driver.type {other:?}: must be sim or exec"
         ))),
-        None => Err(DriverError(
-            "properties.driver.type is required (sim or exec)".into(),
+        None => Err(DriverError::permanent(
+            "properties.driver.type is required (sim or exec)",
         )),
     }
 }
@@ -124,6 +182,12 @@ struct SimConfig {
     /// A generated feed: a new patch, minor or node image every so often.
     #[serde(default)]
     feed: Option<FeedSpec>,
+    #[serde(default = "default_deadline")]
+    operation_deadline_seconds: f64,
+}
+
+fn default_deadline() -> f64 {
+    DEFAULT_OPERATION_DEADLINE.as_secs_f64()
 }
 
 /// `feed`: every `patchEvery` a new patch of the newest generally available minor, every
@@ -158,10 +222,14 @@ impl Feed {
             let path = format!("properties.driver.feed.{field}");
             match v {
                 None => Ok(None),
-                Some(v) => match parse_offset(v, &path).map_err(|e| DriverError(e.message))? {
-                    0 => Err(DriverError(format!("{path} {v}: must be longer than zero"))),
-                    s => Ok(Some(s)),
-                },
+                Some(v) => {
+                    match parse_offset(v, &path).map_err(|e| DriverError::permanent(e.message))? {
+                        0 => Err(DriverError::permanent(format!(
+                            "{path} {v}: must be longer than zero"
+                        ))),
+                        s => Ok(Some(s)),
+                    }
+                }
             }
         };
         Ok(Feed {
@@ -171,7 +239,7 @@ impl Feed {
             region_delay: match &spec.region_delay {
                 None => 0,
                 Some(v) => parse_offset(v, "properties.driver.feed.regionDelay")
-                    .map_err(|e| DriverError(e.message))?,
+                    .map_err(|e| DriverError::permanent(e.message))?,
             },
         })
     }
@@ -271,21 +339,28 @@ fn parse_sim_cluster(body: &Value, path: &str) -> Result<SimCluster, DriverError
     let mut fields = body
         .as_object()
         .cloned()
-        .ok_or_else(|| DriverError(format!("{path}: must be an object")))?;
+        .ok_or_else(|| DriverError::permanent(format!("{path}: must be an object")))?;
     let knobs: SimKnobs = match fields.remove("sim") {
-        Some(k) => {
-            from_json_value(k, &format!("{path}.sim")).map_err(|e| DriverError(e.message))?
-        }
+        Some(k) => from_json_value(k, &format!("{path}.sim"))
+            .map_err(|e| DriverError::permanent(e.message))?,
         None => SimKnobs::default(),
     };
-    let spec: ClusterSpec =
-        from_json_value(Value::Object(fields), path).map_err(|e| DriverError(e.message))?;
-    let cluster = Cluster::parse(&spec, path).map_err(|e| DriverError(e.message))?;
+    let spec: ClusterSpec = from_json_value(Value::Object(fields), path)
+        .map_err(|e| DriverError::permanent(e.message))?;
+    let cluster = Cluster::parse(&spec, path).map_err(|e| DriverError::permanent(e.message))?;
+    if let Some(d) = knobs.duration_seconds {
+        bounded_seconds(
+            d,
+            &format!("{path}.sim.durationSeconds"),
+            0.0,
+            30.0 * 86_400.0,
+        )?;
+    }
     if let Some(o) = knobs.outcome.as_deref()
         && o != "succeed"
         && o != "fail"
     {
-        return Err(DriverError(format!(
+        return Err(DriverError::permanent(format!(
             "{path}.sim.outcome {o:?}: must be succeed or fail"
         )));
     }
@@ -330,20 +405,27 @@ pub struct SimDriver {
     origin: Time,
     clock: fn() -> Time,
     state: Mutex<(HashMap<String, SimCluster>, HashMap<String, SimOperation>)>,
+    deadline: Duration,
 }
 
 impl SimDriver {
     pub fn new(config: &Value) -> Result<SimDriver, DriverError> {
         let config: SimConfig = from_json_value(config.clone(), "properties.driver")
-            .map_err(|e| DriverError(e.message))?;
-        if !(config.time_scale > 0.0 && config.time_scale.is_finite()) {
-            return Err(DriverError(format!(
-                "properties.driver.timeScale {}: must be a positive number",
+            .map_err(|e| DriverError::permanent(e.message))?;
+        if !(config.time_scale.is_finite() && (1e-3..=1e6).contains(&config.time_scale)) {
+            return Err(DriverError::permanent(format!(
+                "properties.driver.timeScale {}: must be a number from 0.001 to 1000000",
                 config.time_scale
             )));
         }
+        let deadline = bounded_seconds(
+            config.operation_deadline_seconds,
+            "properties.driver.operationDeadlineSeconds",
+            1.0,
+            MAX_DEADLINE_SECONDS,
+        )?;
         let catalog = Catalog::parse(&config.catalog, "properties.driver.catalog")
-            .map_err(|e| DriverError(e.message))?;
+            .map_err(|e| DriverError::permanent(e.message))?;
         let mut clusters = HashMap::new();
         for (id, body) in &config.clusters {
             let entry = parse_sim_cluster(body, &format!("properties.driver.clusters.{id}"))?;
@@ -355,16 +437,17 @@ impl SimDriver {
             .map(|body| parse_sim_cluster(body, "properties.driver.defaultCluster"))
             .transpose()?;
         let releases = release::parse_releases(&config.releases, "properties.driver.releases")
-            .map_err(|e| DriverError(e.message))?;
+            .map_err(|e| DriverError::permanent(e.message))?;
         for (i, r) in releases.iter().enumerate() {
             if let Some(region) = r.regions.keys().find(|g| !catalog.regions.contains_key(*g)) {
-                return Err(DriverError(format!(
+                return Err(DriverError::permanent(format!(
                     "properties.driver.releases[{i}].regions.{region}: not a region of the catalog"
                 )));
             }
         }
         let feed = config.feed.as_ref().map(Feed::parse).transpose()?;
         Ok(SimDriver {
+            deadline: Duration::from_secs_f64(deadline),
             scale: config.time_scale,
             catalog,
             releases,
@@ -434,9 +517,9 @@ impl Driver for SimDriver {
         let mut state = self
             .state
             .lock()
-            .map_err(|_| DriverError("simulator state poisoned".into()))?;
+            .map_err(|_| DriverError::permanent("simulator state poisoned"))?;
         let key = self.key(member, &mut state.0).ok_or_else(|| {
-            DriverError(format!(
+            DriverError::permanent(format!(
                 "no simulated cluster {:?} in the fleet's sim driver",
                 member.cluster_resource_id
             ))
@@ -456,12 +539,12 @@ impl Driver for SimDriver {
         let mut state = self
             .state
             .lock()
-            .map_err(|_| DriverError("simulator state poisoned".into()))?;
+            .map_err(|_| DriverError::permanent("simulator state poisoned"))?;
         if state.1.contains_key(key) {
             return Ok(key.to_string());
         }
         let cluster_key = self.key(member, &mut state.0).ok_or_else(|| {
-            DriverError(format!(
+            DriverError::permanent(format!(
                 "no simulated cluster {:?} in the fleet's sim driver",
                 member.cluster_resource_id
             ))
@@ -469,7 +552,7 @@ impl Driver for SimDriver {
         let c = state
             .0
             .get_mut(&cluster_key)
-            .ok_or_else(|| DriverError("cluster vanished".into()))?;
+            .ok_or_else(|| DriverError::permanent("cluster vanished"))?;
         c.attempts += 1;
         c.operations.push(key.to_string());
         let fails = c.knobs.outcome.as_deref() == Some("fail")
@@ -502,7 +585,7 @@ impl Driver for SimDriver {
         let mut state = self
             .state
             .lock()
-            .map_err(|_| DriverError("simulator state poisoned".into()))?;
+            .map_err(|_| DriverError::permanent("simulator state poisoned"))?;
         SimDriver::settle_one(&mut state, operation_id);
         Ok(match state.1.get(operation_id) {
             None => OperationState::Unknown,
@@ -518,6 +601,10 @@ impl Driver for SimDriver {
 
     fn poll_interval(&self) -> Duration {
         Duration::from_millis(20)
+    }
+
+    fn operation_deadline(&self) -> Duration {
+        self.deadline
     }
 
     fn poll_after(&self, operation_id: &str) -> Duration {
@@ -549,6 +636,8 @@ struct ExecConfig {
     timeout_seconds: f64,
     #[serde(default = "default_poll")]
     poll_interval_seconds: f64,
+    #[serde(default = "default_deadline")]
+    operation_deadline_seconds: f64,
 }
 
 fn default_timeout() -> f64 {
@@ -562,7 +651,13 @@ fn default_poll() -> f64 {
 /// Runs the user's argv templates as subprocesses; they print JSON on stdout.
 pub struct ExecDriver {
     config: ExecConfig,
+    timeout: Duration,
+    poll_interval: Duration,
+    deadline: Duration,
 }
+
+/// The exit code with which an `exec` command says a definitive no (API.md).
+const PERMANENT_EXIT: i32 = 2;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -582,24 +677,42 @@ struct PollReply {
 impl ExecDriver {
     pub fn new(config: &Value) -> Result<ExecDriver, DriverError> {
         let config: ExecConfig = from_json_value(config.clone(), "properties.driver")
-            .map_err(|e| DriverError(e.message))?;
+            .map_err(|e| DriverError::permanent(e.message))?;
         for (field, argv) in [
             ("observe", &config.observe),
             ("upgrade", &config.upgrade),
             ("poll", &config.poll),
         ] {
             if argv.is_empty() {
-                return Err(DriverError(format!(
+                return Err(DriverError::permanent(format!(
                     "properties.driver.{field}: needs at least the program to run"
                 )));
             }
         }
-        if !(config.timeout_seconds > 0.0 && config.poll_interval_seconds > 0.0) {
-            return Err(DriverError(
-                "properties.driver.timeoutSeconds and pollIntervalSeconds must be positive".into(),
-            ));
-        }
-        Ok(ExecDriver { config })
+        let timeout = bounded_seconds(
+            config.timeout_seconds,
+            "properties.driver.timeoutSeconds",
+            0.01,
+            86_400.0,
+        )?;
+        let poll_interval = bounded_seconds(
+            config.poll_interval_seconds,
+            "properties.driver.pollIntervalSeconds",
+            0.01,
+            3_600.0,
+        )?;
+        let deadline = bounded_seconds(
+            config.operation_deadline_seconds,
+            "properties.driver.operationDeadlineSeconds",
+            1.0,
+            MAX_DEADLINE_SECONDS,
+        )?;
+        Ok(ExecDriver {
+            config,
+            timeout: Duration::from_secs_f64(timeout),
+            poll_interval: Duration::from_secs_f64(poll_interval),
+            deadline: Duration::from_secs_f64(deadline),
+        })
     }
 
     async fn run(
@@ -622,29 +735,46 @@ impl ExecDriver {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let child = command
-            .spawn()
-            .map_err(|e| DriverError(format!("{what}: cannot run {:?}: {e}", argv[0])))?;
-        let limit = Duration::from_secs_f64(self.config.timeout_seconds);
-        let output = tokio::time::timeout(limit, child.wait_with_output())
+        // The server's own resources running out (no file descriptors, no processes) is never
+        // the member's failure: transient.
+        let child = command.spawn().map_err(|e| {
+            DriverError::transient(format!("{what}: cannot run {:?}: {e}", argv[0]))
+        })?;
+        let output = tokio::time::timeout(self.timeout, child.wait_with_output())
             .await
             .map_err(|_| {
-                DriverError(format!(
+                DriverError::transient(format!(
                     "{what}: {:?} timed out after {}s",
-                    argv[0], self.config.timeout_seconds
+                    argv[0],
+                    self.timeout.as_secs_f64()
                 ))
             })?
-            .map_err(|e| DriverError(format!("{what}: {e}")))?;
+            .map_err(|e| DriverError::transient(format!("{what}: {e}")))?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stderr = stderr.trim();
         if !output.status.success() {
-            return Err(DriverError(format!(
-                "{what}: {:?} exited with {}{}",
+            let code = output.status.code();
+            let text = match code {
+                // Exit 2 is the command's definitive "no": its output is the message.
+                Some(PERMANENT_EXIT) => {
+                    let stdout = String::from_utf8_lossy(&output.stdout);
+                    let said = [stdout.trim(), stderr]
+                        .into_iter()
+                        .filter(|t| !t.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(": ");
+                    return Err(DriverError::permanent(if said.is_empty() {
+                        format!("{what}: {:?} refused it (exit 2)", argv[0])
+                    } else {
+                        format!("{what}: {}", truncate(&said))
+                    }));
+                }
+                Some(c) => format!("code {c}"),
+                None => "a signal".to_string(),
+            };
+            return Err(DriverError::transient(format!(
+                "{what}: {:?} exited with {text}{}",
                 argv[0],
-                output
-                    .status
-                    .code()
-                    .map_or("a signal".to_string(), |c| format!("code {c}")),
                 if stderr.is_empty() {
                     String::new()
                 } else {
@@ -653,7 +783,7 @@ impl ExecDriver {
             )));
         }
         serde_json::from_slice(&output.stdout).map_err(|e| {
-            DriverError(format!(
+            DriverError::transient(format!(
                 "{what}: {:?} printed something that is not JSON ({e}): {}",
                 argv[0],
                 truncate(&String::from_utf8_lossy(&output.stdout))
@@ -688,8 +818,9 @@ impl Driver for ExecDriver {
                 &ExecDriver::member_vars(member),
             )
             .await?;
-        serde_json::from_value(value)
-            .map_err(|e| DriverError(format!("observe: the cluster JSON is not valid: {e}")))
+        serde_json::from_value(value).map_err(|e| {
+            DriverError::permanent(format!("observe: the cluster JSON is not valid: {e}"))
+        })
     }
 
     async fn start_upgrade(
@@ -736,9 +867,10 @@ impl Driver for ExecDriver {
         let mut vars = ExecDriver::member_vars(member);
         vars.push(("operationId", operation_id.to_string()));
         vars.push(("operationKey", operation_id.to_string()));
-        let reply: PollReply =
-            serde_json::from_value(self.run("poll", &self.config.poll, &vars).await?)
-                .map_err(|e| DriverError(format!("poll: expected {{\"state\": …}}: {e}")))?;
+        let reply: PollReply = serde_json::from_value(
+            self.run("poll", &self.config.poll, &vars).await?,
+        )
+        .map_err(|e| DriverError::permanent(format!("poll: expected {{\"state\": …}}: {e}")))?;
         Ok(match reply.state.as_str() {
             "Running" | "InProgress" => OperationState::Running,
             "Succeeded" => OperationState::Succeeded,
@@ -746,7 +878,11 @@ impl Driver for ExecDriver {
                 OperationState::Failed(reply.message.unwrap_or_else(|| "the upgrade failed".into()))
             }
             "Unknown" | "NotFound" => OperationState::Unknown,
-            other => return Err(DriverError(format!("poll: unknown state {other:?}"))),
+            other => {
+                return Err(DriverError::permanent(format!(
+                    "poll: unknown state {other:?}"
+                )));
+            }
         })
     }
 
@@ -755,13 +891,17 @@ impl Driver for ExecDriver {
             return Ok(Catalog::default());
         };
         let value = self.run("catalog", argv, &[]).await?;
-        let spec: CatalogSpec =
-            serde_json::from_value(value).map_err(|e| DriverError(format!("catalog: {e}")))?;
-        Catalog::parse(&spec, "catalog").map_err(|e| DriverError(e.message))
+        let spec: CatalogSpec = serde_json::from_value(value)
+            .map_err(|e| DriverError::permanent(format!("catalog: {e}")))?;
+        Catalog::parse(&spec, "catalog").map_err(|e| DriverError::permanent(e.message))
     }
 
     fn poll_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.config.poll_interval_seconds)
+        self.poll_interval
+    }
+
+    fn operation_deadline(&self) -> Duration {
+        self.deadline
     }
 }
 
@@ -822,25 +962,112 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            err.0.contains("code 3") && err.0.contains("quota exceeded"),
+            err.message.contains("code 3") && err.message.contains("quota exceeded"),
             "{err}"
         );
         let err = exec("echo not json", 10.0)
             .start_upgrade(&who(), &target(), "k1")
             .await
             .unwrap_err();
-        assert!(err.0.contains("not JSON"), "{err}");
+        assert!(err.message.contains("not JSON"), "{err}");
         let err = exec("sleep 5", 0.2)
             .start_upgrade(&who(), &target(), "k1")
             .await
             .unwrap_err();
-        assert!(err.0.contains("timed out"), "{err}");
+        assert!(err.message.contains("timed out"), "{err}");
         let err = ExecDriver::new(
             &json!({"type": "exec", "observe": [], "upgrade": ["x"], "poll": ["x"]}),
         )
         .err()
         .expect("refused");
-        assert!(err.0.contains("properties.driver.observe"), "{err}");
+        assert!(err.message.contains("properties.driver.observe"), "{err}");
+    }
+
+    /// API.md: exit 2 is a permanent failure with its output as the message; any other exit, a
+    /// timeout, output that is not JSON and a command that cannot be spawned are transient.
+    #[tokio::test]
+    async fn exec_errors_are_transient_except_exit_2() {
+        let err = exec("echo 'cluster is on an unsupported SKU'; exit 2", 10.0)
+            .start_upgrade(&who(), &target(), "k1")
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Permanent, "{err}");
+        assert!(err.message.contains("unsupported SKU"), "{err}");
+        for script in ["exit 1", "exit 3", "echo not json", "sleep 5", "kill -9 $$"] {
+            let err = exec(script, 0.3)
+                .start_upgrade(&who(), &target(), "k1")
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Transient, "{script}: {err}");
+        }
+        let missing = ExecDriver::new(&json!({
+            "type": "exec", "observe": ["/nonexistent/observe"], "upgrade": ["x"], "poll": ["x"],
+        }))
+        .expect("valid");
+        let err = missing.observe(&who()).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Transient, "{err}");
+    }
+
+    /// Every number of seconds a user sends is bounded before it becomes a duration, and the
+    /// error names the field and the value (a panic in `Duration::from_secs_f64` before).
+    #[test]
+    fn unbounded_numbers_in_driver_configs_are_refused_with_their_field() {
+        let exec = |extra: Value| {
+            let mut config =
+                json!({"type": "exec", "observe": ["x"], "upgrade": ["x"], "poll": ["x"]});
+            config
+                .as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            ExecDriver::new(&config).err()
+        };
+        for (extra, field) in [
+            (
+                json!({"timeoutSeconds": 1e20}),
+                "properties.driver.timeoutSeconds 100000000000000000000",
+            ),
+            (
+                json!({"timeoutSeconds": 0}),
+                "properties.driver.timeoutSeconds 0",
+            ),
+            (
+                json!({"pollIntervalSeconds": 1e20}),
+                "properties.driver.pollIntervalSeconds",
+            ),
+            (
+                json!({"pollIntervalSeconds": -1}),
+                "properties.driver.pollIntervalSeconds -1",
+            ),
+            (
+                json!({"operationDeadlineSeconds": 1e300}),
+                "properties.driver.operationDeadlineSeconds",
+            ),
+        ] {
+            let err = exec(extra.clone()).expect("refused");
+            assert!(err.message.contains(field), "{extra}: {err}");
+        }
+        assert!(exec(json!({"timeoutSeconds": 30, "operationDeadlineSeconds": 3600})).is_none());
+        for (config, field) in [
+            (
+                json!({"type": "sim", "timeScale": 1e-300}),
+                "properties.driver.timeScale",
+            ),
+            (
+                json!({"type": "sim", "timeScale": 1e300}),
+                "properties.driver.timeScale",
+            ),
+            (
+                json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": 1e300}}}),
+                "properties.driver.defaultCluster.sim.durationSeconds",
+            ),
+            (
+                json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": -5}}}),
+                "properties.driver.defaultCluster.sim.durationSeconds -5",
+            ),
+        ] {
+            let err = SimDriver::new(&config).err().expect("refused");
+            assert!(err.message.contains(field), "{config}: {err}");
+        }
     }
 
     #[tokio::test]
@@ -981,7 +1208,7 @@ mod tests {
             (json!({"feed": {"patchEvry": "7d"}}), "properties.driver"),
         ] {
             let err = with_feed(extra.clone()).err().expect("refused");
-            assert!(err.0.contains(field), "{extra}: {err}");
+            assert!(err.message.contains(field), "{extra}: {err}");
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod driver;
 pub mod metrics;
+pub mod operation;
 pub mod runs;
 pub mod store;
 

@@ -23,7 +23,7 @@ use flotilla_engine::strategy::{
 };
 use flotilla_engine::time::Time;
 
-use crate::driver::{Driver, MemberRef, OperationState, driver_from_config};
+use crate::driver::{Driver, MemberRef, driver_from_config};
 use crate::metrics::Metrics;
 use crate::store::{Fence, Intent, Kind, Notice, RunBatch, Store, StoreError};
 
@@ -219,7 +219,11 @@ impl Drivers {
             return Ok(driver.clone());
         }
         let driver = driver_from_config(&config).map_err(|e| {
-            ApiError::new(ErrorCode::InvalidRequestContent, e.0, "properties.driver")
+            ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                e.message,
+                "properties.driver",
+            )
         })?;
         built.insert(fleet.to_string(), (config, driver.clone()));
         Ok(driver)
@@ -1458,7 +1462,8 @@ impl Actor {
             .collect()
     }
 
-    /// Sends an upgrade (unless recovering one the driver already has) and follows it to its end.
+    /// Sends an upgrade (unless recovering one the driver may already have) and follows it to a
+    /// definitive answer (`crate::operation::drive`).
     fn spawn_upgrade(
         &mut self,
         member: String,
@@ -1469,175 +1474,143 @@ impl Actor {
         recovering: bool,
     ) {
         let driver = self.driver.clone();
-        let tx = self.tx.clone();
-        let store = self.runs.store.clone();
-        let metrics = self.runs.metrics.clone();
-        let (fleet, run) = (self.fleet.clone(), self.run.clone());
+        let report = RunReport(self.tx.clone());
+        let permit = LeasePermit {
+            runs: self.runs.clone(),
+            fleet: self.fleet.clone(),
+            run: self.run.clone(),
+            epoch: self.fence.epoch,
+            attempt,
+        };
         let who = self.member_ref(&member);
-        let runs = self.runs.clone();
-        let epoch = self.fence.epoch;
         self.outstanding.insert(attempt);
         tokio::spawn(async move {
-            // Nothing is sent unless this replica's lease is current by its own clock: a replica
-            // paused past its lease finds it stale when it wakes, and sends nothing.
-            loop {
-                match runs.replica.may_send(&fleet, epoch) {
-                    Some(true) => break,
-                    Some(false) => tokio::time::sleep(Duration::from_millis(50)).await,
-                    None => return,
-                }
-            }
-            let mut operation = known;
-            if operation.is_none() && recovering {
-                // Taken over from another replica: a send it began just before its lease ran out
-                // may still be on its way to the driver; give it a lease's time to land before
-                // asking the driver whether it knows the key.
-                if let Some(wait) = runs.replica.settling(&fleet, epoch)
-                    && runs.store.shared()
-                {
-                    tokio::time::sleep(wait).await;
-                }
-                // Recorded but maybe never sent: ask before sending (SEMANTICS §7).
-                match driver.poll(&who, &key).await {
-                    Ok(OperationState::Unknown) => {}
-                    Ok(_) => operation = Some(key.clone()),
-                    Err(e) => {
-                        tracing::warn!(member = %member, error = %e, "cannot ask the driver about a recorded upgrade")
+            let begin = match known {
+                Some(id) => crate::operation::Begin::Follow(id),
+                None if recovering => {
+                    // Taken over from another replica: a send it began just before its lease ran
+                    // out may still be on its way to the driver; give it a lease's time to land
+                    // before asking the driver whether it knows the key (SEMANTICS §7).
+                    if let Some(wait) = permit.runs.replica.settling(&permit.fleet, permit.epoch)
+                        && permit.runs.store.shared()
+                    {
+                        tokio::time::sleep(wait).await;
                     }
+                    crate::operation::Begin::Ask
                 }
-            }
-            let operation_id = match operation {
-                Some(id) => id,
-                // The lease is checked again right before sending: the recovery poll may have
-                // taken long.
-                None if runs.replica.may_send(&fleet, epoch) != Some(true) => return,
-                None => match driver.start_upgrade(&who, &target, &key).await {
-                    Ok(id) => {
-                        metrics.count_started(&fleet);
-                        id
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Msg::Input {
-                            input: Input::OperationFinished {
-                                member,
-                                attempt,
-                                outcome: Err(format!("the upgrade could not be sent: {e}")),
-                            },
-                            observed_at: Some(Instant::now()),
-                        });
-                        return;
-                    }
-                },
+                None => crate::operation::Begin::Send,
             };
-            let _ = store
-                .record_operation(&fleet, &run, attempt, &operation_id)
-                .await;
-            let _ = tx.send(Msg::Input {
-                input: Input::OperationAccepted {
-                    member: member.clone(),
-                    attempt,
-                    operation_id: operation_id.clone(),
-                },
-                observed_at: None,
-            });
-            follow(driver, tx, who, member, attempt, operation_id).await;
+            let attempt = crate::operation::Attempt {
+                who,
+                member,
+                attempt,
+                target,
+                key,
+            };
+            crate::operation::drive(driver, report, permit, attempt, begin).await;
         });
     }
 
     /// After a stop and start: is the earlier operation still running, and where is the cluster?
+    /// Asked until answered (`crate::operation::reattach`); then followed if it still runs.
     fn spawn_observe(&mut self, member: String, attempt: u64) {
         let driver = self.driver.clone();
-        let tx = self.tx.clone();
+        let report = RunReport(self.tx.clone());
+        let permit = LeasePermit {
+            runs: self.runs.clone(),
+            fleet: self.fleet.clone(),
+            run: self.run.clone(),
+            epoch: self.fence.epoch,
+            attempt,
+        };
         let who = self.member_ref(&member);
+        let key = operation_key(&self.fleet, &self.run, attempt);
         let operation = self
             .operations
             .get(&attempt)
             .cloned()
-            .unwrap_or_else(|| operation_key(&self.fleet, &self.run, attempt));
+            .unwrap_or(key.clone());
+        let target = self.engine.member_target(&member);
         self.outstanding.insert(attempt);
         tokio::spawn(async move {
-            let progress = match driver.poll(&who, &operation).await {
-                Ok(OperationState::Running) => OperationProgress::InProgress,
-                _ => OperationProgress::NotRunning,
-            };
-            let cluster = match driver.observe(&who).await {
-                Ok(spec) => flotilla_engine::fleet::Cluster::parse(&spec, "cluster").ok(),
-                Err(_) => None,
-            };
-            let Some(cluster) = cluster else {
-                // Without an observation the member is attempted again only if nothing runs.
+            use crate::operation::Report;
+            let Some((progress, cluster)) =
+                crate::operation::reattach(&driver, &report, &who, &operation).await
+            else {
                 return;
             };
             let running = progress == OperationProgress::InProgress;
-            let _ = tx.send(Msg::Input {
-                input: Input::Observed {
+            report.input(
+                Input::Observed {
                     member: member.clone(),
                     cluster: Box::new(cluster),
                     operation: Some((attempt, progress)),
                 },
-                observed_at: None,
-            });
-            if running {
-                follow(driver, tx, who, member, attempt, operation).await;
+                None,
+            );
+            if running && let Some(target) = target {
+                let attempt = crate::operation::Attempt {
+                    who,
+                    member,
+                    attempt,
+                    target,
+                    key,
+                };
+                crate::operation::drive(
+                    driver,
+                    report,
+                    permit,
+                    attempt,
+                    crate::operation::Begin::Follow(operation),
+                )
+                .await;
             }
         });
     }
 }
 
-/// Polls an operation until it ends and reports the result to the run.
-async fn follow(
-    driver: Arc<dyn Driver>,
-    tx: mpsc::UnboundedSender<Msg>,
-    who: MemberRef,
-    member: String,
+/// The follower's reports go to the run task's channel.
+struct RunReport(mpsc::UnboundedSender<Msg>);
+
+impl crate::operation::Report for RunReport {
+    fn input(&self, input: Input, finished_at: Option<Instant>) -> bool {
+        self.0
+            .send(Msg::Input {
+                input,
+                observed_at: finished_at,
+            })
+            .is_ok()
+    }
+
+    fn listening(&self) -> bool {
+        !self.0.is_closed()
+    }
+}
+
+/// Sends only under the fleet's lease, as held when the attempt was made.
+struct LeasePermit {
+    runs: Arc<Runs>,
+    fleet: String,
+    run: String,
+    epoch: i64,
     attempt: u64,
-    operation_id: String,
-) {
-    let mut errors = 0;
-    loop {
-        tokio::time::sleep(driver.poll_after(&operation_id)).await;
-        if tx.is_closed() {
-            return;
-        }
-        let outcome = match driver.poll(&who, &operation_id).await {
-            Ok(OperationState::Running) => continue,
-            Ok(OperationState::Succeeded) => Ok(()),
-            Ok(OperationState::Failed(message)) => Err(message),
-            Ok(OperationState::Unknown) => Err(format!(
-                "the driver no longer knows operation {operation_id}"
-            )),
-            Err(e) => {
-                errors += 1;
-                if errors < 10 {
-                    tracing::warn!(member = %member, error = %e, "polling the upgrade failed; retrying");
-                    continue;
-                }
-                Err(format!("polling the upgrade kept failing: {e}"))
-            }
-        };
-        let observed_at = Instant::now();
-        if outcome.is_ok()
-            && let Ok(spec) = driver.observe(&who).await
-            && let Ok(cluster) = flotilla_engine::fleet::Cluster::parse(&spec, "cluster")
-        {
-            let _ = tx.send(Msg::Input {
-                input: Input::Observed {
-                    member: member.clone(),
-                    cluster: Box::new(cluster),
-                    operation: None,
-                },
-                observed_at: None,
-            });
-        }
-        let _ = tx.send(Msg::Input {
-            input: Input::OperationFinished {
-                member,
-                attempt,
-                outcome,
-            },
-            observed_at: Some(observed_at),
-        });
-        return;
+}
+
+impl crate::operation::SendPermit for LeasePermit {
+    fn may_send(&self) -> Option<bool> {
+        self.runs.replica.may_send(&self.fleet, self.epoch)
+    }
+
+    async fn record(&self, operation_id: &str) {
+        let _ = self
+            .runs
+            .store
+            .record_operation(&self.fleet, &self.run, self.attempt, operation_id)
+            .await;
+    }
+
+    fn count_started(&self) {
+        self.runs.metrics.count_started(&self.fleet);
     }
 }
 
