@@ -51,6 +51,9 @@ pub struct RunRules {
     pub linux_node_pools_only: bool,
 }
 
+/// Why a member deleted from the fleet during the run is Skipped (SEMANTICS §2).
+const REMOVED: &str = "member removed from fleet";
+
 /// Name of the implicit stage and group of a run without a strategy.
 pub const DEFAULT_STAGE_NAME: &str = "default";
 
@@ -1230,7 +1233,23 @@ impl Engine {
                 let mut reset = 0;
                 for &m in &group.members {
                     let member = &mut self.members[m as usize];
-                    if member.state == State::Failed {
+                    if member.state == State::Failed && member.removed {
+                        // Deleted since it failed: nothing is sent to it again (SEMANTICS §2).
+                        member.state = State::Skipped;
+                        member.completed = Some(now);
+                        member.error = None;
+                        member.message = Some(REMOVED.into());
+                        self.events.push_back(Event {
+                            time: now,
+                            kind: EventType::MemberSkipped,
+                            stage: Some(self.stages[si].name.clone()),
+                            group: Some(group.name.clone()),
+                            member: Some(member.name.clone()),
+                            gate: None,
+                            message: Some(REMOVED.into()),
+                            error: None,
+                        });
+                    } else if member.state == State::Failed {
                         member.state = State::NotStarted;
                         member.start = None;
                         member.completed = None;
@@ -1377,6 +1396,17 @@ impl Engine {
         let g = member.group;
         self.add_in_flight(g, -1);
         self.groups[g as usize].unfinished -= 1;
+        if self.members[m as usize].removed {
+            // Deleted from the fleet while in flight: Skipped, whatever the operation did, and
+            // not counted as a failure (SEMANTICS §2).
+            let member = &mut self.members[m as usize];
+            member.state = State::Skipped;
+            member.completed = Some(now);
+            member.message = Some(REMOVED.into());
+            self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
+            self.finish_group_if_skipped(now, g);
+            return;
+        }
         match outcome {
             Ok(()) => {
                 let member = &mut self.members[m as usize];
@@ -1548,7 +1578,7 @@ impl Engine {
             self.members[m as usize].state,
             State::NotStarted | State::Pending | State::Stopped
         ) {
-            self.skip_member(now, m, "member removed from fleet");
+            self.skip_member(now, m, REMOVED);
         }
     }
 
@@ -2267,6 +2297,16 @@ impl Engine {
                 stage.phase = Phase::BeforeGates;
                 stage.start = Some(now);
                 self.emit_stage(now, EventType::StageStarted, si, None);
+                // A group that selects no member is Skipped when its stage starts (SEMANTICS
+                // §2), before-gates or not.
+                for pos in 0..self.stages[si].groups.len() {
+                    let g = self.stages[si].groups[pos];
+                    if self.groups[g as usize].members.is_empty()
+                        && self.groups[g as usize].outcome.is_none()
+                    {
+                        self.advance_group(now, si, pos as u32, g);
+                    }
+                }
                 self.open_gates(now, si, None, Timing::Before);
                 true
             }

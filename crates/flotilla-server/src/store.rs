@@ -39,6 +39,16 @@ pub enum StoreError {
     /// The run was replaced or deleted since the writer loaded it.
     #[error("{0}")]
     Superseded(String),
+    /// A member write the fleet's data refuses: its cluster id is another member's, it would
+    /// change a member's cluster id, or (creating only) the member exists. `item` is its index
+    /// in the batch, `field` the path inside the item.
+    #[error("{message}")]
+    Refused {
+        item: usize,
+        field: &'static str,
+        conflict: bool,
+        message: String,
+    },
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -68,6 +78,90 @@ impl Kind {
             Kind::Profile => "autoUpgradeProfiles",
             Kind::RunSnapshot => "updateRunSnapshots",
         }
+    }
+}
+
+/// One member to register (API.md, "Batch registration").
+#[derive(Clone, Debug)]
+pub struct MemberWrite {
+    pub name: String,
+    /// The member's body; its `properties.status` is replaced by the stored member's, if any
+    /// (what was observed of the cluster stays).
+    pub body: Value,
+    pub when: Precondition,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterMode {
+    /// An existing member is refused.
+    Create,
+    /// An existing member is replaced (its cluster id cannot change).
+    Upsert,
+}
+
+/// What a registration wrote: each item's new eTag and whether it created the member.
+#[derive(Clone, Debug, Default)]
+pub struct Registered {
+    pub written: Vec<(String, bool)>,
+}
+
+/// How cluster ids are compared within a fleet: case-insensitively, as ARM ids are.
+pub fn cluster_key(id: &str) -> String {
+    id.to_ascii_lowercase()
+}
+
+/// The cluster id a member body carries.
+pub fn member_cluster_id(body: &Value) -> &str {
+    body["properties"]["clusterResourceId"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// The stored member an item replaces, checked against the item: returns the body to store.
+/// One rule for both backends.
+fn merge_member(
+    item: usize,
+    write: &MemberWrite,
+    current: Option<&str>,
+    mode: RegisterMode,
+) -> StoreResult<Value> {
+    let mut body = write.body.clone();
+    let Some(text) = current else {
+        return Ok(body);
+    };
+    if mode == RegisterMode::Create {
+        return Err(StoreError::Refused {
+            item,
+            field: "name",
+            conflict: true,
+            message: format!("member {:?} already exists", write.name),
+        });
+    }
+    let stored = parse_body(text)?;
+    let (old, new) = (member_cluster_id(&stored), member_cluster_id(&write.body));
+    if cluster_key(old) != cluster_key(new) {
+        return Err(StoreError::Refused {
+            item,
+            field: "properties.clusterResourceId",
+            conflict: false,
+            message: format!(
+                "properties.clusterResourceId {new:?}: a member's cluster cannot be changed (it is {old:?})"
+            ),
+        });
+    }
+    body["properties"]["status"] = stored["properties"]["status"].clone();
+    Ok(body)
+}
+
+/// The refusal of a cluster id another member already has.
+fn cluster_taken(item: usize, id: &str, other: &str) -> StoreError {
+    StoreError::Refused {
+        item,
+        field: "properties.clusterResourceId",
+        conflict: true,
+        message: format!(
+            "properties.clusterResourceId {id:?}: member {other:?} of this fleet already has this cluster"
+        ),
     }
 }
 
@@ -289,6 +383,14 @@ pub trait Store: Send + Sync {
         name: &str,
         when: &Precondition,
     ) -> StoreResult<bool>;
+    /// Creates or replaces members in one transaction, all or nothing; a member's cluster id
+    /// is unique in its fleet, compared case-insensitively (API.md, "Batch registration").
+    async fn register_members(
+        &self,
+        fleet: &str,
+        writes: &[MemberWrite],
+        mode: RegisterMode,
+    ) -> StoreResult<Registered>;
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
     async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>>;
     async fn run_events(
@@ -382,6 +484,19 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TABLE actions (
         id INTEGER PRIMARY KEY AUTOINCREMENT, fleet TEXT NOT NULL, run TEXT NOT NULL,
         input TEXT NOT NULL, result TEXT)
+    "#,
+    ),
+    (
+        3,
+        // A member's cluster id is unique in its fleet. Members registered twice before this
+        // keep their rows; the first by name holds the id.
+        r#"
+    CREATE TABLE member_clusters (
+        fleet TEXT NOT NULL, cluster_key TEXT NOT NULL, member TEXT NOT NULL,
+        PRIMARY KEY (fleet, cluster_key));
+    INSERT OR IGNORE INTO member_clusters (fleet, cluster_key, member)
+        SELECT fleet, lower(json_extract(body, '$.properties.clusterResourceId')), name
+        FROM resources WHERE kind = 'members' ORDER BY fleet, name
     "#,
     ),
 ];
@@ -656,6 +771,56 @@ impl Store for SqliteStore {
         ))
     }
 
+    async fn register_members(
+        &self,
+        fleet: &str,
+        writes: &[MemberWrite],
+        mode: RegisterMode,
+    ) -> StoreResult<Registered> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut registered = Registered::default();
+        for (item, write) in writes.iter().enumerate() {
+            let current = sqlx::query(
+                "SELECT body, etag FROM resources WHERE fleet = ? AND kind = 'members' AND name = ?",
+            )
+            .bind(fleet)
+            .bind(&write.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let (text, etag): (Option<String>, Option<String>) =
+                current.map_or((None, None), |r| (Some(r.get(0)), Some(r.get(1))));
+            check(etag.as_deref(), &write.when)?;
+            let body = merge_member(item, write, text.as_deref(), mode)?;
+            let id = member_cluster_id(&body);
+            let holder: Option<String> = sqlx::query(
+                "SELECT member FROM member_clusters WHERE fleet = ? AND cluster_key = ?",
+            )
+            .bind(fleet)
+            .bind(cluster_key(id))
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.get(0));
+            match holder {
+                Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
+                Some(_) => {}
+                None => {
+                    sqlx::query(
+                        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES (?, ?, ?)",
+                    )
+                    .bind(fleet)
+                    .bind(cluster_key(id))
+                    .bind(&write.name)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+            let etag_new = upsert(&mut tx, fleet, Kind::Member, &write.name, &body).await?;
+            registered.written.push((etag_new, text.is_none()));
+        }
+        tx.commit().await?;
+        Ok(registered)
+    }
+
     async fn delete(
         &self,
         fleet: &str,
@@ -695,12 +860,20 @@ impl Store for SqliteStore {
                     .execute(&mut *tx)
                     .await?;
             }
+            Kind::Member => {
+                sqlx::query("DELETE FROM member_clusters WHERE fleet = ? AND member = ?")
+                    .bind(fleet)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             Kind::Fleet => {
                 sqlx::query("DELETE FROM resources WHERE fleet = ?")
                     .bind(name)
                     .execute(&mut *tx)
                     .await?;
                 for statement in [
+                    "DELETE FROM member_clusters WHERE fleet = ?",
                     "DELETE FROM run_log WHERE fleet = ?",
                     "DELETE FROM run_events WHERE fleet = ?",
                     "DELETE FROM intents WHERE fleet = ?",

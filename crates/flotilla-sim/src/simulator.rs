@@ -507,6 +507,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         }
         // 5. Schedule each run in turn, answering commands until it is quiet. Before its turn a
         // run is told which of its members other runs are upgrading (one operation per cluster).
+        let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
         for (index, r) in runs.iter_mut().enumerate() {
             let busy_elsewhere: BTreeSet<String> = sim
                 .busy
@@ -515,11 +516,13 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 .map(|(m, _)| m.clone())
                 .collect();
             for member in busy_elsewhere.difference(&r.locked) {
+                // The message names the run holding the member (SEMANTICS §3).
+                let holder = sim.busy.get(member).and_then(|by| names.get(*by));
                 let _ = r.engine.handle(
                     now,
                     Input::MemberLocked {
                         member: member.clone(),
-                        by_run: "another update run".into(),
+                        by_run: holder.cloned().unwrap_or_default(),
                     },
                 );
             }

@@ -12,8 +12,10 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Intent, Kind, Lease, Notice, PendingAction, Precondition, Resource, RunBatch, Store,
-    StoreError, StoreResult, TokenRecord, check, fenced, millis, parse_body, same_run,
+    Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition, RegisterMode,
+    Registered, Resource, RunBatch, Store, StoreError, StoreResult, TokenRecord, check,
+    cluster_key, cluster_taken, fenced, member_cluster_id, merge_member, millis, parse_body,
+    same_run,
 };
 
 /// The channel notices travel on.
@@ -54,6 +56,20 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TABLE actions (
         id BIGSERIAL PRIMARY KEY, fleet TEXT NOT NULL, run TEXT NOT NULL,
         input TEXT NOT NULL, result TEXT)
+    "#,
+    ),
+    (
+        3,
+        // A member's cluster id is unique in its fleet. Members registered twice before this
+        // keep their rows; the first by name holds the id.
+        r#"
+    CREATE TABLE member_clusters (
+        fleet TEXT NOT NULL, cluster_key TEXT NOT NULL, member TEXT NOT NULL,
+        PRIMARY KEY (fleet, cluster_key));
+    INSERT INTO member_clusters (fleet, cluster_key, member)
+        SELECT fleet, lower(body::jsonb #>> '{properties,clusterResourceId}'), name
+        FROM resources WHERE kind = 'members' ORDER BY fleet, name
+        ON CONFLICT DO NOTHING
     "#,
     ),
 ];
@@ -240,6 +256,19 @@ async fn append(
     Ok(())
 }
 
+/// Two registrations of one member or one cluster id at the same time: the later is refused
+/// whole, and may be sent again.
+fn racing(item: usize, member: &str) -> StoreError {
+    StoreError::Refused {
+        item,
+        field: "properties.clusterResourceId",
+        conflict: true,
+        message: format!(
+            "member {member:?} or its cluster was registered by another request at the same time; send it again"
+        ),
+    }
+}
+
 fn unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
 }
@@ -345,6 +374,69 @@ impl Store for PgStore {
         ))
     }
 
+    async fn register_members(
+        &self,
+        fleet: &str,
+        writes: &[MemberWrite],
+        mode: RegisterMode,
+    ) -> StoreResult<Registered> {
+        let mut tx = self.pool.begin().await?;
+        let mut registered = Registered::default();
+        for (item, write) in writes.iter().enumerate() {
+            let current = sqlx::query(
+                "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = 'members' AND name = $2 FOR UPDATE",
+            )
+            .bind(fleet)
+            .bind(&write.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let (text, etag): (Option<String>, Option<String>) =
+                current.map_or((None, None), |r| (Some(r.get(0)), Some(r.get(1))));
+            check(etag.as_deref(), &write.when)?;
+            let body = merge_member(item, write, text.as_deref(), mode)?;
+            let id = member_cluster_id(&body);
+            let holder: Option<String> = sqlx::query(
+                "SELECT member FROM member_clusters WHERE fleet = $1 AND cluster_key = $2",
+            )
+            .bind(fleet)
+            .bind(cluster_key(id))
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.get(0));
+            match holder {
+                Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
+                Some(_) => {}
+                None => {
+                    // Two registrations racing for one id: the primary key decides.
+                    let inserted = sqlx::query(
+                        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES ($1, $2, $3)",
+                    )
+                    .bind(fleet)
+                    .bind(cluster_key(id))
+                    .bind(&write.name)
+                    .execute(&mut *tx)
+                    .await;
+                    match inserted {
+                        Ok(_) => {}
+                        Err(e) if unique_violation(&e) => {
+                            return Err(racing(item, &write.name));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            let (etag_new, created) =
+                upsert(&mut tx, fleet, Kind::Member, &write.name, &body).await?;
+            if text.is_none() && !created {
+                // Created by another transaction since it was read: nothing is written.
+                return Err(racing(item, &write.name));
+            }
+            registered.written.push((etag_new, created));
+        }
+        tx.commit().await?;
+        Ok(registered)
+    }
+
     async fn delete(
         &self,
         fleet: &str,
@@ -385,8 +477,16 @@ impl Store for PgStore {
                         .await?;
                 }
             }
+            Kind::Member => {
+                sqlx::query("DELETE FROM member_clusters WHERE fleet = $1 AND member = $2")
+                    .bind(fleet)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             Kind::Fleet => {
                 for statement in [
+                    "DELETE FROM member_clusters WHERE fleet = $1",
                     "DELETE FROM resources WHERE fleet = $1",
                     "DELETE FROM run_log WHERE fleet = $1",
                     "DELETE FROM run_events WHERE fleet = $1",
