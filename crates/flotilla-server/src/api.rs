@@ -28,7 +28,9 @@ use flotilla_engine::strategy::{
 use crate::auth::{Caller, Role, authenticate};
 use crate::driver::{MemberRef, validate_driver_config};
 use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
-use crate::store::{Kind, Notice, Precondition, Resource, StoreError};
+use crate::store::{
+    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
+};
 use flotilla_engine::engine::RunRules;
 use flotilla_engine::profile::{
     ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
@@ -64,6 +66,20 @@ impl HttpError {
             target: String::new(),
         }
     }
+
+    /// The same error about an item of a batch: its target and message under `prefix`
+    /// (`value[3].`).
+    fn under(mut self, prefix: &str) -> HttpError {
+        self.message = if self.target.is_empty() {
+            format!("{}: {}", prefix.trim_end_matches('.'), self.message)
+        } else if self.message.starts_with(&self.target) {
+            format!("{prefix}{}", self.message)
+        } else {
+            format!("{prefix}{}: {}", self.target, self.message)
+        };
+        self.target = format!("{prefix}{}", self.target);
+        self
+    }
 }
 
 impl From<ApiError> for HttpError {
@@ -88,6 +104,21 @@ impl From<StoreError> for HttpError {
         match e {
             StoreError::Precondition(m) => {
                 HttpError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailed", m)
+            }
+            StoreError::Refused {
+                field,
+                conflict,
+                message,
+                ..
+            } => {
+                let (status, code) = if conflict {
+                    (StatusCode::CONFLICT, "Conflict")
+                } else {
+                    (StatusCode::BAD_REQUEST, "InvalidRequestContent")
+                };
+                let mut error = HttpError::new(status, code, message);
+                error.target = field.to_string();
+                error
             }
             other => HttpError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -165,11 +196,15 @@ fn precondition(headers: &HeaderMap) -> Precondition {
 }
 
 async fn read_json(body: Body) -> HttpResult<Value> {
-    let bytes: Bytes = axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| {
+    read_json_limited(body, BODY_LIMIT).await
+}
+
+async fn read_json_limited(body: Body, limit: usize) -> HttpResult<Value> {
+    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
         HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "PayloadTooLarge",
-            format!("the request body is larger than {BODY_LIMIT} bytes"),
+            format!("the request body is larger than {limit} bytes"),
         )
     })?;
     if bytes.is_empty() {
@@ -695,17 +730,16 @@ fn member_body(
     })
 }
 
-async fn put_member(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, member)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> HttpResult<Response> {
-    require(&caller, Role::Operator)?;
-    require_fleet(&state, &fleet).await?;
-    check_resource_name(&member, "member", 50)?;
-    let props: MemberProperties = envelope(read_json(body).await?)?;
+/// A member as sent (`{"properties": {...}}`), validated into what the store writes. The same
+/// rules for a PUT and for every item of an import.
+fn member_write(
+    fleet: &str,
+    name: &str,
+    value: Value,
+    when: Precondition,
+) -> HttpResult<MemberWrite> {
+    check_resource_name(name, "member", 50)?;
+    let props: MemberProperties = envelope(value)?;
     let id = props
         .cluster_resource_id
         .clone()
@@ -718,41 +752,138 @@ async fn put_member(
             ))
         })?;
     check_group_and_labels(&props.group, &props.labels)?;
-    let existing = state.runs.store.get(&fleet, Kind::Member, &member).await?;
-    if let Some(e) = &existing
-        && e.body["properties"]["clusterResourceId"].as_str() != Some(id.as_str())
-    {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            format!("properties.clusterResourceId {id:?}: a member's cluster cannot be changed (it is {})", e.body["properties"]["clusterResourceId"]),
-            "properties.clusterResourceId",
-        )
-        .into());
-    }
-    let status = existing
-        .as_ref()
-        .map_or(json!({}), |e| e.body["properties"]["status"].clone());
     let body = member_body(
-        &fleet,
-        &member,
+        fleet,
+        name,
         &id,
         &props.group,
         &props.labels.unwrap_or_default(),
-        status,
+        json!({}),
     );
-    let (resource, created) = state
+    Ok(MemberWrite {
+        name: name.to_string(),
+        body,
+        when,
+    })
+}
+
+async fn put_member(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, member)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    let write = member_write(
+        &fleet,
+        &member,
+        read_json(body).await?,
+        precondition(&headers),
+    )?;
+    let id = member_cluster_id(&write.body).to_string();
+    let registered = state
         .runs
         .store
-        .put(
-            &fleet,
-            Kind::Member,
-            &member,
-            &body,
-            &precondition(&headers),
-        )
+        .register_members(&fleet, &[write], RegisterMode::Upsert)
         .await?;
+    let created = registered.written.first().is_some_and(|w| w.1);
+    let resource = get_one(&state, &fleet, Kind::Member, &member, "member").await?;
     spawn_observe(state.clone(), fleet, member, id);
     Ok(respond(resource, created))
+}
+
+/// The most members one import may carry (API.md, "Batch registration").
+const IMPORT_MAX_MEMBERS: usize = 10_000;
+/// An import's body limit.
+const IMPORT_BODY_LIMIT: usize = 32 << 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImportRequest {
+    value: Vec<Value>,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `POST /v1/fleets/{fleet}/importMembers`: up to 10,000 members in one transaction, all or
+/// nothing; a rejection names the item.
+async fn import_members(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    let request: ImportRequest =
+        from_json_value(read_json_limited(body, IMPORT_BODY_LIMIT).await?, "")?;
+    let mode = match request.mode.as_deref() {
+        None | Some("Create") => RegisterMode::Create,
+        Some("Upsert") => RegisterMode::Upsert,
+        Some(other) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("mode {other:?}: must be Create or Upsert"),
+                "mode",
+            )
+            .into());
+        }
+    };
+    if request.value.len() > IMPORT_MAX_MEMBERS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!(
+                "value: {} members in one import; at most {IMPORT_MAX_MEMBERS}",
+                request.value.len()
+            ),
+            "value",
+        )
+        .into());
+    }
+    let mut writes = Vec::with_capacity(request.value.len());
+    for (i, item) in request.value.into_iter().enumerate() {
+        let prefix = format!("value[{i}].");
+        let name = item["name"].as_str().map(String::from).ok_or_else(|| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                "name is required",
+                "name",
+            ))
+            .under(&prefix)
+        })?;
+        writes.push(
+            member_write(&fleet, &name, item, Precondition::None).map_err(|e| e.under(&prefix))?,
+        );
+    }
+    let registered = state
+        .runs
+        .store
+        .register_members(&fleet, &writes, mode)
+        .await
+        .map_err(|e| match e {
+            StoreError::Refused { item, .. } => {
+                HttpError::from(e).under(&format!("value[{item}]."))
+            }
+            other => other.into(),
+        })?;
+    let created = registered.written.iter().filter(|w| w.1).count();
+    let members: Vec<(String, String)> = writes
+        .iter()
+        .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
+        .collect();
+    // Observed one after another in the background, not all at once: an import is large.
+    let observer = state.clone();
+    tokio::spawn(async move {
+        for (name, id) in members {
+            let _ = observe_member(&observer, &fleet, &name, &id).await;
+        }
+    });
+    Ok(
+        axum::Json(json!({"created": created, "updated": registered.written.len() - created}))
+            .into_response(),
+    )
 }
 
 async fn patch_member(
@@ -2058,6 +2189,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "reader",
     ),
     (
+        "post",
+        "/v1/fleets/{fleet}/importMembers",
+        "Register up to 10,000 members in one transaction: {\"value\": [{\"name\", \"properties\"}], \"mode\": \"Create\" | \"Upsert\"}",
+        "operator",
+    ),
+    (
         "put",
         "/v1/fleets/{fleet}/members/{member}",
         "Create or replace a member",
@@ -2267,6 +2404,10 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/fleets", get(list_fleets))
         .route(fleet, get(get_fleet).put(put_fleet).delete(delete_fleet))
         .route(&format!("{fleet}/members"), lister(Kind::Member))
+        .route(
+            &format!("{fleet}/importMembers"),
+            post(import_members).layer(axum::extract::DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
+        )
         .route(
             &format!("{fleet}/members/{{member}}"),
             getter(Kind::Member)

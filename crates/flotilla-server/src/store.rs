@@ -134,7 +134,10 @@ fn merge_member(
             item,
             field: "name",
             conflict: true,
-            message: format!("member {:?} already exists", write.name),
+            message: format!(
+                "name {:?}: the member already exists (mode Create; Upsert replaces it)",
+                write.name
+            ),
         });
     }
     let stored = parse_body(text)?;

@@ -1544,3 +1544,188 @@ async fn a_restarted_sqlite_server_drives_every_fleet_and_lets_deleted_ones_go()
     }
     let _ = stop.send(());
 }
+
+/// API.md "Batch registration": members imported in one transaction, all or nothing, a
+/// rejection naming the item; a cluster id unique in its fleet, compared case-insensitively,
+/// on imports and on single PUTs alike.
+#[tokio::test]
+async fn members_are_imported_in_batches_and_cluster_ids_are_unique() {
+    let h = Harness::start("import").await;
+    let fleet = json!({"properties": {"driver": {"type": "sim", "timeScale": 6000,
+        "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}}}});
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    let item = |i: usize, id: &str| json!({"name": format!("m{i:04}"), "properties": {"clusterResourceId": id, "group": "g", "labels": {"ring": (i % 3).to_string()}}});
+    let batch: Vec<Value> = (0..2000)
+        .map(|i| item(i, &format!("/sub/rg/c{i}")))
+        .collect();
+    let (status, answer, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/importMembers",
+            Some(json!({"value": batch})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, json!({"created": 2000, "updated": 0}));
+    let page = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/members?$top=5", None)
+        .await;
+    assert_eq!(page["value"][0]["name"], "m0000");
+    assert_eq!(page["value"][0]["properties"]["labels"]["ring"], "0");
+
+    // All or nothing: a bad item, a duplicate inside the batch, a clash with a member already
+    // registered (another case), each refused with the item's path, and nothing written.
+    for (items, status, target) in [
+        (
+            vec![
+                item(5000, "/sub/rg/new"),
+                json!({"name": "m5001", "properties": {"group": "g"}}),
+            ],
+            StatusCode::BAD_REQUEST,
+            "value[1].properties.clusterResourceId",
+        ),
+        (
+            vec![item(5000, "/sub/rg/x"), item(5001, "/SUB/rg/X")],
+            StatusCode::CONFLICT,
+            "value[1].properties.clusterResourceId",
+        ),
+        (
+            vec![item(5000, "/sub/rg/y"), item(5001, "/sub/RG/C7")],
+            StatusCode::CONFLICT,
+            "value[1].properties.clusterResourceId",
+        ),
+        (
+            vec![item(5000, "/sub/rg/z"), item(3, "/sub/rg/c3")],
+            StatusCode::CONFLICT,
+            "value[1].name",
+        ),
+        (
+            vec![json!({"name": "Bad Name", "properties": {"clusterResourceId": "x"}})],
+            StatusCode::BAD_REQUEST,
+            "value[0].name",
+        ),
+    ] {
+        let (got, error, _) = h
+            .call(
+                "operator",
+                Method::POST,
+                "/v1/fleets/f1/importMembers",
+                Some(json!({"value": items})),
+            )
+            .await;
+        assert_eq!(got, status, "{error}");
+        assert_eq!(error["error"]["target"], target, "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(target)),
+            "{error}"
+        );
+        assert_eq!(
+            count_members(&h).await,
+            2000,
+            "a refused import wrote nothing"
+        );
+    }
+
+    // Upsert replaces (keeping what was observed) and cannot move a member to another cluster.
+    let (status, answer, _) = h
+        .call("operator", Method::POST, "/v1/fleets/f1/importMembers",
+              Some(json!({"mode": "Upsert", "value": [item(1, "/sub/rg/c1"), item(9000, "/sub/rg/c9000")]})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, json!({"created": 1, "updated": 1}));
+    let (status, error, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/importMembers",
+            Some(json!({"mode": "Upsert", "value": [item(1, "/sub/rg/elsewhere")]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(
+        error["error"]["target"],
+        "value[0].properties.clusterResourceId"
+    );
+    for (body, status) in [
+        (
+            json!({"value": [], "mode": "Merge"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"value": (0..10_001).map(|i| item(i, &format!("/s/{i}"))).collect::<Vec<_>>()}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!({"members": []}), StatusCode::BAD_REQUEST),
+    ] {
+        let (got, error, _) = h
+            .call(
+                "operator",
+                Method::POST,
+                "/v1/fleets/f1/importMembers",
+                Some(body),
+            )
+            .await;
+        assert_eq!(got, status, "{error}");
+    }
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/importMembers",
+            Some(json!({"value": []})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // A single PUT follows the same rule; deleting the holder frees the id.
+    let (status, error, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/members/other",
+            Some(json!({"properties": {"clusterResourceId": "/Sub/Rg/C2"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"]["target"], "properties.clusterResourceId");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("m0002")),
+        "{error}"
+    );
+    h.ok(
+        "operator",
+        Method::DELETE,
+        "/v1/fleets/f1/members/m0002",
+        None,
+    )
+    .await;
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/members/other",
+            Some(json!({"properties": {"clusterResourceId": "/Sub/Rg/C2"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+}
+
+/// Every member of fleet `f1`, page after page.
+async fn count_members(h: &Harness) -> usize {
+    let mut n = 0;
+    let mut next = Some("/v1/fleets/f1/members?$top=1000".to_string());
+    while let Some(path) = next {
+        let page = h.ok("reader", Method::GET, &path, None).await;
+        n += page["value"].as_array().map_or(0, Vec::len);
+        next = page["nextLink"]
+            .as_str()
+            .map(|l| l.trim_start_matches(&h.base).to_string());
+    }
+    n
+}

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use flotilla_server::store::postgres::PgStore;
 use flotilla_server::store::{
-    Fence, Intent, Kind, Notice, Precondition, RunBatch, SqliteStore, Store, StoreError,
-    TokenRecord,
+    Fence, Intent, Kind, MemberWrite, Notice, Precondition, RegisterMode, RunBatch, SqliteStore,
+    Store, StoreError, TokenRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -170,6 +170,7 @@ on_both_backends!(
     a_holder_taking_its_lease_again_gets_a_new_epoch,
     batches_race_a_takeover,
     a_replaced_run_refuses_its_old_writer,
+    member_registration_keeps_cluster_ids_unique,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -954,4 +955,128 @@ async fn postgres_notices_reach_other_replicas() {
         .await
         .unwrap();
     notices_reach(writer.as_ref(), reader.notices()).await;
+}
+
+fn member(name: &str, id: &str) -> MemberWrite {
+    MemberWrite {
+        name: name.into(),
+        body: json!({"name": name, "properties": {"clusterResourceId": id, "status": {}}}),
+        when: Precondition::None,
+    }
+}
+
+/// Batch registration: all or nothing; a cluster id belongs to one member of a fleet,
+/// case-insensitively, also when two registrations race; deleting the member, or its fleet,
+/// frees it; Upsert keeps the stored status and cannot move a member to another cluster.
+async fn member_registration_keeps_cluster_ids_unique(store: Arc<dyn Store>) {
+    let batch: Vec<MemberWrite> = (0..50)
+        .map(|i| member(&format!("m{i:02}"), &format!("/Sub/rg/c{i}")))
+        .collect();
+    let done = store
+        .register_members("f", &batch, RegisterMode::Create)
+        .await
+        .unwrap();
+    assert_eq!(done.written.len(), 50);
+    assert!(done.written.iter().all(|w| w.1));
+    // The 51st clashes with the 8th: nothing of the batch is written.
+    let clash = vec![member("n1", "/sub/rg/fresh"), member("n2", "/SUB/RG/C7")];
+    match store
+        .register_members("f", &clash, RegisterMode::Create)
+        .await
+    {
+        Err(StoreError::Refused {
+            item: 1,
+            conflict: true,
+            message,
+            ..
+        }) => {
+            assert!(message.contains("m07"), "{message}")
+        }
+        other => panic!("expected a clash: {other:?}"),
+    }
+    assert!(store.get("f", Kind::Member, "n1").await.unwrap().is_none());
+    // Another fleet may hold the same id.
+    store
+        .register_members("g", &[member("m07", "/sub/rg/c7")], RegisterMode::Create)
+        .await
+        .unwrap();
+    // Upsert keeps what was observed and refuses another cluster.
+    let mut observed = store.get("f", Kind::Member, "m03").await.unwrap().unwrap();
+    observed.body["properties"]["status"] = json!({"cluster": {"region": "eastus"}});
+    store
+        .put(
+            "f",
+            Kind::Member,
+            "m03",
+            &observed.body,
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    let again = store
+        .register_members("f", &[member("m03", "/sub/RG/c3")], RegisterMode::Upsert)
+        .await
+        .unwrap();
+    assert!(!again.written[0].1, "replaced, not created");
+    let stored = store.get("f", Kind::Member, "m03").await.unwrap().unwrap();
+    assert_eq!(
+        stored.body["properties"]["status"]["cluster"]["region"],
+        "eastus"
+    );
+    assert!(matches!(
+        store
+            .register_members("f", &[member("m03", "/elsewhere")], RegisterMode::Upsert)
+            .await,
+        Err(StoreError::Refused {
+            conflict: false,
+            ..
+        })
+    ));
+    // Two registrations of one new id at once: exactly one lands.
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .register_members(
+                        "f",
+                        &[member(&format!("racer{i}"), "/sub/rg/contested")],
+                        RegisterMode::Create,
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut landed = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => landed += 1,
+            Err(StoreError::Refused { conflict: true, .. }) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(landed, 1);
+    // Deleting the holder frees the id; so does deleting the fleet.
+    store
+        .delete("f", Kind::Member, "m07", &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .register_members("f", &[member("n2", "/sub/rg/c7")], RegisterMode::Create)
+        .await
+        .unwrap();
+    store
+        .put("", Kind::Fleet, "g", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("", Kind::Fleet, "g", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    store
+        .register_members("g", &[member("x", "/sub/rg/c7")], RegisterMode::Create)
+        .await
+        .unwrap();
 }

@@ -86,6 +86,20 @@ pub enum MemberCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Register many members at once, 10,000 per request, each request all or nothing.
+    ///
+    /// FILE is JSON (an array of `{"name", "properties": {...}}`, or `{"value": [...]}`), JSON
+    /// lines (one member a line), or CSV with the header `name,clusterResourceId,group,labels`
+    /// and labels as `k=v;k2=v2`. Example: `flotilla member import -f retail stores.csv`.
+    Import {
+        #[command(flatten)]
+        fleet: FleetOnly,
+        /// The members' file (`-` for standard input).
+        file: String,
+        /// Replace members that exist (their cluster id cannot change) instead of refusing them.
+        #[arg(long)]
+        upsert: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -454,8 +468,124 @@ pub async fn member(
                 .await?;
             eprintln!("deleted member {}", target.name);
         }
+        MemberCommand::Import {
+            fleet,
+            file,
+            upsert,
+        } => {
+            let text = if file == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file).with_context(|| format!("cannot read {file}"))?
+            };
+            let members = parse_member_file(&text).with_context(|| file.clone())?;
+            let (mut created, mut updated) = (0, 0);
+            for (batch, chunk) in members.chunks(IMPORT_BATCH).enumerate() {
+                let body =
+                    json!({"mode": if upsert { "Upsert" } else { "Create" }, "value": chunk});
+                let answer = client
+                    .send(
+                        reqwest::Method::POST,
+                        &format!("/v1/fleets/{}/importMembers", fleet.fleet),
+                        Some(&body),
+                    )
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "members {} to {} (value[i] counts from member {}); the earlier ones are registered",
+                            batch * IMPORT_BATCH + 1,
+                            batch * IMPORT_BATCH + chunk.len(),
+                            batch * IMPORT_BATCH + 1
+                        )
+                    })?;
+                created += answer["created"].as_u64().unwrap_or(0);
+                updated += answer["updated"].as_u64().unwrap_or(0);
+            }
+            let summary = json!({"created": created, "updated": updated});
+            print(format, &summary, || {
+                format!("created {created}, updated {updated}\n")
+            })?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Members per import request: the server's limit.
+const IMPORT_BATCH: usize = 10_000;
+
+/// A members file as the API's items: JSON (an array, or `{"value": [...]}`), JSON lines, or
+/// CSV with the header `name,clusterResourceId,group,labels` (labels `k=v;k2=v2`).
+fn parse_member_file(text: &str) -> anyhow::Result<Vec<Value>> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('[') || trimmed.starts_with("{\"value\"") {
+        let value: Value = serde_json::from_str(text).context("not valid JSON")?;
+        return match value {
+            Value::Array(items) => Ok(items),
+            Value::Object(mut o) => match o.remove("value") {
+                Some(Value::Array(items)) => Ok(items),
+                _ => bail!("\"value\" must be an array of members"),
+            },
+            _ => bail!("expected an array of members"),
+        };
+    }
+    if trimmed.starts_with('{') {
+        return text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                serde_json::from_str(l).with_context(|| format!("line {}: not valid JSON", i + 1))
+            })
+            .collect();
+    }
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let header: Vec<String> = match lines.next() {
+        Some((_, h)) => h.split(',').map(|c| c.trim().to_string()).collect(),
+        None => return Ok(Vec::new()),
+    };
+    let column = |name: &str| header.iter().position(|c| c == name);
+    let (Some(name_at), Some(id_at)) = (column("name"), column("clusterResourceId")) else {
+        bail!(
+            "line 1: the CSV header must name the columns name,clusterResourceId[,group][,labels]"
+        );
+    };
+    if let Some(unknown) = header.iter().find(|c| {
+        !matches!(
+            c.as_str(),
+            "name" | "clusterResourceId" | "group" | "labels"
+        )
+    }) {
+        bail!(
+            "line 1: unknown column {unknown:?}; the columns are name,clusterResourceId,group,labels"
+        );
+    }
+    let (group_at, labels_at) = (column("group"), column("labels"));
+    lines
+        .map(|(i, line)| {
+            let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+            if cells.len() != header.len() {
+                bail!(
+                    "line {}: {} cells where the header has {} (commas cannot appear inside a cell)",
+                    i + 1,
+                    cells.len(),
+                    header.len()
+                );
+            }
+            let mut properties = json!({"clusterResourceId": cells[id_at]});
+            if let Some(g) = group_at.map(|k| cells[k]).filter(|g| !g.is_empty()) {
+                properties["group"] = json!(g);
+            }
+            if let Some(l) = labels_at.map(|k| cells[k]).filter(|l| !l.is_empty()) {
+                let pairs: Vec<String> = l.split(';').map(String::from).collect();
+                properties["labels"] =
+                    json!(labels(&pairs).with_context(|| format!("line {}", i + 1))?);
+            }
+            Ok(json!({"name": cells[name_at], "properties": properties}))
+        })
+        .collect()
 }
 
 pub async fn strategy(

@@ -823,3 +823,56 @@ fn auto_upgrade_profile_commands() {
         "(404",
     );
 }
+
+/// `flotilla member import`: CSV, JSON lines and JSON files, in batches; a bad line is named and
+/// nothing of its batch is written; a clash of cluster ids is refused with the item's path.
+#[test]
+fn member_import_from_csv_json_lines_and_json() {
+    let env = Env::start("import");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    let csv = env.write(
+        "stores.csv",
+        "name,clusterResourceId,group,labels\nstore-1,aks-east-1,east,env=prod;ring=1\nstore-2,aks-east-2,east,\nstore-3,aks-west-1,west,env=prod\n",
+    );
+    let answer = env.json(&["member", "import", "-f", "retail", &csv]);
+    assert_eq!(answer, serde_json::json!({"created": 3, "updated": 0}));
+    let member = env.json(&["member", "show", "-f", "retail", "-n", "store-1"]);
+    assert_eq!(member["properties"]["labels"]["ring"], "1");
+    assert_eq!(member["properties"]["group"], "east");
+    let lines = env.write(
+        "more.jsonl",
+        "{\"name\": \"store-4\", \"properties\": {\"clusterResourceId\": \"aks-west-2\"}}\n\n{\"name\": \"store-5\", \"properties\": {\"clusterResourceId\": \"aks-canary\"}}\n",
+    );
+    let answer = env.json(&["member", "import", "-f", "retail", &lines]);
+    assert_eq!(answer, serde_json::json!({"created": 2, "updated": 0}));
+    let json = env.write(
+        "again.json",
+        r#"[{"name": "store-1", "properties": {"clusterResourceId": "AKS-EAST-1", "group": "canary"}}]"#,
+    );
+    let table = env.ok(&[
+        "member", "import", "-f", "retail", &json, "--upsert", "-o", "table",
+    ]);
+    assert!(table.contains("created 0, updated 1"), "{table}");
+    env.fails(
+        &["member", "import", "-f", "retail", &json],
+        "value[0].name",
+    );
+    let clash = env.write(
+        "clash.json",
+        r#"{"value": [{"name": "store-9", "properties": {"clusterResourceId": "aks-canary"}}]}"#,
+    );
+    env.fails(
+        &["member", "import", "-f", "retail", &clash],
+        "value[0].properties.clusterResourceId",
+    );
+    let bad = env.write(
+        "bad.csv",
+        "name,clusterResourceId,labels\nstore-7,aks-x,env=prod\nstore-8,aks-y,prod\n",
+    );
+    env.fails(&["member", "import", "-f", "retail", &bad], "line 3");
+    let header = env.write("header.csv", "name,cluster\nstore-7,aks-x\n");
+    env.fails(&["member", "import", "-f", "retail", &header], "line 1");
+    let listed = env.json(&["member", "list", "-f", "retail"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(5));
+}
