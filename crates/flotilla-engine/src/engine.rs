@@ -104,7 +104,16 @@ pub enum OperationProgress {
 pub enum Input {
     Start,
     Stop,
+    /// A skip with no authority recorded (the simulator's, and runs logged before
+    /// [`Input::SkipBy`]): it may pass any gate.
     Skip(Vec<SkipTarget>),
+    /// A skip by `subject`. Passing an Approval gate that is pending or not yet reached needs
+    /// `may_approve` (API.md, "Security"); the skip is recorded with the subject.
+    SkipBy {
+        targets: Vec<SkipTarget>,
+        subject: String,
+        may_approve: bool,
+    },
     ApproveGate {
         gate: GateRef,
         by: String,
@@ -1001,7 +1010,23 @@ impl Engine {
         match input {
             Input::Start => self.start(now),
             Input::Stop => self.stop(now),
-            Input::Skip(targets) => self.skip(now, &targets),
+            Input::Skip(targets) => self.skip(now, &targets, None),
+            Input::SkipBy {
+                targets,
+                subject,
+                may_approve,
+            } => {
+                if !may_approve && let Some(passed) = self.approval_passed_by(&targets) {
+                    return Err(ApiError::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "skipping {passed}, which is pending or not yet reached, needs the approver role, like approving it; {subject:?} may not approve"
+                        ),
+                        "targets",
+                    ));
+                }
+                self.skip(now, &targets, Some(&subject))
+            }
             Input::ApproveGate { gate, by } => self.approve(now, gate, by),
             Input::ApproveGateById { id, by } => {
                 let gate = self.find_gate_by_id(&id).ok_or_else(|| {
@@ -1585,7 +1610,56 @@ impl Engine {
     // -----------------------------------------------------------------------------------------
     // Skips.
 
-    fn skip(&mut self, now: Time, targets: &[SkipTarget]) -> Result<(), ApiError> {
+    /// The first Approval gate, pending or not yet reached, that skipping `targets` would pass:
+    /// the gates of a skipped stage and of its groups, and those of a skipped group.
+    fn approval_passed_by(&self, targets: &[SkipTarget]) -> Option<String> {
+        let open = |gates: &[GateRt]| {
+            gates
+                .iter()
+                .find(|g| {
+                    matches!(g.gate.kind, GateKind::Approval)
+                        && matches!(g.state, State::NotStarted | State::Pending)
+                })
+                .map(|g| {
+                    format!(
+                        "the Approval gate {}",
+                        g.gate
+                            .display_name
+                            .clone()
+                            .map_or_else(|| g.id.clone(), |n| format!("{n:?} ({})", g.id))
+                    )
+                })
+        };
+        let group_gates = |g: &GroupRt| open(&g.before).or_else(|| open(&g.after));
+        for t in targets {
+            let passed = match t.kind {
+                SkipKind::Stage => self.stages.iter().find(|s| s.name == t.name).and_then(|s| {
+                    open(&s.before).or_else(|| open(&s.after)).or_else(|| {
+                        s.groups
+                            .iter()
+                            .find_map(|&g| group_gates(&self.groups[g as usize]))
+                    })
+                }),
+                SkipKind::Group => self
+                    .groups
+                    .iter()
+                    .find(|g| g.name == t.name)
+                    .and_then(group_gates),
+                SkipKind::Member | SkipKind::AfterStageWait => None,
+            };
+            if let Some(gate) = passed {
+                return Some(format!("{:?} {:?} passes {gate}", t.kind, t.name));
+            }
+        }
+        None
+    }
+
+    fn skip(
+        &mut self,
+        now: Time,
+        targets: &[SkipTarget],
+        subject: Option<&str>,
+    ) -> Result<(), ApiError> {
         if matches!(self.phase, RunPhase::Completed | RunPhase::Skipped) {
             return Err(ApiError::conflict(format!(
                 "update run {:?} is {:?}; nothing can be skipped",
@@ -1653,6 +1727,10 @@ impl Engine {
                 }
             });
         }
+        let by = match subject {
+            Some(who) => format!("skipped by {who}"),
+            None => "skipped by a user".to_string(),
+        };
         for r in resolved {
             match r {
                 Resolved::Member(m) => {
@@ -1660,11 +1738,11 @@ impl Engine {
                         self.members[m as usize].state,
                         State::NotStarted | State::Pending
                     ) {
-                        self.skip_member(now, m, "skipped by a user");
+                        self.skip_member(now, m, &by);
                     }
                 }
-                Resolved::Group(g) => self.skip_group(now, g, "skipped by a user"),
-                Resolved::Stage(si) => self.skip_stage(now, si),
+                Resolved::Group(g) => self.skip_group(now, g, &by),
+                Resolved::Stage(si) => self.skip_stage(now, si, &by),
                 Resolved::Wait(si) => self.skip_wait(now, si),
             }
         }
@@ -1692,12 +1770,11 @@ impl Engine {
         {
             group.outcome = Some(State::Skipped);
             group.completed = Some(now);
-            self.emit_group(
-                now,
-                EventType::GroupSkipped,
-                g,
-                Some("skipped by a user".into()),
-            );
+            let why = group
+                .message
+                .clone()
+                .unwrap_or_else(|| "skipped by a user".into());
+            self.emit_group(now, EventType::GroupSkipped, g, Some(why));
         }
     }
 
@@ -1729,9 +1806,9 @@ impl Engine {
             // Skipped in a failed run instead of being retried.
             group.outcome = None;
             group.completed = None;
-            group.message = None;
             group.error = None;
         }
+        group.message = Some(why.to_string());
         let si = self.groups[g as usize].stage as usize;
         let pos = self.stages[si]
             .groups
@@ -1755,15 +1832,15 @@ impl Engine {
         self.finish_group_if_skipped(now, g);
     }
 
-    fn skip_stage(&mut self, now: Time, si: usize) {
+    fn skip_stage(&mut self, now: Time, si: usize, why: &str) {
         let stage = &mut self.stages[si];
         stage.user_skipped = true;
         if matches!(stage.outcome, Some(State::Failed | State::Stopped)) {
             stage.outcome = None;
             stage.completed = None;
-            stage.message = None;
             stage.error = None;
         }
+        stage.message = Some(why.to_string());
         self.skip_gates(now, si, None);
         self.skip_wait(now, si);
         let groups = self.stages[si].groups.clone();
@@ -1772,7 +1849,7 @@ impl Engine {
                 self.groups[g as usize].outcome,
                 Some(State::Completed | State::Skipped)
             ) {
-                self.skip_group(now, g, "stage skipped by a user");
+                self.skip_group(now, g, &format!("stage {why}"));
             }
         }
         // A started stage waits for its members in flight; one not reached yet stays so.
@@ -1796,12 +1873,11 @@ impl Engine {
             let stage = &mut self.stages[si];
             stage.outcome = Some(State::Skipped);
             stage.completed = Some(now);
-            self.emit_stage(
-                now,
-                EventType::StageSkipped,
-                si,
-                Some("skipped by a user".into()),
-            );
+            let why = stage
+                .message
+                .clone()
+                .unwrap_or_else(|| "skipped by a user".into());
+            self.emit_stage(now, EventType::StageSkipped, si, Some(why));
         }
     }
 
@@ -2682,12 +2758,11 @@ impl Engine {
         if self.stages[si].outcome.is_none() && self.stages[si].user_skipped {
             self.stages[si].outcome = Some(State::Skipped);
             self.stages[si].completed = Some(now);
-            self.emit_stage(
-                now,
-                EventType::StageSkipped,
-                si,
-                Some("skipped by a user".into()),
-            );
+            let why = self.stages[si]
+                .message
+                .clone()
+                .unwrap_or_else(|| "skipped by a user".into());
+            self.emit_stage(now, EventType::StageSkipped, si, Some(why));
         }
         if self.stages[si].outcome.is_none() && self.stages[si].phase != Phase::NotStarted {
             let all_completed = self.stages[si].groups.iter().all(|&g| {

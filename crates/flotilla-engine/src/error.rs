@@ -25,6 +25,8 @@ pub enum ErrorCode {
     /// The action does not fit the current state (HTTP 409).
     Conflict,
     NotFound,
+    /// The caller's role does not allow this action (HTTP 403).
+    Forbidden,
 }
 
 impl ErrorCode {
@@ -33,6 +35,7 @@ impl ErrorCode {
         match self {
             ErrorCode::Conflict => 409,
             ErrorCode::NotFound => 404,
+            ErrorCode::Forbidden => 403,
             _ => 400,
         }
     }

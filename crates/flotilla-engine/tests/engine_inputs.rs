@@ -258,3 +258,95 @@ fn generated_runs_skip_minor_jumps_and_require_long_term_support() {
             .is_some_and(|e| e.code == "LongTermSupportRequired")
     );
 }
+
+/// API.md "Security": a skip that passes an Approval gate pending or not yet reached needs the
+/// approver's authority, decided by the engine with the skip; refused, it changes nothing.
+/// Allowed, it records who skipped.
+#[test]
+fn skipping_past_an_approval_needs_the_approver() {
+    let strategy: flotilla_engine::strategy::StrategySpec = serde_json::from_value(serde_json::json!({
+        "stages": [
+            {"name": "canary", "memberSelector": {"byLabel": "ring=0"}, "afterGates": [{"type": "Approval", "displayName": "canary ok"}]},
+            {"name": "prod", "groups": [{"name": "east", "beforeGates": [{"type": "Approval"}]}, {"name": "west"}]},
+        ]
+    }))
+    .expect("strategy");
+    let strategy =
+        flotilla_engine::strategy::parse_strategy(&strategy, "properties.strategy", 1000)
+            .expect("valid");
+    let mut members = vec![
+        member("c1", "eastus"),
+        member("e1", "eastus"),
+        member("w1", "eastus"),
+    ];
+    members[0].labels.insert("ring".into(), "0".into());
+    let mut spec = spec();
+    members[1].group = Some("east".into());
+    members[2].group = Some("west".into());
+    spec.strategy = Some(strategy);
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec,
+        &members,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_772_409_600);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    started(&mut engine);
+    let skip = |kind, name: &str, may_approve| Input::SkipBy {
+        targets: vec![flotilla_engine::engine::SkipTarget {
+            kind,
+            name: name.into(),
+        }],
+        subject: if may_approve {
+            "bob".into()
+        } else {
+            "olive".into()
+        },
+        may_approve,
+    };
+    use flotilla_engine::engine::SkipKind;
+    // The canary stage holds a gate not reached yet; prod's group east one too.
+    for (kind, name) in [
+        (SkipKind::Stage, "canary"),
+        (SkipKind::Stage, "prod"),
+        (SkipKind::Group, "east"),
+    ] {
+        let before = serde_json::to_string(&engine.status()).expect("status");
+        let error = engine
+            .handle(t0, skip(kind, name, false))
+            .expect_err("refused");
+        assert_eq!(
+            error.code,
+            flotilla_engine::error::ErrorCode::Forbidden,
+            "{}",
+            error.message
+        );
+        assert!(error.message.contains("Approval gate"), "{}", error.message);
+        assert_eq!(
+            serde_json::to_string(&engine.status()).expect("status"),
+            before,
+            "changed nothing"
+        );
+    }
+    // A group with no gate, a member and a wait need no approver.
+    engine
+        .handle(t0, skip(SkipKind::Group, "west", false))
+        .expect("no gate to pass");
+    // The approver may; the skip says who.
+    engine
+        .handle(t0, skip(SkipKind::Stage, "prod", true))
+        .expect("approver");
+    engine.settle(t0);
+    let status = engine.status();
+    assert_eq!(status.stages[1].status.state, State::Skipped);
+    let events: Vec<_> = std::iter::from_fn(|| engine.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.as_deref() == Some("skipped by bob")),
+        "{events:?}"
+    );
+}

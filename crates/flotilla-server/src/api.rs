@@ -1436,7 +1436,13 @@ async fn run_action(
                 })?;
                 parsed.push(SkipTarget { kind, name });
             }
-            Input::Skip(parsed)
+            // Passing a pending Approval gate needs the approver role; the engine decides
+            // whether this skip does, atomically with the skip (API.md, "Security").
+            Input::SkipBy {
+                targets: parsed,
+                subject: caller.subject.clone(),
+                may_approve: caller.role >= Role::Approver,
+            }
         }
         other => return Err(not_found("action", other)),
     };

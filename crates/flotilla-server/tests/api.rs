@@ -579,6 +579,27 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "an operator cannot approve");
+    // Nor skip past the gate (API.md, "Security"): the run is unchanged.
+    let (status, error, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/skip",
+            Some(json!({"targets": [{"type": "Stage", "name": "prod"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("approver")),
+        "{error}"
+    );
+    let still = h.ok("reader", Method::GET, path, None).await;
+    assert_eq!(
+        still["properties"]["status"]["stages"][1]["status"]["state"],
+        "Pending"
+    );
     let (status, _, _) = h
         .call(
             "approver",
