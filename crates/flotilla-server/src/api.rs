@@ -797,7 +797,7 @@ async fn put_member(
 /// The most members one import may carry (API.md, "Batch registration").
 const IMPORT_MAX_MEMBERS: usize = 10_000;
 /// An import's body limit.
-const IMPORT_BODY_LIMIT: usize = 32 << 20;
+pub const IMPORT_BODY_LIMIT: usize = 32 << 20;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod dashboard;
 pub mod driver;
+pub mod http;
 pub mod metrics;
 pub mod operation;
 pub mod runs;
@@ -100,6 +101,8 @@ async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
 pub struct Server {
     pub listener: tokio::net::TcpListener,
     pub state: Arc<AppState>,
+    /// What a client may hold: connections, requests at once, header and body deadlines.
+    pub limits: http::Limits,
 }
 
 impl Server {
@@ -155,7 +158,11 @@ impl Server {
                 tokio::time::sleep(timing.profiles_every).await;
             }
         });
-        Ok(Server { listener, state })
+        Ok(Server {
+            listener,
+            state,
+            limits: http::Limits::default(),
+        })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -167,25 +174,32 @@ impl Server {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow_like::Result<()> {
-        let app = api::router(self.state.clone());
+        let limits = self.limits;
+        let app = api::router(self.state.clone())
+            .layer(axum::middleware::from_fn_with_state(
+                limits.body_timeout,
+                http::limit_body,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),
+                http::limit_requests,
+            ));
         let runs = self.state.runs.clone();
-        let stopping = Arc::new(tokio::sync::Notify::new());
-        let stopped = stopping.clone();
-        let graceful = async move {
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut stopped = stopping.clone();
+        tokio::spawn(async move {
             shutdown.await;
             // Other replicas take over at once rather than after the lease time.
             runs.release_leases().await;
-            stopped.notify_one();
-        };
-        let serve = axum::serve(self.listener, app).with_graceful_shutdown(graceful);
-        tokio::select! {
-            served = serve => served.map_err(|e| anyhow_like::Error(e.to_string())),
-            // Open event streams never end by themselves: they get a few seconds, no more.
-            _ = async {
-                stopping.notified().await;
-                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-            } => Ok(()),
+            let _ = stop.send(true);
+        });
+        let connections = tokio::spawn(http::serve(self.listener, app, limits, stopping));
+        if stopped.wait_for(|s| *s).await.is_err() {
+            return Ok(());
         }
+        // Open event streams never end by themselves: connections get a few seconds, no more.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections).await;
+        Ok(())
     }
 }
 

@@ -68,6 +68,8 @@ enum Command {
         /// runs wait before another replica takes them over.
         #[arg(long, default_value_t = 10.0, env = "FLOTILLA_LEASE_TTL")]
         lease_ttl: f64,
+        #[command(flatten)]
+        limits: ServeLimits,
     },
     /// Fleets and their drivers.
     Fleet {
@@ -285,15 +287,62 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// What a client may hold of the server (`flotilla_server::http::Limits`).
+#[derive(clap::Args, Debug)]
+struct ServeLimits {
+    /// Open connections at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = 1024, env = "FLOTILLA_MAX_CONNECTIONS")]
+    max_connections: usize,
+    /// Requests handled at once; more are answered 503.
+    #[arg(long, default_value_t = 256, env = "FLOTILLA_MAX_REQUESTS")]
+    max_requests: usize,
+    /// Seconds a client may take to send a request's headers, and a keep-alive connection may
+    /// stay idle.
+    #[arg(long, default_value_t = 10.0, env = "FLOTILLA_HEADER_TIMEOUT")]
+    header_timeout: f64,
+    /// Seconds a client may take to send a request's body.
+    #[arg(long, default_value_t = 30.0, env = "FLOTILLA_BODY_TIMEOUT")]
+    body_timeout: f64,
+}
+
+impl ServeLimits {
+    fn parse(&self) -> anyhow::Result<flotilla_server::http::Limits> {
+        let seconds = |flag: &str, value: f64| {
+            if value.is_finite() && (0.1..=3600.0).contains(&value) {
+                Ok(std::time::Duration::from_secs_f64(value))
+            } else {
+                bail!("{flag} {value}: must be between 0.1 and 3600 seconds")
+            }
+        };
+        let count = |flag: &str, value: usize| {
+            if (1..=1_000_000).contains(&value) {
+                Ok(value)
+            } else {
+                bail!("{flag} {value}: must be between 1 and 1000000")
+            }
+        };
+        Ok(flotilla_server::http::Limits {
+            max_connections: count("--max-connections", self.max_connections)?,
+            max_requests: count("--max-requests", self.max_requests)?,
+            header_timeout: seconds("--header-timeout", self.header_timeout)?,
+            body_timeout: seconds("--body-timeout", self.body_timeout)?,
+        })
+    }
+}
+
 async fn serve_command(
     listen: SocketAddr,
     database: Option<String>,
     insecure: bool,
     lease_ttl: f64,
+    limits: ServeLimits,
 ) -> anyhow::Result<ExitCode> {
     if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
         bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
     }
+    let limits = limits.parse()?;
+    // Subprocesses, database files and connections all need file descriptors.
+    let files = flotilla_server::http::raise_file_limit();
     let database = Database::parse(database.as_deref())?;
     let store = database.open(true).await?;
     if !insecure && store.list_tokens().await?.iter().all(|t| t.revoked) {
@@ -305,12 +354,14 @@ async fn serve_command(
         lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
         ..Default::default()
     };
-    let server = Server::start_with(store, listen, insecure, timing).await?;
+    let mut server = Server::start_with(store, listen, insecure, timing).await?;
+    server.limits = limits;
     let addr = server.local_addr().unwrap_or(listen);
     eprintln!(
-        "flotilla: serving http://{addr} (database {database}{}; replica {})",
+        "flotilla: serving http://{addr} (database {database}{}; replica {}; open files up to {})",
         if insecure { ", no authentication" } else { "" },
-        server.state.runs.replica.id
+        server.state.runs.replica.id,
+        files.map_or("unknown".to_string(), |n| n.to_string())
     );
     server.serve(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
@@ -400,7 +451,11 @@ fn main() -> ExitCode {
                             database,
                             insecure_no_auth,
                             lease_ttl,
-                        } => serve_command(listen, database, insecure_no_auth, lease_ttl).await,
+                            limits,
+                        } => {
+                            serve_command(listen, database, insecure_no_auth, lease_ttl, limits)
+                                .await
+                        }
                         Command::Token { command } => token_command(&client, output, command).await,
                         Command::Fleet { command } => {
                             commands::fleet(&client, output, command).await

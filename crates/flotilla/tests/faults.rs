@@ -49,7 +49,7 @@ impl Drop for Setup {
 
 /// A server on a fresh SQLite file (under `prlimit` when `nofile` is given), a fleet whose
 /// driver wraps the example scripts in `flaky.sh` (or not), and run `r1` over its members.
-fn setup(test: &str, nofile: Option<u32>, flaky: bool) -> Setup {
+fn setup(test: &str, nofile: Option<u32>, flaky: bool, extra: &[&str]) -> Setup {
     let dir = std::env::temp_dir().join(format!("flotilla-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("state")).expect("state dir");
@@ -74,6 +74,7 @@ fn setup(test: &str, nofile: Option<u32>, flaky: bool) -> Setup {
             "--database",
             &db,
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
@@ -225,7 +226,7 @@ fn check_run_completes_once_each(setup: &Setup) {
 
 #[test]
 fn a_flaky_driver_slows_the_run_but_fails_no_member_and_upgrades_each_once() {
-    let setup = setup("flaky", None, true);
+    let setup = setup("flaky", None, true, &[]);
     check_run_completes_once_each(&setup);
     let faults = std::fs::read_to_string(setup.dir.join("faults.log")).unwrap_or_default();
     for kind in ["refused before", "failed after", "hanging in"] {
@@ -242,11 +243,94 @@ fn running_out_of_file_descriptors_fails_no_member() {
         eprintln!("skipped: prlimit (util-linux) is not installed");
         return;
     }
-    let setup = setup("nofile", Some(40), false);
+    let setup = setup("nofile", Some(40), false, &[]);
     check_run_completes_once_each(&setup);
     let log = std::fs::read_to_string(setup.dir.join("server.log")).unwrap_or_default();
     assert!(
         log.contains("Too many open files"),
         "the server never ran out of file descriptors, so this test tested nothing:\n{log}"
     );
+}
+
+/// Hostile clients hold nothing for long (Hardening, item 1): idle connections, headers sent a
+/// byte at a time and bodies sent half are cut off by their deadlines; connections past the cap
+/// are closed at once; and under a low file limit the API keeps answering and the run's members
+/// are upgraded, none failed.
+#[test]
+fn hostile_connections_do_not_hold_the_server() {
+    use std::io::{Read, Write};
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    let limits = [
+        "--header-timeout",
+        "1",
+        "--body-timeout",
+        "1",
+        "--max-connections",
+        "48",
+    ];
+    let setup = setup("hostile", Some(160), false, &limits);
+    let address = setup.api.base.trim_start_matches("http://").to_string();
+    let connect = || {
+        let stream = std::net::TcpStream::connect(&address).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(8))).ok()?;
+        Some(stream)
+    };
+    let opened = Instant::now();
+    // 20 connections that send their headers a byte at a time, 10 that send half a body.
+    let mut slow: Vec<std::net::TcpStream> = (0..20).filter_map(|_| connect()).collect();
+    let mut half: Vec<std::net::TcpStream> = (0..10)
+        .filter_map(|_| {
+            let mut s = connect()?;
+            let head = format!(
+                "PUT /v1/fleets/edge/members/x HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"properties\":",
+                setup.api.token
+            );
+            s.write_all(head.as_bytes()).ok()?;
+            Some(s)
+        })
+        .collect();
+    // Then 200 idle connections: past the cap (the slow ones hold some) they are closed at
+    // once, the rest after a second.
+    let mut idle: Vec<std::net::TcpStream> = (0..200).filter_map(|_| connect()).collect();
+    for byte in b"GET /v1/fleets HTTP/1.1\r\nHost: x\r\n" {
+        for s in &mut slow {
+            let _ = s.write_all(&[*byte]);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every hostile connection is closed by the server, the half-sent bodies with a 408.
+    let closed = |s: &mut std::net::TcpStream| {
+        let mut buffer = [0u8; 4096];
+        let mut seen = Vec::new();
+        loop {
+            match s.read(&mut buffer) {
+                Ok(0) => return Some(String::from_utf8_lossy(&seen).to_string()),
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Some(String::from_utf8_lossy(&seen).to_string());
+                }
+                Err(_) => return None,
+            }
+        }
+    };
+    for s in idle.iter_mut().chain(slow.iter_mut()) {
+        assert!(
+            closed(s).is_some(),
+            "a connection was held past its deadline"
+        );
+    }
+    for s in &mut half {
+        let answer = closed(s).expect("closed");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    }
+    assert!(
+        opened.elapsed() < Duration::from_secs(15),
+        "hostile connections held the server for {:?}",
+        opened.elapsed()
+    );
+    // Meanwhile the run went on: every member upgraded once, none failed.
+    check_run_completes_once_each(&setup);
 }

@@ -1,0 +1,193 @@
+//! Serving connections under limits, so that no client can hold the server: a cap on open
+//! connections, a deadline for a request's headers (which is also how long a keep-alive
+//! connection may sit idle), a deadline for its body, and a cap on requests handled at once.
+//! Running out of file descriptors is the server's own problem, never a member's: the process
+//! raises its soft limit to the hard one at start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::{Semaphore, watch};
+
+/// The limits, with defaults; `flotilla serve` takes each as a flag.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Open connections at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Requests being handled at once (an event stream counts until its headers are sent);
+    /// one more is answered 503 at once.
+    pub max_requests: usize,
+    /// How long a client may take to send a request's headers, and how long a keep-alive
+    /// connection may wait for its next request.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            max_requests: 256,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Raises the soft limit of open files to the hard limit, and says what it is.
+pub fn raise_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    // `rlim_t` is u64 on Linux but not on every platform.
+    #[allow(clippy::unnecessary_cast)]
+    Some(limit.rlim_cur as u64)
+}
+
+/// Answers 503 when `max_requests` are already being handled.
+pub async fn limit_requests(
+    State(permits): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match permits.try_acquire() {
+        Ok(_permit) => next.run(request).await,
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "1")],
+            axum::Json(serde_json::json!({"error": {
+                "code": "ServerBusy",
+                "message": "too many requests are being handled at once; try again",
+                "target": "",
+            }})),
+        )
+            .into_response(),
+    }
+}
+
+/// Resolves once the stop is sent (the guard `wait_for` returns is not held).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Accepts connections until `shutdown` is sent, then asks every open connection to finish its
+/// request and close.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let mut refused_since_log = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped(&mut shutdown) => return,
+        };
+        let (stream, _) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors, say: wait a little rather than spin.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            refused_since_log += 1;
+            if refused_since_log.is_power_of_two() {
+                tracing::warn!(
+                    refused = refused_since_log,
+                    max = limits.max_connections,
+                    "connection refused: too many open connections"
+                );
+            }
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .keep_alive(true);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopped(&mut stop) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Reads a request's body within `body_timeout` (408 past it) and within the route's size
+/// limit (413 past it), before any handler sees it: a client sending its body slowly holds
+/// nothing for long.
+pub async fn limit_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    let limit = if request.uri().path().ends_with("/importMembers") {
+        crate::api::IMPORT_BODY_LIMIT
+    } else {
+        crate::api::BODY_LIMIT
+    };
+    let (parts, body) = request.into_parts();
+    let refuse = |status: StatusCode, code: &str, message: String| {
+        (
+            status,
+            axum::Json(
+                serde_json::json!({"error": {"code": code, "message": message, "target": ""}}),
+            ),
+        )
+            .into_response()
+    };
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+        Ok(Err(_)) => refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PayloadTooLarge",
+            format!("the request body is larger than {limit} bytes"),
+        ),
+        Err(_) => refuse(
+            StatusCode::REQUEST_TIMEOUT,
+            "RequestTimeout",
+            format!(
+                "the request body did not arrive within {} s",
+                timeout.as_secs_f64()
+            ),
+        ),
+    }
+}
