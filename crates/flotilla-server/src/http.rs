@@ -191,3 +191,151 @@ pub async fn limit_body(State(timeout): State<Duration>, request: Request, next:
         ),
     }
 }
+
+/// Which `Host` names the server answers to (a DNS-rebinding page uses a name of its own):
+/// IP literals, `localhost`, and the names it is told of (`--public-url`, `--allowed-hosts`).
+#[derive(Clone, Debug, Default)]
+pub struct AllowedHosts {
+    names: Vec<String>,
+}
+
+impl AllowedHosts {
+    pub fn new(names: impl IntoIterator<Item = String>) -> AllowedHosts {
+        let mut names: Vec<String> = names
+            .into_iter()
+            .map(|n| n.trim().to_ascii_lowercase())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.push("localhost".into());
+        AllowedHosts { names }
+    }
+
+    /// Whether `host` (a `Host` header or an origin's authority, port included or not) is one
+    /// the server answers to.
+    pub fn allows(&self, host: &str) -> bool {
+        let name = host_name(host);
+        name.parse::<std::net::IpAddr>().is_ok() || self.names.iter().any(|n| *n == name)
+    }
+}
+
+/// The name part of an authority: `[::1]:8080` → `::1`, `Example.com:80` → `example.com`.
+fn host_name(authority: &str) -> String {
+    let authority = authority.trim();
+    let name = if let Some(rest) = authority.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default()
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                authority
+            }
+        })
+    };
+    name.to_ascii_lowercase()
+}
+
+/// Refuses requests whose `Host` the server does not answer to (421), state-changing requests
+/// from another site's page (403: a browser names the page's origin), and bodies that are not
+/// JSON (415; an action with no body, as the Azure SDK sends it, needs no content type). In
+/// every mode, `--insecure-no-auth` included.
+pub async fn check_origin(
+    State(allowed): State<Arc<AllowedHosts>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use axum::http::{Method, header};
+    let refuse = |status: StatusCode, code: &str, message: String| {
+        (
+            status,
+            axum::Json(
+                serde_json::json!({"error": {"code": code, "message": message, "target": ""}}),
+            ),
+        )
+            .into_response()
+    };
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(host) = &host
+        && !allowed.allows(host)
+    {
+        return refuse(
+            StatusCode::MISDIRECTED_REQUEST,
+            "UnknownHost",
+            format!(
+                "this server does not answer to the host {host:?}; add it with --allowed-hosts or --public-url"
+            ),
+        );
+    }
+    let changes = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    if changes && let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
+        let same = host
+            .as_deref()
+            .is_some_and(|h| h.eq_ignore_ascii_case(authority));
+        if !same && !allowed.allows(authority) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "CrossOriginRequest",
+                format!(
+                    "a page from {origin:?} may not change anything here; only this server's own pages may"
+                ),
+            );
+        }
+    }
+    let has_body = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|n| n.trim() != "0")
+        || headers.contains_key(header::TRANSFER_ENCODING);
+    if has_body {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|t| {
+                t.split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .is_some_and(|t| t == "application/json" || t.ends_with("+json"));
+        if !json {
+            return refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                "a request body must be JSON, sent with Content-Type: application/json".into(),
+            );
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_matched_by_name_with_or_without_a_port() {
+        let allowed = AllowedHosts::new(["Flotilla.Example.com".to_string()]);
+        for ok in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "10.1.2.3",
+            "flotilla.example.com",
+            "FLOTILLA.example.com:443",
+        ] {
+            assert!(allowed.allows(ok), "{ok}");
+        }
+        for refused in ["evil.example", "localhost.evil.example:8080", "example.com"] {
+            assert!(!allowed.allows(refused), "{refused}");
+        }
+    }
+}

@@ -103,6 +103,8 @@ pub struct Server {
     pub state: Arc<AppState>,
     /// What a client may hold: connections, requests at once, header and body deadlines.
     pub limits: http::Limits,
+    /// Host names answered besides IP literals and `localhost`.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Server {
@@ -162,6 +164,7 @@ impl Server {
             listener,
             state,
             limits: http::Limits::default(),
+            allowed_hosts: Vec::new(),
         })
     }
 
@@ -179,6 +182,10 @@ impl Server {
             .layer(axum::middleware::from_fn_with_state(
                 limits.body_timeout,
                 http::limit_body,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(http::AllowedHosts::new(self.allowed_hosts.clone())),
+                http::check_origin,
             ))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),

@@ -1750,3 +1750,90 @@ async fn count_members(h: &Harness) -> usize {
     }
     n
 }
+
+/// Hardening item 3: in `--insecure-no-auth` a page on another site could mint an admin token
+/// with a `text/plain` POST (a CORS simple request), and a DNS-rebinding page could read
+/// answers. The server now refuses other hosts (421), state changes from other origins (403)
+/// and bodies that are not JSON (415), in every mode; its own pages and the CLI are unaffected.
+#[tokio::test]
+async fn cross_site_requests_and_foreign_hosts_are_refused() {
+    let dir = temp_dir("origin");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&dir.0.join("flotilla.db"))
+            .await
+            .expect("store"),
+    );
+    let server = Server::start(store.clone(), "127.0.0.1:0".parse().expect("addr"), true)
+        .await
+        .expect("server");
+    let addr = server.local_addr().expect("bound");
+    tokio::spawn(server.serve(std::future::pending()));
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let raw = |method: Method, path: &str| http.request(method, format!("{base}{path}"));
+    // A cross-site simple request: text/plain, the page's Origin.
+    let response = raw(Method::POST, "/v1/tokens")
+        .header("Origin", "http://evil.example")
+        .header("Content-Type", "text/plain")
+        .body(r#"{"role": "admin"}"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // The same without an Origin (a script, not a browser) still needs JSON.
+    let response = raw(Method::POST, "/v1/tokens")
+        .header("Content-Type", "text/plain")
+        .body(r#"{"role": "admin"}"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(
+        store.list_tokens().await.expect("tokens").is_empty(),
+        "no token was minted"
+    );
+    // A rebinding page reaches the server under its own name.
+    let response = raw(Method::GET, "/v1/fleets")
+        .header("Host", "rebind.evil.example:8080")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::MISDIRECTED_REQUEST);
+    // The server's own page (same origin), localhost, and a bodiless action are fine.
+    let response = raw(Method::PUT, "/v1/fleets/f1")
+        .header("Origin", base.as_str())
+        .json(&json!({"properties": {"driver": {"type": "sim", "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}]}},
+            "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}}}}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let response = raw(Method::GET, "/v1/fleets")
+        .header("Host", format!("localhost:{}", addr.port()))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = raw(Method::PUT, "/v1/fleets/f1/members/m1")
+        .json(&json!({"properties": {"clusterResourceId": "c1"}}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let run = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    let response = raw(Method::PUT, "/v1/fleets/f1/updateRuns/r1")
+        .json(&run)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let response = raw(Method::POST, "/v1/fleets/f1/updateRuns/r1/stop")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        response.status(),
+        StatusCode::CONFLICT,
+        "a bodiless action reaches the run (which is not running)"
+    );
+}

@@ -303,6 +303,13 @@ struct ServeLimits {
     /// Seconds a client may take to send a request's body.
     #[arg(long, default_value_t = 30.0, env = "FLOTILLA_BODY_TIMEOUT")]
     body_timeout: f64,
+    /// The URL users reach the server at (behind a proxy, say); its host name is answered.
+    #[arg(long, env = "FLOTILLA_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// More host names the server answers to, besides IP addresses, `localhost` and the host of
+    /// `--public-url` (requests naming another host get 421: DNS rebinding).
+    #[arg(long, value_delimiter = ',', env = "FLOTILLA_ALLOWED_HOSTS")]
+    allowed_hosts: Vec<String>,
 }
 
 impl ServeLimits {
@@ -330,6 +337,24 @@ impl ServeLimits {
     }
 }
 
+/// The host names of `--public-url` and `--allowed-hosts`.
+fn serve_limits_hosts(flags: &ServeLimits) -> anyhow::Result<Vec<String>> {
+    let mut hosts = flags.allowed_hosts.clone();
+    if let Some(url) = &flags.public_url {
+        let parsed =
+            reqwest::Url::parse(url).with_context(|| format!("--public-url {url:?}: not a URL"))?;
+        let Some(host) = parsed.host_str() else {
+            bail!("--public-url {url:?}: has no host");
+        };
+        hosts.push(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        );
+    }
+    Ok(hosts)
+}
+
 async fn serve_command(
     listen: SocketAddr,
     database: Option<String>,
@@ -340,7 +365,8 @@ async fn serve_command(
     if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
         bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
     }
-    let limits = limits.parse()?;
+    let limits_flags = limits;
+    let limits = limits_flags.parse()?;
     // Subprocesses, database files and connections all need file descriptors.
     let files = flotilla_server::http::raise_file_limit();
     let database = Database::parse(database.as_deref())?;
@@ -354,8 +380,10 @@ async fn serve_command(
         lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
         ..Default::default()
     };
+    let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
     let mut server = Server::start_with(store, listen, insecure, timing).await?;
     server.limits = limits;
+    server.allowed_hosts = std::mem::take(&mut allowed_hosts);
     let addr = server.local_addr().unwrap_or(listen);
     eprintln!(
         "flotilla: serving http://{addr} (database {database}{}; replica {}; open files up to {})",
