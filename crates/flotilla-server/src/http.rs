@@ -214,7 +214,7 @@ impl AllowedHosts {
     /// the server answers to.
     pub fn allows(&self, host: &str) -> bool {
         let name = host_name(host);
-        name.parse::<std::net::IpAddr>().is_ok() || self.names.iter().any(|n| *n == name)
+        name.parse::<std::net::IpAddr>().is_ok() || self.names.contains(&name)
     }
 }
 
