@@ -1453,6 +1453,9 @@ async fn run_action(
     ))
 }
 
+/// How often an open event stream checks that its token is still valid.
+const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_millis(400);
+
 async fn run_events(
     State(state): State<Shared>,
     caller: Caller,
@@ -1486,9 +1489,23 @@ async fn run_events(
     let store = state.runs.store.clone();
     let mut notices = store.notices();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
+    let token = caller.token_hash.clone();
     tokio::spawn(async move {
         let mut last = after;
+        // The token is checked again while the stream is open: revoking it ends the stream.
+        let mut checked = tokio::time::Instant::now();
         loop {
+            if let Some(hash) = &token
+                && checked.elapsed() >= TOKEN_RECHECK
+            {
+                match store.token_by_hash(hash).await {
+                    Ok(Some(t)) if !t.revoked => {}
+                    // Revoked or gone; a store that cannot answer is asked again.
+                    Ok(_) => return,
+                    Err(_) => {}
+                }
+                checked = tokio::time::Instant::now();
+            }
             let page = store
                 .run_events(&fleet, &run, last, 1000)
                 .await
@@ -1525,6 +1542,7 @@ async fn run_events(
                 // A lost notice costs at most this much delay.
                 _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
                 _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(checked + TOKEN_RECHECK), if token.is_some() => {}
             }
         }
     });

@@ -46,6 +46,9 @@ impl Role {
 pub struct Caller {
     pub subject: String,
     pub role: Role,
+    /// The hash of the token the call came with (none without authentication): what a
+    /// long-lived answer checks again, so that revoking the token ends it.
+    pub token_hash: Option<String>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
@@ -105,6 +108,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         return Ok(Caller {
             subject: "anonymous".into(),
             role: Role::Admin,
+            token_hash: None,
         });
     }
     let value = headers
@@ -115,10 +119,11 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         .strip_prefix("Bearer ")
         .map(str::trim)
         .ok_or_else(|| unauthorized("the Authorization header must be Bearer <token>"))?;
+    let token_hash = hash(secret);
     let record = state
         .runs
         .store
-        .token_by_hash(&hash(secret))
+        .token_by_hash(&token_hash)
         .await
         .map_err(HttpError::from)?
         .filter(|t| !t.revoked)
@@ -128,5 +133,6 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
     Ok(Caller {
         subject: record.subject,
         role,
+        token_hash: Some(token_hash),
     })
 }

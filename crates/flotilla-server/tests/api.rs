@@ -721,6 +721,46 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         text.contains("data: {") && text.contains("MemberStarted"),
         "{text}"
     );
+    drop(stream);
+    // A stream opened with a token ends within a second of the token's revocation (it kept
+    // streaming before).
+    let created = h
+        .ok(
+            "admin",
+            Method::POST,
+            "/v1/tokens",
+            Some(json!({"role": "reader", "subject": "watcher"})),
+        )
+        .await;
+    let mut stream = h
+        .http
+        .get(format!("{}/v1/fleets/f1/updateRuns/r1/events", h.base))
+        .bearer_auth(created["token"].as_str().expect("secret"))
+        .header("Accept", "text/event-stream")
+        .send()
+        .await
+        .expect("stream opens");
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.chunk())
+        .await
+        .expect("the stream delivers")
+        .expect("no error");
+    assert!(first.is_some());
+    h.ok(
+        "admin",
+        Method::DELETE,
+        &format!("/v1/tokens/{}", created["id"].as_str().expect("id")),
+        None,
+    )
+    .await;
+    // It checks every 400 ms; the bound here is loose so a loaded machine does not fail it.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream went on after its token was revoked"
+    );
     // Terminal now: start is refused, delete works.
     let (status, _, _) = h
         .call(
