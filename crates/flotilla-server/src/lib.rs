@@ -206,6 +206,7 @@ impl Server {
         }
         // Open event streams never end by themselves: connections get a few seconds, no more.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections).await;
+        self.state.runs.store.close().await;
         Ok(())
     }
 }

@@ -10,7 +10,7 @@
 
 pub mod postgres;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -386,6 +386,9 @@ pub trait Store: Send + Sync {
         name: &str,
         when: &Precondition,
     ) -> StoreResult<bool>;
+    /// Ends the store's use at a clean shutdown: SQLite moves its write-ahead log into the
+    /// database file, so the `.db` file alone holds everything.
+    async fn close(&self) {}
     /// Creates or replaces members in one transaction, all or nothing; a member's cluster id
     /// is unique in its fleet, compared case-insensitively (API.md, "Batch registration").
     async fn register_members(
@@ -520,15 +523,16 @@ impl SqliteStore {
                 StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
             })?;
         }
-        let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+        // The lock is taken on the database file itself (an advisory `flock`, which SQLite's own
+        // `fcntl` locks do not see), so every spelling of its path, a symbolic link and a hard
+        // link all find it taken.
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
-            .open(&lock_path)
-            .map_err(|e| {
-                StoreError::Unavailable(format!("cannot open {}: {e}", lock_path.display()))
-            })?;
+            .open(path)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
         if lock.try_lock().is_err() {
             return Err(StoreError::Unavailable(format!(
                 "another flotilla server is using {}; SQLite mode serves one replica only (use --database postgres://… for several)",
@@ -707,6 +711,16 @@ async fn upsert(
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn close(&self) {
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot checkpoint the write-ahead log");
+        }
+        self.pool.close().await;
+    }
+
     async fn get_raw(
         &self,
         fleet: &str,

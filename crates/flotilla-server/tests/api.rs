@@ -944,6 +944,25 @@ async fn a_second_server_on_the_same_sqlite_file_is_refused() {
         .expect("first opens");
     let second = SqliteStore::open(&dir.0.join("flotilla.db")).await;
     assert!(second.is_err_and(|e| e.to_string().contains("one replica")));
+    // The lock is on the file, not its name: another spelling, a symbolic link and a hard
+    // link find it taken (each started a second server before, the hard link on a second,
+    // diverging database).
+    std::fs::create_dir_all(dir.0.join("sub")).expect("dir");
+    std::os::unix::fs::symlink(dir.0.join("flotilla.db"), dir.0.join("symlink.db"))
+        .expect("symlink");
+    std::fs::hard_link(dir.0.join("flotilla.db"), dir.0.join("hardlink.db")).expect("hard link");
+    for other in [
+        dir.0.join("sub/../flotilla.db"),
+        dir.0.join("symlink.db"),
+        dir.0.join("hardlink.db"),
+    ] {
+        let again = SqliteStore::open(&other).await;
+        assert!(
+            again.is_err_and(|e| e.to_string().contains("one replica")),
+            "{} opened a second server",
+            other.display()
+        );
+    }
     drop(first);
     assert!(
         SqliteStore::open(&dir.0.join("flotilla.db")).await.is_ok(),

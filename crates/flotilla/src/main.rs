@@ -233,7 +233,7 @@ impl Database {
             Database::Postgres(url) => Arc::new(
                 PgStore::open(url)
                     .await
-                    .with_context(|| format!("database {url}"))?,
+                    .with_context(|| format!("database {self}"))?,
             ),
         })
     }
@@ -243,7 +243,14 @@ impl std::fmt::Display for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Database::Sqlite(path) => write!(f, "{}", path.display()),
-            Database::Postgres(url) => f.write_str(url),
+            // The password never reaches a log or a terminal.
+            Database::Postgres(url) => match reqwest::Url::parse(url) {
+                Ok(mut parsed) if parsed.password().is_some() => {
+                    let _ = parsed.set_password(Some("***"));
+                    f.write_str(parsed.as_str())
+                }
+                _ => f.write_str(url),
+            },
         }
     }
 }
@@ -254,7 +261,11 @@ pub fn database_path(database: Option<&str>) -> anyhow::Result<PathBuf> {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             bail!("--database {url}: this command works on a SQLite file only; use sqlite://PATH")
         }
-        Some(url) => Ok(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
+        Some(url) => Ok(PathBuf::from(
+            url.strip_prefix("sqlite://")
+                .or_else(|| url.strip_prefix("sqlite:"))
+                .unwrap_or(url),
+        )),
         None => {
             let base = std::env::var_os("XDG_DATA_HOME")
                 .map(PathBuf::from)

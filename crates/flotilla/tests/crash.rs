@@ -141,3 +141,68 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     eprintln!("{kills} kills, {} acknowledged writes", acknowledged.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Hardening items 5 and 6: after a clean shutdown (SIGTERM) the `.db` file alone holds
+/// everything (the write-ahead log is checkpointed into it), and a second server on the same
+/// file under another spelling (`sqlite:PATH`) is refused.
+#[test]
+fn a_clean_shutdown_leaves_everything_in_the_database_file() {
+    let dir = std::env::temp_dir().join(format!("flotilla-wal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("copy")).expect("dirs");
+    let db = dir.join("flotilla.db");
+    let token = create_token(&db.display().to_string());
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let mut server = start_server(&db, port, &dir.join("server.log"));
+    api.wait_ready();
+    let driver = json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}});
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/kept",
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    // Another spelling of the same file: refused while the first server runs.
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--database", &format!("sqlite:{}", db.display())])
+        .output()
+        .expect("runs");
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("another flotilla server"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exited = server.wait().expect("exits");
+    assert!(exited.success(), "{exited:?}");
+    let wal = dir.join("flotilla.db-wal");
+    assert!(
+        std::fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "the write-ahead log still holds data after a clean shutdown"
+    );
+    // The database file alone, copied elsewhere, has the fleet.
+    let copy = dir.join("copy/flotilla.db");
+    std::fs::copy(&db, &copy).expect("copy");
+    let port = free_port();
+    let api = Api {
+        base: format!("http://127.0.0.1:{port}"),
+        ..api
+    };
+    let mut server = start_server(&copy, port, &dir.join("copy.log"));
+    api.wait_ready();
+    let fleet = api.must(reqwest::Method::GET, "/v1/fleets/kept", None);
+    assert_eq!(fleet["name"], "kept");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
