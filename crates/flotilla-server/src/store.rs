@@ -593,8 +593,8 @@ impl SqliteStore {
             .fetch_all(&mut *tx)
             .await?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.col(0))
+            .collect::<StoreResult<_>>()?;
         for (version, sql) in MIGRATIONS {
             if applied.contains(version) {
                 continue;
@@ -616,8 +616,30 @@ async fn next_etag(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<String> {
     let row = sqlx::query("UPDATE etag_seq SET value = value + 1 WHERE id = 1 RETURNING value")
         .fetch_one(&mut **tx)
         .await?;
-    let n: i64 = row.get(0);
+    let n: i64 = row.col(0)?;
     Ok(format!("\"{n}\""))
+}
+
+/// Reads a column; a value that cannot be decoded (text that is not UTF-8, say) is
+/// `StoreError::Corrupt`, never a panic.
+trait Col {
+    fn col<'r, T>(&'r self, index: usize) -> StoreResult<T>
+    where
+        T: sqlx::Decode<'r, <Self as Row>::Database> + sqlx::Type<<Self as Row>::Database>,
+        Self: Row;
+}
+
+impl<R: Row> Col for R
+where
+    usize: sqlx::ColumnIndex<R>,
+{
+    fn col<'r, T>(&'r self, index: usize) -> StoreResult<T>
+    where
+        T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        self.try_get(index)
+            .map_err(|e| StoreError::Corrupt(format!("column {index}: {e}")))
+    }
 }
 
 fn parse_body(text: &str) -> StoreResult<Value> {
@@ -647,15 +669,14 @@ async fn current_etag(
     kind: Kind,
     name: &str,
 ) -> StoreResult<Option<String>> {
-    Ok(
-        sqlx::query("SELECT etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
-            .bind(fleet)
-            .bind(kind.as_str())
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|r| r.get(0)),
-    )
+    sqlx::query("SELECT etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|r| r.col(0))
+        .transpose()
 }
 
 /// Appends entries to one of a run's numbered logs (its input log, its events), in order.
@@ -674,7 +695,7 @@ async fn append(
         .bind(&batch.run)
         .fetch_one(&mut **tx)
         .await?
-        .get(0);
+        .col(0)?;
     for (i, entry) in entries.iter().enumerate() {
         sqlx::query(insert)
             .bind(&batch.fleet)
@@ -735,7 +756,7 @@ impl Store for SqliteStore {
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| (r.get(0), r.get(1))))
+        row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
     }
 
     async fn list(
@@ -757,9 +778,9 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 Ok(Resource {
-                    name: r.get(0),
-                    body: parse_body(r.get::<&str, _>(1))?,
-                    etag: r.get(2),
+                    name: r.col(0)?,
+                    body: parse_body(r.col::<&str>(1)?)?,
+                    etag: r.col(2)?,
                 })
             })
             .collect()
@@ -804,8 +825,10 @@ impl Store for SqliteStore {
             .bind(&write.name)
             .fetch_optional(&mut *tx)
             .await?;
-            let (text, etag): (Option<String>, Option<String>) =
-                current.map_or((None, None), |r| (Some(r.get(0)), Some(r.get(1))));
+            let (text, etag): (Option<String>, Option<String>) = match current {
+                Some(r) => (Some(r.col(0)?), Some(r.col(1)?)),
+                None => (None, None),
+            };
             check(etag.as_deref(), &write.when)?;
             let body = merge_member(item, write, text.as_deref(), mode)?;
             let id = member_cluster_id(&body);
@@ -816,7 +839,8 @@ impl Store for SqliteStore {
             .bind(cluster_key(id))
             .fetch_optional(&mut *tx)
             .await?
-            .map(|r| r.get(0));
+            .map(|r| r.col(0))
+            .transpose()?;
             match holder {
                 Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
                 Some(_) => {}
@@ -911,7 +935,8 @@ impl Store for SqliteStore {
                 .bind(&batch.fleet)
                 .fetch_optional(&mut *tx)
                 .await?
-                .map(|r| (r.get(0), r.get(1)));
+                .map(|r| StoreResult::Ok((r.col(0)?, r.col(1)?)))
+                .transpose()?;
             fenced(batch, found)?;
         }
         if batch.snapshot_etag.is_some() {
@@ -982,9 +1007,7 @@ impl Store for SqliteStore {
                 .bind(run)
                 .fetch_all(&self.pool)
                 .await?;
-        rows.iter()
-            .map(|r| parse_body(r.get::<&str, _>(0)))
-            .collect()
+        rows.iter().map(|r| parse_body(r.col::<&str>(0)?)).collect()
     }
 
     async fn run_events(
@@ -1002,7 +1025,7 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|r| Ok((r.get(0), parse_body(r.get::<&str, _>(1))?)))
+            .map(|r| Ok((r.col(0)?, parse_body(r.col::<&str>(1)?)?)))
             .collect()
     }
 
@@ -1015,11 +1038,11 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 Ok(Intent {
-                    attempt: r.get::<i64, _>(0) as u64,
-                    member: r.get(1),
-                    target: parse_body(r.get::<&str, _>(2))?,
-                    operation_id: r.get(3),
-                    finished: r.get::<i64, _>(4) != 0,
+                    attempt: r.col::<i64>(0)? as u64,
+                    member: r.col(1)?,
+                    target: parse_body(r.col::<&str>(2)?)?,
+                    operation_id: r.col(3)?,
+                    finished: r.col::<i64>(4)? != 0,
                 })
             })
             .collect()
@@ -1063,14 +1086,14 @@ impl Store for SqliteStore {
         .bind(hash)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| token_row(&r)))
+        row.map(|r| token_row(&r)).transpose()
     }
 
     async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>> {
         let rows = sqlx::query("SELECT id, hash, role, subject, created_at, revoked FROM tokens ORDER BY created_at, id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(token_row).collect())
+        rows.iter().map(token_row).collect()
     }
 
     async fn revoke_token(&self, id: &str) -> StoreResult<bool> {
@@ -1097,7 +1120,7 @@ impl Store for SqliteStore {
             .bind(now)
             .fetch_one(&self.pool)
             .await?
-            .get(0);
+            .col(0)?;
         Ok(alive as usize)
     }
 
@@ -1121,7 +1144,7 @@ impl Store for SqliteStore {
         .bind(now)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| r.get(0)))
+        Ok(row.map(|r| r.col(0)).transpose()?)
     }
 
     async fn renew_lease(
@@ -1158,15 +1181,16 @@ impl Store for SqliteStore {
         let rows = sqlx::query("SELECT fleet, owner, epoch, expires_at FROM leases ORDER BY fleet")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Lease {
-                fleet: r.get(0),
-                owner: r.get(1),
-                epoch: r.get(2),
-                expires_in_ms: r.get::<i64, _>(3) - now,
+        rows.iter()
+            .map(|r| {
+                Ok(Lease {
+                    fleet: r.col(0)?,
+                    owner: r.col(1)?,
+                    epoch: r.col(2)?,
+                    expires_in_ms: r.col::<i64>(3)? - now,
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64> {
@@ -1177,7 +1201,7 @@ impl Store for SqliteStore {
                 .bind(input.to_string())
                 .fetch_one(&self.pool)
                 .await?
-                .get(0);
+                .col(0)?;
         let _ = self.notices.send(Notice::Actions {
             fleet: fleet.to_string(),
         });
@@ -1194,9 +1218,9 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 Ok(PendingAction {
-                    id: r.get(0),
-                    run: r.get(1),
-                    input: parse_body(r.get::<&str, _>(2))?,
+                    id: r.col(0)?,
+                    run: r.col(1)?,
+                    input: parse_body(r.col::<&str>(2)?)?,
                 })
             })
             .collect()
@@ -1218,7 +1242,7 @@ impl Store for SqliteStore {
                 .bind(id)
                 .fetch_optional(&self.pool)
                 .await?;
-        row.map(|r| parse_body(r.get::<&str, _>(0))).transpose()
+        row.map(|r| parse_body(r.col::<&str>(0)?)).transpose()
     }
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
@@ -1236,13 +1260,13 @@ fn unix_millis() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn token_row(r: &sqlx::sqlite::SqliteRow) -> TokenRecord {
-    TokenRecord {
-        id: r.get(0),
-        hash: r.get(1),
-        role: r.get(2),
-        subject: r.get(3),
-        created_at: r.get(4),
-        revoked: r.get::<i64, _>(5) != 0,
-    }
+fn token_row(r: &sqlx::sqlite::SqliteRow) -> StoreResult<TokenRecord> {
+    Ok(TokenRecord {
+        id: r.col(0)?,
+        hash: r.col(1)?,
+        role: r.col(2)?,
+        subject: r.col(3)?,
+        created_at: r.col(4)?,
+        revoked: r.col::<i64>(5)? != 0,
+    })
 }

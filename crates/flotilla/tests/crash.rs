@@ -206,3 +206,46 @@ fn a_clean_shutdown_leaves_everything_in_the_database_file() {
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Hardening item 7: a text column that is not UTF-8 (a damaged file, a hand edit) made the
+/// server panic at startup. Now every column is decoded with an error instead of a panic:
+/// damage in what the server needs to start (the tokens) refuses the start with one line and a
+/// non-zero exit.
+#[test]
+fn a_damaged_database_gives_one_line_not_a_panic() {
+    let dir = std::env::temp_dir().join(format!("flotilla-damaged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db");
+    create_token(&db.display().to_string());
+    let damage = |sql: &str| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            use sqlx::Connection;
+            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+                .await
+                .expect("opens");
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+                .execute(&mut c)
+                .await
+                .expect("damaged");
+        });
+    };
+    damage("UPDATE tokens SET subject = CAST(X'FFFE' AS TEXT)");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--database", &db.display().to_string()])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unreadable") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,11 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition, RegisterMode,
+    Col, Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition, RegisterMode,
     Registered, Resource, RunBatch, Store, StoreError, StoreResult, TokenRecord, check,
     cluster_key, cluster_taken, fenced, member_cluster_id, merge_member, millis, parse_body,
     same_run,
@@ -145,8 +145,8 @@ impl PgStore {
             .fetch_all(&mut *tx)
             .await?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.col(0))
+            .collect::<StoreResult<_>>()?;
         for (version, sql) in MIGRATIONS {
             if applied.contains(version) {
                 continue;
@@ -180,7 +180,7 @@ async fn current_etag(
     kind: Kind,
     name: &str,
 ) -> StoreResult<Option<String>> {
-    Ok(sqlx::query(
+    sqlx::query(
         "SELECT etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE",
     )
     .bind(fleet)
@@ -188,14 +188,15 @@ async fn current_etag(
     .bind(name)
     .fetch_optional(&mut **tx)
     .await?
-    .map(|r| r.get(0)))
+    .map(|r| r.col(0))
+    .transpose()
 }
 
 async fn next_etag(tx: &mut Transaction<'_, Postgres>) -> StoreResult<String> {
     let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
         .fetch_one(&mut **tx)
         .await?
-        .get(0);
+        .col(0)?;
     Ok(format!("\"{n}\""))
 }
 
@@ -222,7 +223,7 @@ async fn upsert(
     .bind(&etag)
     .fetch_one(&mut **tx)
     .await?
-    .get(0);
+    .col(0)?;
     Ok((etag, inserted))
 }
 
@@ -243,7 +244,7 @@ async fn append(
         .bind(&batch.run)
         .fetch_one(&mut **tx)
         .await?
-        .get(0);
+        .col(0)?;
     for (i, entry) in entries.iter().enumerate() {
         sqlx::query(insert)
             .bind(&batch.fleet)
@@ -289,7 +290,7 @@ impl Store for PgStore {
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| (r.get(0), r.get(1))))
+        row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
     }
 
     async fn list(
@@ -311,9 +312,9 @@ impl Store for PgStore {
         rows.iter()
             .map(|r| {
                 Ok(Resource {
-                    name: r.get(0),
-                    body: parse_body(r.get::<&str, _>(1))?,
-                    etag: r.get(2),
+                    name: r.col(0)?,
+                    body: parse_body(r.col::<&str>(1)?)?,
+                    etag: r.col(2)?,
                 })
             })
             .collect()
@@ -390,8 +391,10 @@ impl Store for PgStore {
             .bind(&write.name)
             .fetch_optional(&mut *tx)
             .await?;
-            let (text, etag): (Option<String>, Option<String>) =
-                current.map_or((None, None), |r| (Some(r.get(0)), Some(r.get(1))));
+            let (text, etag): (Option<String>, Option<String>) = match current {
+                Some(r) => (Some(r.col(0)?), Some(r.col(1)?)),
+                None => (None, None),
+            };
             check(etag.as_deref(), &write.when)?;
             let body = merge_member(item, write, text.as_deref(), mode)?;
             let id = member_cluster_id(&body);
@@ -402,7 +405,8 @@ impl Store for PgStore {
             .bind(cluster_key(id))
             .fetch_optional(&mut *tx)
             .await?
-            .map(|r| r.get(0));
+            .map(|r| r.col(0))
+            .transpose()?;
             match holder {
                 Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
                 Some(_) => {}
@@ -510,7 +514,8 @@ impl Store for PgStore {
                 .bind(&batch.fleet)
                 .fetch_optional(&mut *tx)
                 .await?
-                .map(|r| (r.get(0), r.get(1)));
+                .map(|r| StoreResult::Ok((r.col(0)?, r.col(1)?)))
+                .transpose()?;
             fenced(batch, found)?;
         }
         if batch.snapshot_etag.is_some() {
@@ -581,9 +586,7 @@ impl Store for PgStore {
                 .bind(run)
                 .fetch_all(&self.pool)
                 .await?;
-        rows.iter()
-            .map(|r| parse_body(r.get::<&str, _>(0)))
-            .collect()
+        rows.iter().map(|r| parse_body(r.col::<&str>(0)?)).collect()
     }
 
     async fn run_events(
@@ -601,7 +604,7 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|r| Ok((r.get(0), parse_body(r.get::<&str, _>(1))?)))
+            .map(|r| Ok((r.col(0)?, parse_body(r.col::<&str>(1)?)?)))
             .collect()
     }
 
@@ -614,11 +617,11 @@ impl Store for PgStore {
         rows.iter()
             .map(|r| {
                 Ok(Intent {
-                    attempt: r.get::<i64, _>(0) as u64,
-                    member: r.get(1),
-                    target: parse_body(r.get::<&str, _>(2))?,
-                    operation_id: r.get(3),
-                    finished: r.get(4),
+                    attempt: r.col::<i64>(0)? as u64,
+                    member: r.col(1)?,
+                    target: parse_body(r.col::<&str>(2)?)?,
+                    operation_id: r.col(3)?,
+                    finished: r.col(4)?,
                 })
             })
             .collect()
@@ -662,14 +665,14 @@ impl Store for PgStore {
         .bind(hash)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| token_row(&r)))
+        row.map(|r| token_row(&r)).transpose()
     }
 
     async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>> {
         let rows = sqlx::query("SELECT id, hash, role, subject, created_at, revoked FROM tokens ORDER BY created_at, id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(token_row).collect())
+        rows.iter().map(token_row).collect()
     }
 
     async fn revoke_token(&self, id: &str) -> StoreResult<bool> {
@@ -692,7 +695,7 @@ impl Store for PgStore {
         let alive: i64 = sqlx::query("SELECT COUNT(*) FROM replicas WHERE expires_at >= now()")
             .fetch_one(&self.pool)
             .await?
-            .get(0);
+            .col(0)?;
         Ok(alive as usize)
     }
 
@@ -715,7 +718,7 @@ impl Store for PgStore {
         .bind(millis(ttl))
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| r.get(0)))
+        Ok(row.map(|r| r.col(0)).transpose()?)
     }
 
     async fn renew_lease(
@@ -759,15 +762,16 @@ impl Store for PgStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Lease {
-                fleet: r.get(0),
-                owner: r.get(1),
-                epoch: r.get(2),
-                expires_in_ms: r.get(3),
+        rows.iter()
+            .map(|r| {
+                Ok(Lease {
+                    fleet: r.col(0)?,
+                    owner: r.col(1)?,
+                    epoch: r.col(2)?,
+                    expires_in_ms: r.col(3)?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64> {
@@ -779,7 +783,7 @@ impl Store for PgStore {
                 .bind(input.to_string())
                 .fetch_one(&mut *tx)
                 .await?
-                .get(0);
+                .col(0)?;
         notify(
             &mut tx,
             &Notice::Actions {
@@ -801,9 +805,9 @@ impl Store for PgStore {
         rows.iter()
             .map(|r| {
                 Ok(PendingAction {
-                    id: r.get(0),
-                    run: r.get(1),
-                    input: parse_body(r.get::<&str, _>(2))?,
+                    id: r.col(0)?,
+                    run: r.col(1)?,
+                    input: parse_body(r.col::<&str>(2)?)?,
                 })
             })
             .collect()
@@ -828,7 +832,7 @@ impl Store for PgStore {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| parse_body(r.get::<&str, _>(0))).transpose()
+        row.map(|r| parse_body(r.col::<&str>(0)?)).transpose()
     }
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
@@ -840,13 +844,13 @@ impl Store for PgStore {
     }
 }
 
-fn token_row(r: &PgRow) -> TokenRecord {
-    TokenRecord {
-        id: r.get(0),
-        hash: r.get(1),
-        role: r.get(2),
-        subject: r.get(3),
-        created_at: r.get(4),
-        revoked: r.get(5),
-    }
+fn token_row(r: &PgRow) -> StoreResult<TokenRecord> {
+    Ok(TokenRecord {
+        id: r.col(0)?,
+        hash: r.col(1)?,
+        role: r.col(2)?,
+        subject: r.col(3)?,
+        created_at: r.col(4)?,
+        revoked: r.col(5)?,
+    })
 }
