@@ -48,7 +48,7 @@ async fn main() {
     let store = SqliteStore::open(&dir.join("bench.db"))
         .await
         .expect("store");
-    let (token, record) = new_token(Role::Admin, "bench");
+    let (token, record) = new_token(Role::Admin, "bench").expect("token");
     store.create_token(&record).await.expect("token");
     let store: Arc<dyn Store> = Arc::new(store);
     let server = Server::start(store, "127.0.0.1:0".parse().expect("addr"), false)

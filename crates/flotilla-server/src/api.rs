@@ -210,13 +210,82 @@ async fn read_json_limited(body: Body, limit: usize) -> HttpResult<Value> {
     if bytes.is_empty() {
         return Ok(Value::Object(Default::default()));
     }
-    serde_json::from_slice(&bytes).map_err(|e| {
+    strict_json(&bytes).map_err(|e| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
             format!("the body is not valid JSON: {e}"),
             "",
         ))
     })
+}
+
+/// Parses JSON refusing a key given twice in one object (serde_json keeps the last, so two
+/// readers of one body could see two different requests).
+fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
+    struct Strict;
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = Value;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(Strict)
+        }
+    }
+    impl<'de> Visitor<'de> for Strict {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E: Error>(self, v: f64) -> Result<Value, E> {
+            serde_json::Number::from_f64(v)
+                .map(Value::Number)
+                .ok_or_else(|| E::custom("a number that is not finite"))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_string()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element_seed(Strict)? {
+                items.push(item);
+            }
+            Ok(Value::Array(items))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut object = serde_json::Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if object.contains_key(&key) {
+                    return Err(A::Error::custom(format!(
+                        "the key {key:?} is given twice in one object"
+                    )));
+                }
+                let value = map.next_value_seed(Strict)?;
+                object.insert(key, value);
+            }
+            Ok(Value::Object(object))
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
 }
 
 fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
@@ -602,7 +671,14 @@ async fn put_fleet(
             "properties.driver",
         ))
     })?;
-    validate_driver_config(&driver).map_err(|e| {
+    let allow = state
+        .runs
+        .drivers
+        .exec_allow
+        .read()
+        .map(|a| a.clone())
+        .unwrap_or_default();
+    validate_driver_config(&driver, &allow).map_err(|e| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
             e.message,
@@ -751,6 +827,19 @@ fn member_write(
                 "properties.clusterResourceId",
             ))
         })?;
+    // The id is passed to drivers' commands: no control characters (a newline splits a log
+    // line or a script's input), no leading '-' (it would read as an option).
+    if id.len() > 1024 || id.starts_with('-') || id.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!(
+                "properties.clusterResourceId {:?}: must be at most 1024 characters, without control characters, and not start with '-'",
+                id.chars().take(80).collect::<String>()
+            ),
+            "properties.clusterResourceId",
+        )
+        .into());
+    }
     check_group_and_labels(&props.group, &props.labels)?;
     let body = member_body(
         fleet,
@@ -1967,7 +2056,13 @@ async fn create_token(
     let subject = request
         .subject
         .unwrap_or_else(|| format!("{}-token", role.name()));
-    let (secret, record) = crate::auth::new_token(role, &subject);
+    let (secret, record) = crate::auth::new_token(role, &subject).map_err(|m| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            m,
+            "subject",
+        ))
+    })?;
     state.runs.store.create_token(&record).await?;
     Ok((StatusCode::CREATED, axum::Json(json!({"id": record.id, "role": record.role, "subject": record.subject, "token": secret}))).into_response())
 }

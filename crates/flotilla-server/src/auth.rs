@@ -68,29 +68,46 @@ pub fn hash(secret: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn random_hex(bytes: usize) -> String {
+/// Random bytes from the kernel's CSPRNG, as hex. There is no fallback: a token guessable from
+/// the clock is worse than no token.
+fn random_hex(bytes: usize) -> Result<String, String> {
     let mut buf = vec![0u8; bytes];
-    // The kernel's CSPRNG; if it cannot be read, fall back to the clock mixed through SHA-256
-    // (never reached on Linux).
-    if std::fs::File::open("/dev/urandom")
+    std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
-        .is_err()
-    {
-        let seed = format!(
-            "{:?}{:?}",
-            std::time::SystemTime::now(),
-            std::thread::current().id()
-        );
-        buf = Sha256::digest(seed.as_bytes()).to_vec();
-        buf.truncate(bytes);
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+        .map_err(|e| format!("cannot read the system's random source /dev/urandom: {e}"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// A new token: the secret (shown once) and the record to store.
-pub fn new_token(role: Role, subject: &str) -> (String, TokenRecord) {
-    let id = random_hex(6);
-    let secret = format!("flt_{}_{}", id, random_hex(24));
+/// The longest token subject.
+pub const SUBJECT_MAX: usize = 256;
+
+/// A token's subject is shown in gates, skips and logs: at most 256 characters, no control
+/// characters (a terminal escape in it would reach every reader's screen).
+pub fn check_subject(subject: &str) -> Result<(), String> {
+    if subject.trim().is_empty() {
+        return Err("subject: must not be empty".into());
+    }
+    if subject.chars().count() > SUBJECT_MAX {
+        return Err(format!(
+            "subject: {} characters; at most {SUBJECT_MAX}",
+            subject.chars().count()
+        ));
+    }
+    if let Some(c) = subject.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "subject {:?}: control characters ({c:?}) are not allowed",
+            subject.chars().take(40).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+/// A new token: the secret (shown once) and the record to store. Refused for a subject
+/// [`check_subject`] refuses, or without a random source.
+pub fn new_token(role: Role, subject: &str) -> Result<(String, TokenRecord), String> {
+    check_subject(subject)?;
+    let id = random_hex(6)?;
+    let secret = format!("flt_{}_{}", id, random_hex(24)?);
     let record = TokenRecord {
         id,
         hash: hash(&secret),
@@ -99,7 +116,7 @@ pub fn new_token(role: Role, subject: &str) -> (String, TokenRecord) {
         created_at: now().unix(),
         revoked: false,
     };
-    (secret, record)
+    Ok((secret, record))
 }
 
 /// Resolves the caller from `Authorization: Bearer …`.

@@ -124,11 +124,69 @@ pub trait Driver: Send + Sync {
     }
 }
 
+/// The directories `exec` commands may come from (`flotilla serve --exec-allow DIR`): a token
+/// that may configure a fleet must not be a way to run any program on the server. Empty, every
+/// `exec` driver is refused.
+#[derive(Clone, Debug, Default)]
+pub struct ExecAllow {
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl ExecAllow {
+    /// The directories, resolved (links followed); one that does not exist is an error.
+    pub fn new(dirs: &[std::path::PathBuf]) -> Result<ExecAllow, String> {
+        let dirs = dirs
+            .iter()
+            .map(|d| {
+                d.canonicalize()
+                    .map_err(|e| format!("--exec-allow {}: {e}", d.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(ExecAllow { dirs })
+    }
+
+    /// Checks that `program` (a path, or a name looked up in `PATH`) lies in an allowed
+    /// directory, after following links; `field` names it in the refusal.
+    fn check(&self, program: &str, field: &str) -> Result<(), DriverError> {
+        let how = "the server runs exec commands only from the directories it is started with (flotilla serve --exec-allow DIR); name your script itself as the command";
+        let found = if program.contains('/') {
+            std::path::PathBuf::from(program).canonicalize().ok()
+        } else {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(program))
+                    .find(|p| p.is_file())
+                    .and_then(|p| p.canonicalize().ok())
+            })
+        };
+        let Some(path) = found else {
+            return Err(DriverError::permanent(format!(
+                "{field} {program:?}: no such program"
+            )));
+        };
+        if self.dirs.iter().any(|d| path.starts_with(d)) {
+            Ok(())
+        } else if self.dirs.is_empty() {
+            Err(DriverError::permanent(format!(
+                "{field} {program:?}: this server allows no exec commands; {how}"
+            )))
+        } else {
+            Err(DriverError::permanent(format!(
+                "{field} {program:?} ({}) is not in a directory this server allows; {how}",
+                path.display()
+            )))
+        }
+    }
+}
+
 /// Builds the driver a fleet's `properties.driver` describes.
-pub fn driver_from_config(config: &Value) -> Result<Arc<dyn Driver>, DriverError> {
+pub fn driver_from_config(
+    config: &Value,
+    allow: &ExecAllow,
+) -> Result<Arc<dyn Driver>, DriverError> {
     match config.get("type").and_then(Value::as_str) {
         Some("sim") => Ok(Arc::new(SimDriver::new(config)?)),
-        Some("exec") => Ok(Arc::new(ExecDriver::new(config)?)),
+        Some("exec") => Ok(Arc::new(ExecDriver::with_allow(config, allow)?)),
         Some(other) => Err(DriverError::permanent(format!(
             "properties.driver.type {other:?}: must be sim or exec"
         ))),
@@ -139,8 +197,8 @@ pub fn driver_from_config(config: &Value) -> Result<Arc<dyn Driver>, DriverError
 }
 
 /// Checks a driver configuration without keeping the driver.
-pub fn validate_driver_config(config: &Value) -> Result<(), DriverError> {
-    driver_from_config(config).map(|_| ())
+pub fn validate_driver_config(config: &Value, allow: &ExecAllow) -> Result<(), DriverError> {
+    driver_from_config(config, allow).map(|_| ())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -675,18 +733,56 @@ struct PollReply {
 }
 
 impl ExecDriver {
+    /// An exec driver whose commands are not checked against allowed directories: for tests
+    /// of the driver itself. The server builds drivers with [`ExecDriver::with_allow`].
     pub fn new(config: &Value) -> Result<ExecDriver, DriverError> {
+        ExecDriver::build(config, None)
+    }
+
+    pub fn with_allow(config: &Value, allow: &ExecAllow) -> Result<ExecDriver, DriverError> {
+        ExecDriver::build(config, Some(allow))
+    }
+
+    fn build(config: &Value, allow: Option<&ExecAllow>) -> Result<ExecDriver, DriverError> {
         let config: ExecConfig = from_json_value(config.clone(), "properties.driver")
             .map_err(|e| DriverError::permanent(e.message))?;
-        for (field, argv) in [
-            ("observe", &config.observe),
-            ("upgrade", &config.upgrade),
-            ("poll", &config.poll),
+        let member = ["member", "clusterResourceId"];
+        let upgrade = [
+            "member",
+            "clusterResourceId",
+            "operationKey",
+            "upgradeType",
+            "kubernetesVersion",
+            "nodeImageVersion",
+            "nodeImages",
+        ];
+        let poll = ["member", "clusterResourceId", "operationId", "operationKey"];
+        let catalog = config.catalog.clone().unwrap_or_default();
+        for (field, argv, known) in [
+            ("observe", &config.observe, &member[..]),
+            ("upgrade", &config.upgrade, &upgrade[..]),
+            ("poll", &config.poll, &poll[..]),
+            ("catalog", &catalog, &[][..]),
         ] {
-            if argv.is_empty() {
+            if argv.is_empty() && field != "catalog" {
                 return Err(DriverError::permanent(format!(
                     "properties.driver.{field}: needs at least the program to run"
                 )));
+            }
+            for (i, arg) in argv.iter().enumerate() {
+                if let Some(unknown) = placeholders(arg).find(|p| !known.contains(p)) {
+                    return Err(DriverError::permanent(format!(
+                        "properties.driver.{field}[{i}] {arg:?}: unknown placeholder {{{unknown}}}; {field} knows {}",
+                        known
+                            .iter()
+                            .map(|k| format!("{{{k}}}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+            if let (Some(allow), Some(program)) = (allow, argv.first()) {
+                allow.check(program, &format!("properties.driver.{field}[0]"))?;
             }
         }
         let timeout = bounded_seconds(
@@ -797,6 +893,18 @@ impl ExecDriver {
             ("clusterResourceId", member.cluster_resource_id.clone()),
         ]
     }
+}
+
+/// The `{name}` placeholders of an argument: a name in braces (other braces, JSON in a shell
+/// script say, are text).
+fn placeholders(arg: &str) -> impl Iterator<Item = &str> {
+    arg.split('{')
+        .skip(1)
+        .filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
+        .filter(|name| {
+            name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }
 
 fn truncate(text: &str) -> String {
@@ -1006,6 +1114,55 @@ mod tests {
         .expect("valid");
         let err = missing.observe(&who()).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Transient, "{err}");
+    }
+
+    /// Hardening items 9 and 12: an unknown `{placeholder}` is refused with its field (it was
+    /// passed literally), and an exec command runs only from a directory the server allows (any
+    /// admin token could make the server run any program).
+    #[test]
+    fn exec_commands_come_from_allowed_directories_with_known_placeholders() {
+        let dir = std::env::temp_dir().join(format!("flotilla-allow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let script = dir.join("observe.sh");
+        std::fs::write(&script, "#!/bin/sh\necho '{}'\n").expect("script");
+        let script = script.display().to_string();
+        let config = |observe: Vec<String>| json!({"type": "exec", "observe": observe, "upgrade": [script.clone(), "{operationKey}"], "poll": [script.clone(), "{operationId}"]});
+        let allow = ExecAllow::new(std::slice::from_ref(&dir)).expect("allow");
+        assert!(
+            ExecDriver::with_allow(&config(vec![script.clone(), "{member}".into()]), &allow)
+                .is_ok()
+        );
+        let err = ExecDriver::with_allow(&config(vec![script.clone(), "{membr}".into()]), &allow)
+            .err()
+            .expect("refused");
+        assert!(
+            err.message.contains("properties.driver.observe[1]") && err.message.contains("{membr}"),
+            "{err}"
+        );
+        let err = ExecDriver::with_allow(&config(vec!["sh".into(), script.clone()]), &allow)
+            .err()
+            .expect("refused");
+        assert!(
+            err.message.contains("properties.driver.observe[0]")
+                && err.message.contains("--exec-allow"),
+            "{err}"
+        );
+        let err = ExecDriver::with_allow(&config(vec![script.clone()]), &ExecAllow::default())
+            .err()
+            .expect("refused");
+        assert!(err.message.contains("allows no exec commands"), "{err}");
+        // A link into an allowed directory from outside is followed: the target decides.
+        let outside = std::env::temp_dir().join(format!("flotilla-outside-{}", std::process::id()));
+        std::fs::create_dir_all(&outside).expect("dir");
+        let link = dir.join("sh-link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/bin/sh", &link).expect("link");
+        let err = ExecDriver::with_allow(&config(vec![link.display().to_string()]), &allow)
+            .err()
+            .expect("refused");
+        assert!(err.message.contains("not in a directory"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&outside);
     }
 
     /// Every number of seconds a user sends is bounded before it becomes a duration, and the

@@ -124,6 +124,18 @@ impl Server {
         insecure: bool,
         timing: Timing,
     ) -> anyhow_like::Result<Server> {
+        Server::start_configured(store, addr, insecure, timing, driver::ExecAllow::default()).await
+    }
+
+    /// Like [`Server::start_with`], with the directories `exec` drivers' commands may come
+    /// from (none: every `exec` driver is refused).
+    pub async fn start_configured(
+        store: Arc<dyn Store>,
+        addr: SocketAddr,
+        insecure: bool,
+        timing: Timing,
+        exec_allow: driver::ExecAllow,
+    ) -> anyhow_like::Result<Server> {
         if insecure && !addr.ip().is_loopback() {
             return Err(anyhow_like::Error(format!(
                 "--insecure-no-auth serves without authentication and binds loopback only; {addr} is not a loopback address"
@@ -134,6 +146,9 @@ impl Server {
             timing.lease_ttl,
         );
         let runs = Runs::with_replica(store, Arc::new(Metrics::default()), replica);
+        if let Ok(mut allow) = runs.drivers.exec_allow.write() {
+            *allow = exec_allow;
+        }
         // Take this replica's share of the fleets and resume their active runs before serving.
         runs.coordinate_once().await;
         tracing::info!(

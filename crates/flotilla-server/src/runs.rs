@@ -189,6 +189,8 @@ type BuiltDriver = (Value, Arc<dyn Driver>);
 #[derive(Default)]
 pub struct Drivers {
     built: Mutex<HashMap<String, BuiltDriver>>,
+    /// Where `exec` commands may come from.
+    pub exec_allow: std::sync::RwLock<crate::driver::ExecAllow>,
 }
 
 impl Drivers {
@@ -218,7 +220,12 @@ impl Drivers {
         {
             return Ok(driver.clone());
         }
-        let driver = driver_from_config(&config).map_err(|e| {
+        let allow = self
+            .exec_allow
+            .read()
+            .map_err(|_| ApiError::conflict("exec allow list poisoned"))?
+            .clone();
+        let driver = driver_from_config(&config, &allow).map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequestContent,
                 e.message,

@@ -63,7 +63,7 @@ impl Harness {
             ("operator", Role::Operator),
             ("reader", Role::Reader),
         ] {
-            let (secret, record) = new_token(role, &format!("{label}-user"));
+            let (secret, record) = new_token(role, &format!("{label}-user")).expect("token");
             store.create_token(&record).await.expect("token stored");
             tokens.insert(label, secret);
         }
@@ -1894,5 +1894,95 @@ async fn cross_site_requests_and_foreign_hosts_are_refused() {
         response.status(),
         StatusCode::CONFLICT,
         "a bodiless action reaches the run (which is not running)"
+    );
+}
+
+/// Hardening items 9 and 12 over HTTP: a key given twice, a cluster id that could split a log
+/// line or read as an option, a token subject with terminal escapes or of 900 KB, and an exec
+/// driver on a server that allows no exec commands are each refused with a 400 naming what,
+/// and change nothing.
+#[tokio::test]
+async fn input_hygiene() {
+    let h = Harness::start("hygiene").await;
+    let raw = |method: Method, path: &str, who: &str, body: &str| {
+        h.http
+            .request(method, format!("{}{path}", h.base))
+            .bearer_auth(&h.tokens[who])
+            .header("Content-Type", "application/json")
+            .body(body.to_string())
+    };
+    let fleet = r#"{"properties": {"driver": {"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}}}}"#;
+    let response = raw(Method::PUT, "/v1/fleets/f1", "admin", fleet)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let twice = r#"{"properties": {"clusterResourceId": "c1", "clusterResourceId": "c2"}}"#;
+    let response = raw(Method::PUT, "/v1/fleets/f1/members/m1", "operator", twice)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.expect("json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("twice")),
+        "{body}"
+    );
+    for id in ["c1\nINJECTED", "--help", "c1\u{1b}[2J"] {
+        let (status, error, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                "/v1/fleets/f1/members/m1",
+                Some(json!({"properties": {"clusterResourceId": id}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{id:?}: {error}");
+        assert_eq!(error["error"]["target"], "properties.clusterResourceId");
+    }
+    for subject in ["\u{1b}]0;owned\u{7}".to_string(), "x".repeat(900_000)] {
+        let (status, error, _) = h
+            .call(
+                "admin",
+                Method::POST,
+                "/v1/tokens",
+                Some(json!({"role": "reader", "subject": subject})),
+            )
+            .await;
+        assert!(
+            status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE,
+            "{status} {error}"
+        );
+    }
+    let (status, error, _) = h
+        .call(
+            "admin",
+            Method::POST,
+            "/v1/tokens",
+            Some(json!({"role": "reader", "subject": "\u{1b}[31mred"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["target"], "subject");
+    let exec = json!({"properties": {"driver": {"type": "exec", "observe": ["/bin/sh", "-c", "rm -rf ~"], "upgrade": ["/bin/true"], "poll": ["/bin/true"]}}});
+    let (status, error, _) = h
+        .call("admin", Method::PUT, "/v1/fleets/f2", Some(exec))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--exec-allow")),
+        "{error}"
+    );
+    let (status, _, _) = h.call("reader", Method::GET, "/v1/fleets/f2", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let tokens = h.ok("admin", Method::GET, "/v1/tokens", None).await;
+    assert_eq!(
+        tokens["value"].as_array().map(Vec::len),
+        Some(4),
+        "{tokens}"
     );
 }

@@ -41,16 +41,26 @@ pub fn write_config(server: &str, token: &str) -> anyhow::Result<PathBuf> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&json!({"server": server, "token": token}))?,
-    )
-    .with_context(|| format!("cannot write {}", path.display()))?;
+    // The token is secret: the file is private before anything is written to it, and replaced
+    // whole (written beside it, then renamed), so no reader ever sees it open or half-written.
+    let text = serde_json::to_string_pretty(&json!({"server": server, "token": token}))?;
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
     }
+    let _ = std::fs::remove_file(&temporary);
+    let mut file = options
+        .open(&temporary)
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    std::fs::rename(&temporary, &path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
 }
 

@@ -252,8 +252,9 @@ pub async fn run(
     let store = SqliteStore::open(&path)
         .await
         .with_context(|| format!("database {}", path.display()))?;
-    let (admin, admin_record) = new_token(Role::Admin, "demo-admin");
-    let (approver, approver_record) = new_token(Role::Approver, "demo-approver");
+    let (admin, admin_record) = new_token(Role::Admin, "demo-admin").map_err(anyhow::Error::msg)?;
+    let (approver, approver_record) =
+        new_token(Role::Approver, "demo-approver").map_err(anyhow::Error::msg)?;
     store.create_token(&admin_record).await?;
     store.create_token(&approver_record).await?;
     let store: Arc<dyn Store> = Arc::new(store);

@@ -321,6 +321,11 @@ struct ServeLimits {
     /// `--public-url` (requests naming another host get 421: DNS rebinding).
     #[arg(long, value_delimiter = ',', env = "FLOTILLA_ALLOWED_HOSTS")]
     allowed_hosts: Vec<String>,
+    /// A directory `exec` drivers may run commands from (repeat for more). Without one, fleets
+    /// with an `exec` driver are refused: a token that may configure fleets must not be a way
+    /// to run any program on the server.
+    #[arg(long, env = "FLOTILLA_EXEC_ALLOW")]
+    exec_allow: Vec<PathBuf>,
 }
 
 impl ServeLimits {
@@ -392,7 +397,9 @@ async fn serve_command(
         ..Default::default()
     };
     let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
-    let mut server = Server::start_with(store, listen, insecure, timing).await?;
+    let exec_allow = flotilla_server::driver::ExecAllow::new(&limits_flags.exec_allow)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut server = Server::start_configured(store, listen, insecure, timing, exec_allow).await?;
     server.limits = limits;
     server.allowed_hosts = std::mem::take(&mut allowed_hosts);
     let addr = server.local_addr().unwrap_or(listen);
@@ -437,7 +444,7 @@ async fn token_command(
             let subject = subject.unwrap_or_else(|| {
                 std::env::var("USER").unwrap_or_else(|_| role.name().to_string())
             });
-            let (secret, record) = new_token(role, &subject);
+            let (secret, record) = new_token(role, &subject).map_err(anyhow::Error::msg)?;
             store.create_token(&record).await?;
             println!("{secret}");
             eprintln!(

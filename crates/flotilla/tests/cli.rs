@@ -829,6 +829,15 @@ fn auto_upgrade_profile_commands() {
 #[test]
 fn member_import_from_csv_json_lines_and_json() {
     let env = Env::start("import");
+    // `login` wrote the token into a file only its owner can read.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(env.dir.join("config.json"))
+            .expect("config written")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
     let driver = env.write("driver.json", DRIVER);
     env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
     let csv = env.write(

@@ -73,6 +73,10 @@ fn setup(test: &str, nofile: Option<u32>, flaky: bool, extra: &[&str]) -> Setup 
             &format!("127.0.0.1:{port}"),
             "--database",
             &db,
+            "--exec-allow",
+            &scripts().display().to_string(),
+            "--exec-allow",
+            &dir.display().to_string(),
         ])
         .args(extra)
         .stdin(Stdio::null())
@@ -90,14 +94,19 @@ fn setup(test: &str, nofile: Option<u32>, flaky: bool, extra: &[&str]) -> Setup 
 
     let flaky_sh = setup.dir.join("flaky.sh");
     std::fs::write(&flaky_sh, FLAKY).expect("flaky.sh");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&flaky_sh, std::fs::Permissions::from_mode(0o755))
+            .expect("executable");
+    }
     let scripts = scripts().display().to_string();
     let state = setup.dir.join("state").display().to_string();
     let faults = setup.dir.join("faults.log").display().to_string();
     let wrap = |script: &str, args: Vec<String>| -> Vec<String> {
         let mut argv = if flaky {
-            vec!["sh".into(), flaky_sh.display().to_string(), faults.clone()]
+            vec![flaky_sh.display().to_string(), faults.clone()]
         } else {
-            vec!["sh".into()]
+            vec![]
         };
         argv.push(format!("{scripts}/{script}"));
         argv.extend(args);

@@ -27,7 +27,8 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// `flotilla serve` on a loopback port over `database`, its output appended to `log`.
+/// `flotilla serve` on a loopback port over `database`, its output appended to `log`, allowed
+/// to run the example exec scripts.
 pub fn serve(database: &str, port: u16, log: &Path, extra: &[&str]) -> Child {
     let out = std::fs::OpenOptions::new()
         .create(true)
@@ -41,6 +42,8 @@ pub fn serve(database: &str, port: u16, log: &Path, extra: &[&str]) -> Child {
             &format!("127.0.0.1:{port}"),
             "--database",
             database,
+            "--exec-allow",
+            &scripts().display().to_string(),
         ])
         .args(extra)
         .stdin(Stdio::null())
@@ -155,9 +158,9 @@ pub fn create_exec_run(
     let state = state_dir.display().to_string();
     let driver = json!({
         "type": "exec",
-        "observe": ["sh", format!("{scripts}/observe.sh"), state, "{member}"],
-        "upgrade": ["sh", format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
-        "poll": ["sh", format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", upgrade_ms.to_string()],
+        "observe": [format!("{scripts}/observe.sh"), state, "{member}"],
+        "upgrade": [format!("{scripts}/upgrade.sh"), state, "{member}", "{operationKey}", "{kubernetesVersion}"],
+        "poll": [format!("{scripts}/poll.sh"), state, "{member}", "{operationId}", upgrade_ms.to_string()],
         "pollIntervalSeconds": 0.1,
         "timeoutSeconds": 10,
     });
