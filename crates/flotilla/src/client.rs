@@ -253,13 +253,13 @@ pub fn print(
     table_text: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Format::Yaml => print!(
+        Format::Json => outln!("{}", serde_json::to_string_pretty(value)?),
+        Format::Yaml => out!(
             "{}",
             serde_saphyr::to_string(value)
                 .map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))?
         ),
-        Format::Table => print!("{}", table_text()),
+        Format::Table => out!("{}", table_text()),
     }
     Ok(())
 }

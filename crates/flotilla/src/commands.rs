@@ -1001,7 +1001,7 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
     let path = format!("/v1/fleets/{}/updateRuns/{}", target.fleet, target.name);
     let mut run = client.get(&path).await?;
     let mut last_progress = progress_lines(&run);
-    print!("{last_progress}");
+    out!("{last_progress}");
     if finished(&run) {
         return Ok(outcome_code(&run));
     }
@@ -1029,7 +1029,7 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
                         .filter(|x| !x.is_empty())
                         .collect::<Vec<_>>()
                         .join("/");
-                        println!(
+                        outln!(
                             "{}  {}  {}{}",
                             s(&event, &["time"]),
                             s(&event, &["type"]),
@@ -1046,8 +1046,8 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
         run = client.get(&path).await?;
         let progress = progress_lines(&run);
         if finished(&run) {
-            print!("{}", progress_lines(&run));
-            println!(
+            out!("{}", progress_lines(&run));
+            outln!(
                 "update run {} ended {} with {} failures",
                 target.name,
                 s(&run, &["properties", "status", "status", "state"]),
@@ -1056,7 +1056,7 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
             return Ok(outcome_code(&run));
         }
         if chunk.is_some() && progress != last_progress {
-            print!("{progress}");
+            out!("{progress}");
             last_progress = progress;
         }
     }
@@ -1143,7 +1143,7 @@ pub async fn create_token_on_server(
     let v = client
         .send(reqwest::Method::POST, "/v1/tokens", Some(&body))
         .await?;
-    println!("{}", s(&v, &["token"]));
+    outln!("{}", s(&v, &["token"]));
     eprintln!(
         "created {} token {} for {:?}; it is shown only this once",
         s(&v, &["role"]),

@@ -312,36 +312,36 @@ pub async fn run(
             }})),
         )
         .await?;
-    println!(
+    outln!(
         "Flotilla demo: {} clusters in 3 regions; the {PROFILE} auto-upgrade profile upgrades them when Kubernetes {NEW_PATCH} comes out, region by region.",
         members.len()
     );
-    println!();
-    println!("  server:          {base}");
-    println!("  dashboard:       {base}/");
+    outln!();
+    outln!("  server:          {base}");
+    outln!("  dashboard:       {base}/");
     // The fragment never reaches the server (or its logs); the page keeps the token in the
     // tab's session storage and drops it from the address bar.
-    println!("  sign in:         {base}/#token={approver}");
-    println!("  database:        {}", path.display());
-    println!("  admin token:     {admin}");
-    println!("  approver token:  {approver}");
-    println!();
-    println!(
+    outln!("  sign in:         {base}/#token={approver}");
+    outln!("  database:        {}", path.display());
+    outln!("  admin token:     {admin}");
+    outln!("  approver token:  {approver}");
+    outln!();
+    outln!(
         "  watch the runs:  curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/updateRuns"
     );
-    println!(
+    outln!(
         "  the profile:     curl -s -H 'Authorization: Bearer {admin}' {base}/v1/fleets/{FLEET}/autoUpgradeProfiles/{PROFILE}"
     );
-    println!(
+    outln!(
         "  pending gates:   curl -s -H 'Authorization: Bearer {approver}' '{base}/v1/fleets/{FLEET}/gates?state=Pending'"
     );
-    println!(
+    outln!(
         "  approve a gate:  curl -s -X PATCH -H 'Authorization: Bearer {approver}' -H 'Content-Type: application/json' \\"
     );
-    println!(
+    outln!(
         "                     -d '{{\"properties\": {{\"state\": \"Completed\"}}}}' {base}/v1/fleets/{FLEET}/gates/<gate-name>"
     );
-    println!();
+    outln!();
     let approver_client = Client {
         http: reqwest::Client::new(),
         base: base.clone(),
@@ -356,10 +356,10 @@ pub async fn run(
         let Some(run_name) = &generated else {
             generated = profile_run(&client).await?;
             if let Some(name) = &generated {
-                println!(
+                outln!(
                     "Kubernetes {NEW_PATCH} is out: profile {PROFILE} created and started update run {name}"
                 );
-                println!("  watch it live:   {base}/#/fleets/{FLEET}/runs/{name}");
+                outln!("  watch it live:   {base}/#/fleets/{FLEET}/runs/{name}");
             }
             continue;
         };
@@ -374,12 +374,12 @@ pub async fn run(
             let skipped = skipped_behind(&run);
             if let Some((first, message)) = skipped.first() {
                 told_skips = true;
-                println!("{} stores skipped, {first} first: {message}", skipped.len());
+                outln!("{} stores skipped, {first} first: {message}", skipped.len());
             }
         }
         let line = summary(&run);
         if line != last {
-            println!("{line}");
+            outln!("{line}");
             last = line;
         }
         let gates = client
@@ -392,7 +392,7 @@ pub async fn run(
         if let Some(gate) = gates["value"].as_array().and_then(|g| g.first()) {
             let name = gate["name"].as_str().unwrap_or_default().to_string();
             let seen = *gate_seen.get_or_insert_with(|| {
-                println!(
+                outln!(
                     "gate {name} is waiting for approval: {}",
                     gate["properties"]["displayName"].as_str().unwrap_or("")
                 );
@@ -406,7 +406,7 @@ pub async fn run(
                         Some(&json!({"properties": {"state": "Completed"}})),
                     )
                     .await?;
-                println!("gate {name} approved by demo-approver");
+                outln!("gate {name} approved by demo-approver");
             }
         }
         let state = run["properties"]["status"]["status"]["state"]
@@ -418,7 +418,7 @@ pub async fn run(
             break state;
         }
     };
-    println!("the update run ended {outcome}; the server is still up at {base} (Ctrl-C to stop)");
+    outln!("the update run ended {outcome}; the server is still up at {base} (Ctrl-C to stop)");
     if exit_when_done {
         let _ = stop_tx.send(());
     }

@@ -1,8 +1,45 @@
 //! The `flotilla` binary: one command-line entry point for every part of the product.
 
+/// `println!` to standard output, where a reader that closed the pipe (`flotilla … | head -1`)
+/// ends the command quietly instead of a panic.
+macro_rules! outln {
+    () => { $crate::stdout_write(format_args!(""), true) };
+    ($($arg:tt)*) => { $crate::stdout_write(format_args!($($arg)*), true) };
+}
+
+/// `print!` to standard output, like [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::stdout_write(format_args!($($arg)*), false) };
+}
+
 mod client;
 mod commands;
 mod demo;
+
+/// Writes to standard output; a closed pipe exits 0 at once, any other failure exits 1 with a
+/// line on standard error.
+pub fn stdout_write(args: std::fmt::Arguments, newline: bool) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(args)
+        .and_then(|()| {
+            if newline {
+                stdout.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("flotilla: cannot write to standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -179,7 +216,7 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
         .with_context(|| format!("scenario {}", path.display()))?;
     let result = simulate(&scenario);
     if json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(ExitCode::SUCCESS);
     }
     if check {
@@ -189,15 +226,15 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
             &document,
         );
         if differences.is_empty() {
-            println!("ok");
+            outln!("ok");
             return Ok(ExitCode::SUCCESS);
         }
         for d in differences {
-            println!("{d}");
+            outln!("{d}");
         }
         return Ok(ExitCode::from(1));
     }
-    print!("{}", render::report(&scenario.description, &result));
+    out!("{}", render::report(&scenario.description, &result));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -446,7 +483,7 @@ async fn token_command(
             });
             let (secret, record) = new_token(role, &subject).map_err(anyhow::Error::msg)?;
             store.create_token(&record).await?;
-            println!("{secret}");
+            outln!("{secret}");
             eprintln!(
                 "flotilla: created {} token {} for {subject:?}; it is shown only this once",
                 role.name(),

@@ -884,4 +884,17 @@ fn member_import_from_csv_json_lines_and_json() {
     env.fails(&["member", "import", "-f", "retail", &header], "line 1");
     let listed = env.json(&["member", "list", "-f", "retail"]);
     assert_eq!(listed.as_array().map(Vec::len), Some(5));
+    // A reader that closes the pipe (`| head -1`) ends the command quietly: no panic, exit 0.
+    let mut child = env
+        .command()
+        .args(["member", "list", "-f", "retail", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
