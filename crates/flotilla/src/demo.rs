@@ -45,11 +45,12 @@ pub fn demo_fleet(now: Time, time_scale: f64) -> (Value, Vec<(String, Value)>) {
         // Region by region: `delay` real seconds after the first (simulated, then scaled).
         rollout.insert(region.into(), json!(delay as f64 * time_scale));
     }
-    // The release feed: a new patch of the newest minor and a new node image, a few seconds in.
+    // The release feed: a new patch of the newest minor, a few seconds in. No new node image:
+    // the profile's run for today's 1.31.1 must find every store at target (a newer image
+    // would make it a second, real rollout of the same clusters).
     let at = PUBLISHED_AFTER * time_scale;
     let releases = json!([
         {"at": at, "kubernetesVersion": NEW_PATCH, "regions": rollout},
-        {"at": at, "nodeImage": format!("{family}-202603.01.0"), "regions": rollout},
     ]);
     // A nightly-style window that opens one minute from now (UTC), for a few stores.
     let (_, second_of_day) = now.plus(60).civil(0);
@@ -335,12 +336,8 @@ pub async fn run(
     outln!(
         "  pending gates:   curl -s -H 'Authorization: Bearer {approver}' '{base}/v1/fleets/{FLEET}/gates?state=Pending'"
     );
-    outln!(
-        "  approve a gate:  curl -s -X PATCH -H 'Authorization: Bearer {approver}' -H 'Content-Type: application/json' \\"
-    );
-    outln!(
-        "                     -d '{{\"properties\": {{\"state\": \"Completed\"}}}}' {base}/v1/fleets/{FLEET}/gates/<gate-name>"
-    );
+    outln!("  use the CLI:     flotilla login --server {base} --token {approver}");
+    outln!("                   flotilla gate list -f {FLEET} --state Pending");
     outln!();
     let approver_client = Client {
         http: reqwest::Client::new(),
@@ -389,13 +386,20 @@ pub async fn run(
                 None,
             )
             .await?;
-        if let Some(gate) = gates["value"].as_array().and_then(|g| g.first()) {
+        // The gate of the announced run, not of any other run the profile made.
+        let ours = gates["value"].as_array().into_iter().flatten().find(|g| {
+            g["properties"]["target"]["updateRunProperties"]["name"].as_str()
+                == Some(run_name.as_str())
+        });
+        if let Some(gate) = ours {
             let name = gate["name"].as_str().unwrap_or_default().to_string();
             let seen = *gate_seen.get_or_insert_with(|| {
                 outln!(
-                    "gate {name} is waiting for approval: {}",
+                    "gate {name} of run {run_name} is waiting for approval: {}",
                     gate["properties"]["displayName"].as_str().unwrap_or("")
                 );
+                outln!("  approve it:      flotilla gate approve -f {FLEET} -n {name}");
+                outln!("  or with curl:    curl -s -X PATCH -H 'Authorization: Bearer <approver token>' -H 'Content-Type: application/json' -d '{{\"properties\": {{\"state\": \"Completed\"}}}}' {base}/v1/fleets/{FLEET}/gates/{name}");
                 Instant::now()
             });
             if approve_after.is_some_and(|s| seen.elapsed() >= Duration::from_secs(s)) {
