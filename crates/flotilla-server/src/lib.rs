@@ -105,6 +105,8 @@ pub struct Server {
     pub limits: http::Limits,
     /// Host names answered besides IP literals and `localhost`.
     pub allowed_hosts: Vec<String>,
+    /// Serve HTTPS with this configuration instead of plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Server {
@@ -180,6 +182,7 @@ impl Server {
             state,
             limits: http::Limits::default(),
             allowed_hosts: Vec::new(),
+            tls: None,
         })
     }
 
@@ -215,7 +218,13 @@ impl Server {
             runs.release_leases().await;
             let _ = stop.send(true);
         });
-        let connections = tokio::spawn(http::serve(self.listener, app, limits, stopping));
+        let connections = tokio::spawn(http::serve(
+            self.listener,
+            app,
+            limits,
+            self.tls.clone(),
+            stopping,
+        ));
         if stopped.wait_for(|s| *s).await.is_err() {
             return Ok(());
         }

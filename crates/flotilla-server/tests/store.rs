@@ -1080,3 +1080,55 @@ async fn member_registration_keeps_cluster_ids_unique(store: Arc<dyn Store>) {
         .await
         .unwrap();
 }
+
+/// TLS to PostgreSQL (Hardening, item 11): `sslmode=require` in the URL makes the store's
+/// connections encrypted (rustls), as the server itself reports for the session.
+#[tokio::test]
+async fn postgres_connections_use_tls_when_the_url_asks() {
+    use sqlx::{Connection, Row};
+    if !postgres_reachable() {
+        return;
+    }
+    let url = format!("{}/postgres?sslmode=require", postgres_base());
+    let mut c = match sqlx::PgConnection::connect(&url).await {
+        Ok(c) => c,
+        Err(e)
+            if e.to_string().contains("does not support TLS") || e.to_string().contains("SSL") =>
+        {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: this PostgreSQL does not offer TLS ({e})"
+            );
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let encrypted: bool = sqlx::query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(&mut c)
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert!(encrypted, "the session is not encrypted");
+    let (_, db) = postgres().await;
+    let store = PgStore::open(&format!("{}/{}?sslmode=require", postgres_base(), db.0))
+        .await
+        .expect("the store opens over TLS");
+    store
+        .put(
+            "",
+            Kind::Fleet,
+            "tls",
+            &json!({"name": "tls"}),
+            &Precondition::None,
+        )
+        .await
+        .expect("writes");
+    assert!(
+        store
+            .get("", Kind::Fleet, "tls")
+            .await
+            .expect("reads")
+            .is_some()
+    );
+}

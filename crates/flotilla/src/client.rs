@@ -2,7 +2,7 @@
 //! error, and the output formats (aligned tables with coloured states, JSON, YAML).
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
@@ -35,7 +35,7 @@ pub fn read_config() -> Value {
         .unwrap_or(json!({}))
 }
 
-pub fn write_config(server: &str, token: &str) -> anyhow::Result<PathBuf> {
+pub fn write_config(server: &str, token: &str, ca_file: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = config_path()
         .context("cannot find a configuration directory: set FLOTILLA_CONFIG or HOME")?;
     if let Some(dir) = path.parent() {
@@ -43,7 +43,12 @@ pub fn write_config(server: &str, token: &str) -> anyhow::Result<PathBuf> {
     }
     // The token is secret: the file is private before anything is written to it, and replaced
     // whole (written beside it, then renamed), so no reader ever sees it open or half-written.
-    let text = serde_json::to_string_pretty(&json!({"server": server, "token": token}))?;
+    let mut settings = json!({"server": server, "token": token});
+    if let Some(ca) = ca_file {
+        let absolute = ca.canonicalize().unwrap_or_else(|_| ca.to_path_buf());
+        settings["caFile"] = json!(absolute.display().to_string());
+    }
+    let text = serde_json::to_string_pretty(&settings)?;
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -65,14 +70,19 @@ pub fn write_config(server: &str, token: &str) -> anyhow::Result<PathBuf> {
 }
 
 pub struct Client {
-    http: reqwest::Client,
+    pub http: reqwest::Client,
     pub server: String,
     token: Option<String>,
 }
 
 impl Client {
     /// `--server` / `FLOTILLA_SERVER`, then the login file, then the default; likewise the token.
-    pub fn new(server: Option<String>, token: Option<String>) -> Client {
+    /// `ca_file` adds a certificate authority (PEM) to trust for an `https://` server.
+    pub fn new(
+        server: Option<String>,
+        token: Option<String>,
+        ca_file: Option<&Path>,
+    ) -> anyhow::Result<Client> {
         let config = read_config();
         let server = server
             .or_else(|| config["server"].as_str().map(String::from))
@@ -80,11 +90,28 @@ impl Client {
             .trim_end_matches('/')
             .to_string();
         let token = token.or_else(|| config["token"].as_str().map(String::from));
-        Client {
-            http: reqwest::Client::new(),
+        let saved = config["caFile"].as_str().map(PathBuf::from);
+        let mut http = reqwest::Client::builder();
+        if let Some(path) = ca_file.or(saved.as_deref()) {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("--ca-file {}: cannot read it", path.display()))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("--ca-file {}: not PEM certificates", path.display()))?;
+            if certificates.is_empty() {
+                anyhow::bail!("--ca-file {}: no certificate in it", path.display());
+            }
+            for certificate in certificates {
+                http = http.add_root_certificate(certificate);
+            }
+        }
+        let http = http
+            .build()
+            .context("cannot set up the HTTP client (TLS)")?;
+        Ok(Client {
+            http,
             server,
             token,
-        }
+        })
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {

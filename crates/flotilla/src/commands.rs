@@ -1153,13 +1153,17 @@ pub async fn create_token_on_server(
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn login(server: String, token: String) -> anyhow::Result<ExitCode> {
-    let client = Client::new(Some(server.clone()), Some(token.clone()));
+pub async fn login(
+    server: String,
+    token: String,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let client = Client::new(Some(server.clone()), Some(token.clone()), ca_file)?;
     client
         .get("/v1/fleets?$top=1")
         .await
         .context("the server refused the token")?;
-    let path = write_config(&client.server, &token)?;
+    let path = write_config(&client.server, &token, ca_file)?;
     eprintln!(
         "logged in to {}; settings saved in {}",
         client.server,

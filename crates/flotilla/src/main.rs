@@ -71,6 +71,9 @@ struct Cli {
     /// Output format (default: table on a terminal, JSON otherwise).
     #[arg(short = 'o', long, global = true, value_enum)]
     output: Option<client::Format>,
+    /// A certificate authority (PEM) to trust for an `https://` server, besides the system's.
+    #[arg(long, global = true, env = "FLOTILLA_CA_FILE")]
+    ca_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -358,6 +361,12 @@ struct ServeLimits {
     /// `--public-url` (requests naming another host get 421: DNS rebinding).
     #[arg(long, value_delimiter = ',', env = "FLOTILLA_ALLOWED_HOSTS")]
     allowed_hosts: Vec<String>,
+    /// The server's certificate chain (PEM): serve HTTPS instead of HTTP (with --tls-key).
+    #[arg(long, env = "FLOTILLA_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "FLOTILLA_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// A directory `exec` drivers may run commands from (repeat for more). Without one, fleets
     /// with an `exec` driver are refused: a token that may configure fleets must not be a way
     /// to run any program on the server.
@@ -439,9 +448,19 @@ async fn serve_command(
     let mut server = Server::start_configured(store, listen, insecure, timing, exec_allow).await?;
     server.limits = limits;
     server.allowed_hosts = std::mem::take(&mut allowed_hosts);
+    if let (Some(cert), Some(key)) = (&limits_flags.tls_cert, &limits_flags.tls_key) {
+        server.tls = Some(Arc::new(
+            flotilla_server::http::tls_config(cert, key).map_err(anyhow::Error::msg)?,
+        ));
+    }
     let addr = server.local_addr().unwrap_or(listen);
     eprintln!(
-        "flotilla: serving http://{addr} (database {database}{}; replica {}; open files up to {})",
+        "flotilla: serving {}://{addr} (database {database}{}; replica {}; open files up to {})",
+        if server.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
         if insecure { ", no authentication" } else { "" },
         server.state.runs.replica.id,
         files.map_or("unknown".to_string(), |n| n.to_string())
@@ -495,10 +514,23 @@ async fn token_command(
 }
 
 fn main() -> ExitCode {
+    // One TLS implementation for the client, the server and PostgreSQL: rustls on aws-lc.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = Cli::parse();
-    let client = client::Client::new(cli.server.clone(), cli.token.clone());
+    let client = match client::Client::new(
+        cli.server.clone(),
+        cli.token.clone(),
+        cli.ca_file.as_deref(),
+    ) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("flotilla: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     let output = cli.output;
     let token_flag = cli.token.clone();
+    let ca_file = cli.ca_file.clone();
     let outcome = match cli.command {
         Command::Simulate {
             scenario,
@@ -557,7 +589,10 @@ fn main() -> ExitCode {
                             commands::profile(&client, output, command).await
                         }
                         Command::Login => match token_flag {
-                            Some(token) => commands::login(client.server.clone(), token).await,
+                            Some(token) => {
+                                commands::login(client.server.clone(), token, ca_file.as_deref())
+                                    .await
+                            }
                             None => Err(anyhow::anyhow!(
                                 "login needs --token (or FLOTILLA_TOKEN) and --server"
                             )),

@@ -87,7 +87,8 @@ impl PgStore {
     /// at a time), and starts listening for other replicas' notices.
     pub async fn open(url: &str) -> StoreResult<PgStore> {
         let options: PgConnectOptions = url.parse().map_err(|e| {
-            StoreError::Unavailable(format!("--database {url}: not a PostgreSQL URL: {e}"))
+            // The URL may hold a password: it is not repeated.
+            StoreError::Unavailable(format!("--database: not a PostgreSQL URL: {e}"))
         })?;
         let pool = PgPoolOptions::new()
             .max_connections(8)

@@ -187,3 +187,29 @@ pub fn create_exec_run(
         Some(&run),
     );
 }
+
+/// A certificate authority and a server certificate it signed for `localhost` and 127.0.0.1,
+/// written as PEM files in `dir`: (ca.pem, server.pem, server-key.pem).
+pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "flotilla test CA");
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
+    let key = KeyPair::generate().expect("server key");
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .expect("server params");
+    let server = params.signed_by(&key, &ca).expect("server certificate");
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server-key.pem"),
+    );
+    std::fs::write(&paths.0, ca.pem()).expect("ca.pem");
+    std::fs::write(&paths.1, server.pem()).expect("server.pem");
+    std::fs::write(&paths.2, key.serialize_pem()).expect("server-key.pem");
+    paths
+}
