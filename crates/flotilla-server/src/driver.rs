@@ -73,6 +73,17 @@ fn bounded_seconds(value: f64, field: &str, min: f64, max: f64) -> Result<f64, D
 /// The longest an upgrade may be followed: a week.
 const MAX_DEADLINE_SECONDS: f64 = 7.0 * 86_400.0;
 
+/// `operationDeadlineSeconds`, any driver's, checked.
+fn operation_deadline(seconds: f64) -> Result<Duration, DriverError> {
+    bounded_seconds(
+        seconds,
+        "properties.driver.operationDeadlineSeconds",
+        1.0,
+        MAX_DEADLINE_SECONDS,
+    )
+    .map(Duration::from_secs_f64)
+}
+
 /// How the engine names a member to a driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberRef {
@@ -476,12 +487,7 @@ impl SimDriver {
                 config.time_scale
             )));
         }
-        let deadline = bounded_seconds(
-            config.operation_deadline_seconds,
-            "properties.driver.operationDeadlineSeconds",
-            1.0,
-            MAX_DEADLINE_SECONDS,
-        )?;
+        let deadline = operation_deadline(config.operation_deadline_seconds)?;
         let catalog = Catalog::parse(&config.catalog, "properties.driver.catalog")
             .map_err(|e| DriverError::permanent(e.message))?;
         let mut clusters = HashMap::new();
@@ -505,7 +511,7 @@ impl SimDriver {
         }
         let feed = config.feed.as_ref().map(Feed::parse).transpose()?;
         Ok(SimDriver {
-            deadline: Duration::from_secs_f64(deadline),
+            deadline,
             scale: config.time_scale,
             catalog,
             releases,
@@ -797,17 +803,12 @@ impl ExecDriver {
             0.01,
             3_600.0,
         )?;
-        let deadline = bounded_seconds(
-            config.operation_deadline_seconds,
-            "properties.driver.operationDeadlineSeconds",
-            1.0,
-            MAX_DEADLINE_SECONDS,
-        )?;
+        let deadline = operation_deadline(config.operation_deadline_seconds)?;
         Ok(ExecDriver {
             config,
             timeout: Duration::from_secs_f64(timeout),
             poll_interval: Duration::from_secs_f64(poll_interval),
-            deadline: Duration::from_secs_f64(deadline),
+            deadline,
         })
     }
 

@@ -116,15 +116,7 @@ pub async fn drive(
                 {
                     Ok(id) => {
                         permit.count_started();
-                        permit.record(&id).await;
-                        report.input(
-                            Input::OperationAccepted {
-                                member: attempt.member.clone(),
-                                attempt: attempt.attempt,
-                                operation_id: id.clone(),
-                            },
-                            None,
-                        );
+                        accepted(&report, &permit, &attempt, &id).await;
                         errors = 0;
                         step = Step::Follow(id);
                     }
@@ -150,15 +142,7 @@ pub async fn drive(
                 },
                 Ok(_) => {
                     let id = key.clone();
-                    permit.record(&id).await;
-                    report.input(
-                        Input::OperationAccepted {
-                            member: attempt.member.clone(),
-                            attempt: attempt.attempt,
-                            operation_id: id.clone(),
-                        },
-                        None,
-                    );
+                    accepted(&report, &permit, &attempt, &id).await;
                     errors = 0;
                     // Follow it: the next poll gives its state.
                     step = Step::Follow(id);
@@ -237,6 +221,19 @@ pub async fn drive(
             outcome,
         },
         Some(finished_at),
+    );
+}
+
+/// The driver has the attempt under `id`: recorded in the store, then told to the run.
+async fn accepted(report: &impl Report, permit: &impl SendPermit, attempt: &Attempt, id: &str) {
+    permit.record(id).await;
+    report.input(
+        Input::OperationAccepted {
+            member: attempt.member.clone(),
+            attempt: attempt.attempt,
+            operation_id: id.to_string(),
+        },
+        None,
     );
 }
 

@@ -1469,6 +1469,17 @@ impl Actor {
             .collect()
     }
 
+    /// What lets an attempt's follower send: this run's fleet lease at the epoch held now.
+    fn permit(&self, attempt: u64) -> LeasePermit {
+        LeasePermit {
+            runs: self.runs.clone(),
+            fleet: self.fleet.clone(),
+            run: self.run.clone(),
+            epoch: self.fence.epoch,
+            attempt,
+        }
+    }
+
     /// Sends an upgrade (unless recovering one the driver may already have) and follows it to a
     /// definitive answer (`crate::operation::drive`).
     fn spawn_upgrade(
@@ -1482,13 +1493,7 @@ impl Actor {
     ) {
         let driver = self.driver.clone();
         let report = RunReport(self.tx.clone());
-        let permit = LeasePermit {
-            runs: self.runs.clone(),
-            fleet: self.fleet.clone(),
-            run: self.run.clone(),
-            epoch: self.fence.epoch,
-            attempt,
-        };
+        let permit = self.permit(attempt);
         let who = self.member_ref(&member);
         self.outstanding.insert(attempt);
         tokio::spawn(async move {
@@ -1523,13 +1528,7 @@ impl Actor {
     fn spawn_observe(&mut self, member: String, attempt: u64) {
         let driver = self.driver.clone();
         let report = RunReport(self.tx.clone());
-        let permit = LeasePermit {
-            runs: self.runs.clone(),
-            fleet: self.fleet.clone(),
-            run: self.run.clone(),
-            epoch: self.fence.epoch,
-            attempt,
-        };
+        let permit = self.permit(attempt);
         let who = self.member_ref(&member);
         let key = operation_key(&self.fleet, &self.run, attempt);
         let operation = self

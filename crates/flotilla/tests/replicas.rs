@@ -19,41 +19,9 @@ use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, se
 /// Lease time in these tests: short, so takeovers happen quickly.
 const LEASE_TTL: &str = "2";
 
-fn postgres_base() -> String {
-    std::env::var("FLOTILLA_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
-
-/// Whether the PostgreSQL tests can run here: the server answers, or CI requires it
-/// (`FLOTILLA_REQUIRE_POSTGRES=1`, set by `.ci/run`), in which case its absence fails them.
-/// Without either they are skipped with a notice written past the test harness's capture.
-fn postgres_reachable() -> bool {
-    use std::io::Write;
-    let base = postgres_base();
-    let address = base
-        .rsplit('@')
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches("postgres://")
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let reachable = std::net::ToSocketAddrs::to_socket_addrs(&address)
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|a| {
-            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
-        });
-    let required = std::env::var_os("FLOTILLA_REQUIRE_POSTGRES").is_some_and(|v| v != "0");
-    if !reachable && !required {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: no PostgreSQL at {base} (set FLOTILLA_TEST_POSTGRES to one, or FLOTILLA_REQUIRE_POSTGRES=1 to fail instead)"
-        );
-    }
-    reachable || required
-}
+use flotilla_server::store::postgres::test_support::{
+    base as postgres_base, reachable as postgres_reachable,
+};
 
 fn admin_sql(sql: String) {
     let runtime = tokio::runtime::Builder::new_current_thread()
