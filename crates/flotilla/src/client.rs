@@ -69,6 +69,22 @@ pub fn write_config(server: &str, token: &str, ca_file: Option<&Path>) -> anyhow
     Ok(path)
 }
 
+/// A request the server answered with an error: its status decides the exit code (a missing
+/// resource exits 3, as `az` does).
+#[derive(Debug)]
+pub struct HttpFailure {
+    pub status: u16,
+    pub line: String,
+}
+
+impl std::fmt::Display for HttpFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line)
+    }
+}
+
+impl std::error::Error for HttpFailure {}
+
 pub struct Client {
     pub http: reqwest::Client,
     pub server: String,
@@ -146,12 +162,16 @@ impl Client {
             let target = error["target"]
                 .as_str()
                 .filter(|t| !t.is_empty() && !message.contains(*t));
-            bail!(
-                "{} ({}{})",
-                message,
-                status.as_u16(),
-                target.map(|t| format!(", at {t}")).unwrap_or_default()
-            );
+            return Err(HttpFailure {
+                status: status.as_u16(),
+                line: format!(
+                    "{} ({}{})",
+                    message,
+                    status.as_u16(),
+                    target.map(|t| format!(", at {t}")).unwrap_or_default()
+                ),
+            }
+            .into());
         }
         Ok(value)
     }

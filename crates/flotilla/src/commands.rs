@@ -686,7 +686,9 @@ fn strategy_text(v: &Value) -> String {
     out
 }
 
-/// Exit codes of `updaterun wait` and `watch`: how the run ended.
+/// Exit codes of `updaterun wait` and `watch`: how the run ended. 0 completed (or skipped), 4
+/// failed, 5 stopped, 6 completed with tolerated failures; 1 if it has not ended. (3 is "not
+/// found", as in `az`; 2 any other error.)
 pub fn outcome_code(run: &Value) -> ExitCode {
     let status = &run["properties"]["status"];
     match (
@@ -694,10 +696,10 @@ pub fn outcome_code(run: &Value) -> ExitCode {
         status["failureCount"].as_u64().unwrap_or(0),
     ) {
         ("Completed", 0) | ("Skipped", _) => ExitCode::SUCCESS,
-        ("Completed", _) => ExitCode::from(3),
+        ("Completed", _) => ExitCode::from(6),
         ("Failed", _) => ExitCode::from(4),
         ("Stopped", _) => ExitCode::from(5),
-        _ => ExitCode::from(6),
+        _ => ExitCode::from(1),
     }
 }
 

@@ -620,7 +620,12 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("flotilla: {e:#}");
-            ExitCode::from(2)
+            // As `az`: 3 when what the command names does not exist, 2 for any other error.
+            let missing = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<client::HttpFailure>())
+                .is_some_and(|f| f.status == 404);
+            ExitCode::from(if missing { 3 } else { 2 })
         }
     }
 }

@@ -267,7 +267,7 @@ fn the_seed_walkthrough_from_the_command_line() {
     ]);
     assert_eq!(
         wait.status.code(),
-        Some(3),
+        Some(6),
         "Completed with failures: {}",
         String::from_utf8_lossy(&wait.stdout)
     );
@@ -332,7 +332,7 @@ fn the_seed_walkthrough_from_the_command_line() {
         "--timeout",
         "60",
     ]);
-    assert_eq!(again.status.code(), Some(3), "east-2 fails again");
+    assert_eq!(again.status.code(), Some(6), "east-2 fails again");
     let again = env.json(&[
         "updaterun",
         "show",
@@ -880,6 +880,20 @@ fn member_import_from_csv_json_lines_and_json() {
         "name,clusterResourceId,labels\nstore-7,aks-x,env=prod\nstore-8,aks-y,prod\n",
     );
     env.fails(&["member", "import", "-f", "retail", &bad], "line 3");
+    // What does not exist exits 3, as in `az`; other errors 2.
+    let missing = env.run(&["member", "show", "-f", "retail", "-n", "nobody"]);
+    assert_eq!(missing.status.code(), Some(3), "{missing:?}");
+    let bad = env.run(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "Not A Name",
+        "--cluster-resource-id",
+        "x",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     let header = env.write("header.csv", "name,cluster\nstore-7,aks-x\n");
     env.fails(&["member", "import", "-f", "retail", &header], "line 1");
     let listed = env.json(&["member", "list", "-f", "retail"]);
