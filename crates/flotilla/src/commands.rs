@@ -998,30 +998,176 @@ pub async fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Follows a run over server-sent events, redrawing the progress on every event.
-async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
-    let path = format!("/v1/fleets/{}/updateRuns/{}", target.fleet, target.name);
-    let mut run = client.get(&path).await?;
-    let mut last_progress = progress_lines(&run);
-    out!("{last_progress}");
-    if finished(&run) {
-        return Ok(outcome_code(&run));
-    }
-    let mut stream = client.stream(&format!("{path}/events")).await?;
-    let mut buffer = String::new();
-    loop {
-        let chunk = match tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await {
-            Ok(Ok(Some(c))) => Some(c),
-            Ok(Ok(None)) => bail!("the server closed the event stream"),
-            Ok(Err(e)) => bail!("the event stream broke: {e}"),
-            Err(_) => None,
+/// What `watch` knows of a run, kept from its events after one GET: each member's stage and
+/// state, members in flight, gates waiting, waits running, and the failures with their messages.
+struct Watched {
+    stages: Vec<String>,
+    member_stage: BTreeMap<String, usize>,
+    member_state: BTreeMap<String, String>,
+    in_flight: std::collections::BTreeSet<String>,
+    gates: BTreeMap<String, String>,
+    waits: BTreeMap<String, String>,
+    failures: BTreeMap<String, String>,
+    failed: bool,
+    ended: bool,
+}
+
+impl Watched {
+    fn new(run: &Value) -> Watched {
+        let mut w = Watched {
+            stages: Vec::new(),
+            member_stage: BTreeMap::new(),
+            member_state: BTreeMap::new(),
+            in_flight: Default::default(),
+            gates: BTreeMap::new(),
+            waits: BTreeMap::new(),
+            failures: BTreeMap::new(),
+            failed: false,
+            ended: finished(run),
         };
-        if let Some(chunk) = &chunk {
-            buffer.push_str(&String::from_utf8_lossy(chunk));
+        for (si, stage) in run["properties"]["status"]["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            w.stages.push(s(stage, &["name"]).to_string());
+            for g in stage["groups"].as_array().into_iter().flatten() {
+                for m in g["members"].as_array().into_iter().flatten() {
+                    let name = s(m, &["name"]).to_string();
+                    w.member_stage.insert(name.clone(), si);
+                    w.member_state
+                        .insert(name, s(m, &["status", "state"]).to_string());
+                }
+            }
+        }
+        w
+    }
+
+    /// Applies one event of the run's log; the log is read from its start, so the state after
+    /// the last event is the run's.
+    fn apply(&mut self, event: &Value) {
+        let member = s(event, &["member"]).to_string();
+        let stage = s(event, &["stage"]).to_string();
+        let message = s(event, &["message"]).to_string();
+        match s(event, &["type"]) {
+            "MemberStarted" | "MemberReattached" => {
+                self.in_flight.insert(member.clone());
+                self.member_state.insert(member, "Running".into());
+            }
+            kind @ ("MemberSucceeded" | "MemberFailed" | "MemberSkipped" | "MemberStopped"
+            | "MemberPending") => {
+                self.in_flight.remove(&member);
+                let state = kind.trim_start_matches("Member");
+                let state = if state == "Succeeded" {
+                    "Completed"
+                } else {
+                    state
+                };
+                if state == "Failed" {
+                    self.failures.insert(member.clone(), message);
+                }
+                self.member_state.insert(member, state.to_string());
+            }
+            "GatePending" => {
+                self.gates.insert(
+                    s(event, &["gate"]).to_string(),
+                    format!(
+                        "{stage}: gate waiting{}",
+                        if message.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({message})")
+                        }
+                    ),
+                );
+            }
+            "GateCompleted" | "GateSkipped" => {
+                self.gates.remove(s(event, &["gate"]));
+            }
+            "WaitStarted" => {
+                self.waits.insert(stage, message);
+            }
+            "WaitCompleted" | "WaitSkipped" => {
+                self.waits.remove(&stage);
+            }
+            "RunStarted" => {
+                self.failed = false;
+                self.ended = false;
+            }
+            "RunFailed" => self.failed = true,
+            "RunCompleted" | "RunSkipped" | "RunStopped" => self.ended = true,
+            _ => {}
+        }
+        // A failed run ends when its last member in flight has finished.
+        if self.failed && self.in_flight.is_empty() {
+            self.ended = true;
+        }
+    }
+
+    /// A line per stage, then a line per gate and wait in progress.
+    fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (si, name) in self.stages.iter().enumerate() {
+            let states: Vec<&String> = self
+                .member_stage
+                .iter()
+                .filter(|(_, s)| **s == si)
+                .filter_map(|(m, _)| self.member_state.get(m))
+                .collect();
+            let total = states.len();
+            let done = states
+                .iter()
+                .filter(|s| matches!(s.as_str(), "Completed" | "Failed" | "Skipped"))
+                .count();
+            let running = states.iter().filter(|s| **s == "Running").count();
+            let failed = states.iter().filter(|s| **s == "Failed").count();
+            let width: usize = 30;
+            let filled = (done * width).checked_div(total).unwrap_or(width);
+            lines.push(format!(
+                "{name:<20} [{}{}] {done}/{total} done, {running} running, {failed} failed",
+                "#".repeat(filled),
+                ".".repeat(width - filled),
+            ));
+        }
+        lines.extend(self.gates.values().cloned());
+        lines.extend(
+            self.waits
+                .iter()
+                .map(|(stage, until)| format!("{stage}: waiting {until}")),
+        );
+        lines
+    }
+}
+
+/// Follows a run over its event stream to the run's last event: on a terminal the progress is
+/// redrawn in place (a line per stage, gate and wait), otherwise each event is a plain line. One
+/// GET before (membership) and one after (the outcome); none per event.
+async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let path = format!("/v1/fleets/{}/updateRuns/{}", target.fleet, target.name);
+    let run = client.get(&path).await?;
+    let terminal = std::io::stdout().is_terminal();
+    let mut watched = Watched::new(&run);
+    if !watched.ended {
+        let mut stream = client.stream(&format!("{path}/events")).await?;
+        let mut buffer = String::new();
+        let mut drawn = 0usize;
+        while !watched.ended {
+            let chunk = match stream.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => bail!("the server closed the event stream"),
+                Err(e) => bail!("the event stream broke: {e}"),
+            };
+            buffer.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(end) = buffer.find("\n\n") {
                 let block: String = buffer.drain(..end + 2).collect();
                 for line in block.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                    if let Ok(event) = serde_json::from_str::<Value>(line) {
+                    let Ok(event) = serde_json::from_str::<Value>(line) else {
+                        continue;
+                    };
+                    watched.apply(&event);
+                    if !terminal {
                         let what = [
                             s(&event, &["stage"]),
                             s(&event, &["group"]),
@@ -1044,24 +1190,48 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-        }
-        run = client.get(&path).await?;
-        let progress = progress_lines(&run);
-        if finished(&run) {
-            out!("{}", progress_lines(&run));
-            outln!(
-                "update run {} ended {} with {} failures",
-                target.name,
-                s(&run, &["properties", "status", "status", "state"]),
-                run["properties"]["status"]["failureCount"]
-            );
-            return Ok(outcome_code(&run));
-        }
-        if chunk.is_some() && progress != last_progress {
-            out!("{progress}");
-            last_progress = progress;
+            if terminal {
+                // Up over the last drawing, clear to the end, draw again.
+                if drawn > 0 {
+                    out!("\x1b[{drawn}A\x1b[J");
+                }
+                let lines = watched.lines();
+                drawn = lines.len();
+                for line in lines {
+                    outln!("{line}");
+                }
+            }
         }
     }
+    let run = client.get(&path).await?;
+    if !terminal {
+        out!("{}", progress_lines(&run));
+    }
+    outln!(
+        "update run {} ended {} with {} failures",
+        target.name,
+        s(&run, &["properties", "status", "status", "state"]),
+        run["properties"]["status"]["failureCount"]
+    );
+    // The failed members, from the run as it ended (also when it had ended before `watch`).
+    for stage in run["properties"]["status"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for g in stage["groups"].as_array().into_iter().flatten() {
+            for m in g["members"].as_array().into_iter().flatten() {
+                if s(m, &["status", "state"]) == "Failed" {
+                    let message = m["status"]["error"]["message"]
+                        .as_str()
+                        .or_else(|| watched.failures.get(s(m, &["name"])).map(String::as_str))
+                        .unwrap_or("");
+                    outln!("  failed: {}: {message}", s(m, &["name"]));
+                }
+            }
+        }
+    }
+    Ok(outcome_code(&run))
 }
 
 pub async fn gate(

@@ -273,6 +273,14 @@ fn the_seed_walkthrough_from_the_command_line() {
     );
     let run = env.json(&["updaterun", "show", "-f", "retail", "-n", "upgrade-131"]);
     assert_eq!(run["properties"]["status"]["failureCount"], 1);
+    // `watch` of the ended run ends at once with its outcome and the failed member's message.
+    let watched = env.run(&["updaterun", "watch", "-f", "retail", "-n", "upgrade-131"]);
+    assert_eq!(watched.status.code(), Some(6));
+    let text = String::from_utf8_lossy(&watched.stdout);
+    assert!(
+        text.contains("ended Completed with 1 failures") && text.contains("node drain timed out"),
+        "{text}"
+    );
     assert_eq!(
         run["properties"]["status"]["stages"][1]["maxAllowedFailures"], 1,
         "10% of 4 rounds up to 1"
