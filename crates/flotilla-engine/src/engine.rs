@@ -1305,6 +1305,16 @@ impl Engine {
                     }
                 }
             }
+            // Members parked while the run was Failed may have missed their wake-up.
+            let parked: Vec<u32> = self.stages[si]
+                .groups
+                .iter()
+                .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+                .filter(|&m| self.members[m as usize].place == Place::Parked)
+                .collect();
+            for m in parked {
+                self.repark(now, m);
+            }
             if self.stages[si].phase == Phase::AfterGates
                 && self.stages[si]
                     .groups
@@ -1414,10 +1424,16 @@ impl Engine {
             return;
         };
         let member = &self.members[m as usize];
-        // A result for an attempt the run no longer tracks (stopped, superseded) is ignored.
-        if member.state != State::Running || member.attempt != attempt || member.reattaching {
+        // A result for an attempt the run no longer tracks (stopped, superseded) is ignored. A
+        // member re-attaching waits for its observation, unless the follower gave up on it.
+        if member.state != State::Running
+            || member.attempt != attempt
+            || (member.reattaching && outcome.is_ok())
+        {
             return;
         }
+        self.members[m as usize].reattaching = false;
+        let member = &self.members[m as usize];
         let g = member.group;
         self.add_in_flight(g, -1);
         self.groups[g as usize].unfinished -= 1;
@@ -1543,6 +1559,10 @@ impl Engine {
         };
         self.members[m as usize].cluster = cluster;
         let Some((attempt, progress)) = operation else {
+            if let Place::Queued(_) = self.members[m as usize].place {
+                // Its window may have changed: its class too.
+                self.enqueue(now, m);
+            }
             if self.members[m as usize].place == Place::Parked {
                 // A Pending member is decided again with its latest observation when its group
                 // next comes to it (SEMANTICS §1): queue it if that decision is no longer an
@@ -1583,6 +1603,14 @@ impl Engine {
                         m,
                         Some("found at target when the run started again".into()),
                     );
+                } else if member.removed {
+                    // Deleted from the fleet while the run re-attached: nothing is sent to it.
+                    member.state = State::Skipped;
+                    member.completed = Some(now);
+                    member.message = Some(REMOVED.into());
+                    self.groups[g as usize].unfinished -= 1;
+                    self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
+                    self.finish_group_if_skipped(now, g);
                 } else {
                     // Not at target: attempted again.
                     member.state = State::NotStarted;
@@ -2098,6 +2126,9 @@ impl Engine {
     /// target, no Consistent image), or fail (downgrade).
     fn decide(&self, m: u32, now: Time) -> Decision {
         let member = &self.members[m as usize];
+        if member.removed {
+            return Decision::Skip(REMOVED.into());
+        }
         let cluster = &member.cluster;
         let current = cluster.kubernetes_version;
         let kube_target = if self.upgrade.changes_kubernetes() {

@@ -350,3 +350,59 @@ fn skipping_past_an_approval_needs_the_approver() {
         "{events:?}"
     );
 }
+
+/// SEMANTICS §2: a member deleted while the run re-attaches to it after a stop is Skipped when
+/// the answer comes, and nothing is sent to it (it was attempted again before).
+#[test]
+fn a_member_removed_while_reattaching_is_skipped_not_upgraded() {
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec(),
+        &[member("m1", "eastus")],
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_772_409_600);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    assert_eq!(started(&mut engine), vec!["m1".to_string()]);
+    engine.handle(t0.plus(60), Input::Stop).expect("stops");
+    engine
+        .handle(t0.plus(120), Input::Start)
+        .expect("starts again");
+    engine.settle(t0.plus(120));
+    let attempt = match engine.poll_command() {
+        Some(Command::Observe { member, attempt }) if member == "m1" => attempt,
+        other => panic!("expected an observation of m1, got {other:?}"),
+    };
+    engine
+        .handle(
+            t0.plus(130),
+            Input::MemberRemoved {
+                member: "m1".into(),
+            },
+        )
+        .expect("removed");
+    engine
+        .handle(
+            t0.plus(140),
+            Input::Observed {
+                member: "m1".into(),
+                cluster: Box::new(member("m1", "eastus").cluster),
+                operation: Some((
+                    attempt,
+                    flotilla_engine::engine::OperationProgress::NotRunning,
+                )),
+            },
+        )
+        .expect("observed");
+    engine.settle(t0.plus(140));
+    assert!(
+        started(&mut engine).is_empty(),
+        "nothing is sent to a removed member"
+    );
+    let (state, message) = member_state(&engine, "m1");
+    assert_eq!(state, State::Skipped);
+    assert_eq!(message.as_deref(), Some("member removed from fleet"));
+    engine.check_invariants(t0.plus(140)).expect("invariants");
+}

@@ -42,6 +42,9 @@ pub const BODY_LIMIT: usize = 1 << 20;
 pub struct AppState {
     pub runs: Arc<Runs>,
     pub insecure: bool,
+    /// How long a client may take to send a request's body, in milliseconds
+    /// (`http::Limits::body_timeout`, set when serving starts).
+    pub body_timeout_ms: std::sync::atomic::AtomicU64,
     /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
     pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
 }
@@ -1001,10 +1004,10 @@ async fn patch_member(
     if let Some(l) = patch.labels {
         body["properties"]["labels"] = json!(l);
     }
-    let when = match precondition(&headers) {
-        Precondition::None => Precondition::IfMatch(current.etag.clone()),
-        other => other,
-    };
+    // Always written under the eTag read (a client's own If-Match is checked first), so a
+    // member deleted and registered again meanwhile is not overwritten with the old cluster.
+    check_if_match(&headers, &current.etag)?;
+    let when = Precondition::IfMatch(current.etag.clone());
     let (resource, _) = state
         .runs
         .store
@@ -2581,6 +2584,16 @@ pub fn router(state: Shared) -> Router {
         .fallback(|| async {
             HttpError::from(ApiError::new(ErrorCode::NotFound, "no such path", ""))
         })
+        // A body is read only once the caller is known: an unauthenticated client holds
+        // nothing while it sends slowly.
+        .layer(middleware::from_fn_with_state(
+            std::time::Duration::from_millis(
+                state
+                    .body_timeout_ms
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            crate::http::limit_body,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), auth_layer))
         .with_state(state)
 }

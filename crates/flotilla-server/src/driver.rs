@@ -156,9 +156,10 @@ impl ExecAllow {
         Ok(ExecAllow { dirs })
     }
 
-    /// Checks that `program` (a path, or a name looked up in `PATH`) lies in an allowed
-    /// directory, after following links; `field` names it in the refusal.
-    fn check(&self, program: &str, field: &str) -> Result<(), DriverError> {
+    /// Checks that `program` (a path, or a name looked up in `PATH`) is a file in an allowed
+    /// directory, after following links; `field` names it in the refusal. Returns the resolved
+    /// path, which is what runs (a link cannot be pointed elsewhere afterwards).
+    fn check(&self, program: &str, field: &str) -> Result<String, DriverError> {
         let how = "the server runs exec commands only from the directories it is started with (flotilla serve --exec-allow DIR); name your script itself as the command";
         let found = if program.contains('/') {
             std::path::PathBuf::from(program).canonicalize().ok()
@@ -170,13 +171,13 @@ impl ExecAllow {
                     .and_then(|p| p.canonicalize().ok())
             })
         };
-        let Some(path) = found else {
+        let Some(path) = found.filter(|p| p.is_file()) else {
             return Err(DriverError::permanent(format!(
                 "{field} {program:?}: no such program"
             )));
         };
         if self.dirs.iter().any(|d| path.starts_with(d)) {
-            Ok(())
+            Ok(path.display().to_string())
         } else if self.dirs.is_empty() {
             Err(DriverError::permanent(format!(
                 "{field} {program:?}: this server allows no exec commands; {how}"
@@ -750,7 +751,7 @@ impl ExecDriver {
     }
 
     fn build(config: &Value, allow: Option<&ExecAllow>) -> Result<ExecDriver, DriverError> {
-        let config: ExecConfig = from_json_value(config.clone(), "properties.driver")
+        let mut config: ExecConfig = from_json_value(config.clone(), "properties.driver")
             .map_err(|e| DriverError::permanent(e.message))?;
         let member = ["member", "clusterResourceId"];
         let upgrade = [
@@ -787,8 +788,26 @@ impl ExecDriver {
                     )));
                 }
             }
-            if let (Some(allow), Some(program)) = (allow, argv.first()) {
-                allow.check(program, &format!("properties.driver.{field}[0]"))?;
+            if let Some(program) = argv.first()
+                && placeholders(program).next().is_some()
+            {
+                return Err(DriverError::permanent(format!(
+                    "properties.driver.{field}[0] {program:?}: the program cannot hold a placeholder"
+                )));
+            }
+        }
+        if let Some(allow) = allow {
+            for (field, argv) in [
+                ("observe", &mut config.observe),
+                ("upgrade", &mut config.upgrade),
+                ("poll", &mut config.poll),
+            ] {
+                if let Some(program) = argv.first_mut() {
+                    *program = allow.check(program, &format!("properties.driver.{field}[0]"))?;
+                }
+            }
+            if let Some(program) = config.catalog.as_mut().and_then(|c| c.first_mut()) {
+                *program = allow.check(program, "properties.driver.catalog[0]")?;
             }
         }
         let timeout = bounded_seconds(

@@ -109,7 +109,14 @@ pub async fn serve(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stopped(&mut shutdown) => return,
+            _ = stopped(&mut shutdown) => {
+                // Open connections finish their requests (event streams are cut after a
+                // while): every permit back means every connection closed.
+                let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+                let _ = tokio::time::timeout(Duration::from_secs(5), connections.acquire_many(all))
+                    .await;
+                return;
+            }
         };
         let (stream, _) = match accepted {
             Ok(pair) => pair,
@@ -208,7 +215,14 @@ pub fn tls_config(
 /// limit (413 past it), before any handler sees it: a client sending its body slowly holds
 /// nothing for long.
 pub async fn limit_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
-    let limit = if request.uri().path().ends_with("/importMembers") {
+    let path = request.uri().path();
+    let segments: Vec<&str> = path.split('/').collect();
+    // Only `/v1/fleets/{fleet}/importMembers` takes large bodies.
+    let import = segments.len() == 5
+        && segments[1] == "v1"
+        && segments[2] == "fleets"
+        && segments[4] == "importMembers";
+    let limit = if import {
         crate::api::IMPORT_BODY_LIMIT
     } else {
         crate::api::BODY_LIMIT
@@ -260,6 +274,15 @@ impl AllowedHosts {
             .collect();
         names.push("localhost".into());
         AllowedHosts { names }
+    }
+
+    /// Whether a page from `authority` may change things here: a named host or loopback.
+    pub fn allows_origin(&self, authority: &str) -> bool {
+        let name = host_name(authority);
+        match name.parse::<std::net::IpAddr>() {
+            Ok(ip) => ip.is_loopback(),
+            Err(_) => self.names.contains(&name),
+        }
     }
 
     /// Whether `host` (a `Host` header or an origin's authority, port included or not) is one
@@ -331,7 +354,9 @@ pub async fn check_origin(
         let same = host
             .as_deref()
             .is_some_and(|h| h.eq_ignore_ascii_case(authority));
-        if !same && !allowed.allows(authority) {
+        // An origin is a page's site: unlike a Host, any IP literal is not good enough (a page
+        // served from 203.0.113.7 must not change anything); loopback and named hosts are.
+        if !same && !allowed.allows_origin(authority) {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "CrossOriginRequest",
@@ -388,6 +413,18 @@ mod tests {
         }
         for refused in ["evil.example", "localhost.evil.example:8080", "example.com"] {
             assert!(!allowed.allows(refused), "{refused}");
+        }
+        // A page's origin: loopback and named hosts, not any IP.
+        for ok in [
+            "127.0.0.1:8080",
+            "[::1]",
+            "localhost:8080",
+            "flotilla.example.com",
+        ] {
+            assert!(allowed.allows_origin(ok), "{ok}");
+        }
+        for refused in ["203.0.113.7", "10.0.0.1:80", "evil.example", "null"] {
+            assert!(!allowed.allows_origin(refused), "{refused}");
         }
     }
 }

@@ -166,6 +166,7 @@ impl Server {
         let state = Arc::new(AppState {
             runs,
             insecure,
+            body_timeout_ms: (http::Limits::default().body_timeout.as_millis() as u64).into(),
             catalogs: Default::default(),
         });
         let feed = state.clone();
@@ -196,11 +197,11 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow_like::Result<()> {
         let limits = self.limits;
+        self.state.body_timeout_ms.store(
+            limits.body_timeout.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let app = api::router(self.state.clone())
-            .layer(axum::middleware::from_fn_with_state(
-                limits.body_timeout,
-                http::limit_body,
-            ))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(http::AllowedHosts::new(self.allowed_hosts.clone())),
                 http::check_origin,
@@ -229,7 +230,7 @@ impl Server {
             return Ok(());
         }
         // Open event streams never end by themselves: connections get a few seconds, no more.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(6), connections).await;
         self.state.runs.store.close().await;
         Ok(())
     }

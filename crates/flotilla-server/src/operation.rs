@@ -140,7 +140,17 @@ pub async fn drive(
                     }
                     Err(e) => break Err(e.message),
                 },
-                Ok(_) => {
+                // A definitive answer is the answer (asking again could meet a driver that has
+                // forgotten a finished operation, and resend it).
+                Ok(OperationState::Succeeded) => {
+                    accepted(&report, &permit, &attempt, key).await;
+                    break Ok(());
+                }
+                Ok(OperationState::Failed(message)) => {
+                    accepted(&report, &permit, &attempt, key).await;
+                    break Err(message);
+                }
+                Ok(OperationState::Running) => {
                     let id = key.clone();
                     accepted(&report, &permit, &attempt, &id).await;
                     errors = 0;
@@ -250,24 +260,51 @@ async fn observe(driver: &Arc<dyn Driver>, who: &MemberRef) -> Result<Cluster, D
         .map_err(|e| DriverError::transient(format!("observe: {}", e.message)))
 }
 
+/// What re-attaching after a stop found.
+pub enum Reattached {
+    /// Both answered: whether the earlier operation still runs, and the cluster.
+    Answered(OperationProgress, Cluster),
+    /// A permanent error, or no answer within the operation's deadline: the member fails with
+    /// this message.
+    GaveUp(String),
+    /// The run stopped listening.
+    Gone,
+}
+
 /// After a stop and start: asks whether the earlier operation still runs and where the cluster
-/// is, until both are answered; an error is never read as "not running". Returns the answer,
-/// or `None` if the run stopped listening.
+/// is, until both are answered; a transient error is never read as "not running".
 pub async fn reattach(
     driver: &Arc<dyn Driver>,
     report: &impl Report,
     who: &MemberRef,
     operation: &str,
-) -> Option<(OperationProgress, Cluster)> {
+) -> Reattached {
+    let started = Instant::now();
+    let deadline = driver.operation_deadline();
     let mut errors = 0;
+    let give_up = |e: &DriverError, started: Instant| {
+        if !e.is_transient() {
+            Some(e.message.clone())
+        } else if started.elapsed() > deadline {
+            Some(format!(
+                "no answer from the driver within operationDeadlineSeconds ({}s) after the run started again; last error: {e}",
+                deadline.as_secs()
+            ))
+        } else {
+            None
+        }
+    };
     let progress = loop {
         if !report.listening() {
-            return None;
+            return Reattached::Gone;
         }
         match driver.poll(who, operation).await {
             Ok(OperationState::Running) => break OperationProgress::InProgress,
             Ok(_) => break OperationProgress::NotRunning,
             Err(e) => {
+                if let Some(why) = give_up(&e, started) {
+                    return Reattached::GaveUp(why);
+                }
                 errors += 1;
                 tracing::warn!(member = %who.name, error = %e, "cannot ask about the earlier operation; asking again");
                 tokio::time::sleep(backoff(driver.as_ref(), errors)).await;
@@ -276,11 +313,14 @@ pub async fn reattach(
     };
     loop {
         if !report.listening() {
-            return None;
+            return Reattached::Gone;
         }
         match observe(driver, who).await {
-            Ok(cluster) => return Some((progress, cluster)),
+            Ok(cluster) => return Reattached::Answered(progress, cluster),
             Err(e) => {
+                if let Some(why) = give_up(&e, started) {
+                    return Reattached::GaveUp(why);
+                }
                 errors += 1;
                 tracing::warn!(member = %who.name, error = %e, "cannot observe the cluster; asking again");
                 tokio::time::sleep(backoff(driver.as_ref(), errors)).await;
@@ -482,6 +522,23 @@ mod tests {
         let (inputs, sent) = run(driver, Begin::Ask).await;
         assert!(sent.is_empty(), "nothing sent: {sent:?}");
         assert_eq!(outcome(&inputs), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn reattaching_gives_up_on_a_permanent_error_instead_of_holding_the_slot() {
+        let driver: Arc<dyn Driver> = scripted(
+            vec![],
+            vec![Err(DriverError::permanent("poll: the cluster was deleted"))],
+        );
+        let collect = Collect::default();
+        let who = MemberRef {
+            name: "m1".into(),
+            cluster_resource_id: "m1".into(),
+        };
+        match reattach(&driver, &&collect, &who, "f.r.1").await {
+            Reattached::GaveUp(why) => assert!(why.contains("deleted"), "{why}"),
+            _ => panic!("expected to give up"),
+        }
     }
 
     #[tokio::test]

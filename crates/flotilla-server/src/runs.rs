@@ -1540,11 +1540,24 @@ impl Actor {
         self.outstanding.insert(attempt);
         tokio::spawn(async move {
             use crate::operation::Report;
-            let Some((progress, cluster)) =
-                crate::operation::reattach(&driver, &report, &who, &operation).await
-            else {
-                return;
-            };
+            let (progress, cluster) =
+                match crate::operation::reattach(&driver, &report, &who, &operation).await {
+                    crate::operation::Reattached::Answered(progress, cluster) => {
+                        (progress, cluster)
+                    }
+                    crate::operation::Reattached::GaveUp(why) => {
+                        report.input(
+                            Input::OperationFinished {
+                                member,
+                                attempt,
+                                outcome: Err(why),
+                            },
+                            Some(Instant::now()),
+                        );
+                        return;
+                    }
+                    crate::operation::Reattached::Gone => return,
+                };
             let running = progress == OperationProgress::InProgress;
             report.input(
                 Input::Observed {

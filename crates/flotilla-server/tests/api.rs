@@ -1839,6 +1839,14 @@ async fn cross_site_requests_and_foreign_hosts_are_refused() {
         .await
         .expect("sent");
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // A page served from any IP address is another site too (DNS rebinding needs a name, but a
+    // page on a public IP needs none).
+    let response = raw(Method::POST, "/v1/fleets/f1/updateRuns/r1/stop")
+        .header("Origin", "http://203.0.113.7")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
     // The same without an Origin (a script, not a browser) still needs JSON.
     let response = raw(Method::POST, "/v1/tokens")
         .header("Content-Type", "text/plain")
