@@ -554,6 +554,16 @@ impl SqliteStore {
         })
     }
 
+    /// Writes a consistent copy of the database to `to` (`VACUUM INTO`: a snapshot of one
+    /// read transaction, also while a server writes), as one file with no write-ahead log.
+    pub async fn backup_to(&self, to: &Path) -> StoreResult<()> {
+        sqlx::query("VACUUM INTO ?")
+            .bind(to.display().to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Opens the database without the server lock, for short-lived commands (`token create`).
     pub async fn open_unlocked(path: &Path) -> StoreResult<SqliteStore> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {

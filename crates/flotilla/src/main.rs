@@ -148,6 +148,18 @@ enum Command {
     },
     /// Check a token against a server and remember both for later commands.
     Login,
+    /// Copy a SQLite database consistently, also while a server is using it.
+    ///
+    /// Example: `flotilla backup --database ./flotilla.db ./backup-2026-12-01.db`. To restore,
+    /// stop the server and serve the copy (`flotilla serve --database ./backup-2026-12-01.db`),
+    /// or move it over the original.
+    Backup {
+        /// The database to copy (default: the user's data directory's).
+        #[arg(long, env = "FLOTILLA_DATABASE")]
+        database: Option<String>,
+        /// Where to write the copy; it must not exist yet.
+        copy: PathBuf,
+    },
     /// Shell completions: `flotilla completions bash > /etc/bash_completion.d/flotilla`.
     Completions {
         #[arg(value_enum)]
@@ -417,6 +429,32 @@ fn serve_limits_hosts(flags: &ServeLimits) -> anyhow::Result<Vec<String>> {
     Ok(hosts)
 }
 
+async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<ExitCode> {
+    let from = database_path(database).context(
+        "backup copies a SQLite file; for PostgreSQL use pg_dump, which is consistent too",
+    )?;
+    if to.exists() {
+        bail!("{}: already exists; name a new file", to.display());
+    }
+    if !from.exists() {
+        bail!("--database {}: no such database", from.display());
+    }
+    let store = SqliteStore::open_unlocked(&from)
+        .await
+        .with_context(|| format!("database {}", from.display()))?;
+    store
+        .backup_to(to)
+        .await
+        .with_context(|| format!("cannot write {}", to.display()))?;
+    eprintln!(
+        "flotilla: copied {} to {} (a consistent snapshot; serve it with --database {})",
+        from.display(),
+        to.display(),
+        to.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn serve_command(
     listen: SocketAddr,
     database: Option<String>,
@@ -572,6 +610,9 @@ fn main() -> ExitCode {
                                 .await
                         }
                         Command::Token { command } => token_command(&client, output, command).await,
+                        Command::Backup { database, copy } => {
+                            backup_command(database.as_deref(), &copy).await
+                        }
                         Command::Fleet { command } => {
                             commands::fleet(&client, output, command).await
                         }

@@ -249,3 +249,62 @@ fn a_damaged_database_gives_one_line_not_a_panic() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `flotilla backup` copies a live database consistently: taken while the server runs, the copy
+/// alone serves everything written before it. It refuses to overwrite a file.
+#[test]
+fn a_backup_of_a_live_database_serves_on_its_own() {
+    let dir = std::env::temp_dir().join(format!("flotilla-backup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db");
+    let token = create_token(&db.display().to_string());
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let mut server = start_server(&db, port, &dir.join("server.log"));
+    api.wait_ready();
+    let driver = json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}});
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/saved",
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    let copy = dir.join("backup.db");
+    let backup = |to: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["backup", "--database", &db.display().to_string()])
+            .arg(to)
+            .output()
+            .expect("runs")
+    };
+    let out = backup(&copy);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = backup(&copy);
+    assert_eq!(
+        again.status.code(),
+        Some(2),
+        "an existing file is not overwritten"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let port = free_port();
+    let api = Api {
+        base: format!("http://127.0.0.1:{port}"),
+        ..api
+    };
+    let mut server = start_server(&copy, port, &dir.join("copy.log"));
+    api.wait_ready();
+    let fleet = api.must(reqwest::Method::GET, "/v1/fleets/saved", None);
+    assert_eq!(fleet["name"], "saved");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
