@@ -147,25 +147,8 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
 /// file under another spelling (`sqlite:PATH`) is refused.
 #[test]
 fn a_clean_shutdown_leaves_everything_in_the_database_file() {
-    let dir = std::env::temp_dir().join(format!("flotilla-wal-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (dir, db, api, mut server) = server_with_fleet("wal", "kept");
     std::fs::create_dir_all(dir.join("copy")).expect("dirs");
-    let db = dir.join("flotilla.db");
-    let token = create_token(&db.display().to_string());
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token,
-    };
-    let mut server = start_server(&db, port, &dir.join("server.log"));
-    api.wait_ready();
-    let driver = json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}});
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/kept",
-        Some(&json!({"properties": {"driver": driver}})),
-    );
     // Another spelling of the same file: refused while the first server runs.
     let second = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
@@ -254,25 +237,7 @@ fn a_damaged_database_gives_one_line_not_a_panic() {
 /// alone serves everything written before it. It refuses to overwrite a file.
 #[test]
 fn a_backup_of_a_live_database_serves_on_its_own() {
-    let dir = std::env::temp_dir().join(format!("flotilla-backup-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let db = dir.join("flotilla.db");
-    let token = create_token(&db.display().to_string());
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token,
-    };
-    let mut server = start_server(&db, port, &dir.join("server.log"));
-    api.wait_ready();
-    let driver = json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}});
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/saved",
-        Some(&json!({"properties": {"driver": driver}})),
-    );
+    let (dir, db, api, mut server) = server_with_fleet("backup", "saved");
     let copy = dir.join("backup.db");
     let backup = |to: &Path| {
         std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
@@ -307,4 +272,32 @@ fn a_backup_of_a_live_database_serves_on_its_own() {
     let _ = server.kill();
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server on a fresh SQLite file in a temporary directory named after `test`, with one fleet
+/// `fleet` on the sim driver: the directory, the database, a client and the server.
+fn server_with_fleet(
+    test: &str,
+    fleet: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, Api, Child) {
+    let dir = std::env::temp_dir().join(format!("flotilla-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db");
+    let token = create_token(&db.display().to_string());
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let server = start_server(&db, port, &dir.join("server.log"));
+    api.wait_ready();
+    let driver = json!({"type": "sim", "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5"}});
+    api.must(
+        reqwest::Method::PUT,
+        &format!("/v1/fleets/{fleet}"),
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    (dir, db, api, server)
 }
