@@ -1,0 +1,252 @@
+//! Creating a run: membership resolved into dense indices, thresholds, gates (SEMANTICS §2, §4).
+
+use super::*;
+
+impl Engine {
+    /// Creates a run: resolves membership and thresholds (SEMANTICS §2, §4). Returns the engine
+    /// and warnings for the user (a threshold that tolerates the whole scope, say).
+    pub fn create(
+        run_name: &str,
+        spec: &RunSpec,
+        fleet: &[Member],
+        catalog: Catalog,
+    ) -> Result<(Engine, Vec<String>), ApiError> {
+        let mut sorted: Vec<&Member> = fleet.iter().collect();
+        sorted.sort_by(|a, b| a.name.cmp(&b.name));
+        if let NodeImageSelection::Custom(versions) = &spec.upgrade.node_images {
+            for (i, (family, version)) in versions.iter().enumerate() {
+                if !catalog.lists_image(family, version) {
+                    let target = format!(
+                        "properties.managedClusterUpdate.nodeImageSelection.customNodeImageVersions[{i}].version"
+                    );
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidNodeImageSelection,
+                        format!(
+                            "{target}: node image {family}-{version} is not in the release catalog of any region"
+                        ),
+                        target,
+                    ));
+                }
+            }
+        }
+        let implicit;
+        let strategy = match &spec.strategy {
+            Some(s) => s,
+            None => {
+                implicit = Strategy {
+                    stages: vec![Stage {
+                        name: DEFAULT_STAGE_NAME.into(),
+                        groups: vec![],
+                        selector: None,
+                        wait_seconds: 0,
+                        max_concurrency: None,
+                        max_allowed_failures: None,
+                        before_gates: vec![],
+                        after_gates: vec![],
+                    }],
+                };
+                &implicit
+            }
+        };
+        let mut warnings = Vec::new();
+        let mut engine = Engine {
+            run_name: run_name.to_string(),
+            upgrade: spec.upgrade.clone(),
+            rules: spec.rules,
+            catalog,
+            members: Vec::new(),
+            member_index: HashMap::new(),
+            groups: Vec::new(),
+            group_failures: Vec::new(),
+            stages: Vec::new(),
+            phase: RunPhase::NotStarted,
+            current: 0,
+            run_start: None,
+            run_completed: None,
+            in_flight: 0,
+            failure_count: 0,
+            selected_images: None,
+            next_attempt: 1,
+            timers: BTreeSet::new(),
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+        };
+        // Which group claimed each member, for the duplicate-membership rule.
+        let mut claimed: HashMap<&str, String> = HashMap::new();
+        for (si, stage) in strategy.stages.iter().enumerate() {
+            let in_stage: Vec<&Member> = sorted
+                .iter()
+                .copied()
+                .filter(|m| stage.selector.as_ref().is_none_or(|s| s.matches(&m.labels)))
+                .collect();
+            // A stage without groups forms one implicit group named after it (SEMANTICS §2).
+            let implicit_group;
+            let groups: &[Group] = if stage.groups.is_empty() {
+                implicit_group = [Group {
+                    name: stage.name.clone(),
+                    selector: None,
+                    max_concurrency: None,
+                    max_allowed_failures: None,
+                    before_gates: vec![],
+                    after_gates: vec![],
+                }];
+                &implicit_group
+            } else {
+                &stage.groups
+            };
+            let group_defs: Vec<(&Group, Vec<&Member>)> = groups
+                .iter()
+                .map(|g| {
+                    let chosen = in_stage
+                        .iter()
+                        .copied()
+                        .filter(|m| match &g.selector {
+                            Some(s) => s.matches(&m.labels),
+                            None if stage.groups.is_empty() => true,
+                            None => m.group.as_deref() == Some(g.name.as_str()),
+                        })
+                        .collect();
+                    (g, chosen)
+                })
+                .collect();
+            let stage_size: u64 = group_defs.iter().map(|d| d.1.len() as u64).sum();
+            let stage_concurrency = stage
+                .max_concurrency
+                .map_or(DEFAULT_STAGE_CONCURRENCY, |a| {
+                    a.resolve_concurrency(stage_size)
+                });
+            let stage_failures = stage
+                .max_allowed_failures
+                .map_or(0, |a| a.resolve_failures(stage_size));
+            if stage.max_allowed_failures.is_some()
+                && stage_size > 0
+                && stage_failures >= stage_size
+            {
+                warnings.push(format!(
+                    "stage {:?}: maxAllowedFailures {} tolerates all {stage_size} of its members failing",
+                    stage.name, stage_failures
+                ));
+            }
+            let mut group_ids = Vec::new();
+            for (gi, (group_def, chosen)) in group_defs.into_iter().enumerate() {
+                let name = group_def.name.clone();
+                let (concurrency, failures) =
+                    (group_def.max_concurrency, group_def.max_allowed_failures);
+                let (before, after) = (
+                    group_def.before_gates.as_slice(),
+                    group_def.after_gates.as_slice(),
+                );
+                let gid = engine.groups.len() as u32;
+                let size = chosen.len() as u64;
+                let mut ids = Vec::with_capacity(chosen.len());
+                for m in chosen {
+                    if let Some(other) = claimed.insert(m.name.as_str(), name.clone()) {
+                        let target = if stage.groups.is_empty() {
+                            format!("properties.strategy.stages[{si}].memberSelector")
+                        } else {
+                            format!("properties.strategy.stages[{si}].groups[{gi}]")
+                        };
+                        return Err(ApiError::new(
+                            ErrorCode::DuplicateMembership,
+                            format!(
+                                "{target}: member {} is selected by two groups, {other} and {name}; a member may be in only one group of a run",
+                                m.name
+                            ),
+                            target,
+                        ));
+                    }
+                    let id = engine.members.len() as u32;
+                    engine.member_index.insert(m.name.clone(), id);
+                    engine.members.push(MemberRt {
+                        name: m.name.clone(),
+                        cluster_resource_id: m.cluster_resource_id.clone(),
+                        group: gid,
+                        cluster: m.cluster.clone(),
+                        state: State::NotStarted,
+                        attempt: 0,
+                        target: None,
+                        operation_id: None,
+                        start: None,
+                        completed: None,
+                        message: None,
+                        error: None,
+                        place: Place::Nowhere,
+                        timer: None,
+                        reattaching: false,
+                        removed: false,
+                        locked_by: None,
+                    });
+                    ids.push(id);
+                }
+                let own = concurrency.map_or(1, |a| a.resolve_concurrency(size));
+                let group_failures = failures.map_or(0, |a| a.resolve_failures(size));
+                if failures.is_some() && size > 0 && group_failures >= size {
+                    warnings.push(format!(
+                        "group {name:?}: maxAllowedFailures {group_failures} tolerates all {size} of its members failing"
+                    ));
+                }
+                let gate_group = Some(gi as u32);
+                engine.groups.push(GroupRt {
+                    before: gates_rt(run_name, before, si as u32, gate_group, Timing::Before),
+                    after: gates_rt(run_name, after, si as u32, gate_group, Timing::After),
+                    name,
+                    stage: si as u32,
+                    unfinished: size,
+                    members: ids,
+                    max_concurrency: own.min(size).min(stage_concurrency).max(1),
+                    max_failures: group_failures,
+                    phase: Phase::NotStarted,
+                    outcome: None,
+                    user_skipped: false,
+                    stopped: false,
+                    in_flight: 0,
+                    pending: 0,
+                    ready: BTreeSet::new(),
+                    start: None,
+                    completed: None,
+                    message: None,
+                    error: None,
+                });
+                engine.group_failures.push(0);
+                group_ids.push(gid);
+            }
+            engine.stages.push(StageRt {
+                name: stage.name.clone(),
+                last_served: group_ids.len().saturating_sub(1),
+                groups: group_ids,
+                size: stage_size,
+                max_concurrency: stage_concurrency,
+                max_failures: stage_failures,
+                phase: Phase::NotStarted,
+                outcome: None,
+                user_skipped: false,
+                stopped: false,
+                before: gates_rt(
+                    run_name,
+                    &stage.before_gates,
+                    si as u32,
+                    None,
+                    Timing::Before,
+                ),
+                after: gates_rt(run_name, &stage.after_gates, si as u32, None, Timing::After),
+                wait: WaitRt {
+                    seconds: stage.wait_seconds,
+                    state: State::NotStarted,
+                    start: None,
+                    end: None,
+                    completed: None,
+                },
+                in_flight: 0,
+                failure_count: 0,
+                start: None,
+                completed: None,
+                message: None,
+                error: None,
+            });
+        }
+        // A run holds every member it selected for its whole life: no growth slack.
+        engine.members.shrink_to_fit();
+        engine.member_index.shrink_to_fit();
+        Ok((engine, warnings))
+    }
+}

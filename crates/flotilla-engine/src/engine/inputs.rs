@@ -1,0 +1,583 @@
+//! Inputs from users and clusters: start, stop, results of operations, observations (SEMANTICS §4, §6).
+
+use super::*;
+
+impl Engine {
+    /// Applies one input at `now` without scheduling. User actions the API would refuse return
+    /// the API error and change nothing.
+    pub fn handle(&mut self, now: Time, input: Input) -> Result<(), ApiError> {
+        match input {
+            Input::Start => self.start(now),
+            Input::Stop => self.stop(now),
+            Input::Skip(targets) => self.skip(now, &targets, None),
+            Input::SkipBy {
+                targets,
+                subject,
+                may_approve,
+            } => {
+                if !may_approve && let Some(passed) = self.approval_passed_by(&targets) {
+                    return Err(ApiError::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "skipping {passed}, which is pending or not yet reached, needs the approver role, like approving it; {subject:?} may not approve"
+                        ),
+                        "targets",
+                    ));
+                }
+                self.skip(now, &targets, Some(&subject))
+            }
+            Input::ApproveGate { gate, by } => self.approve(now, gate, by),
+            Input::ApproveGateById { id, by } => {
+                let gate = self.find_gate_by_id(&id).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("gate {id} is not part of this update run"),
+                        "gate",
+                    )
+                })?;
+                self.approve(now, gate, by)
+            }
+            Input::OperationAccepted {
+                member,
+                attempt,
+                operation_id,
+            } => {
+                if let Some(&m) = self.member_index.get(&member) {
+                    let member = &mut self.members[m as usize];
+                    if member.attempt == attempt {
+                        member.operation_id = Some(operation_id);
+                    }
+                }
+                Ok(())
+            }
+            Input::OperationFinished {
+                member,
+                attempt,
+                outcome,
+            } => {
+                self.operation_finished(now, &member, attempt, outcome);
+                self.roll_up(now);
+                Ok(())
+            }
+            Input::Observed {
+                member,
+                cluster,
+                operation,
+            } => {
+                self.observed(now, &member, *cluster, operation);
+                Ok(())
+            }
+            Input::MemberRemoved { member } => {
+                self.member_removed(now, &member);
+                Ok(())
+            }
+            Input::MemberLocked { member, by_run } => {
+                if let Some(&m) = self.member_index.get(&member) {
+                    self.members[m as usize].locked_by = Some(by_run);
+                    self.repark(now, m);
+                }
+                Ok(())
+            }
+            Input::MemberUnlocked { member } => {
+                if let Some(&m) = self.member_index.get(&member) {
+                    self.members[m as usize].locked_by = None;
+                    self.repark(now, m);
+                }
+                Ok(())
+            }
+            Input::CatalogChanged(catalog) => {
+                self.catalog = catalog;
+                if self.phase == RunPhase::Running && self.current < self.stages.len() {
+                    let waiting: Vec<u32> = self.stages[self.current]
+                        .groups
+                        .iter()
+                        .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+                        .filter(|&m| self.members[m as usize].place == Place::Parked)
+                        .collect();
+                    for m in waiting {
+                        self.repark(now, m);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn start(&mut self, now: Time) -> Result<(), ApiError> {
+        match self.phase {
+            RunPhase::NotStarted => {
+                self.phase = RunPhase::Running;
+                self.run_start = Some(now);
+                if self.upgrade.node_images == NodeImageSelection::Consistent
+                    && self.upgrade.changes_node_images()
+                {
+                    self.select_consistent_images(now);
+                }
+                self.emit(now, EventType::RunStarted, None, None, None, None);
+                Ok(())
+            }
+            RunPhase::Stopped => {
+                self.phase = RunPhase::Running;
+                self.emit(
+                    now,
+                    EventType::RunStarted,
+                    None,
+                    None,
+                    None,
+                    Some("started again after a stop".into()),
+                );
+                self.resume_current_stage(now);
+                Ok(())
+            }
+            RunPhase::Failed => {
+                if self.in_flight > 0 {
+                    return Err(ApiError::conflict(format!(
+                        "update run {:?} cannot be retried while {} member upgrade(s) are still in flight",
+                        self.run_name, self.in_flight
+                    )));
+                }
+                self.retry(now);
+                Ok(())
+            }
+            other => Err(ApiError::conflict(format!(
+                "update run {:?} is {:?}; only a NotStarted, Stopped or Failed run can be started",
+                self.run_name,
+                self.state_of_phase(other)
+            ))),
+        }
+    }
+
+    /// Consistent images: per family in the run, the newest version available in every region of
+    /// the run's members at run start (SEMANTICS §1).
+    pub(super) fn select_consistent_images(&mut self, now: Time) {
+        let regions: BTreeSet<&str> = self
+            .members
+            .iter()
+            .map(|m| m.cluster.region.as_str())
+            .collect();
+        let families: BTreeSet<&str> = self
+            .members
+            .iter()
+            .flat_map(|m| m.cluster.node_pools.iter().map(|p| p.family.as_str()))
+            .collect();
+        let mut selected = BTreeMap::new();
+        for family in families {
+            if let Some(v) = self
+                .catalog
+                .newest_common_image(family, regions.iter().copied(), now)
+            {
+                selected.insert(family.to_string(), v);
+            }
+        }
+        self.selected_images = Some(selected);
+    }
+
+    /// After a stop: re-observe stopped members, re-place waiting ones.
+    pub(super) fn resume_current_stage(&mut self, now: Time) {
+        let Some(stage) = self.stages.get_mut(self.current) else {
+            return;
+        };
+        stage.stopped = false;
+        let groups = stage.groups.clone();
+        for g in groups {
+            self.groups[g as usize].stopped = false;
+            if self.groups[g as usize].phase != Phase::Active {
+                continue;
+            }
+            let members = self.groups[g as usize].members.clone();
+            for m in members {
+                match self.members[m as usize].state {
+                    State::Stopped => {
+                        let member = &mut self.members[m as usize];
+                        member.state = State::Running;
+                        member.reattaching = true;
+                        let attempt = member.attempt;
+                        let name = member.name.clone();
+                        self.add_in_flight(g, 1);
+                        self.commands.push_back(Command::Observe {
+                            member: name,
+                            attempt,
+                        });
+                    }
+                    State::NotStarted if !self.groups[g as usize].user_skipped => {
+                        self.enqueue(now, m)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Starting a Failed run retries it (SEMANTICS §6).
+    pub(super) fn retry(&mut self, now: Time) {
+        let si = self.current;
+        self.phase = RunPhase::Running;
+        self.run_completed = None;
+        // A stage a user skipped while the run was Failed stays skipped; the run moves on.
+        let resumable = self
+            .stages
+            .get(si)
+            .is_some_and(|s| s.outcome != Some(State::Skipped));
+        if resumable {
+            let stage = &mut self.stages[si];
+            stage.outcome = None;
+            stage.stopped = false;
+            stage.failure_count = 0;
+            stage.completed = None;
+            stage.message = None;
+            stage.error = None;
+            let groups = stage.groups.clone();
+            for g in groups {
+                // Every group's count restarts (SEMANTICS §6); a skipped group is otherwise left alone.
+                self.group_failures[g as usize] = 0;
+                let group = &mut self.groups[g as usize];
+                if group.user_skipped {
+                    continue;
+                }
+                group.stopped = false;
+                let mut reset = 0;
+                for &m in &group.members {
+                    let member = &mut self.members[m as usize];
+                    if member.state == State::Failed && member.removed {
+                        // Deleted since it failed: nothing is sent to it again (SEMANTICS §2).
+                        member.state = State::Skipped;
+                        member.completed = Some(now);
+                        member.error = None;
+                        member.message = Some(REMOVED.into());
+                        self.events.push_back(Event {
+                            time: now,
+                            kind: EventType::MemberSkipped,
+                            stage: Some(self.stages[si].name.clone()),
+                            group: Some(group.name.clone()),
+                            member: Some(member.name.clone()),
+                            gate: None,
+                            message: Some(REMOVED.into()),
+                            error: None,
+                        });
+                    } else if member.state == State::Failed {
+                        member.state = State::NotStarted;
+                        member.start = None;
+                        member.completed = None;
+                        if let Some(err) = member.error.take() {
+                            member.message =
+                                Some(format!("earlier attempt failed: {}", err.message));
+                        }
+                        reset += 1;
+                    }
+                }
+                group.unfinished += reset;
+                let was = group.outcome;
+                if reset > 0 || matches!(was, Some(State::Failed) | Some(State::Stopped)) {
+                    group.outcome = None;
+                    group.completed = None;
+                    group.message = None;
+                    group.error = None;
+                    if reset > 0 && group.phase == Phase::AfterGates {
+                        group.phase = Phase::Active;
+                    }
+                }
+                if group.outcome.is_none() && group.phase == Phase::Active {
+                    let members = group.members.clone();
+                    for m in members {
+                        if self.members[m as usize].state == State::NotStarted {
+                            self.enqueue(now, m);
+                        }
+                    }
+                }
+            }
+            // Members parked while the run was Failed may have missed their wake-up.
+            let parked: Vec<u32> = self.stages[si]
+                .groups
+                .iter()
+                .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+                .filter(|&m| self.members[m as usize].place == Place::Parked)
+                .collect();
+            for m in parked {
+                self.repark(now, m);
+            }
+            if self.stages[si].phase == Phase::AfterGates
+                && self.stages[si]
+                    .groups
+                    .iter()
+                    .any(|&g| self.groups[g as usize].outcome.is_none())
+            {
+                self.stages[si].phase = Phase::Active;
+            }
+        }
+        self.failure_count = self.stages.iter().map(|s| s.failure_count).sum();
+        self.emit(
+            now,
+            EventType::RunStarted,
+            None,
+            None,
+            None,
+            Some("retrying the failed run".into()),
+        );
+    }
+
+    pub(super) fn stop(&mut self, now: Time) -> Result<(), ApiError> {
+        if self.phase != RunPhase::Running {
+            return Err(ApiError::conflict(format!(
+                "update run {:?} is {:?}; only a Running or Pending run can be stopped",
+                self.run_name,
+                self.run_state()
+            )));
+        }
+        self.phase = RunPhase::Stopped;
+        if let Some(stage) = self.stages.get(self.current) {
+            let groups = stage.groups.clone();
+            for g in groups {
+                let members = self.groups[g as usize].members.clone();
+                for m in members {
+                    let member = &self.members[m as usize];
+                    match member.state {
+                        // Operations already sent are not aborted; the run stops tracking them.
+                        State::Running => {
+                            self.members[m as usize].state = State::Stopped;
+                            self.members[m as usize].reattaching = false;
+                            self.add_in_flight(g, -1);
+                            self.emit_member(now, EventType::MemberStopped, m, None);
+                        }
+                        State::NotStarted | State::Pending => self.unplace(m),
+                        _ => {}
+                    }
+                }
+                let group = &mut self.groups[g as usize];
+                if group.phase != Phase::NotStarted && group.outcome.is_none() {
+                    group.stopped = true;
+                }
+            }
+            let stage = &mut self.stages[self.current];
+            if stage.phase != Phase::NotStarted && stage.outcome.is_none() {
+                stage.stopped = true;
+            }
+        }
+        self.emit(now, EventType::RunStopped, None, None, None, None);
+        Ok(())
+    }
+
+    pub(super) fn operation_finished(
+        &mut self,
+        now: Time,
+        name: &str,
+        attempt: u64,
+        outcome: Result<(), String>,
+    ) {
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
+        let member = &self.members[m as usize];
+        // A result for an attempt the run no longer tracks (stopped, superseded) is ignored. A
+        // member re-attaching waits for its observation, unless the follower gave up on it.
+        if member.state != State::Running
+            || member.attempt != attempt
+            || (member.reattaching && outcome.is_ok())
+        {
+            return;
+        }
+        self.members[m as usize].reattaching = false;
+        let member = &self.members[m as usize];
+        let g = member.group;
+        self.add_in_flight(g, -1);
+        self.groups[g as usize].unfinished -= 1;
+        if self.members[m as usize].removed {
+            // Deleted from the fleet while in flight: Skipped, whatever the operation did, and
+            // not counted as a failure (SEMANTICS §2).
+            let member = &mut self.members[m as usize];
+            member.state = State::Skipped;
+            member.completed = Some(now);
+            member.message = Some(REMOVED.into());
+            self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
+            self.finish_group_if_skipped(now, g);
+            return;
+        }
+        match outcome {
+            Ok(()) => {
+                let member = &mut self.members[m as usize];
+                member.state = State::Completed;
+                member.completed = Some(now);
+                if let Some(target) = &member.target {
+                    apply_target(&mut member.cluster, target);
+                }
+                self.emit_member(now, EventType::MemberSucceeded, m, None);
+            }
+            Err(message) => self.fail_member(now, m, "UpgradeFailed", message),
+        }
+        // A group a user skipped ends Skipped when its last member in flight finishes.
+        self.finish_group_if_skipped(now, g);
+    }
+
+    /// Records a member failure and applies the thresholds (SEMANTICS §4).
+    pub(super) fn fail_member(&mut self, now: Time, m: u32, code: &str, message: String) {
+        let member = &mut self.members[m as usize];
+        member.state = State::Failed;
+        member.completed = Some(now);
+        member.error = Some(ErrorDetail {
+            code: code.into(),
+            message: message.clone(),
+        });
+        let g = member.group;
+        self.emit_member(now, EventType::MemberFailed, m, Some(message));
+        self.group_failures[g as usize] += 1;
+        let si = self.groups[g as usize].stage as usize;
+        self.stages[si].failure_count += 1;
+        self.failure_count += 1;
+        let mut failed = false;
+        let group = &mut self.groups[g as usize];
+        if !group.user_skipped
+            && group.outcome.is_none()
+            && self.group_failures[g as usize] > group.max_failures
+        {
+            group.outcome = Some(State::Failed);
+            // Members still in flight finish first; the run's end stamps the time then.
+            if group.in_flight == 0 {
+                group.completed = Some(now);
+            }
+            let msg = format!(
+                "{} failures exceed maxAllowedFailures {}",
+                self.group_failures[g as usize], group.max_failures
+            );
+            group.message = Some(msg.clone());
+            group.error = Some(ErrorDetail {
+                code: "MaxAllowedFailuresExceeded".into(),
+                message: msg.clone(),
+            });
+            self.emit_group(now, EventType::GroupFailed, g, Some(msg));
+            failed = true;
+        }
+        let stage = &mut self.stages[si];
+        if !stage.user_skipped
+            && stage.outcome.is_none()
+            && (failed || stage.failure_count > stage.max_failures)
+        {
+            stage.outcome = Some(State::Failed);
+            if stage.in_flight == 0 {
+                stage.completed = Some(now);
+            }
+            let (code, msg) = if failed {
+                (
+                    "GroupFailed",
+                    format!("group {:?} failed", self.groups[g as usize].name),
+                )
+            } else {
+                (
+                    "MaxAllowedFailuresExceeded",
+                    format!(
+                        "{} failures exceed maxAllowedFailures {}",
+                        stage.failure_count, stage.max_failures
+                    ),
+                )
+            };
+            stage.message = Some(msg.clone());
+            stage.error = Some(ErrorDetail {
+                code: code.into(),
+                message: msg.clone(),
+            });
+            self.emit_stage(now, EventType::StageFailed, si, Some(msg));
+            failed = true;
+        }
+        if failed && self.phase == RunPhase::Running {
+            // The run stops progressing; in-flight members finish (SEMANTICS §4).
+            self.phase = RunPhase::Failed;
+            self.emit(
+                now,
+                EventType::RunFailed,
+                None,
+                None,
+                None,
+                self.stages[si].message.clone(),
+            );
+        }
+    }
+
+    pub(super) fn observed(
+        &mut self,
+        now: Time,
+        name: &str,
+        cluster: Cluster,
+        operation: Option<(u64, OperationProgress)>,
+    ) {
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
+        self.members[m as usize].cluster = cluster;
+        let Some((attempt, progress)) = operation else {
+            if let Place::Queued(_) = self.members[m as usize].place {
+                // Its window may have changed: its class too.
+                self.enqueue(now, m);
+            }
+            if self.members[m as usize].place == Place::Parked {
+                // A Pending member is decided again with its latest observation when its group
+                // next comes to it (SEMANTICS §1): queue it if that decision is no longer an
+                // upgrade (another run upgraded it, say); otherwise its reason may have moved.
+                if matches!(self.decide(m, now), Decision::Upgrade(_)) {
+                    self.repark(now, m);
+                } else {
+                    self.enqueue(now, m);
+                }
+            }
+            return;
+        };
+        let member = &self.members[m as usize];
+        if !member.reattaching || member.attempt != attempt {
+            return;
+        }
+        let g = member.group;
+        self.members[m as usize].reattaching = false;
+        match progress {
+            OperationProgress::InProgress => {
+                self.emit_member(now, EventType::MemberReattached, m, None)
+            }
+            OperationProgress::NotRunning => {
+                self.add_in_flight(g, -1);
+                let member = &mut self.members[m as usize];
+                let at_target = member
+                    .target
+                    .as_ref()
+                    .is_some_and(|t| cluster_at(&member.cluster, t));
+                if at_target {
+                    member.state = State::Completed;
+                    member.completed = Some(now);
+                    member.message = Some("found at target when the run started again".into());
+                    self.groups[g as usize].unfinished -= 1;
+                    self.emit_member(
+                        now,
+                        EventType::MemberSucceeded,
+                        m,
+                        Some("found at target when the run started again".into()),
+                    );
+                } else if member.removed {
+                    // Deleted from the fleet while the run re-attached: nothing is sent to it.
+                    member.state = State::Skipped;
+                    member.completed = Some(now);
+                    member.message = Some(REMOVED.into());
+                    self.groups[g as usize].unfinished -= 1;
+                    self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
+                    self.finish_group_if_skipped(now, g);
+                } else {
+                    // Not at target: attempted again.
+                    member.state = State::NotStarted;
+                    if self.phase == RunPhase::Running && !self.groups[g as usize].user_skipped {
+                        self.enqueue(now, m);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn member_removed(&mut self, now: Time, name: &str) {
+        let Some(&m) = self.member_index.get(name) else {
+            return;
+        };
+        self.members[m as usize].removed = true;
+        if matches!(
+            self.members[m as usize].state,
+            State::NotStarted | State::Pending | State::Stopped
+        ) {
+            self.skip_member(now, m, REMOVED);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Skips.
+}

@@ -1,0 +1,562 @@
+//! The update-run engine: a deterministic state machine for one run (SEMANTICS §2–§6).
+//!
+//! Contract (ENGINE-DESIGN.md): the shell calls [`Engine::handle`] for each input at an instant,
+//! then [`Engine::settle`] once; it drains [`Engine::poll_command`] and [`Engine::poll_event`],
+//! and calls again at [`Engine::next_wakeup`]. The engine reads no clock and does no I/O.
+//!
+//! Cost: membership is resolved once into dense indices. Each group keeps a queue of the members
+//! it has not reached, ordered by (priority class, name); members reached that cannot start yet
+//! are parked as Pending in a timer set keyed by the instant they may start. A scheduling pass
+//! touches only the groups of the current stage (at most 50) and the members it reaches, so an
+//! event costs O(changes × log n).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::fleet::{Availability, Catalog, Cluster, Member, Os};
+use crate::status::{
+    ErrorDetail, Event, EventType, GateStatus, GroupStatus, MemberStatus, NodeImageSelectionStatus,
+    SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
+};
+use crate::strategy::{
+    DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, Group, NodeImageSelection, Stage, Strategy, Upgrade,
+    UpgradeType,
+};
+use crate::time::{SECONDS_PER_DAY, SECONDS_PER_HOUR, Time};
+use crate::version::{ImageVersion, KubeVersion};
+use crate::window::MaintenanceWindow;
+
+mod actions;
+mod create;
+mod gates;
+mod inputs;
+mod invariants;
+mod readiness;
+mod scheduling;
+mod status;
+
+pub use gates::next_scheduled_start;
+use gates::{gates_done, gates_rt};
+pub use status::{apply_target, cluster_at};
+
+/// What a run applies, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSpec {
+    /// `None`: every member, one at a time, in one implicit stage and group.
+    pub strategy: Option<Strategy>,
+    pub upgrade: Upgrade,
+    pub rules: RunRules,
+}
+
+/// Rules of runs an auto-upgrade profile generates (SEMANTICS §8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRules {
+    /// A member more than one minor behind the target is Skipped, not upgraded across minors.
+    #[serde(default)]
+    pub skip_minor_jumps: bool,
+    /// The target is kept only by long-term support: members without it fail.
+    #[serde(default)]
+    pub require_long_term_support: bool,
+    /// Node images of Linux pools only (the SecurityPatch channel): Windows pools are left as
+    /// they are, and a member with nothing else to do is Skipped saying so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linux_node_pools_only: bool,
+}
+
+/// Why a member deleted from the fleet during the run is Skipped (SEMANTICS §2).
+const REMOVED: &str = "member removed from fleet";
+
+/// Name of the implicit stage and group of a run without a strategy.
+pub const DEFAULT_STAGE_NAME: &str = "default";
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Timing {
+    Before,
+    After,
+}
+
+/// Where a gate sits: stage, optional group, before or after, and its index in that list.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct GateRef {
+    pub stage: u32,
+    pub group: Option<u32>,
+    pub timing: Timing,
+    pub index: u32,
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum SkipKind {
+    Member,
+    Group,
+    Stage,
+    AfterStageWait,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SkipTarget {
+    pub kind: SkipKind,
+    pub name: String,
+}
+
+/// What an earlier operation is doing, as observed when a stopped run starts again.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OperationProgress {
+    InProgress,
+    /// Finished (either way) or unknown to the driver: the cluster's state decides.
+    NotRunning,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Input {
+    Start,
+    Stop,
+    /// A skip with no authority recorded (the simulator's, and runs logged before
+    /// [`Input::SkipBy`]): it may pass any gate.
+    Skip(Vec<SkipTarget>),
+    /// A skip by `subject`. Passing an Approval gate that is pending or not yet reached needs
+    /// `may_approve` (API.md, "Security"); the skip is recorded with the subject.
+    SkipBy {
+        targets: Vec<SkipTarget>,
+        subject: String,
+        may_approve: bool,
+    },
+    ApproveGate {
+        gate: GateRef,
+        by: String,
+    },
+    /// Approves the gate with this id (the gate resource's name).
+    ApproveGateById {
+        id: String,
+        by: String,
+    },
+    /// The driver accepted an upgrade and named its operation.
+    OperationAccepted {
+        member: String,
+        attempt: u64,
+        operation_id: String,
+    },
+    OperationFinished {
+        member: String,
+        attempt: u64,
+        outcome: Result<(), String>,
+    },
+    /// A fresh observation of a member's cluster; `operation` answers a [`Command::Observe`].
+    Observed {
+        member: String,
+        cluster: Box<Cluster>,
+        operation: Option<(u64, OperationProgress)>,
+    },
+    MemberRemoved {
+        member: String,
+    },
+    /// Another active run is upgrading this member (SEMANTICS §3, one operation per cluster).
+    MemberLocked {
+        member: String,
+        by_run: String,
+    },
+    MemberUnlocked {
+        member: String,
+    },
+    CatalogChanged(Catalog),
+}
+
+/// What one node pool is upgraded to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolTarget {
+    pub pool: String,
+    pub family: String,
+    pub image: ImageVersion,
+}
+
+/// What a member is upgraded to. Pools absent from `node_images` are left as they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub upgrade_type: UpgradeType,
+    pub kubernetes_version: Option<KubeVersion>,
+    pub node_images: Vec<PoolTarget>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Send an upgrade. The shell records `(member, attempt)` durably before calling the driver.
+    StartUpgrade {
+        member: String,
+        attempt: u64,
+        target: Target,
+    },
+    /// Ask the driver about `attempt`'s operation and the cluster; answer with `Input::Observed`.
+    Observe { member: String, attempt: u64 },
+}
+
+/// A gate the run has reached, as the gate resource shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateView {
+    pub id: String,
+    pub display_name: Option<String>,
+    pub gate_type: &'static str,
+    pub scheduled: Option<crate::strategy::ScheduledStartSpec>,
+    pub absolute_start: Option<Time>,
+    pub stage: String,
+    pub group: Option<String>,
+    pub timing: Timing,
+    pub state: State,
+    pub approved_by: Option<String>,
+    pub approved_at: Option<Time>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Internal state.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    NotStarted,
+    BeforeGates,
+    Active,
+    AfterGates,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunPhase {
+    NotStarted,
+    Running,
+    Stopped,
+    /// Failed: no new work; `completed` is set once nothing is in flight.
+    Failed,
+    Completed,
+    Skipped,
+}
+
+/// Where a member that has not started sits in its (active) group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Nowhere,
+    /// NotStarted, in the group's queue under its priority class, to be reached in order.
+    Queued(u8),
+    /// Pending: reached, will be upgraded, cannot start yet; woken by its timer or an input.
+    Parked,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKey {
+    Gate(GateRef),
+    Wait(u32),
+    Member(u32),
+}
+
+#[derive(Clone, Debug)]
+struct GateRt {
+    gate: Gate,
+    id: String,
+    state: State,
+    start: Option<Time>,
+    completed: Option<Time>,
+    absolute_start: Option<Time>,
+    approved_by: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+struct MemberRt {
+    name: String,
+    cluster_resource_id: String,
+    group: u32,
+    cluster: Cluster,
+    state: State,
+    attempt: u64,
+    target: Option<Target>,
+    operation_id: Option<String>,
+    start: Option<Time>,
+    completed: Option<Time>,
+    message: Option<String>,
+    error: Option<ErrorDetail>,
+    place: Place,
+    timer: Option<Time>,
+    reattaching: bool,
+    removed: bool,
+    locked_by: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+struct GroupRt {
+    name: String,
+    stage: u32,
+    members: Vec<u32>,
+    max_concurrency: u64,
+    max_failures: u64,
+    phase: Phase,
+    outcome: Option<State>,
+    user_skipped: bool,
+    stopped: bool,
+    before: Vec<GateRt>,
+    after: Vec<GateRt>,
+    in_flight: u64,
+    /// Members not yet terminal (in flight, stopped, pending or not started).
+    unfinished: u64,
+    pending: u64,
+    ready: BTreeSet<(u8, u32)>,
+    start: Option<Time>,
+    completed: Option<Time>,
+    message: Option<String>,
+    error: Option<ErrorDetail>,
+}
+
+#[derive(Clone, Debug)]
+struct WaitRt {
+    seconds: i64,
+    state: State,
+    start: Option<Time>,
+    end: Option<Time>,
+    completed: Option<Time>,
+}
+
+#[derive(Clone, Debug)]
+struct StageRt {
+    name: String,
+    groups: Vec<u32>,
+    size: u64,
+    max_concurrency: u64,
+    max_failures: u64,
+    phase: Phase,
+    outcome: Option<State>,
+    user_skipped: bool,
+    stopped: bool,
+    before: Vec<GateRt>,
+    after: Vec<GateRt>,
+    wait: WaitRt,
+    in_flight: u64,
+    failure_count: u64,
+    /// Round-robin pointer: the group that received the last slot (SEMANTICS §3).
+    last_served: usize,
+    start: Option<Time>,
+    completed: Option<Time>,
+    message: Option<String>,
+    error: Option<ErrorDetail>,
+}
+
+/// One update run's engine.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    run_name: String,
+    upgrade: Upgrade,
+    rules: RunRules,
+    catalog: Catalog,
+    members: Vec<MemberRt>,
+    member_index: HashMap<String, u32>,
+    groups: Vec<GroupRt>,
+    group_failures: Vec<u64>,
+    stages: Vec<StageRt>,
+    phase: RunPhase,
+    current: usize,
+    run_start: Option<Time>,
+    run_completed: Option<Time>,
+    in_flight: u64,
+    failure_count: u64,
+    selected_images: Option<BTreeMap<String, ImageVersion>>,
+    next_attempt: u64,
+    timers: BTreeSet<(Time, TimerKey)>,
+    commands: VecDeque<Command>,
+    events: VecDeque<Event>,
+}
+
+/// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
+const SOON: i64 = 4 * SECONDS_PER_HOUR;
+
+/// Priority classes inside a group (SEMANTICS §3): the order in which a group reaches its
+/// members. Only members of classes 1 and 3 can start; the others become Pending when reached.
+const CLASS_OPEN: u8 = 1;
+const CLASS_SOON: u8 = 2;
+const CLASS_NO_WINDOW: u8 = 3;
+const CLASS_CLOSED: u8 = 4;
+
+enum Readiness {
+    Ready,
+    Wait { wake: Option<Time>, message: String },
+}
+
+enum Decision {
+    Upgrade(Target),
+    Skip(String),
+    Fail { code: &'static str, message: String },
+}
+
+impl Engine {
+    pub fn run_name(&self) -> &str {
+        &self.run_name
+    }
+
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest instant at which the engine must be settled again.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        self.timers.first().map(|(t, _)| *t)
+    }
+
+    /// Terminal and nothing left in flight.
+    pub fn is_finished(&self) -> bool {
+        match self.phase {
+            RunPhase::Completed | RunPhase::Skipped => true,
+            RunPhase::Failed => self.run_completed.is_some(),
+            _ => false,
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.run_state()
+    }
+
+    pub fn members_in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// A member's state and current attempt, if it is part of the run.
+    pub fn member_attempt(&self, name: &str) -> Option<(State, u64)> {
+        let m = *self.member_index.get(name)?;
+        let member = &self.members[m as usize];
+        Some((member.state, member.attempt))
+    }
+
+    /// What a member's current attempt upgrades it to, if it has one.
+    pub fn member_target(&self, name: &str) -> Option<Target> {
+        let m = *self.member_index.get(name)?;
+        self.members[m as usize].target.clone()
+    }
+
+    /// Members waiting for the answer to a [`Command::Observe`] (after a restart of the shell,
+    /// the observation is asked again).
+    pub fn pending_observations(&self) -> Vec<(String, u64)> {
+        self.members
+            .iter()
+            .filter(|m| m.reattaching)
+            .map(|m| (m.name.clone(), m.attempt))
+            .collect()
+    }
+
+    fn emit(
+        &mut self,
+        now: Time,
+        kind: EventType,
+        stage: Option<String>,
+        group: Option<String>,
+        member: Option<String>,
+        message: Option<String>,
+    ) {
+        self.events.push_back(Event {
+            time: now,
+            kind,
+            stage,
+            group,
+            member,
+            gate: None,
+            message,
+            error: None,
+        });
+    }
+
+    fn emit_member(&mut self, now: Time, kind: EventType, m: u32, message: Option<String>) {
+        let member = &self.members[m as usize];
+        let group = &self.groups[member.group as usize];
+        let stage = self.stages[group.stage as usize].name.clone();
+        self.events.push_back(Event {
+            time: now,
+            kind,
+            stage: Some(stage),
+            group: Some(group.name.clone()),
+            member: Some(member.name.clone()),
+            gate: None,
+            message,
+            error: None,
+        });
+    }
+
+    fn emit_group(&mut self, now: Time, kind: EventType, g: u32, message: Option<String>) {
+        let group = &self.groups[g as usize];
+        let stage = self.stages[group.stage as usize].name.clone();
+        self.emit(
+            now,
+            kind,
+            Some(stage),
+            Some(group.name.clone()),
+            None,
+            message,
+        );
+    }
+
+    fn emit_stage(&mut self, now: Time, kind: EventType, si: usize, message: Option<String>) {
+        let stage = self.stages[si].name.clone();
+        self.emit(now, kind, Some(stage), None, None, message);
+    }
+
+    fn emit_gate(&mut self, now: Time, kind: EventType, at: GateRef, message: Option<String>) {
+        let (stage, group) = self.gate_names(at);
+        let id = self.gate_mut(at).map(|g| g.id.clone());
+        self.events.push_back(Event {
+            time: now,
+            kind,
+            stage,
+            group,
+            member: None,
+            gate: id,
+            message,
+            error: None,
+        });
+    }
+
+    /// Records a refused action in the event log (the simulator's `ActionRejected`).
+    pub fn record_rejection(&mut self, now: Time, action: &str, error: ApiError) {
+        self.events.push_back(Event {
+            time: now,
+            kind: EventType::ActionRejected,
+            stage: None,
+            group: None,
+            member: None,
+            gate: None,
+            message: Some(action.to_string()),
+            error: Some(error),
+        });
+    }
+
+    fn set_member_timer(&mut self, m: u32, at: Option<Time>) {
+        let member = &mut self.members[m as usize];
+        if let Some(old) = member.timer.take() {
+            self.timers.remove(&(old, TimerKey::Member(m)));
+        }
+        if let Some(t) = at {
+            member.timer = Some(t);
+            self.timers.insert((t, TimerKey::Member(m)));
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Inputs.
+
+    fn state_of_phase(&self, phase: RunPhase) -> State {
+        match phase {
+            RunPhase::NotStarted => State::NotStarted,
+            RunPhase::Running => State::Running,
+            RunPhase::Stopped => State::Stopped,
+            RunPhase::Failed => State::Failed,
+            RunPhase::Completed => State::Completed,
+            RunPhase::Skipped => State::Skipped,
+        }
+    }
+
+    fn add_in_flight(&mut self, g: u32, delta: i64) {
+        let group = &mut self.groups[g as usize];
+        group.in_flight = group.in_flight.saturating_add_signed(delta);
+        let stage = &mut self.stages[group.stage as usize];
+        stage.in_flight = stage.in_flight.saturating_add_signed(delta);
+        self.in_flight = self.in_flight.saturating_add_signed(delta);
+    }
+}

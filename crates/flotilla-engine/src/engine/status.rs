@@ -1,0 +1,219 @@
+//! The status tree in the API's shape, and targets applied to clusters.
+
+use super::*;
+
+/// Applies a finished upgrade to a cluster (the engine's own view until the next observation).
+pub fn apply_target(cluster: &mut Cluster, target: &Target) {
+    if let Some(v) = target.kubernetes_version {
+        cluster.kubernetes_version = v;
+    }
+    for t in &target.node_images {
+        if let Some(pool) = cluster.node_pools.iter_mut().find(|p| p.name == t.pool)
+            && t.image > pool.image
+        {
+            pool.image = t.image.clone();
+        }
+    }
+}
+
+/// Whether a cluster is at a target (SEMANTICS §6, re-observation after a stop).
+pub fn cluster_at(cluster: &Cluster, target: &Target) -> bool {
+    target
+        .kubernetes_version
+        .is_none_or(|v| cluster.kubernetes_version == v)
+        && target.node_images.iter().all(|t| {
+            cluster
+                .node_pools
+                .iter()
+                .any(|p| p.name == t.pool && p.image >= t.image)
+        })
+}
+
+impl Engine {
+    pub(super) fn run_state(&self) -> State {
+        match self.phase {
+            RunPhase::Running => match self.stages.get(self.current) {
+                Some(_) if self.stage_state(self.current) == State::Pending => State::Pending,
+                _ => State::Running,
+            },
+            other => self.state_of_phase(other),
+        }
+    }
+
+    pub(super) fn group_state(&self, g: u32) -> State {
+        let group = &self.groups[g as usize];
+        if let Some(outcome) = group.outcome {
+            return outcome;
+        }
+        if group.stopped {
+            return State::Stopped;
+        }
+        match group.phase {
+            Phase::NotStarted => State::NotStarted,
+            Phase::BeforeGates => State::Pending,
+            Phase::Active => {
+                if group.in_flight > 0 || !group.ready.is_empty() {
+                    State::Running
+                } else if group.pending > 0 {
+                    State::Pending
+                } else {
+                    State::Running
+                }
+            }
+            Phase::AfterGates => {
+                if group.after.iter().any(|g| g.state == State::Pending) {
+                    State::Pending
+                } else {
+                    State::Running
+                }
+            }
+        }
+    }
+
+    pub(super) fn stage_state(&self, si: usize) -> State {
+        let stage = &self.stages[si];
+        if let Some(outcome) = stage.outcome {
+            return outcome;
+        }
+        if stage.stopped {
+            return State::Stopped;
+        }
+        match stage.phase {
+            Phase::NotStarted => State::NotStarted,
+            Phase::BeforeGates => State::Pending,
+            Phase::Active => {
+                let states: Vec<State> =
+                    stage.groups.iter().map(|&g| self.group_state(g)).collect();
+                if states.contains(&State::Running) {
+                    State::Running
+                } else if states.contains(&State::Pending) {
+                    State::Pending
+                } else {
+                    State::Running
+                }
+            }
+            Phase::AfterGates => {
+                if stage.after.iter().any(|g| g.state == State::Pending) {
+                    State::Pending
+                } else {
+                    State::Running
+                }
+            }
+        }
+    }
+
+    pub(super) fn gate_status(gates: &[GateRt]) -> Vec<GateStatus> {
+        gates
+            .iter()
+            .map(|g| GateStatus {
+                display_name: g.gate.display_name.clone(),
+                gate_id: g.id.clone(),
+                status: UpdateStatus {
+                    start_time: g.start,
+                    completed_time: g.completed,
+                    state: g.state,
+                    error: None,
+                },
+            })
+            .collect()
+    }
+
+    /// The run's status tree as the API shows it. O(members): call it to render, not per event.
+    pub fn status(&self) -> UpdateRunStatus {
+        let stages = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(si, stage)| StageStatus {
+                status: UpdateStatus {
+                    start_time: stage.start,
+                    completed_time: stage.completed,
+                    state: self.stage_state(si),
+                    error: stage.error.clone(),
+                },
+                name: stage.name.clone(),
+                failure_count: stage.failure_count,
+                max_allowed_failures: stage.max_failures,
+                max_concurrency: stage.max_concurrency,
+                groups: stage
+                    .groups
+                    .iter()
+                    .map(|&g| {
+                        let group = &self.groups[g as usize];
+                        GroupStatus {
+                            status: UpdateStatus {
+                                start_time: group.start,
+                                completed_time: group.completed,
+                                state: self.group_state(g),
+                                error: group.error.clone(),
+                            },
+                            name: group.name.clone(),
+                            failure_count: self.group_failures[g as usize],
+                            max_allowed_failures: group.max_failures,
+                            max_concurrency: group.max_concurrency,
+                            members: group
+                                .members
+                                .iter()
+                                .map(|&m| {
+                                    let member = &self.members[m as usize];
+                                    MemberStatus {
+                                        status: UpdateStatus {
+                                            start_time: member.start,
+                                            completed_time: member.completed,
+                                            state: member.state,
+                                            error: member.error.clone(),
+                                        },
+                                        name: member.name.clone(),
+                                        cluster_resource_id: member.cluster_resource_id.clone(),
+                                        operation_id: member.operation_id.clone(),
+                                        message: member.message.clone(),
+                                    }
+                                })
+                                .collect(),
+                            before_gates: Self::gate_status(&group.before),
+                            after_gates: Self::gate_status(&group.after),
+                            message: group.message.clone(),
+                        }
+                    })
+                    .collect(),
+                before_gates: Self::gate_status(&stage.before),
+                after_gates: Self::gate_status(&stage.after),
+                after_stage_wait_status: (stage.wait.seconds > 0).then_some(WaitStatus {
+                    status: UpdateStatus {
+                        start_time: stage.wait.start,
+                        completed_time: stage.wait.completed,
+                        state: stage.wait.state,
+                        error: None,
+                    },
+                    wait_duration_in_seconds: stage.wait.seconds,
+                }),
+                message: stage.message.clone(),
+            })
+            .collect();
+        UpdateRunStatus {
+            status: UpdateStatus {
+                start_time: self.run_start,
+                completed_time: self.run_completed,
+                state: self.run_state(),
+                error: if self.phase == RunPhase::Failed {
+                    self.stages.get(self.current).and_then(|s| s.error.clone())
+                } else {
+                    None
+                },
+            },
+            stages,
+            node_image_selection: self
+                .selected_images
+                .as_ref()
+                .map(|s| NodeImageSelectionStatus {
+                    selected_node_image_versions: s
+                        .iter()
+                        .map(|(family, v)| SelectedNodeImageVersion {
+                            version: format!("{family}-{v}"),
+                        })
+                        .collect(),
+                }),
+            failure_count: self.failure_count,
+        }
+    }
+}
