@@ -46,6 +46,29 @@ pub struct Member {
     pub cluster: Cluster,
 }
 
+/// A member as a fleet engine holds it: one copy, shared by every run of the fleet. Runs keep
+/// pointers to its name and cluster, never copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedMember {
+    pub name: Arc<str>,
+    pub cluster_resource_id: Arc<str>,
+    pub group: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub cluster: Arc<Cluster>,
+}
+
+impl From<&Member> for SharedMember {
+    fn from(m: &Member) -> SharedMember {
+        SharedMember {
+            name: m.name.as_str().into(),
+            cluster_resource_id: m.cluster_resource_id.as_str().into(),
+            group: m.group.clone(),
+            labels: m.labels.clone(),
+            cluster: Arc::new(m.cluster.clone()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeRelease {
     pub version: KubeVersion,

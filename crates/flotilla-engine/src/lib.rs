@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod error;
 pub mod fleet;
+pub mod fleet_engine;
 pub mod profile;
 pub mod release;
 pub mod selector;
@@ -22,5 +23,6 @@ pub use engine::{
     Timing,
 };
 pub use error::{ApiError, ErrorCode};
+pub use fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
 pub use status::{Event, EventType, State, UpdateRunStatus};
 pub use time::Time;

@@ -388,7 +388,7 @@ fn a_member_removed_while_reattaching_is_skipped_not_upgraded() {
             t0.plus(140),
             Input::Observed {
                 member: "m1".into(),
-                cluster: Box::new(member("m1", "eastus").cluster),
+                cluster: std::sync::Arc::new(member("m1", "eastus").cluster),
                 operation: Some((
                     attempt,
                     flotilla_engine::engine::OperationProgress::NotRunning,

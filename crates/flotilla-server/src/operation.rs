@@ -210,7 +210,7 @@ pub async fn drive(
                     report.input(
                         Input::Observed {
                             member: attempt.member.clone(),
-                            cluster: Box::new(cluster),
+                            cluster: std::sync::Arc::new(cluster),
                             operation: None,
                         },
                         None,

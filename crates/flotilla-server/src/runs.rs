@@ -1562,7 +1562,7 @@ impl Actor {
             report.input(
                 Input::Observed {
                     member: member.clone(),
-                    cluster: Box::new(cluster),
+                    cluster: std::sync::Arc::new(cluster),
                     operation: Some((attempt, progress)),
                 },
                 None,

@@ -3,19 +3,29 @@
 //! failures) in virtual time, and prints wall time, events per second and peak memory.
 //!
 //! `cargo bench -p flotilla-sim --bench scale [-- SIZES...]`
+//!
+//! With `--runs N`, the same fleet with N runs of the same strategy over all of its members, in
+//! one fleet engine (one operation per cluster across the runs): the time to create the runs,
+//! memory, and the cost of each instant's step (results in, settle, commands out).
+//!
+//! `cargo bench -p flotilla-sim --bench scale -- --runs 10 100000`
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Instant;
 
 use serde_json::json;
 
+use flotilla_engine::engine::{Command, Input};
 use flotilla_engine::fleet::{
     Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
 };
+use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetInput};
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 use flotilla_sim::scenario::{Action, SimBehaviour, TimedAction};
+use flotilla_sim::simulator::run_spec;
 use flotilla_sim::{Scenario, simulate};
 
 const GROUPS_PER_STAGE: usize = 50;
@@ -160,11 +170,139 @@ fn peak_rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// N runs over one fleet in one fleet engine, driven to their end in virtual time.
+fn fleet_bench(scenario: &Scenario, runs: usize) {
+    let (spec, _, _) = run_spec(scenario).expect("valid strategy");
+    let before = rss_mib();
+    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
+    let table = rss_mib() - before;
+    let t = Instant::now();
+    let names: Vec<String> = (0..runs).map(|r| format!("run-{r:03}")).collect();
+    for name in &names {
+        fleet
+            .create_run(name, &spec, scenario.catalog.clone())
+            .expect("created");
+    }
+    let created = t.elapsed().as_secs_f64();
+    let after_create = rss_mib() - before;
+    let mut now = scenario.start;
+    for name in &names {
+        fleet
+            .handle(
+                now,
+                FleetInput::Run {
+                    run: name.clone(),
+                    input: Input::Start,
+                },
+            )
+            .expect("started");
+    }
+    // (ends at, sequence, run, member, attempt, fails)
+    let mut finishing: BinaryHeap<Reverse<(i64, u64, String, String, u64, bool)>> =
+        BinaryHeap::new();
+    let mut seq = 0u64;
+    let (mut events, mut upgrades, mut steps) = (0u64, 0u64, Vec::new());
+    let wall = Instant::now();
+    loop {
+        let step = Instant::now();
+        while let Some(Reverse((end, ..))) = finishing.peek() {
+            if *end > now.unix() {
+                break;
+            }
+            let Some(Reverse((_, _, run, member, attempt, fails))) = finishing.pop() else {
+                break;
+            };
+            let outcome = if fails {
+                Err("simulated failure".to_string())
+            } else {
+                Ok(())
+            };
+            let input = Input::OperationFinished {
+                member,
+                attempt,
+                outcome,
+            };
+            let _ = fleet.handle(now, FleetInput::Run { run, input });
+        }
+        fleet.advance_clock(now);
+        fleet.settle(now);
+        while let Some(FleetCommand { run, command }) = fleet.poll_command() {
+            if let Command::StartUpgrade {
+                member, attempt, ..
+            } = command
+            {
+                let b = &scenario.behaviour[&member];
+                seq += 1;
+                upgrades += 1;
+                let end = now.unix() + b.duration_seconds;
+                finishing.push(Reverse((end, seq, run, member, attempt, b.fail)));
+            }
+        }
+        while fleet.poll_event().is_some() {
+            events += 1;
+        }
+        steps.push(step.elapsed().as_secs_f64() * 1000.0);
+        let next = [
+            finishing.peek().map(|Reverse((t, ..))| Time(*t)),
+            fleet.next_wakeup(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match next {
+            Some(next) if next <= scenario.until => now = next.max(now),
+            _ => break,
+        }
+    }
+    let simulated = wall.elapsed().as_secs_f64();
+    steps.sort_by(f64::total_cmp);
+    let pct = |p: f64| steps[((steps.len() as f64 - 1.0) * p) as usize];
+    let finished = names
+        .iter()
+        .filter(|n| fleet.run(n).is_some_and(|r| r.is_finished()))
+        .count();
+    println!(
+        "{} members, {runs} runs: member table {table:.0} MiB; creating the runs {created:.2} s, {after_create:.0} MiB",
+        scenario.members.len()
+    );
+    println!(
+        "  simulated in {simulated:.2} s: {upgrades} upgrades, {events} events, {} instants; step p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {finished}/{runs} runs finished; peak RSS {:.0} MiB",
+        steps.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0),
+        peak_rss_mib()
+    );
+}
+
 fn main() {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--runs") {
+        let runs = args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or(10);
+        let sizes: Vec<usize> = args[i + 2..]
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect();
+        for size in if sizes.is_empty() {
+            vec![100_000]
+        } else {
+            sizes
+        } {
+            fleet_bench(&fleet(size), runs);
+        }
+        return;
+    }
+    let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
         vec![1_000, 10_000, 100_000]
     } else {

@@ -7,7 +7,7 @@
 //! the runs were created, answering its commands until it has nothing more to say.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap};
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -17,7 +17,8 @@ use flotilla_engine::engine::{
     apply_target,
 };
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
-use flotilla_engine::fleet::{Catalog, Cluster, Member};
+use flotilla_engine::fleet::{Catalog, Cluster};
+use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::profile::{Profile, ProfileSpec, TriggerOutcome, plan_run, trigger_status};
 use flotilla_engine::release;
 use flotilla_engine::status::{Event, EventType, UpdateRunStatus};
@@ -145,18 +146,10 @@ fn skip_kind(text: &str) -> Option<SkipKind> {
     }
 }
 
-/// Builds the engine for a scenario, as the API would at run creation.
-pub fn create_engine(
+/// The hand-made run's specification, parsed as the API would at run creation.
+pub fn run_spec(
     scenario: &Scenario,
-) -> Result<
-    (
-        Engine,
-        Vec<String>,
-        Option<StrategySpec>,
-        ManagedClusterUpdateSpec,
-    ),
-    ApiError,
-> {
+) -> Result<(RunSpec, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
     let (strategy_spec, update_spec) = scenario.wire_specs()?;
     let strategy = strategy_spec
         .as_ref()
@@ -168,13 +161,7 @@ pub fn create_engine(
         upgrade,
         rules: Default::default(),
     };
-    let (engine, warnings) = Engine::create(
-        &scenario.name,
-        &spec,
-        &scenario.members,
-        scenario.catalog.clone(),
-    )?;
-    Ok((engine, warnings, strategy_spec, update_spec))
+    Ok((spec, strategy_spec, update_spec))
 }
 
 /// Runs a scenario to its end in virtual time.
@@ -182,8 +169,8 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
     run(scenario, false).0
 }
 
-/// Like [`simulate`], but recounts the engine's state from scratch after every instant
-/// ([`Engine::check_invariants`]) and stops at the first violation. For tests.
+/// Like [`simulate`], but recounts the fleet engine's state from scratch after every instant
+/// ([`FleetEngine::check_invariants`]) and stops at the first violation. For tests.
 pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, String> {
     match run(scenario, true) {
         (result, None) => Ok(result),
@@ -194,7 +181,6 @@ pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, St
 /// One run of the simulation: the scenario's hand-made run or one a profile generated.
 struct SimRun {
     name: String,
-    engine: Engine,
     strategy: Option<StrategySpec>,
     update: ManagedClusterUpdateSpec,
     /// The profile that generated it, and its `profile/versions` key.
@@ -203,8 +189,6 @@ struct SimRun {
     versions: Vec<String>,
     created_at: Time,
     events: Vec<Event>,
-    /// Members this run has been told another run is upgrading.
-    locked: BTreeSet<String>,
 }
 
 /// A profile as the simulation goes: its definition and its status.
@@ -251,22 +235,25 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             .map(|(n, c)| (n.clone(), cluster_out(&c.cluster)))
             .collect()
     };
+    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
     let mut runs: Vec<SimRun> = Vec::new();
     let mut warnings = Vec::new();
     if scenario.update.is_some() {
-        match create_engine(scenario) {
-            Ok((engine, w, strategy, update)) => {
+        let created = run_spec(scenario).and_then(|(spec, strategy, update)| {
+            let w = fleet.create_run(&scenario.name, &spec, scenario.catalog.clone())?;
+            Ok((w, strategy, update))
+        });
+        match created {
+            Ok((w, strategy, update)) => {
                 warnings = w;
                 runs.push(SimRun {
                     name: scenario.name.clone(),
-                    engine,
                     strategy,
                     update,
                     generated: None,
                     versions: Vec::new(),
                     created_at: scenario.start,
                     events: Vec::new(),
-                    locked: BTreeSet::new(),
                 });
             }
             Err(error) => {
@@ -327,7 +314,6 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         clusters: &mut clusters,
         finishing: BinaryHeap::new(),
         targets: BTreeMap::new(),
-        busy: BTreeMap::new(),
         seq: 0,
     };
     let mut feed_events: Vec<Event> = Vec::new();
@@ -336,12 +322,13 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
     let actions = &scenario.actions;
     let mut now = scenario.start;
     let mut first = true;
+    let index_of = |runs: &[SimRun], name: &str| runs.iter().position(|r| r.name == name);
     loop {
         let candidates = [
             sim.finishing.peek().map(|Reverse((t, _, _, _, _))| *t),
             actions.get(next_action).map(|a| a.at),
             changes.get(next_change).copied(),
-            runs.iter().filter_map(|r| r.engine.next_wakeup()).min(),
+            fleet.next_wakeup(),
             first.then_some(scenario.start),
         ];
         let Some(next) = candidates.into_iter().flatten().min() else {
@@ -352,7 +339,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         }
         now = next.max(now);
         let mut check_profiles = std::mem::take(&mut first) && !profiles.is_empty();
-        // 1. Upgrades ending.
+        // 1. Upgrades ending. The fleet engine hands the cluster as it now is to every run.
         while let Some(Reverse((t, _, _, _, _))) = sim.finishing.peek() {
             if *t > now {
                 break;
@@ -361,32 +348,20 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 break;
             };
             let outcome = sim.finish(index, &member, attempt);
-            let _ = runs[index].engine.handle(
+            let _ = fleet.handle(
                 now,
-                Input::OperationFinished {
-                    member: member.clone(),
-                    attempt,
-                    outcome,
+                FleetInput::Run {
+                    run: runs[index].name.clone(),
+                    input: Input::OperationFinished {
+                        member,
+                        attempt,
+                        outcome,
+                    },
                 },
             );
-            if let Some(c) = sim.clusters.get(&member) {
-                // Every run sees the cluster as it now is (the server observes its fleet).
-                for r in runs.iter_mut().filter(|r| !r.engine.is_finished()) {
-                    let _ = r.engine.handle(
-                        now,
-                        Input::Observed {
-                            member: member.clone(),
-                            cluster: Box::new(c.cluster.clone()),
-                            operation: None,
-                        },
-                    );
-                }
-            }
         }
         // 2. What time brings, then releases coming out.
-        for r in &mut runs {
-            r.engine.advance_clock(now);
-        }
+        fleet.advance_clock(now);
         // Without a feed the catalog never changes: no copy per instant.
         let feed = !profiles.is_empty() || !scenario.releases.is_empty();
         let catalog = if feed {
@@ -403,9 +378,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         // Runs learn of releases from the timeline as they come out; versions listed with
         // `availableAt` they knew in advance.
         if released && !scenario.releases.is_empty() {
-            for r in runs.iter_mut().filter(|r| !r.engine.is_finished()) {
-                let _ = r.engine.handle(now, Input::CatalogChanged(catalog.clone()));
-            }
+            let _ = fleet.handle(now, FleetInput::CatalogChanged(catalog.clone()));
         }
         // 3. Actions, in file order.
         while let Some(a) = actions.get(next_action) {
@@ -428,7 +401,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 Action::GenerateUpdateRun(name) => {
                     match profiles.iter().find(|p| &p.name == name) {
                         Some(p) => {
-                            generate(scenario, &sim, &mut runs, p, &catalog, now).map(|_| ())
+                            generate(scenario, &mut fleet, &mut runs, p, &catalog, now).map(|_| ())
                         }
                         None => Err(not_found("profile", name)),
                     }
@@ -446,7 +419,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                     None => Err(not_found("profile", profile)),
                 },
                 _ => match index {
-                    Some(i) => act(&mut runs[i].engine, &mut sim, now, &a.action),
+                    Some(i) => act(&mut fleet, &runs[i].name, &mut sim, now, &a.action),
                     None => Err(not_found(
                         "update run",
                         a.run
@@ -461,7 +434,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                     None => a.label.clone(),
                 };
                 match index.filter(|_| a.run.is_some() || hand_made) {
-                    Some(i) => runs[i].engine.record_rejection(now, &label, error),
+                    Some(i) => fleet.record_rejection(now, &runs[i].name, &label, error),
                     None => feed_events.push(Event {
                         time: now,
                         kind: EventType::ActionRejected,
@@ -479,11 +452,18 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         // (SEMANTICS §8).
         if check_profiles {
             for p in profiles.iter_mut().filter(|p| !p.profile.disabled) {
-                let outcome = match generate(scenario, &sim, &mut runs, p, &catalog, now) {
+                let outcome = match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
                     Ok(None) => continue,
                     Ok(Some(i)) => {
                         let versions = runs[i].versions.clone();
-                        match runs[i].engine.handle(now, Input::Start) {
+                        let started = fleet.handle(
+                            now,
+                            FleetInput::Run {
+                                run: runs[i].name.clone(),
+                                input: Input::Start,
+                            },
+                        );
+                        match started {
                             Ok(()) => TriggerOutcome::Started {
                                 run: runs[i].name.clone(),
                                 versions,
@@ -505,111 +485,63 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 p.status = Some(trigger_status(now, &outcome));
             }
         }
-        // 5. Schedule each run in turn, answering commands until it is quiet. Before its turn a
-        // run is told which of its members other runs are upgrading (one operation per cluster).
-        let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
-        for (index, r) in runs.iter_mut().enumerate() {
-            let busy_elsewhere: BTreeSet<String> = sim
-                .busy
-                .iter()
-                .filter(|(_, by)| **by != index)
-                .map(|(m, _)| m.clone())
-                .collect();
-            for member in busy_elsewhere.difference(&r.locked) {
-                // The message names the run holding the member (SEMANTICS §3).
-                let holder = sim.busy.get(member).and_then(|by| names.get(*by));
-                let _ = r.engine.handle(
-                    now,
-                    Input::MemberLocked {
-                        member: member.clone(),
-                        by_run: holder.cloned().unwrap_or_default(),
-                    },
-                );
-            }
-            for member in r.locked.difference(&busy_elsewhere) {
-                // The other run may have upgraded it: this run decides it again on what the
-                // cluster is now (SEMANTICS §1).
-                if let Some(c) = sim.clusters.get(member) {
-                    let _ = r.engine.handle(
-                        now,
-                        Input::Observed {
-                            member: member.clone(),
-                            cluster: Box::new(c.cluster.clone()),
-                            operation: None,
-                        },
-                    );
-                }
-                let _ = r.engine.handle(
-                    now,
-                    Input::MemberUnlocked {
-                        member: member.clone(),
-                    },
-                );
-            }
-            r.locked = busy_elsewhere;
-            loop {
-                r.engine.settle(now);
-                let mut answered = false;
-                while let Some(command) = r.engine.poll_command() {
-                    match command {
-                        Command::StartUpgrade {
+        // 5. The runs schedule in turn (the fleet engine keeps one operation per cluster);
+        // commands are answered until the fleet has nothing more to say.
+        loop {
+            fleet.settle(now);
+            let mut answered = false;
+            while let Some(FleetCommand { run, command }) = fleet.poll_command() {
+                let Some(index) = index_of(&runs, &run) else {
+                    continue;
+                };
+                let input = match command {
+                    Command::StartUpgrade {
+                        member,
+                        attempt,
+                        target,
+                    } => {
+                        let op = sim.start(now, index, &member, attempt, target);
+                        Input::OperationAccepted {
                             member,
                             attempt,
-                            target,
-                        } => {
-                            let op = sim.start(now, index, &member, attempt, target);
-                            let _ = r.engine.handle(
-                                now,
-                                Input::OperationAccepted {
-                                    member,
-                                    attempt,
-                                    operation_id: op,
-                                },
-                            );
-                        }
-                        Command::Observe { member, attempt } => {
-                            let (cluster, progress) = sim.observe(now, index, &member, attempt);
-                            if let Some(cluster) = cluster {
-                                let _ = r.engine.handle(
-                                    now,
-                                    Input::Observed {
-                                        member,
-                                        cluster: Box::new(cluster),
-                                        operation: Some((attempt, progress)),
-                                    },
-                                );
-                                answered = true;
-                            }
+                            operation_id: op,
                         }
                     }
-                }
-                if !answered {
-                    break;
-                }
+                    Command::Observe { member, attempt } => {
+                        let (cluster, progress) = sim.observe(now, index, &member, attempt);
+                        let Some(cluster) = cluster else {
+                            continue;
+                        };
+                        answered = true;
+                        Input::Observed {
+                            member,
+                            cluster: std::sync::Arc::new(cluster),
+                            operation: Some((attempt, progress)),
+                        }
+                    }
+                };
+                let _ = fleet.handle(now, FleetInput::Run { run, input });
             }
-            while let Some(e) = r.engine.poll_event() {
-                r.events.push(e);
-            }
-            if check_invariants
-                && violation.is_none()
-                && let Err(e) = r.engine.check_invariants(now)
-            {
-                violation = Some(format!("at {now} in run {}: {e}", r.name));
+            if !answered {
+                break;
             }
         }
-        if violation.is_some() {
+        while let Some(FleetEvent { run, event }) = fleet.poll_event() {
+            if let Some(i) = index_of(&runs, &run) {
+                runs[i].events.push(event);
+            }
+        }
+        if check_invariants && let Err(e) = fleet.check_invariants(now) {
+            violation = Some(format!("at {now}: {e}"));
             break;
         }
-        if runs.iter().all(|r| r.engine.is_finished())
-            && next_action >= actions.len()
-            && next_change >= changes.len()
-        {
+        if fleet.is_finished() && next_action >= actions.len() && next_change >= changes.len() {
             break;
         }
     }
-    for r in &mut runs {
-        while let Some(e) = r.engine.poll_event() {
-            r.events.push(e);
+    while let Some(FleetEvent { run, event }) = fleet.poll_event() {
+        if let Some(i) = index_of(&runs, &run) {
+            runs[i].events.push(event);
         }
     }
     let mut result = SimResult {
@@ -626,7 +558,10 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         status: None,
     };
     for r in runs {
-        let mut resource = run_resource(&r.name, r.strategy.as_ref(), &r.update, &r.engine);
+        let Some(engine) = fleet.run(&r.name) else {
+            continue;
+        };
+        let mut resource = run_resource(&r.name, r.strategy.as_ref(), &r.update, engine);
         match r.generated {
             None => {
                 let mut events = r.events;
@@ -634,7 +569,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 events.append(&mut feed_events);
                 events.sort_by_key(|e| e.time);
                 result.run = Some(resource);
-                result.status = Some(r.engine.status());
+                result.status = Some(engine.status());
                 result.events = events;
             }
             Some((profile, key)) => {
@@ -647,7 +582,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                     created_at: r.created_at,
                     run: resource,
                     events: r.events,
-                    status: Some(r.engine.status()),
+                    status: Some(engine.status()),
                 });
             }
         }
@@ -686,7 +621,7 @@ fn profile_resource(p: &SimProfile) -> Value {
 /// upgrade and rules come from the engine's `plan_run`, as in the server.
 fn generate(
     scenario: &Scenario,
-    sim: &Sim<'_>,
+    fleet: &mut FleetEngine,
     runs: &mut Vec<SimRun>,
     p: &SimProfile,
     catalog: &Catalog,
@@ -726,51 +661,60 @@ fn generate(
         rules: planned.rules,
     };
     // Membership from the fleet as it is now.
-    let members: Vec<Member> = scenario
-        .members
-        .iter()
-        .filter_map(|m| {
-            let c = sim.clusters.get(&m.name).filter(|c| !c.removed)?;
-            Some(Member {
-                cluster: c.cluster.clone(),
-                ..m.clone()
-            })
-        })
-        .collect();
-    let (engine, _) = Engine::create(&planned.name, &spec, &members, catalog.clone())?;
+    fleet.create_run(&planned.name, &spec, catalog.clone())?;
     let key = format!("{}/{}", p.name, planned.target.versions().join("+"));
     runs.push(SimRun {
         name: planned.name,
-        engine,
         strategy: strategy_spec,
         update: planned.update,
         generated: Some((p.name.clone(), key)),
         versions: planned.target.versions(),
         created_at: now,
         events: Vec::new(),
-        locked: BTreeSet::new(),
     });
     Ok(Some(runs.len() - 1))
 }
 
 /// A user action on one run.
-fn act(engine: &mut Engine, sim: &mut Sim<'_>, now: Time, action: &Action) -> Result<(), ApiError> {
+fn act(
+    fleet: &mut FleetEngine,
+    run: &str,
+    sim: &mut Sim<'_>,
+    now: Time,
+    action: &Action,
+) -> Result<(), ApiError> {
+    let mut input = |input: Input| {
+        fleet.handle(
+            now,
+            FleetInput::Run {
+                run: run.to_string(),
+                input,
+            },
+        )
+    };
     match action {
-        Action::Start => engine.handle(now, Input::Start),
-        Action::Stop => engine.handle(now, Input::Stop),
+        Action::Start => input(Input::Start),
+        Action::Stop => input(Input::Stop),
         Action::Approve(locator) => {
             let timing = match locator.timing.as_str() {
                 "Before" => Some(Timing::Before),
                 "After" => Some(Timing::After),
                 _ => None,
             };
-            match timing.and_then(|t| engine.find_gate(&locator.stage, locator.group.as_deref(), t))
-            {
-                Some(gate) => engine.handle(
+            let gate = timing.and_then(|t| {
+                fleet
+                    .run(run)?
+                    .find_gate(&locator.stage, locator.group.as_deref(), t)
+            });
+            match gate {
+                Some(gate) => fleet.handle(
                     now,
-                    Input::ApproveGate {
-                        gate,
-                        by: "scenario".into(),
+                    FleetInput::Run {
+                        run: run.to_string(),
+                        input: Input::ApproveGate {
+                            gate,
+                            by: "scenario".into(),
+                        },
                     },
                 ),
                 None => Err(ApiError::new(
@@ -805,14 +749,14 @@ fn act(engine: &mut Engine, sim: &mut Sim<'_>, now: Time, action: &Action) -> Re
                         })
                 })
                 .collect();
-            parsed.and_then(|targets| engine.handle(now, Input::Skip(targets)))
+            parsed.and_then(|targets| input(Input::Skip(targets)))
         }
         Action::RemoveMember(member) => match sim.clusters.get_mut(member) {
             Some(c) if !c.removed => {
                 c.removed = true;
-                engine.handle(
+                fleet.handle(
                     now,
-                    Input::MemberRemoved {
+                    FleetInput::MemberRemoved {
                         member: member.clone(),
                     },
                 )
@@ -824,12 +768,11 @@ fn act(engine: &mut Engine, sim: &mut Sim<'_>, now: Time, action: &Action) -> Re
                 Some(c) => {
                     c.cluster.node_pools.push(pool.clone());
                     let cluster = c.cluster.clone();
-                    engine.handle(
+                    fleet.handle(
                         now,
-                        Input::Observed {
+                        FleetInput::Observed {
                             member: member.clone(),
-                            cluster: Box::new(cluster),
-                            operation: None,
+                            cluster,
                         },
                     )
                 }
@@ -859,8 +802,6 @@ struct Sim<'a> {
     /// (ends at, sequence, run, member, attempt), earliest first.
     finishing: BinaryHeap<Reverse<Finishing>>,
     targets: BTreeMap<(usize, u64), Target>,
-    /// Member → the run whose operation on it is in flight.
-    busy: BTreeMap<String, usize>,
     seq: u64,
 }
 
@@ -885,7 +826,6 @@ impl Sim<'_> {
         let end = now.plus(c.behaviour.duration_seconds);
         c.operations.push((run, attempt, end, !fails));
         self.targets.insert((run, attempt), target);
-        self.busy.insert(member.to_string(), run);
         self.seq += 1;
         self.finishing
             .push(Reverse((end, self.seq, run, member.to_string(), attempt)));
@@ -893,9 +833,6 @@ impl Sim<'_> {
     }
 
     fn finish(&mut self, run: usize, member: &str, attempt: u64) -> Result<(), String> {
-        if self.busy.get(member) == Some(&run) {
-            self.busy.remove(member);
-        }
         let Some(c) = self.clusters.get_mut(member) else {
             return Err("the cluster is no longer in the fleet".into());
         };

@@ -41,7 +41,7 @@ impl Engine {
             };
             resolved.push(match t.kind {
                 SkipKind::Member => {
-                    let m = *self.member_index.get(&t.name).ok_or_else(|| unknown("member"))?;
+                    let m = *self.member_index.get(t.name.as_str()).ok_or_else(|| unknown("member"))?;
                     let state = self.members[m as usize].state;
                     if !matches!(state, State::NotStarted | State::Pending) {
                         return Err(ApiError::conflict(format!(

@@ -11,7 +11,19 @@ impl Engine {
         fleet: &[Member],
         catalog: Catalog,
     ) -> Result<(Engine, Vec<String>), ApiError> {
-        let mut sorted: Vec<&Member> = fleet.iter().collect();
+        let shared: Vec<SharedMember> = fleet.iter().map(SharedMember::from).collect();
+        Engine::create_shared(run_name, spec, &shared, catalog)
+    }
+
+    /// [`Engine::create`] over a fleet's member table: the run points at each member's name and
+    /// cluster instead of copying them.
+    pub fn create_shared<'a>(
+        run_name: &str,
+        spec: &RunSpec,
+        fleet: impl IntoIterator<Item = &'a SharedMember>,
+        catalog: Catalog,
+    ) -> Result<(Engine, Vec<String>), ApiError> {
+        let mut sorted: Vec<&SharedMember> = fleet.into_iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
         if let NodeImageSelection::Custom(versions) = &spec.upgrade.node_images {
             for (i, (family, version)) in versions.iter().enumerate() {
@@ -74,7 +86,7 @@ impl Engine {
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();
         for (si, stage) in strategy.stages.iter().enumerate() {
-            let in_stage: Vec<&Member> = sorted
+            let in_stage: Vec<&SharedMember> = sorted
                 .iter()
                 .copied()
                 .filter(|m| stage.selector.as_ref().is_none_or(|s| s.matches(&m.labels)))
@@ -94,7 +106,7 @@ impl Engine {
             } else {
                 &stage.groups
             };
-            let group_defs: Vec<(&Group, Vec<&Member>)> = groups
+            let group_defs: Vec<(&Group, Vec<&SharedMember>)> = groups
                 .iter()
                 .map(|g| {
                     let chosen = in_stage
@@ -140,7 +152,7 @@ impl Engine {
                 let size = chosen.len() as u64;
                 let mut ids = Vec::with_capacity(chosen.len());
                 for m in chosen {
-                    if let Some(other) = claimed.insert(m.name.as_str(), name.clone()) {
+                    if let Some(other) = claimed.insert(&m.name, name.clone()) {
                         let target = if stage.groups.is_empty() {
                             format!("properties.strategy.stages[{si}].memberSelector")
                         } else {

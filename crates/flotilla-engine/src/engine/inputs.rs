@@ -42,7 +42,7 @@ impl Engine {
                 attempt,
                 operation_id,
             } => {
-                if let Some(&m) = self.member_index.get(&member) {
+                if let Some(&m) = self.member_index.get(member.as_str()) {
                     let member = &mut self.members[m as usize];
                     if member.attempt == attempt {
                         member.operation_id = Some(operation_id);
@@ -64,7 +64,7 @@ impl Engine {
                 cluster,
                 operation,
             } => {
-                self.observed(now, &member, *cluster, operation);
+                self.observed(now, &member, cluster, operation);
                 Ok(())
             }
             Input::MemberRemoved { member } => {
@@ -72,14 +72,14 @@ impl Engine {
                 Ok(())
             }
             Input::MemberLocked { member, by_run } => {
-                if let Some(&m) = self.member_index.get(&member) {
+                if let Some(&m) = self.member_index.get(member.as_str()) {
                     self.members[m as usize].locked_by = Some(by_run);
                     self.repark(now, m);
                 }
                 Ok(())
             }
             Input::MemberUnlocked { member } => {
-                if let Some(&m) = self.member_index.get(&member) {
+                if let Some(&m) = self.member_index.get(member.as_str()) {
                     self.members[m as usize].locked_by = None;
                     self.repark(now, m);
                 }
@@ -192,7 +192,7 @@ impl Engine {
                         member.state = State::Running;
                         member.reattaching = true;
                         let attempt = member.attempt;
-                        let name = member.name.clone();
+                        let name = member.name.to_string();
                         self.add_in_flight(g, 1);
                         self.commands.push_back(Command::Observe {
                             member: name,
@@ -249,7 +249,7 @@ impl Engine {
                             kind: EventType::MemberSkipped,
                             stage: Some(self.stages[si].name.clone()),
                             group: Some(group.name.clone()),
-                            member: Some(member.name.clone()),
+                            member: Some(member.name.to_string()),
                             gate: None,
                             message: Some(REMOVED.into()),
                             error: None,
@@ -397,7 +397,7 @@ impl Engine {
                 member.state = State::Completed;
                 member.completed = Some(now);
                 if let Some(target) = &member.target {
-                    apply_target(&mut member.cluster, target);
+                    apply_target(Arc::make_mut(&mut member.cluster), target);
                 }
                 self.emit_member(now, EventType::MemberSucceeded, m, None);
             }
@@ -494,7 +494,7 @@ impl Engine {
         &mut self,
         now: Time,
         name: &str,
-        cluster: Cluster,
+        cluster: Arc<Cluster>,
         operation: Option<(u64, OperationProgress)>,
     ) {
         let Some(&m) = self.member_index.get(name) else {

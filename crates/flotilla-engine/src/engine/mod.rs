@@ -11,9 +11,10 @@
 //! event costs O(changes × log n).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::fleet::{Availability, Catalog, Cluster, Member, Os};
+use crate::fleet::{Availability, Catalog, Cluster, Member, Os, SharedMember};
 use crate::status::{
     ErrorDetail, Event, EventType, GateStatus, GroupStatus, MemberStatus, NodeImageSelectionStatus,
     SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
@@ -150,7 +151,7 @@ pub enum Input {
     /// A fresh observation of a member's cluster; `operation` answers a [`Command::Observe`].
     Observed {
         member: String,
-        cluster: Box<Cluster>,
+        cluster: Arc<Cluster>,
         operation: Option<(u64, OperationProgress)>,
     },
     MemberRemoved {
@@ -263,10 +264,11 @@ struct GateRt {
 
 #[derive(Clone, Debug)]
 struct MemberRt {
-    name: String,
-    cluster_resource_id: String,
+    name: Arc<str>,
+    cluster_resource_id: Arc<str>,
     group: u32,
-    cluster: Cluster,
+    /// The cluster as last observed, shared with the fleet's other runs.
+    cluster: Arc<Cluster>,
     state: State,
     attempt: u64,
     target: Option<Target>,
@@ -347,7 +349,7 @@ pub struct Engine {
     rules: RunRules,
     catalog: Catalog,
     members: Vec<MemberRt>,
-    member_index: HashMap<String, u32>,
+    member_index: HashMap<Arc<str>, u32>,
     groups: Vec<GroupRt>,
     group_failures: Vec<u64>,
     stages: Vec<StageRt>,
@@ -427,6 +429,20 @@ impl Engine {
         Some((member.state, member.attempt))
     }
 
+    /// Whether the run selected this member.
+    pub fn has_member(&self, name: &str) -> bool {
+        self.member_index.contains_key(name)
+    }
+
+    /// Members with an operation in flight for this run, and its attempt (for the fleet's
+    /// invariants: one operation per cluster).
+    pub fn running_members(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.members
+            .iter()
+            .filter(|m| m.state == State::Running && !m.reattaching)
+            .map(|m| (&*m.name, m.attempt))
+    }
+
     /// What a member's current attempt upgrades it to, if it has one.
     pub fn member_target(&self, name: &str) -> Option<Target> {
         let m = *self.member_index.get(name)?;
@@ -439,7 +455,7 @@ impl Engine {
         self.members
             .iter()
             .filter(|m| m.reattaching)
-            .map(|m| (m.name.clone(), m.attempt))
+            .map(|m| (m.name.to_string(), m.attempt))
             .collect()
     }
 
@@ -473,7 +489,7 @@ impl Engine {
             kind,
             stage: Some(stage),
             group: Some(group.name.clone()),
-            member: Some(member.name.clone()),
+            member: Some(member.name.to_string()),
             gate: None,
             message,
             error: None,

@@ -444,7 +444,7 @@ impl Engine {
         member.operation_id = None;
         member.target = Some(target.clone());
         let g = member.group;
-        let name = member.name.clone();
+        let name = member.name.to_string();
         self.add_in_flight(g, 1);
         self.commands.push_back(Command::StartUpgrade {
             member: name,

@@ -163,8 +163,8 @@ impl Engine {
                                             state: member.state,
                                             error: member.error.clone(),
                                         },
-                                        name: member.name.clone(),
-                                        cluster_resource_id: member.cluster_resource_id.clone(),
+                                        name: member.name.to_string(),
+                                        cluster_resource_id: member.cluster_resource_id.to_string(),
                                         operation_id: member.operation_id.clone(),
                                         message: member.message.clone(),
                                     }

@@ -1,0 +1,526 @@
+//! The fleet engine: one fleet's members, held once, and every run of the fleet, with the rules
+//! that span runs (FLEET-DESIGN.md). Pure and deterministic, like the run engine it drives.
+//!
+//! - **One copy of each member.** The member table holds each cluster once, behind an `Arc`;
+//!   runs point at it. An observation replaces the table's cluster and hands the same pointer to
+//!   every run that selected the member.
+//! - **One operation per cluster, across runs** (SEMANTICS §3). An upgrade a run starts makes
+//!   the cluster busy until its operation's definitive answer (the result, or a re-observation
+//!   that finds it not running), whether or not the run still tracks that attempt. Before its
+//!   turn, each run is told which of its members another run holds (`MemberLocked`, naming the
+//!   holder) and which were let go (the cluster as it now is, then `MemberUnlocked`), so it
+//!   decides those members again on what the other run did.
+//! - **Turns.** `settle` moves the runs one after another in creation order; a start in one run
+//!   is a lock for every later run in the same pass.
+//!
+//! Cost: an event touches the runs that selected the member it concerns (a hash lookup per
+//! run); nothing walks the member table after creation.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target, apply_target};
+use crate::error::{ApiError, ErrorCode};
+use crate::fleet::{Catalog, Cluster, Member, SharedMember};
+use crate::status::Event;
+use crate::time::Time;
+
+/// What a fleet engine is told.
+#[derive(Clone, Debug)]
+pub enum FleetInput {
+    /// An input for one run: a user's action or a driver's answer to that run's command.
+    Run { run: String, input: Input },
+    /// The cluster of a member as it now is: every run that selected it decides again on it.
+    Observed { member: String, cluster: Cluster },
+    /// A member joined the fleet, or was registered again; runs created later see it.
+    MemberAdded(Member),
+    /// A member left the fleet: the runs that selected it skip it where it has not started.
+    MemberRemoved { member: String },
+    /// The release catalog changed: every unfinished run sees the new one.
+    CatalogChanged(Catalog),
+}
+
+/// A run's command, tagged with the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetCommand {
+    pub run: String,
+    pub command: Command,
+}
+
+/// A run's event, tagged with the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetEvent {
+    pub run: String,
+    pub event: Event,
+}
+
+/// The operation a cluster is under: which run (by creation sequence) and attempt, and what it
+/// upgrades the cluster to.
+#[derive(Clone, Debug)]
+struct Busy {
+    run: u64,
+    run_name: String,
+    attempt: u64,
+    target: Target,
+}
+
+#[derive(Clone, Debug)]
+struct RunSlot {
+    name: String,
+    engine: Engine,
+    /// Members this run was told another run holds, and by which.
+    told: BTreeMap<Arc<str>, String>,
+    /// Members whose holder changed since this run's last turn.
+    news: BTreeSet<Arc<str>>,
+}
+
+/// One fleet: its member table, its runs, and the rules between them.
+#[derive(Clone, Debug, Default)]
+pub struct FleetEngine {
+    members: BTreeMap<Arc<str>, SharedMember>,
+    catalog: Catalog,
+    /// Runs by creation sequence: the order of turns.
+    runs: BTreeMap<u64, RunSlot>,
+    names: HashMap<String, u64>,
+    next_run: u64,
+    busy: BTreeMap<Arc<str>, Busy>,
+    commands: VecDeque<FleetCommand>,
+}
+
+fn no_run(run: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("update run {run:?} does not exist"),
+        "updateRun",
+    )
+}
+
+impl FleetEngine {
+    /// A fleet with these members and this catalog, and no runs yet.
+    pub fn new(members: &[Member], catalog: Catalog) -> FleetEngine {
+        FleetEngine {
+            members: members
+                .iter()
+                .map(|m| {
+                    let shared = SharedMember::from(m);
+                    (shared.name.clone(), shared)
+                })
+                .collect(),
+            catalog,
+            ..FleetEngine::default()
+        }
+    }
+
+    /// The release catalog the fleet last saw.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// A member's cluster as the fleet last saw it.
+    pub fn cluster(&self, member: &str) -> Option<&Cluster> {
+        self.members.get(member).map(|m| &*m.cluster)
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Creates a run over the fleet's members as they are now (SEMANTICS §2) with the catalog
+    /// given (the fleet's own, or a run-specific view of it). Returns the creation warnings.
+    pub fn create_run(
+        &mut self,
+        name: &str,
+        spec: &RunSpec,
+        catalog: Catalog,
+    ) -> Result<Vec<String>, ApiError> {
+        if self.names.contains_key(name) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("update run {name:?} already exists"),
+                "updateRun",
+            ));
+        }
+        let (engine, warnings) = Engine::create_shared(name, spec, self.members.values(), catalog)?;
+        let seq = self.next_run;
+        self.next_run += 1;
+        // What other runs hold now is news for the new run at its first turn.
+        let news = self
+            .busy
+            .keys()
+            .filter(|m| engine.has_member(m))
+            .cloned()
+            .collect();
+        self.runs.insert(
+            seq,
+            RunSlot {
+                name: name.to_string(),
+                engine,
+                told: BTreeMap::new(),
+                news,
+            },
+        );
+        self.names.insert(name.to_string(), seq);
+        Ok(warnings)
+    }
+
+    /// Drops a run (deleted): the clusters it held are let go.
+    pub fn remove_run(&mut self, name: &str) -> Option<Engine> {
+        let seq = self.names.remove(name)?;
+        let slot = self.runs.remove(&seq)?;
+        let held: Vec<Arc<str>> = self
+            .busy
+            .iter()
+            .filter(|(_, b)| b.run == seq)
+            .map(|(m, _)| m.clone())
+            .collect();
+        for member in held {
+            self.busy.remove(&member);
+            self.tell_others(seq, &member);
+        }
+        Some(slot.engine)
+    }
+
+    pub fn run(&self, name: &str) -> Option<&Engine> {
+        self.names
+            .get(name)
+            .and_then(|s| self.runs.get(s))
+            .map(|s| &s.engine)
+    }
+
+    /// Run names in creation order.
+    pub fn run_names(&self) -> impl Iterator<Item = &str> {
+        self.runs.values().map(|s| s.name.as_str())
+    }
+
+    /// Applies one input at `now`. A user action the API would refuse returns its error and
+    /// changes nothing.
+    pub fn handle(&mut self, now: Time, input: FleetInput) -> Result<(), ApiError> {
+        match input {
+            FleetInput::Run { run, input } => {
+                let seq = *self.names.get(&run).ok_or_else(|| no_run(&run))?;
+                self.run_input(now, seq, input)
+            }
+            FleetInput::Observed { member, cluster } => {
+                self.observed(now, &member, Arc::new(cluster), None);
+                Ok(())
+            }
+            FleetInput::MemberAdded(member) => {
+                let shared = SharedMember::from(&member);
+                let known = self.members.contains_key(shared.name.as_ref());
+                let (name, cluster) = (shared.name.clone(), shared.cluster.clone());
+                self.members.insert(name.clone(), shared);
+                if known {
+                    self.observed(now, &name, cluster, None);
+                }
+                Ok(())
+            }
+            FleetInput::MemberRemoved { member } => {
+                self.members.remove(member.as_str());
+                for slot in self.runs.values_mut() {
+                    if slot.engine.has_member(&member) {
+                        let _ = slot.engine.handle(
+                            now,
+                            Input::MemberRemoved {
+                                member: member.clone(),
+                            },
+                        );
+                    }
+                }
+                Ok(())
+            }
+            FleetInput::CatalogChanged(catalog) => {
+                self.catalog = catalog.clone();
+                for slot in self.runs.values_mut() {
+                    if !slot.engine.is_finished() {
+                        let _ = slot
+                            .engine
+                            .handle(now, Input::CatalogChanged(catalog.clone()));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn run_input(&mut self, now: Time, seq: u64, input: Input) -> Result<(), ApiError> {
+        // The definitive answers about an operation let its cluster go, whether or not the run
+        // still tracks the attempt.
+        let ended = match &input {
+            Input::OperationFinished {
+                member,
+                attempt,
+                outcome,
+            } => Some((member.clone(), *attempt, outcome.is_ok())),
+            Input::Observed {
+                member,
+                operation: Some((attempt, OperationProgress::NotRunning)),
+                ..
+            } => Some((member.clone(), *attempt, false)),
+            _ => None,
+        };
+        let observed = match &input {
+            Input::Observed {
+                member, cluster, ..
+            } => Some((member.clone(), cluster.clone())),
+            _ => None,
+        };
+        let slot = self.runs.get_mut(&seq).ok_or_else(|| no_run(""))?;
+        slot.engine.handle(now, input)?;
+        self.collect(seq);
+        if let Some((member, cluster)) = observed {
+            // A re-observation answers this run's question; every other run sees it too.
+            self.observed(now, &member, cluster, Some(seq));
+        }
+        if let Some((member, attempt, succeeded)) = ended {
+            self.operation_ended(now, seq, &member, attempt, succeeded);
+        }
+        Ok(())
+    }
+
+    /// An operation of run `seq` on `member` ended; if it held the cluster, the cluster is let
+    /// go, and an upgrade that succeeded is what the cluster now is, for every run.
+    fn operation_ended(&mut self, now: Time, seq: u64, member: &str, attempt: u64, ok: bool) {
+        let holds = self
+            .busy
+            .get(member)
+            .is_some_and(|b| b.run == seq && b.attempt == attempt);
+        if !holds {
+            return;
+        }
+        let Some((name, busy)) = self.busy.remove_entry(member) else {
+            return;
+        };
+        self.tell_others(seq, &name);
+        if ok && let Some(entry) = self.members.get(member) {
+            let mut cluster = (*entry.cluster).clone();
+            apply_target(&mut cluster, &busy.target);
+            self.observed(now, member, Arc::new(cluster), None);
+        }
+    }
+
+    /// The table's cluster of `member` is now `cluster`; every run that selected it is told,
+    /// except `answered` (which was told by its own input).
+    fn observed(&mut self, now: Time, member: &str, cluster: Arc<Cluster>, answered: Option<u64>) {
+        if let Some(entry) = self.members.get_mut(member) {
+            entry.cluster = cluster.clone();
+        }
+        for (seq, slot) in &mut self.runs {
+            if Some(*seq) == answered
+                || slot.engine.is_finished()
+                || !slot.engine.has_member(member)
+            {
+                continue;
+            }
+            let _ = slot.engine.handle(
+                now,
+                Input::Observed {
+                    member: member.to_string(),
+                    cluster: cluster.clone(),
+                    operation: None,
+                },
+            );
+        }
+    }
+
+    /// The holder of `member` changed: news for every other run that selected it.
+    fn tell_others(&mut self, holder: u64, member: &Arc<str>) {
+        for (seq, slot) in &mut self.runs {
+            if *seq != holder && slot.engine.has_member(member) {
+                slot.news.insert(member.clone());
+            }
+        }
+    }
+
+    /// Drains a run's commands: a start makes its cluster busy at once.
+    fn collect(&mut self, seq: u64) {
+        let Some(slot) = self.runs.get_mut(&seq) else {
+            return;
+        };
+        let run_name = slot.name.clone();
+        let mut started = Vec::new();
+        while let Some(command) = slot.engine.poll_command() {
+            if let Command::StartUpgrade {
+                member,
+                attempt,
+                target,
+            } = &command
+            {
+                started.push((member.clone(), *attempt, target.clone()));
+            }
+            self.commands.push_back(FleetCommand {
+                run: slot.name.clone(),
+                command,
+            });
+        }
+        for (member, attempt, target) in started {
+            let Some(name) = self
+                .members
+                .get_key_value(member.as_str())
+                .map(|(k, _)| k.clone())
+            else {
+                // A member that left the fleet: the driver will answer; nothing to lock.
+                continue;
+            };
+            self.busy.insert(
+                name.clone(),
+                Busy {
+                    run: seq,
+                    run_name: run_name.clone(),
+                    attempt,
+                    target,
+                },
+            );
+            self.tell_others(seq, &name);
+        }
+    }
+
+    /// What time alone brings, in every run.
+    pub fn advance_clock(&mut self, now: Time) {
+        for slot in self.runs.values_mut() {
+            slot.engine.advance_clock(now);
+        }
+        let seqs: Vec<u64> = self.runs.keys().copied().collect();
+        for seq in seqs {
+            self.collect(seq);
+        }
+    }
+
+    /// Moves every run forward, one after another in creation order. Before its turn a run
+    /// learns which of its members other runs now hold or let go.
+    pub fn settle(&mut self, now: Time) {
+        let seqs: Vec<u64> = self.runs.keys().copied().collect();
+        for seq in seqs {
+            self.deliver_news(now, seq);
+            if let Some(slot) = self.runs.get_mut(&seq) {
+                slot.engine.settle(now);
+            }
+            self.collect(seq);
+        }
+    }
+
+    fn deliver_news(&mut self, now: Time, seq: u64) {
+        let Some(slot) = self.runs.get_mut(&seq) else {
+            return;
+        };
+        for member in std::mem::take(&mut slot.news) {
+            let holder = self
+                .busy
+                .get(&member)
+                .filter(|b| b.run != seq)
+                .map(|b| b.run_name.clone());
+            match holder {
+                Some(holder) => {
+                    if slot.told.get(&member) != Some(&holder) {
+                        let _ = slot.engine.handle(
+                            now,
+                            Input::MemberLocked {
+                                member: member.to_string(),
+                                by_run: holder.clone(),
+                            },
+                        );
+                        slot.told.insert(member, holder);
+                    }
+                }
+                None => {
+                    if slot.told.remove(&member).is_some() {
+                        // The other run may have upgraded it: decided again on what the cluster
+                        // is now (SEMANTICS §1).
+                        if let Some(entry) = self.members.get(&member) {
+                            let _ = slot.engine.handle(
+                                now,
+                                Input::Observed {
+                                    member: member.to_string(),
+                                    cluster: entry.cluster.clone(),
+                                    operation: None,
+                                },
+                            );
+                        }
+                        let _ = slot.engine.handle(
+                            now,
+                            Input::MemberUnlocked {
+                                member: member.to_string(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn poll_command(&mut self) -> Option<FleetCommand> {
+        self.commands.pop_front()
+    }
+
+    /// The next event of any run, runs in creation order.
+    pub fn poll_event(&mut self) -> Option<FleetEvent> {
+        self.runs.values_mut().find_map(|slot| {
+            slot.engine.poll_event().map(|event| FleetEvent {
+                run: slot.name.clone(),
+                event,
+            })
+        })
+    }
+
+    /// Records a user action the API refused, in the run's event log.
+    pub fn record_rejection(&mut self, now: Time, run: &str, action: &str, error: ApiError) {
+        if let Some(slot) = self.names.get(run).and_then(|s| self.runs.get_mut(s)) {
+            slot.engine.record_rejection(now, action, error);
+        }
+    }
+
+    /// The earliest instant at which some run must be settled again.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        self.runs
+            .values()
+            .filter_map(|s| s.engine.next_wakeup())
+            .min()
+    }
+
+    /// Every run is finished.
+    pub fn is_finished(&self) -> bool {
+        self.runs.values().all(|s| s.engine.is_finished())
+    }
+
+    /// Recounts each run's state from scratch, and checks the rules between runs: every
+    /// operation a run has in flight holds its cluster, and no cluster has two.
+    pub fn check_invariants(&self, now: Time) -> Result<(), String> {
+        for (seq, slot) in &self.runs {
+            slot.engine
+                .check_invariants(now)
+                .map_err(|e| format!("run {}: {e}", slot.name))?;
+            for (member, attempt) in slot.engine.running_members() {
+                match self.busy.get(member) {
+                    Some(b) if b.run == *seq && b.attempt == attempt => {}
+                    Some(b) => {
+                        return Err(format!(
+                            "member {member} is in flight in run {} (attempt {attempt}) while run {} holds it (attempt {})",
+                            slot.name, b.run_name, b.attempt
+                        ));
+                    }
+                    None => {
+                        return Err(format!(
+                            "member {member} is in flight in run {} (attempt {attempt}) but holds no lock",
+                            slot.name
+                        ));
+                    }
+                }
+            }
+            for (member, holder) in &slot.told {
+                if !slot.engine.has_member(member) {
+                    return Err(format!(
+                        "run {} was told about {member}, which it did not select",
+                        slot.name
+                    ));
+                }
+                let current = self.busy.get(member).map(|b| b.run_name.clone());
+                if current.as_ref() != Some(holder) && !slot.news.contains(member) {
+                    return Err(format!(
+                        "run {} believes {holder} holds {member}, but it is {current:?}, and no news is pending",
+                        slot.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
