@@ -54,6 +54,16 @@ pub struct FleetEvent {
     pub event: Event,
 }
 
+/// What a run's engine was given, in order: replaying these into a fresh [`Engine`] built the
+/// same way rebuilds the run exactly, whatever the other runs did (the fleet's rules reach a
+/// run only through its inputs).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delivered {
+    Input(Time, Input),
+    AdvanceClock(Time),
+    Settle(Time),
+}
+
 /// The operation a cluster is under: which run (by creation sequence) and attempt, and what it
 /// upgrades the cluster to.
 #[derive(Clone, Debug)]
@@ -72,6 +82,36 @@ struct RunSlot {
     told: BTreeMap<Arc<str>, String>,
     /// Members whose holder changed since this run's last turn.
     news: BTreeSet<Arc<str>>,
+    /// Given something since its last settle: a settle of a run given nothing, with no timer
+    /// due, changes nothing, so it is skipped.
+    dirty: bool,
+    /// What the engine was given since the shell last took it (when the fleet records).
+    journal: Vec<Delivered>,
+}
+
+impl RunSlot {
+    fn new(name: &str, engine: Engine) -> RunSlot {
+        RunSlot {
+            name: name.to_string(),
+            engine,
+            told: BTreeMap::new(),
+            news: BTreeSet::new(),
+            dirty: true,
+            journal: Vec::new(),
+        }
+    }
+
+    /// Gives the engine an input, recording it when it changed something (a refused input
+    /// changes nothing, so replay need not see it).
+    fn give(&mut self, now: Time, input: Input, record: bool) -> Result<(), ApiError> {
+        let recorded = record.then(|| input.clone());
+        self.engine.handle(now, input)?;
+        self.dirty = true;
+        if let Some(input) = recorded {
+            self.journal.push(Delivered::Input(now, input));
+        }
+        Ok(())
+    }
 }
 
 /// One fleet: its member table, its runs, and the rules between them.
@@ -85,6 +125,8 @@ pub struct FleetEngine {
     next_run: u64,
     busy: BTreeMap<Arc<str>, Busy>,
     commands: VecDeque<FleetCommand>,
+    /// Keep each run's [`Delivered`] journal for the shell to persist.
+    record: bool,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -109,6 +151,76 @@ impl FleetEngine {
             catalog,
             ..FleetEngine::default()
         }
+    }
+
+    /// Keeps, for each run, what its engine is given ([`FleetEngine::take_journal`]).
+    pub fn recording(mut self) -> FleetEngine {
+        self.record = true;
+        self
+    }
+
+    /// What a run's engine was given since the last call, to persist as its input log.
+    pub fn take_journal(&mut self, run: &str) -> Vec<Delivered> {
+        self.names
+            .get(run)
+            .and_then(|s| self.runs.get_mut(s))
+            .map(|slot| std::mem::take(&mut slot.journal))
+            .unwrap_or_default()
+    }
+
+    /// Takes in a run rebuilt elsewhere (by replaying its journal into an engine). The clusters
+    /// its operations in flight are on become busy, unless another run already holds them, and
+    /// its locks are checked again at its first turn.
+    pub fn adopt_run(&mut self, name: &str, engine: Engine) -> Result<(), ApiError> {
+        if self.names.contains_key(name) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("update run {name:?} is already driven"),
+                "updateRun",
+            ));
+        }
+        let seq = self.next_run;
+        self.next_run += 1;
+        let mut slot = RunSlot::new(name, engine);
+        for (member, holder) in slot.engine.locked_members() {
+            if let Some((key, _)) = self.members.get_key_value(member) {
+                slot.told.insert(key.clone(), holder.to_string());
+            }
+        }
+        let held: Vec<(Arc<str>, u64, Target)> = slot
+            .engine
+            .operations_in_flight()
+            .filter_map(|(member, attempt, target)| {
+                let key = self.members.get_key_value(member)?.0.clone();
+                Some((key, attempt, target.clone()))
+            })
+            .collect();
+        let mut news: BTreeSet<Arc<str>> = slot.told.keys().cloned().collect();
+        news.extend(
+            self.busy
+                .keys()
+                .filter(|m| slot.engine.has_member(m))
+                .cloned(),
+        );
+        slot.news = news;
+        self.runs.insert(seq, slot);
+        self.names.insert(name.to_string(), seq);
+        for (member, attempt, target) in held {
+            if self.busy.contains_key(&member) {
+                continue;
+            }
+            self.busy.insert(
+                member.clone(),
+                Busy {
+                    run: seq,
+                    run_name: name.to_string(),
+                    attempt,
+                    target,
+                },
+            );
+            self.tell_others(seq, &member);
+        }
+        Ok(())
     }
 
     /// The release catalog the fleet last saw.
@@ -150,15 +262,9 @@ impl FleetEngine {
             .filter(|m| engine.has_member(m))
             .cloned()
             .collect();
-        self.runs.insert(
-            seq,
-            RunSlot {
-                name: name.to_string(),
-                engine,
-                told: BTreeMap::new(),
-                news,
-            },
-        );
+        let mut slot = RunSlot::new(name, engine);
+        slot.news = news;
+        self.runs.insert(seq, slot);
         self.names.insert(name.to_string(), seq);
         Ok(warnings)
     }
@@ -216,25 +322,23 @@ impl FleetEngine {
             }
             FleetInput::MemberRemoved { member } => {
                 self.members.remove(member.as_str());
+                let record = self.record;
                 for slot in self.runs.values_mut() {
                     if slot.engine.has_member(&member) {
-                        let _ = slot.engine.handle(
-                            now,
-                            Input::MemberRemoved {
-                                member: member.clone(),
-                            },
-                        );
+                        let input = Input::MemberRemoved {
+                            member: member.clone(),
+                        };
+                        let _ = slot.give(now, input, record);
                     }
                 }
                 Ok(())
             }
             FleetInput::CatalogChanged(catalog) => {
                 self.catalog = catalog.clone();
+                let record = self.record;
                 for slot in self.runs.values_mut() {
                     if !slot.engine.is_finished() {
-                        let _ = slot
-                            .engine
-                            .handle(now, Input::CatalogChanged(catalog.clone()));
+                        let _ = slot.give(now, Input::CatalogChanged(catalog.clone()), record);
                     }
                 }
                 Ok(())
@@ -264,8 +368,9 @@ impl FleetEngine {
             } => Some((member.clone(), cluster.clone())),
             _ => None,
         };
+        let record = self.record;
         let slot = self.runs.get_mut(&seq).ok_or_else(|| no_run(""))?;
-        slot.engine.handle(now, input)?;
+        slot.give(now, input, record)?;
         self.collect(seq);
         if let Some((member, cluster)) = observed {
             // A re-observation answers this run's question; every other run sees it too.
@@ -304,6 +409,7 @@ impl FleetEngine {
         if let Some(entry) = self.members.get_mut(member) {
             entry.cluster = cluster.clone();
         }
+        let record = self.record;
         for (seq, slot) in &mut self.runs {
             if Some(*seq) == answered
                 || slot.engine.is_finished()
@@ -311,14 +417,12 @@ impl FleetEngine {
             {
                 continue;
             }
-            let _ = slot.engine.handle(
-                now,
-                Input::Observed {
-                    member: member.to_string(),
-                    cluster: cluster.clone(),
-                    operation: None,
-                },
-            );
+            let input = Input::Observed {
+                member: member.to_string(),
+                cluster: cluster.clone(),
+                operation: None,
+            };
+            let _ = slot.give(now, input, record);
         }
     }
 
@@ -377,7 +481,13 @@ impl FleetEngine {
     /// What time alone brings, in every run.
     pub fn advance_clock(&mut self, now: Time) {
         for slot in self.runs.values_mut() {
-            slot.engine.advance_clock(now);
+            if slot.engine.next_wakeup().is_some_and(|t| t <= now) {
+                slot.engine.advance_clock(now);
+                slot.dirty = true;
+                if self.record {
+                    slot.journal.push(Delivered::AdvanceClock(now));
+                }
+            }
         }
         let seqs: Vec<u64> = self.runs.keys().copied().collect();
         for seq in seqs {
@@ -391,14 +501,23 @@ impl FleetEngine {
         let seqs: Vec<u64> = self.runs.keys().copied().collect();
         for seq in seqs {
             self.deliver_news(now, seq);
+            let record = self.record;
             if let Some(slot) = self.runs.get_mut(&seq) {
+                if !slot.dirty && slot.engine.next_wakeup().is_none_or(|t| t > now) {
+                    continue;
+                }
                 slot.engine.settle(now);
+                slot.dirty = false;
+                if record {
+                    slot.journal.push(Delivered::Settle(now));
+                }
             }
             self.collect(seq);
         }
     }
 
     fn deliver_news(&mut self, now: Time, seq: u64) {
+        let record = self.record;
         let Some(slot) = self.runs.get_mut(&seq) else {
             return;
         };
@@ -411,13 +530,11 @@ impl FleetEngine {
             match holder {
                 Some(holder) => {
                     if slot.told.get(&member) != Some(&holder) {
-                        let _ = slot.engine.handle(
-                            now,
-                            Input::MemberLocked {
-                                member: member.to_string(),
-                                by_run: holder.clone(),
-                            },
-                        );
+                        let input = Input::MemberLocked {
+                            member: member.to_string(),
+                            by_run: holder.clone(),
+                        };
+                        let _ = slot.give(now, input, record);
                         slot.told.insert(member, holder);
                     }
                 }
@@ -426,21 +543,17 @@ impl FleetEngine {
                         // The other run may have upgraded it: decided again on what the cluster
                         // is now (SEMANTICS §1).
                         if let Some(entry) = self.members.get(&member) {
-                            let _ = slot.engine.handle(
-                                now,
-                                Input::Observed {
-                                    member: member.to_string(),
-                                    cluster: entry.cluster.clone(),
-                                    operation: None,
-                                },
-                            );
-                        }
-                        let _ = slot.engine.handle(
-                            now,
-                            Input::MemberUnlocked {
+                            let input = Input::Observed {
                                 member: member.to_string(),
-                            },
-                        );
+                                cluster: entry.cluster.clone(),
+                                operation: None,
+                            };
+                            let _ = slot.give(now, input, record);
+                        }
+                        let input = Input::MemberUnlocked {
+                            member: member.to_string(),
+                        };
+                        let _ = slot.give(now, input, record);
                     }
                 }
             }

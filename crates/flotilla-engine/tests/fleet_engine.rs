@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_engine::engine::{Command, Engine, Input, RunSpec};
+use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec};
 use flotilla_engine::error::ErrorCode;
 use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
-use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetInput};
+use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetInput};
 use flotilla_engine::status::State;
 use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
 use flotilla_engine::time::Time;
@@ -261,4 +261,171 @@ fn inputs_for_unknown_runs_and_duplicate_names_are_refused() {
     assert!(err.message.contains("nope"), "{}", err.message);
     assert_eq!(f.run_names().collect::<Vec<_>>(), vec!["r"]);
     assert_eq!(f.run("r").expect("run").state(), State::NotStarted);
+}
+
+/// Replays a run's journal into a fresh engine built as the run was.
+fn replay(name: &str, spec: &RunSpec, members: &[Member], journal: &[Delivered]) -> Engine {
+    let (mut engine, _) = Engine::create(name, spec, members, catalog()).expect("created");
+    for entry in journal {
+        match entry {
+            Delivered::Input(at, input) => {
+                engine.handle(*at, input.clone()).expect("recorded input");
+            }
+            Delivered::AdvanceClock(at) => engine.advance_clock(*at),
+            Delivered::Settle(at) => engine.settle(*at),
+        }
+    }
+    while engine.poll_command().is_some() {}
+    while engine.poll_event().is_some() {}
+    engine
+}
+
+/// Drives a fleet one instant: results of `finishing` due by `now` in, settle, starts out.
+fn drive(
+    fleet: &mut FleetEngine,
+    now: Time,
+    finishing: &mut Vec<(Time, String, String, u64)>,
+    journals: &mut BTreeMap<String, Vec<Delivered>>,
+) {
+    finishing.sort();
+    while finishing.first().is_some_and(|f| f.0 <= now) {
+        let (_, run, member, attempt) = finishing.remove(0);
+        finish(fleet, now, &run, &member, attempt);
+    }
+    fleet.advance_clock(now);
+    loop {
+        fleet.settle(now);
+        let mut answered = false;
+        while let Some(FleetCommand { run, command }) = fleet.poll_command() {
+            match command {
+                Command::StartUpgrade {
+                    member, attempt, ..
+                } => {
+                    let length = 300 + 60 * (attempt as i64 % 5);
+                    finishing.push((now.plus(length), run, member, attempt));
+                }
+                Command::Observe { member, attempt } => {
+                    // Re-attaching after a start: still running if its result is to come.
+                    let running = finishing
+                        .iter()
+                        .any(|f| f.1 == run && f.2 == member && f.3 == attempt);
+                    let progress = if running {
+                        OperationProgress::InProgress
+                    } else {
+                        OperationProgress::NotRunning
+                    };
+                    let cluster = fleet.cluster(&member).expect("member").clone();
+                    let observed = Input::Observed {
+                        member,
+                        cluster: std::sync::Arc::new(cluster),
+                        operation: Some((attempt, progress)),
+                    };
+                    fleet.handle(now, input(&run, observed)).expect("observed");
+                    answered = true;
+                }
+            }
+        }
+        if !answered {
+            break;
+        }
+    }
+    while fleet.poll_event().is_some() {}
+    let names: Vec<String> = fleet.run_names().map(str::to_string).collect();
+    for name in names {
+        journals
+            .entry(name.clone())
+            .or_default()
+            .extend(fleet.take_journal(&name));
+    }
+    fleet.check_invariants(now).expect("fleet invariants");
+}
+
+#[test]
+fn journals_replay_each_run_exactly_and_an_adopted_fleet_goes_on_the_same() {
+    let names: Vec<String> = (0..12).map(|i| format!("m{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let members: Vec<Member> = refs.iter().map(|n| member(n, "1.30.5")).collect();
+    let mut f = FleetEngine::new(&members, catalog()).recording();
+    let specs = [
+        ("a", spec("1.31.1")),
+        ("b", spec("1.32.0")),
+        ("c", spec("1.31.1")),
+    ];
+    for (name, s) in &specs {
+        f.create_run(name, s, catalog()).expect("created");
+    }
+    let t0 = Time(1_000_000);
+    for (name, _) in &specs {
+        f.handle(t0, input(name, Input::Start)).expect("started");
+    }
+    let mut finishing = Vec::new();
+    let mut journals = BTreeMap::new();
+    let mut now = t0;
+    for step in 0..40 {
+        if step == 7 {
+            f.handle(now, input("b", Input::Stop)).expect("stopped");
+        }
+        if step == 15 {
+            f.handle(now, input("b", Input::Start))
+                .expect("started again");
+        }
+        drive(&mut f, now, &mut finishing, &mut journals);
+        now = now.plus(120);
+    }
+    // The runs did contend: locks were taken and let go through their inputs.
+    let delivered = |want: fn(&Input) -> bool| {
+        journals
+            .values()
+            .flatten()
+            .any(|d| matches!(d, Delivered::Input(_, i) if want(i)))
+    };
+    assert!(delivered(|i| matches!(i, Input::MemberLocked { .. })));
+    assert!(delivered(|i| matches!(i, Input::MemberUnlocked { .. })));
+    // Every run replays from its journal alone to the state it is in.
+    let mut adopted = FleetEngine::new(&members, catalog()).recording();
+    for (name, s) in &specs {
+        let replayed = replay(name, s, &members, &journals[*name]);
+        assert_eq!(
+            replayed.status(),
+            f.run(name).expect("run").status(),
+            "run {name} replays exactly"
+        );
+        adopted.adopt_run(name, replayed).expect("adopted");
+    }
+    // The adopted fleet's clusters are as the original saw them.
+    for name in &refs {
+        if let Some(c) = f.cluster(name) {
+            adopted
+                .handle(
+                    now,
+                    FleetInput::Observed {
+                        member: name.to_string(),
+                        cluster: c.clone(),
+                    },
+                )
+                .expect("observed");
+        }
+    }
+    adopted.check_invariants(now).expect("adopted invariants");
+    // Both go on to the end; they end the same.
+    let (mut fa, mut ja) = (finishing.clone(), BTreeMap::new());
+    let (mut fb, mut jb) = (finishing, BTreeMap::new());
+    for _ in 0..200 {
+        drive(&mut f, now, &mut fa, &mut ja);
+        drive(&mut adopted, now, &mut fb, &mut jb);
+        now = now.plus(120);
+    }
+    for (name, _) in &specs {
+        let (x, y) = (f.run(name).expect("run"), adopted.run(name).expect("run"));
+        assert!(x.is_finished(), "run {name} finished");
+        assert_eq!(x.state(), y.state(), "run {name}");
+        let members_of = |e: &Engine| {
+            e.status().stages[0].groups[0]
+                .members
+                .iter()
+                .map(|m| (m.name.clone(), m.status.state))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(members_of(x), members_of(y), "run {name}");
+    }
 }

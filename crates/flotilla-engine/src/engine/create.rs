@@ -106,18 +106,28 @@ impl Engine {
             } else {
                 &stage.groups
             };
+            // Members by the group they name, for groups without a selector: one pass over the
+            // stage instead of one per group.
+            let mut by_group: HashMap<&str, Vec<&SharedMember>> = HashMap::new();
+            if groups.iter().any(|g| g.selector.is_none()) && !stage.groups.is_empty() {
+                for m in &in_stage {
+                    if let Some(group) = m.group.as_deref() {
+                        by_group.entry(group).or_default().push(m);
+                    }
+                }
+            }
             let group_defs: Vec<(&Group, Vec<&SharedMember>)> = groups
                 .iter()
                 .map(|g| {
-                    let chosen = in_stage
-                        .iter()
-                        .copied()
-                        .filter(|m| match &g.selector {
-                            Some(s) => s.matches(&m.labels),
-                            None if stage.groups.is_empty() => true,
-                            None => m.group.as_deref() == Some(g.name.as_str()),
-                        })
-                        .collect();
+                    let chosen = match &g.selector {
+                        Some(s) => in_stage
+                            .iter()
+                            .copied()
+                            .filter(|m| s.matches(&m.labels))
+                            .collect(),
+                        None if stage.groups.is_empty() => in_stage.clone(),
+                        None => by_group.remove(g.name.as_str()).unwrap_or_default(),
+                    };
                     (g, chosen)
                 })
                 .collect();

@@ -443,6 +443,21 @@ impl Engine {
             .map(|m| (&*m.name, m.attempt))
     }
 
+    /// Members this run was told another run is upgrading, and by which.
+    pub fn locked_members(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.members
+            .iter()
+            .filter_map(|m| Some((&*m.name, m.locked_by.as_deref()?)))
+    }
+
+    /// Every operation this run has in flight or is re-attaching to: member, attempt, target.
+    pub fn operations_in_flight(&self) -> impl Iterator<Item = (&str, u64, &Target)> {
+        self.members
+            .iter()
+            .filter(|m| m.state == State::Running)
+            .filter_map(|m| Some((&*m.name, m.attempt, m.target.as_ref()?)))
+    }
+
     /// What a member's current attempt upgrades it to, if it has one.
     pub fn member_target(&self, name: &str) -> Option<Target> {
         let m = *self.member_index.get(name)?;
