@@ -180,6 +180,9 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// An upgrade in flight: (ends at, sequence, run, member, attempt, fails).
+type Finishing = (i64, u64, String, String, u64, bool);
+
 /// N runs over one fleet in one fleet engine, driven to their end in virtual time.
 fn fleet_bench(scenario: &Scenario, runs: usize) {
     let (spec, _, _) = run_spec(scenario).expect("valid strategy");
@@ -207,9 +210,7 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
             )
             .expect("started");
     }
-    // (ends at, sequence, run, member, attempt, fails)
-    let mut finishing: BinaryHeap<Reverse<(i64, u64, String, String, u64, bool)>> =
-        BinaryHeap::new();
+    let mut finishing: BinaryHeap<Reverse<Finishing>> = BinaryHeap::new();
     let mut seq = 0u64;
     let (mut events, mut upgrades, mut steps) = (0u64, 0u64, Vec::new());
     let wall = Instant::now();
