@@ -46,6 +46,26 @@ pub struct Member {
     pub cluster: Cluster,
 }
 
+impl Cluster {
+    /// A cluster nothing is known of: version 0.0.0, no node pools, no region. It stands in
+    /// for a member that could not be observed, to learn whether a run selects it; it is never
+    /// upgraded from.
+    pub fn unknown() -> Cluster {
+        Cluster {
+            region: String::new(),
+            kubernetes_version: crate::version::KubeVersion {
+                major: 0,
+                minor: 0,
+                patch: 0,
+            },
+            node_pools: Vec::new(),
+            kubernetes_window: None,
+            node_os_window: None,
+            long_term_support: false,
+        }
+    }
+}
+
 /// A member as a fleet engine holds it: one copy, shared by every run of the fleet. Runs keep
 /// pointers to its name and cluster, never copies.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -183,17 +183,12 @@ impl FleetEngine {
         self.next_run += 1;
         let mut slot = RunSlot::new(name, engine);
         for (member, holder) in slot.engine.locked_members() {
-            if let Some((key, _)) = self.members.get_key_value(member) {
-                slot.told.insert(key.clone(), holder.to_string());
-            }
+            slot.told.insert(self.key(member), holder.to_string());
         }
         let held: Vec<(Arc<str>, u64, Target)> = slot
             .engine
             .operations_in_flight()
-            .filter_map(|(member, attempt, target)| {
-                let key = self.members.get_key_value(member)?.0.clone();
-                Some((key, attempt, target.clone()))
-            })
+            .map(|(member, attempt, target)| (self.key(member), attempt, target.clone()))
             .collect();
         let mut news: BTreeSet<Arc<str>> = slot.told.keys().cloned().collect();
         news.extend(
@@ -221,6 +216,13 @@ impl FleetEngine {
             self.tell_others(seq, &member);
         }
         Ok(())
+    }
+
+    /// The shared name of a member: the table's, or a new one for a member it does not hold.
+    fn key(&self, member: &str) -> Arc<str> {
+        self.members
+            .get_key_value(member)
+            .map_or_else(|| Arc::from(member), |(k, _)| k.clone())
     }
 
     /// The release catalog the fleet last saw.
@@ -457,14 +459,9 @@ impl FleetEngine {
             });
         }
         for (member, attempt, target) in started {
-            let Some(name) = self
-                .members
-                .get_key_value(member.as_str())
-                .map(|(k, _)| k.clone())
-            else {
-                // A member that left the fleet: the driver will answer; nothing to lock.
-                continue;
-            };
+            // The cluster is busy whether or not the table knows the member (a shell may drive
+            // runs without one, and a member may have left the fleet meanwhile).
+            let name = self.key(&member);
             self.busy.insert(
                 name.clone(),
                 Busy {

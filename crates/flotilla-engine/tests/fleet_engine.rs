@@ -429,3 +429,29 @@ fn journals_replay_each_run_exactly_and_an_adopted_fleet_goes_on_the_same() {
         assert_eq!(members_of(x), members_of(y), "run {name}");
     }
 }
+
+#[test]
+fn runs_adopted_without_a_member_table_still_hold_their_clusters() {
+    // A shell may rebuild runs from their own snapshots and hand them over with no table: the
+    // one-operation-per-cluster rule must not depend on the table knowing the member.
+    let t0 = Time(1_000_000);
+    let members = [member("a", "1.30.5")];
+    let mut f = FleetEngine::default();
+    for name in ["first", "second"] {
+        let (engine, _) =
+            Engine::create(name, &spec("1.31.1"), &members, catalog()).expect("created");
+        f.adopt_run(name, engine).expect("adopted");
+        f.handle(t0, input(name, Input::Start)).expect("started");
+    }
+    assert_eq!(settle(&mut f, t0), vec![("first".into(), "a".into(), 1)]);
+    assert_eq!(settle(&mut f, t0.plus(1)), vec![]);
+    let (st, message) = state(f.run("second").expect("run"), "a");
+    assert_eq!(st, State::Pending);
+    assert!(message.is_some_and(|m| m.contains("first")));
+    // Adopting a run again under the same name is refused.
+    let (engine, _) = Engine::create("first", &spec("1.31.1"), &members, catalog()).expect("ok");
+    assert_eq!(
+        f.adopt_run("first", engine).expect_err("twice").code,
+        ErrorCode::Conflict
+    );
+}

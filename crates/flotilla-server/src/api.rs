@@ -1347,6 +1347,9 @@ async fn create_run(
         .for_fleet(state.runs.store.as_ref(), fleet)
         .await?;
     let mut members = Vec::new();
+    // Members the driver could not observe now, with why: they refuse only a run that selects
+    // them (an unobservable member affects only itself).
+    let mut unobserved: Vec<(String, ApiError)> = Vec::new();
     let mut after: Option<String> = None;
     loop {
         let page = state
@@ -1366,7 +1369,14 @@ async fn create_run(
                 m.body["properties"]["status"]["cluster"].clone(),
             ) {
                 Ok(c) => c,
-                Err(_) => observe_member(state, fleet, &m.name, &id).await?,
+                Err(_) => match observe_member(state, fleet, &m.name, &id).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        unobserved.push((m.name.clone(), e));
+                        // Stands in only to learn whether the run selects the member.
+                        Cluster::unknown()
+                    }
+                },
             };
             members.push(MemberRecord {
                 name: m.name.clone(),
@@ -1385,14 +1395,24 @@ async fn create_run(
             e.message
         ))
     })?;
-    let snapshot = RunSnapshot {
+    let mut snapshot = RunSnapshot {
         strategy: strategy.clone(),
         update: update.clone(),
         members,
         catalog,
         rules: new.rules,
     };
-    let (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
+    let (mut engine, mut warnings) = engine_from_snapshot(run, &snapshot)?;
+    if !unobserved.is_empty() {
+        if let Some((_, error)) = unobserved.iter().find(|(m, _)| engine.has_member(m)) {
+            return Err(error.clone().into());
+        }
+        // None of them is selected: the run is made from the others alone.
+        snapshot
+            .members
+            .retain(|m| !unobserved.iter().any(|(u, _)| *u == m.name));
+        (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
+    }
     let mut properties = json!({
         "provisioningState": "Succeeded",
         "managedClusterUpdate": update,

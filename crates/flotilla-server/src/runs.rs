@@ -1,10 +1,12 @@
-//! The reconciler: one task per active update run. It feeds the engine what happened, records
-//! the inputs, intents, events and status in one transaction, and only then carries out the
-//! engine's commands through the fleet's driver (SEMANTICS §7). It sleeps until the engine's next
-//! wake-up or the next input: no polling of the engine.
+//! The reconciler: one task per fleet, owning the fleet's [`FleetEngine`] and so every active
+//! run of the fleet. It feeds the engine what happened, records for each run what its engine was
+//! given, its intents, events and status in one transaction, and only then carries out the
+//! engine's commands through the fleet's driver (SEMANTICS §7). It sleeps until the engine's
+//! next wake-up or the next input: no polling of the engine.
 //!
-//! A run is rebuilt after a restart by replaying its input log into a fresh engine; recorded
-//! intents without a result are asked about before anything is sent again.
+//! A run is rebuilt after a restart by replaying its input log into a fresh engine and handing
+//! it to the fleet's engine; recorded intents without a result are asked about before anything
+//! is sent again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target};
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::fleet::{Catalog, Member, MemberRecord};
+use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::status::{EventType, State};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
@@ -151,23 +154,52 @@ pub struct RunEvent {
     pub event: Value,
 }
 
+/// What a fleet's task is told.
 enum Msg {
-    /// Something outside the run changed (another run let go of a member): look again.
-    Nudge,
-    /// This replica lost the fleet's lease: stop driving the run at once.
+    /// This replica lost the fleet's lease: stop driving its runs at once.
     Abandon,
+    /// A run rebuilt from the store (by a caller, off the task), to drive from now on.
+    Adopt {
+        run: String,
+        loaded: Box<LoadedRun>,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
+    /// The run was replaced or deleted: stop driving it.
+    Retire { run: String },
     /// An action handed over through the store by another replica (or while this one was not
     /// the owner); its result is recorded with the step.
-    Remote { id: i64, input: Input },
+    Remote { run: String, id: i64, input: Input },
     Action {
+        run: String,
         input: Input,
-        reply: oneshot::Sender<Result<(), ApiError>>,
+        reply: Reply,
         at: Instant,
     },
     Input {
+        run: String,
         input: Input,
         observed_at: Option<Instant>,
     },
+}
+
+/// Where the answer to a user action goes.
+type Reply = oneshot::Sender<Result<(), Refusal>>;
+
+/// Why a fleet's task did not carry out an action.
+enum Refusal {
+    /// The engine (or the store) refused it: the caller's answer.
+    Api(ApiError),
+    /// The task does not drive that run now (it finished, or was dropped): load it and ask again.
+    NotLoaded,
+}
+
+/// A run as loaded from the store: its engine after replaying its log, and what its task needs.
+struct LoadedRun {
+    engine: Engine,
+    /// The run resource without its status.
+    base: Value,
+    snapshot_etag: String,
+    intents: Vec<Intent>,
 }
 
 /// How stale a running run's stored status may get while steps come fast.
@@ -176,11 +208,23 @@ const STATUS_EVERY: Duration = Duration::from_millis(250);
 /// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
 
-/// Member → the run and attempt upgrading it.
-type MemberLocks = HashMap<String, (String, u64)>;
+/// A fleet's task: the lease epoch it drives the fleet under, its mailbox, and the runs it
+/// drives now (kept by the task).
+#[derive(Clone)]
+struct FleetTask {
+    epoch: i64,
+    tx: mpsc::UnboundedSender<Msg>,
+    driving: Arc<Mutex<std::collections::HashSet<String>>>,
+}
 
-/// A run's task: the lease epoch it drives the run under, and its mailbox.
-type RunTask = (i64, mpsc::UnboundedSender<Msg>);
+impl FleetTask {
+    fn drives(&self, run: &str) -> bool {
+        self.driving
+            .lock()
+            .map(|d| d.contains(run))
+            .unwrap_or(false)
+    }
+}
 
 /// A driver and the configuration it was built from.
 type BuiltDriver = (Value, Arc<dyn Driver>);
@@ -243,30 +287,23 @@ impl Drivers {
     }
 }
 
-/// All active runs of the server.
+/// All active runs of the server, driven by one task per fleet.
 pub struct Runs {
     pub store: Arc<dyn Store>,
     pub replica: Replica,
     pub drivers: Drivers,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<RunEvent>,
-    /// The task of each run this replica drives, with the lease epoch it drives it under.
-    handles: Mutex<HashMap<(String, String), RunTask>>,
-    /// One run task is built at a time, so two callers never build two for one run.
+    /// The task of each fleet this replica drives.
+    fleets: Mutex<HashMap<String, FleetTask>>,
+    /// One run is loaded at a time, so two callers never load one run twice.
     loading: tokio::sync::Mutex<()>,
-    /// Runs whose task ended on a store error, and fleets whose runs could not all be resumed:
-    /// the coordinator tries again on its next pass.
+    /// Runs dropped on a store error, and fleets whose runs could not all be resumed: the
+    /// coordinator tries again on its next pass.
     to_reload: Mutex<std::collections::HashSet<(String, String)>>,
     to_resume: Mutex<std::collections::HashSet<String>>,
     /// Live replicas at the last heartbeat.
     alive: std::sync::atomic::AtomicUsize,
-    /// (fleet, member) → the runs told that member is locked: woken when it is let go.
-    waiters: Mutex<HashMap<(String, String), std::collections::HashSet<String>>>,
-    /// Fleet → member → the run (and attempt) upgrading it: one operation per cluster at a time,
-    /// across runs (SEMANTICS §3).
-    locks: Mutex<HashMap<String, MemberLocks>>,
-    /// One scheduling turn per fleet at a time, so two runs never pick the same member.
-    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What a run is created from, stored with it.
@@ -339,105 +376,12 @@ impl Runs {
             drivers: Drivers::default(),
             metrics,
             events,
-            handles: Mutex::new(HashMap::new()),
+            fleets: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
             to_reload: Mutex::new(Default::default()),
             to_resume: Mutex::new(Default::default()),
             alive: std::sync::atomic::AtomicUsize::new(1),
-            locks: Mutex::new(HashMap::new()),
-            turns: Mutex::new(HashMap::new()),
-            waiters: Mutex::new(HashMap::new()),
         })
-    }
-
-    fn turn(&self, fleet: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
-        turns.entry(fleet.to_string()).or_default().clone()
-    }
-
-    /// Members of a fleet being upgraded by runs other than `run`, and by which.
-    fn locked_by_others(&self, fleet: &str, run: &str) -> HashMap<String, String> {
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks
-            .get(fleet)
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, (holder, _))| holder != run)
-                    .map(|(member, (holder, _))| (member.clone(), holder.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn acquire(&self, fleet: &str, member: &str, run: &str, attempt: u64) {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks
-            .entry(fleet.to_string())
-            .or_default()
-            .insert(member.to_string(), (run.to_string(), attempt));
-    }
-
-    fn release(&self, fleet: &str, member: &str, run: &str, attempt: u64) {
-        let released = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            match locks.get_mut(fleet) {
-                Some(members)
-                    if members
-                        .get(member)
-                        .is_some_and(|(r, a)| r == run && *a == attempt) =>
-                {
-                    members.remove(member);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if released {
-            self.wake_waiters(fleet, member);
-        }
-    }
-
-    fn wait_for(&self, fleet: &str, member: &str, run: &str) {
-        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        waiters
-            .entry((fleet.to_string(), member.to_string()))
-            .or_default()
-            .insert(run.to_string());
-    }
-
-    /// Wakes the runs waiting for a member that was just let go of.
-    fn wake_waiters(&self, fleet: &str, member: &str) {
-        let runs = {
-            let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            waiters
-                .remove(&(fleet.to_string(), member.to_string()))
-                .unwrap_or_default()
-        };
-        let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-        for run in runs {
-            if let Some((_, tx)) = handles.get(&(fleet.to_string(), run)) {
-                let _ = tx.send(Msg::Nudge);
-            }
-        }
-    }
-
-    fn release_all(&self, fleet: &str, run: &str) {
-        let mut released = Vec::new();
-        {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(members) = locks.get_mut(fleet) {
-                members.retain(|member, (holder, _)| {
-                    let keep = holder != run;
-                    if !keep {
-                        released.push(member.clone());
-                    }
-                    keep
-                });
-            }
-        }
-        for member in released {
-            self.wake_waiters(fleet, &member);
-        }
     }
 
     /// Sends a user action to a run and waits until it is recorded: directly if this replica
@@ -457,19 +401,26 @@ impl Runs {
             let (reply, answer) = oneshot::channel();
             if tx
                 .send(Msg::Action {
+                    run: run.to_string(),
                     input: input.clone(),
                     reply,
                     at: Instant::now(),
                 })
                 .is_err()
             {
-                // The run's task ended (it finished): forget it and load it again.
-                self.forget(fleet, run, &tx);
                 continue;
             }
-            return answer
-                .await
-                .map_err(|_| ApiError::conflict("the run's reconciler stopped; try again"))?;
+            match answer.await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(Refusal::Api(e))) => return Err(e),
+                // The run finished (or was dropped) just before the action came: load it again.
+                Ok(Err(Refusal::NotLoaded)) => continue,
+                Err(_) => {
+                    return Err(ApiError::conflict(
+                        "the fleet's reconciler stopped; try again",
+                    ));
+                }
+            }
         }
         Err(ApiError::conflict(
             "the run's reconciler is not available; try again",
@@ -579,16 +530,13 @@ impl Runs {
             held.remove(fleet);
         }
         tracing::warn!(fleet, epoch, replica = %self.replica.id, "no longer driving the fleet's runs");
-        let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-        handles.retain(|(f, _), (_, tx)| {
-            if f == fleet {
-                let _ = tx.send(Msg::Abandon);
-            }
-            f != fleet
-        });
-        drop(handles);
-        if let Ok(mut locks) = self.locks.lock() {
-            locks.remove(fleet);
+        let task = self
+            .fleets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(fleet);
+        if let Some(task) = task {
+            let _ = task.tx.send(Msg::Abandon);
         }
         if let Ok(mut delivered) = self.replica.delivered.lock() {
             delivered.remove(fleet);
@@ -758,6 +706,7 @@ impl Runs {
                 Ok(input) => match self.handle(fleet, &action.run).await {
                     Ok(tx) => tx
                         .send(Msg::Remote {
+                            run: action.run.clone(),
                             id: action.id,
                             input,
                         })
@@ -839,23 +788,17 @@ impl Runs {
         }
     }
 
-    /// Forgets a run's task if it is still the one behind `tx` (a newer one is kept).
-    fn forget(&self, fleet: &str, run: &str, tx: &mpsc::UnboundedSender<Msg>) {
-        if let Ok(mut handles) = self.handles.lock() {
-            let key = (fleet.to_string(), run.to_string());
-            if handles.get(&key).is_some_and(|(_, t)| t.same_channel(tx)) {
-                handles.remove(&key);
-            }
-        }
-    }
-
-    /// Ends a run's task at once (the run was replaced or deleted); it is loaded afresh when
+    /// Ends a run's driving at once (the run was replaced or deleted); it is loaded afresh when
     /// next needed.
     pub fn retire(&self, fleet: &str, run: &str) {
-        if let Ok(mut handles) = self.handles.lock()
-            && let Some((_, tx)) = handles.remove(&(fleet.to_string(), run.to_string()))
-        {
-            let _ = tx.send(Msg::Abandon);
+        let task = self.fleets.lock().ok().and_then(|f| f.get(fleet).cloned());
+        if let Some(task) = task {
+            if let Ok(mut driving) = task.driving.lock() {
+                driving.remove(run);
+            }
+            let _ = task.tx.send(Msg::Retire {
+                run: run.to_string(),
+            });
         }
     }
 
@@ -877,53 +820,114 @@ impl Runs {
                 return;
             }
         };
-        {
-            for run in runs {
-                let state = run.body["properties"]["status"]["status"]["state"]
-                    .as_str()
-                    .unwrap_or("NotStarted");
-                let completed =
-                    run.body["properties"]["status"]["status"]["completedTime"].is_string();
-                if matches!(state, "Completed" | "Skipped")
-                    || (state == "Failed" && completed)
-                    || state == "NotStarted"
-                {
-                    continue;
-                }
-                if let Err(e) = self.handle(fleet, &run.name).await {
-                    tracing::error!(fleet, run = %run.name, error = %e.message, "cannot resume the run; trying again");
-                    self.reload_later(fleet, &run.name);
-                }
+        for run in runs {
+            let state = run.body["properties"]["status"]["status"]["state"]
+                .as_str()
+                .unwrap_or("NotStarted");
+            let completed = run.body["properties"]["status"]["status"]["completedTime"].is_string();
+            if matches!(state, "Completed" | "Skipped")
+                || (state == "Failed" && completed)
+                || state == "NotStarted"
+            {
+                continue;
+            }
+            if let Err(e) = self.handle(fleet, &run.name).await {
+                tracing::error!(fleet, run = %run.name, error = %e.message, "cannot resume the run; trying again");
+                self.reload_later(fleet, &run.name);
             }
         }
     }
 
-    async fn handle(
-        self: &Arc<Self>,
-        fleet: &str,
-        run: &str,
-    ) -> Result<mpsc::UnboundedSender<Msg>, ApiError> {
-        let key = (fleet.to_string(), run.to_string());
+    /// The task driving `fleet` under the lease held now, started if there is none.
+    async fn fleet_task(self: &Arc<Self>, fleet: &str) -> Result<FleetTask, ApiError> {
         let Some(fence) = self.replica.fence(fleet) else {
             return Err(ApiError::conflict(format!(
                 "this replica does not drive fleet {fleet:?} now; try again"
             )));
         };
-        let live = |runs: &Runs| -> Option<mpsc::UnboundedSender<Msg>> {
-            runs.handles
+        let live = |runs: &Runs| -> Option<FleetTask> {
+            runs.fleets
                 .lock()
                 .ok()?
-                .get(&key)
-                .filter(|(epoch, tx)| *epoch == fence.epoch && !tx.is_closed())
-                .map(|(_, tx)| tx.clone())
+                .get(fleet)
+                .filter(|t| t.epoch == fence.epoch && !t.tx.is_closed())
+                .cloned()
         };
-        if let Some(tx) = live(self) {
-            return Ok(tx);
+        if let Some(task) = live(self) {
+            return Ok(task);
+        }
+        let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
+        let mut fleets = self
+            .fleets
+            .lock()
+            .map_err(|_| ApiError::conflict("poisoned"))?;
+        if let Some(task) = fleets
+            .get(fleet)
+            .filter(|t| t.epoch == fence.epoch && !t.tx.is_closed())
+        {
+            return Ok(task.clone());
+        }
+        // The lease may have been lost (or taken again) meanwhile.
+        if self.replica.fence(fleet) != Some(fence.clone()) {
+            return Err(ApiError::conflict(format!(
+                "this replica does not drive fleet {fleet:?} now; try again"
+            )));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = FleetTask {
+            epoch: fence.epoch,
+            tx: tx.clone(),
+            driving: Default::default(),
+        };
+        if let Some(old) = fleets.insert(fleet.to_string(), task.clone()) {
+            let _ = old.tx.send(Msg::Abandon);
+        }
+        let actor = FleetActor {
+            fleet: fleet.to_string(),
+            engine: FleetEngine::default().recording(),
+            meta: HashMap::new(),
+            runs: self.clone(),
+            driver,
+            tx,
+            fence,
+            driving: task.driving.clone(),
+        };
+        tokio::spawn(actor.run(rx));
+        Ok(task)
+    }
+
+    /// The mailbox of the task driving `run`'s fleet, with the run loaded into it.
+    async fn handle(
+        self: &Arc<Self>,
+        fleet: &str,
+        run: &str,
+    ) -> Result<mpsc::UnboundedSender<Msg>, ApiError> {
+        let task = self.fleet_task(fleet).await?;
+        if task.drives(run) {
+            return Ok(task.tx);
         }
         let _loading = self.loading.lock().await;
-        if let Some(tx) = live(self) {
-            return Ok(tx);
+        if task.drives(run) {
+            return Ok(task.tx);
         }
+        let loaded = self.load(fleet, run).await?;
+        let (reply, answer) = oneshot::channel();
+        task.tx
+            .send(Msg::Adopt {
+                run: run.to_string(),
+                loaded: Box::new(loaded),
+                reply,
+            })
+            .map_err(|_| ApiError::conflict("the fleet's reconciler stopped; try again"))?;
+        answer
+            .await
+            .map_err(|_| ApiError::conflict("the fleet's reconciler stopped; try again"))??;
+        Ok(task.tx)
+    }
+
+    /// Rebuilds a run from the store: its snapshot, then its input log replayed into a fresh
+    /// engine (deterministic, so the state is the same), and its recorded intents.
+    async fn load(&self, fleet: &str, run: &str) -> Result<LoadedRun, ApiError> {
         let resource = self
             .store
             .get(fleet, Kind::Run, run)
@@ -946,115 +950,125 @@ impl Runs {
             })?;
         let snapshot = read_snapshot(&resource.body, &internal.body)?;
         let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
-        // Replay the input log: the engine is deterministic, so this rebuilds its state.
         for entry in self
             .store
             .run_log(fleet, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
         {
-            let at = entry["at"]
-                .as_str()
-                .and_then(|t| Time::parse(t).ok())
-                .unwrap_or_default();
-            if entry.get("settle").is_some() {
-                engine.settle(at);
-            } else if let Ok(input) = serde_json::from_value::<Input>(entry["input"].clone()) {
-                let _ = engine.handle(at, input);
-            }
+            replay_entry(&mut engine, &entry).map_err(|why| {
+                ApiError::conflict(format!(
+                    "update run {run:?} cannot be rebuilt from its log: {why}"
+                ))
+            })?;
         }
         while engine.poll_command().is_some() {}
         while engine.poll_event().is_some() {}
-        let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let members: HashMap<String, String> = snapshot
-            .members
-            .iter()
-            .map(|m| (m.name.clone(), m.cluster_resource_id.clone()))
-            .collect();
-        let mut base = resource.body.clone();
-        if let Some(props) = base.get_mut("properties").and_then(Value::as_object_mut) {
-            props.remove("status");
-        }
-        let actor = Actor {
-            fleet: fleet.to_string(),
-            run: run.to_string(),
-            engine,
-            runs: self.clone(),
-            driver,
-            tx: tx.clone(),
-            members,
-            base,
-            operations: HashMap::new(),
-            outstanding: Default::default(),
-            known_locked: HashMap::new(),
-            status_dirty: false,
-            last_status_write: None,
-            fence: fence.clone(),
-            snapshot_etag: internal.etag.clone(),
-        };
         let intents = self
             .store
             .intents(fleet, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?;
-        {
-            let mut handles = self
-                .handles
-                .lock()
-                .map_err(|_| ApiError::conflict("poisoned"))?;
-            // The lease may have been lost (or taken again) while the run was loading.
-            if self.replica.fence(fleet) != Some(fence.clone()) {
-                return Err(ApiError::conflict(format!(
-                    "this replica does not drive fleet {fleet:?} now; try again"
-                )));
-            }
-            if let Some((_, old)) = handles.insert(key, (fence.epoch, tx.clone())) {
-                let _ = old.send(Msg::Abandon);
-            }
+        let mut base = resource.body.clone();
+        if let Some(props) = base.get_mut("properties").and_then(Value::as_object_mut) {
+            props.remove("status");
         }
-        tokio::spawn(actor.run(rx, intents));
-        Ok(tx)
+        Ok(LoadedRun {
+            engine,
+            base,
+            snapshot_etag: internal.etag,
+            intents,
+        })
     }
 }
 
-struct Actor {
-    fleet: String,
-    run: String,
-    engine: Engine,
-    runs: Arc<Runs>,
-    driver: Arc<dyn Driver>,
-    tx: mpsc::UnboundedSender<Msg>,
-    /// Member name → cluster resource id.
-    members: HashMap<String, String>,
+/// Applies one entry of a run's input log. An entry the engine cannot read is an error: a log
+/// replays exactly or not at all.
+fn replay_entry(engine: &mut Engine, entry: &Value) -> Result<(), String> {
+    let at = entry["at"]
+        .as_str()
+        .and_then(|t| Time::parse(t).ok())
+        .ok_or_else(|| format!("an entry has no readable time: {entry}"))?;
+    if entry.get("settle").is_some() {
+        engine.settle(at);
+    } else if entry.get("advance").is_some() {
+        engine.advance_clock(at);
+    } else {
+        let input = serde_json::from_value::<Input>(entry["input"].clone())
+            .map_err(|e| format!("an entry at {at} is not an input this engine knows: {e}"))?;
+        // A recorded input changed the run when it was given; given again it does the same.
+        let _ = engine.handle(at, input);
+    }
+    Ok(())
+}
+
+/// A journal entry as the run's input log stores it.
+fn log_entry(delivered: Delivered) -> Value {
+    match delivered {
+        Delivered::Input(at, input) => json!({"at": at, "input": input}),
+        Delivered::AdvanceClock(at) => json!({"at": at, "advance": true}),
+        Delivered::Settle(at) => json!({"at": at, "settle": true}),
+    }
+}
+
+/// What the fleet's task keeps for each run it drives, beside the run's engine.
+struct RunMeta {
     /// The run resource without its status.
     base: Value,
     /// Attempt → operation id, once the driver named it.
     operations: HashMap<u64, String>,
     /// Attempts a driver task is still following.
     outstanding: std::collections::HashSet<u64>,
-    /// Members of this run that another run is upgrading, as last told to the engine.
-    known_locked: HashMap<String, String>,
     /// The status changed since it was last written.
     status_dirty: bool,
     last_status_write: Option<Instant>,
-    /// The fleet lease this run is driven under; every batch is written under it.
-    fence: Fence,
-    /// The eTag of the run's snapshot when this task loaded it: a batch is written only while
-    /// it is the same, so a run replaced or deleted (through any replica) stops this task.
+    /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
+    /// the same, so a run replaced or deleted (through any replica) stops being driven.
     snapshot_etag: String,
 }
 
-impl Actor {
-    fn member_ref(&self, name: &str) -> MemberRef {
+/// What one step did to one run, to be written in the run's batch.
+#[derive(Default)]
+struct RunStep {
+    replies: Vec<(Reply, Result<(), ApiError>)>,
+    action_results: Vec<(i64, Value)>,
+    finished_attempts: Vec<u64>,
+    intents: Vec<Intent>,
+    commands: Vec<Command>,
+    events: Vec<Value>,
+    gates_changed: bool,
+    structural: bool,
+}
+
+/// The task that drives every run of one fleet: it owns the fleet's [`FleetEngine`], so the
+/// rules between runs (one operation per cluster) are the engine's, decided in one place.
+struct FleetActor {
+    fleet: String,
+    engine: FleetEngine,
+    meta: HashMap<String, RunMeta>,
+    runs: Arc<Runs>,
+    driver: Arc<dyn Driver>,
+    tx: mpsc::UnboundedSender<Msg>,
+    /// The fleet lease this task drives under; every batch is written under it.
+    fence: Fence,
+    /// The runs driven now, as the API sees them.
+    driving: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+impl FleetActor {
+    fn member_ref(&self, run: &str, name: &str) -> MemberRef {
         MemberRef {
             name: name.to_string(),
-            cluster_resource_id: self.members.get(name).cloned().unwrap_or_default(),
+            cluster_resource_id: self
+                .engine
+                .run(run)
+                .and_then(|e| e.cluster_resource_id(name))
+                .unwrap_or_default()
+                .to_string(),
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, intents: Vec<Intent>) {
-        self.recover(intents);
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         loop {
             let mut woke_at = None;
             let engine_deadline = self.engine.next_wakeup().map(|at| {
@@ -1066,10 +1080,15 @@ impl Actor {
                 Instant::now() + Duration::from_secs_f64(wait)
             });
             // A status left unwritten by a busy step is written at the latest this much later.
-            let flush_deadline = self.status_dirty.then(|| {
-                self.last_status_write
-                    .map_or_else(Instant::now, |t| t + STATUS_EVERY)
-            });
+            let flush_deadline = self
+                .meta
+                .values()
+                .filter(|m| m.status_dirty)
+                .map(|m| {
+                    m.last_status_write
+                        .map_or_else(Instant::now, |t| t + STATUS_EVERY)
+                })
+                .min();
             let deadline = match (engine_deadline, flush_deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -1098,12 +1117,10 @@ impl Actor {
             if !self.step(batch, woke_at).await {
                 break;
             }
-            if self.engine.is_finished() && self.outstanding.is_empty() {
-                break;
-            }
         }
-        self.runs.forget(&self.fleet, &self.run, &self.tx);
-        self.runs.release_all(&self.fleet, &self.run);
+        if let Ok(mut driving) = self.driving.lock() {
+            driving.clear();
+        }
         // Whatever was queued is answered or handed over again, never silently dropped.
         rx.close();
         while let Ok(msg) = rx.try_recv() {
@@ -1116,8 +1133,13 @@ impl Actor {
     fn turn_away(&self, msg: Msg) {
         match msg {
             Msg::Action { reply, .. } => {
+                let _ = reply.send(Err(Refusal::Api(ApiError::conflict(
+                    "the fleet's reconciler stopped; try again",
+                ))));
+            }
+            Msg::Adopt { reply, .. } => {
                 let _ = reply.send(Err(ApiError::conflict(
-                    "the run's reconciler stopped; try again",
+                    "the fleet's reconciler stopped; try again",
                 )));
             }
             Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
@@ -1125,16 +1147,37 @@ impl Actor {
         }
     }
 
-    /// Re-asks the driver about everything in flight when the run was last written.
-    fn recover(&mut self, intents: Vec<Intent>) {
-        for intent in intents.into_iter().filter(|i| !i.finished) {
-            if self.engine.member_attempt(&intent.member) != Some((State::Running, intent.attempt))
-            {
+    /// Takes in a run loaded from the store and re-asks the driver about everything it had in
+    /// flight when it was last written.
+    fn adopt(&mut self, run: String, loaded: LoadedRun) -> Result<(), ApiError> {
+        if self.meta.contains_key(&run) {
+            return Ok(());
+        }
+        self.engine.adopt_run(&run, loaded.engine)?;
+        self.meta.insert(
+            run.clone(),
+            RunMeta {
+                base: loaded.base,
+                operations: HashMap::new(),
+                outstanding: Default::default(),
+                status_dirty: false,
+                last_status_write: None,
+                snapshot_etag: loaded.snapshot_etag,
+            },
+        );
+        if let Ok(mut driving) = self.driving.lock() {
+            driving.insert(run.clone());
+        }
+        let Some(engine) = self.engine.run(&run) else {
+            return Ok(());
+        };
+        let pending = engine.pending_observations();
+        let mut follow = Vec::new();
+        for intent in loaded.intents.into_iter().filter(|i| !i.finished) {
+            if engine.member_attempt(&intent.member) != Some((State::Running, intent.attempt)) {
                 continue;
             }
-            if self
-                .engine
-                .pending_observations()
+            if pending
                 .iter()
                 .any(|(m, a)| *m == intent.member && *a == intent.attempt)
             {
@@ -1143,25 +1186,37 @@ impl Actor {
             let Ok(target) = serde_json::from_value::<TargetRecord>(intent.target.clone()) else {
                 continue;
             };
-            let key = operation_key(&self.fleet, &self.run, intent.attempt);
-            self.runs
-                .acquire(&self.fleet, &intent.member, &self.run, intent.attempt);
+            follow.push((intent, target.into_target()));
+        }
+        for (intent, target) in follow {
+            let key = operation_key(&self.fleet, &run, intent.attempt);
             self.spawn_upgrade(
+                &run,
                 intent.member.clone(),
                 intent.attempt,
-                target.into_target(),
+                target,
                 key,
                 intent.operation_id.clone(),
                 true,
             );
         }
-        for (member, attempt) in self.engine.pending_observations() {
-            self.spawn_observe(member, attempt);
+        for (member, attempt) in pending {
+            self.spawn_observe(&run, member, attempt);
+        }
+        Ok(())
+    }
+
+    /// Stops driving a run (replaced, deleted, finished, or its batch could not be written).
+    fn drop_run(&mut self, run: &str) {
+        self.engine.remove_run(run);
+        self.meta.remove(run);
+        if let Ok(mut driving) = self.driving.lock() {
+            driving.remove(run);
         }
     }
 
-    /// Applies a batch of messages at one instant, records it, then acts. Returns false if the
-    /// store failed (the run is then reloaded from its log on next use).
+    /// Applies a batch of messages at one instant, records what each run was given, then acts.
+    /// Returns false if the fleet's task must end (the lease was lost).
     async fn step(&mut self, batch: Vec<Msg>, woke_at: Option<Instant>) -> bool {
         if batch.iter().any(|m| matches!(m, Msg::Abandon)) {
             // Told to stop: nothing of this batch is applied; actions are answered or handed
@@ -1171,27 +1226,33 @@ impl Actor {
             }
             return false;
         }
-        // One run of a fleet schedules at a time, so that the locks it sees are current.
-        let turn = self.runs.turn(&self.fleet);
-        let guard = turn.lock().await;
         let now = now();
-        let mut log = Vec::new();
-        let mut replies = Vec::new();
-        let mut finished_attempts = Vec::new();
+        let mut steps: HashMap<String, RunStep> = HashMap::new();
         let mut finish_seen: Option<Instant> = None;
         let mut action_at: Option<Instant> = None;
         let mut observed = Vec::new();
-        let mut action_results = Vec::new();
         for msg in batch {
             match msg {
-                Msg::Nudge | Msg::Abandon => {}
-                Msg::Remote { id, input } => {
-                    action_at = Some(action_at.unwrap_or_else(Instant::now));
-                    let result = self.engine.handle(now, input.clone());
-                    if result.is_ok() {
-                        log.push(json!({"at": now, "input": input}));
+                Msg::Abandon => {}
+                Msg::Adopt { run, loaded, reply } => {
+                    let _ = reply.send(self.adopt(run, *loaded));
+                }
+                Msg::Retire { run } => self.drop_run(&run),
+                Msg::Remote { run, id, input } => {
+                    if !self.meta.contains_key(&run) {
+                        // Handed over again on the next pass, when the run is loaded.
+                        self.runs.undeliver(&self.fleet, id);
+                        continue;
                     }
-                    action_results.push((
+                    action_at = Some(action_at.unwrap_or_else(Instant::now));
+                    let result = self.engine.handle(
+                        now,
+                        FleetInput::Run {
+                            run: run.clone(),
+                            input,
+                        },
+                    );
+                    steps.entry(run).or_default().action_results.push((
                         id,
                         match result {
                             Ok(()) => json!({"ok": true}),
@@ -1199,36 +1260,52 @@ impl Actor {
                         },
                     ));
                 }
-                Msg::Action { input, reply, at } => {
-                    action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
-                    let result = self.engine.handle(now, input.clone());
-                    if result.is_ok() {
-                        log.push(json!({"at": now, "input": input}));
+                Msg::Action {
+                    run,
+                    input,
+                    reply,
+                    at,
+                } => {
+                    if !self.meta.contains_key(&run) {
+                        let _ = reply.send(Err(Refusal::NotLoaded));
+                        continue;
                     }
-                    replies.push((reply, result));
+                    action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
+                    let result = self.engine.handle(
+                        now,
+                        FleetInput::Run {
+                            run: run.clone(),
+                            input,
+                        },
+                    );
+                    steps.entry(run).or_default().replies.push((reply, result));
                 }
-                Msg::Input { input, observed_at } => {
+                Msg::Input {
+                    run,
+                    input,
+                    observed_at,
+                } => {
+                    let Some(meta) = self.meta.get_mut(&run) else {
+                        // A follower of a run no longer driven: its answer goes nowhere.
+                        continue;
+                    };
+                    let step = steps.entry(run.clone()).or_default();
                     match &input {
-                        Input::OperationFinished {
-                            attempt, member, ..
-                        } => {
-                            finished_attempts.push(*attempt);
-                            self.outstanding.remove(attempt);
-                            self.runs.release(&self.fleet, member, &self.run, *attempt);
+                        Input::OperationFinished { attempt, .. } => {
+                            step.finished_attempts.push(*attempt);
+                            meta.outstanding.remove(attempt);
                             if let Some(t) = observed_at {
                                 finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
                             }
                         }
                         Input::Observed {
-                            member, cluster, ..
+                            member,
+                            cluster,
+                            operation,
                         } => {
                             observed.push((member.clone(), cluster.spec()));
-                            if let Input::Observed {
-                                operation: Some((attempt, OperationProgress::NotRunning)),
-                                ..
-                            } = &input
-                            {
-                                self.outstanding.remove(attempt);
+                            if let Some((attempt, OperationProgress::NotRunning)) = operation {
+                                meta.outstanding.remove(attempt);
                             }
                         }
                         Input::OperationAccepted {
@@ -1236,53 +1313,24 @@ impl Actor {
                             operation_id,
                             ..
                         } => {
-                            self.operations.insert(*attempt, operation_id.clone());
+                            meta.operations.insert(*attempt, operation_id.clone());
                         }
                         _ => {}
                     }
-                    let _ = self.engine.handle(now, input.clone());
-                    log.push(json!({"at": now, "input": input}));
+                    let _ = self.engine.handle(now, FleetInput::Run { run, input });
                 }
             }
         }
-        // Tell the engine which of its members other runs are upgrading now (SEMANTICS §3).
-        let mut held = self.runs.locked_by_others(&self.fleet, &self.run);
-        held.retain(|member, _| self.engine.member_attempt(member).is_some());
-        let mut lock_inputs = Vec::new();
-        for (member, holder) in &held {
-            if self.known_locked.get(member) != Some(holder) {
-                self.runs.wait_for(&self.fleet, member, &self.run);
-                lock_inputs.push(Input::MemberLocked {
-                    member: member.clone(),
-                    by_run: holder.clone(),
-                });
-            }
-        }
-        for member in self.known_locked.keys() {
-            if !held.contains_key(member) {
-                lock_inputs.push(Input::MemberUnlocked {
-                    member: member.clone(),
-                });
-            }
-        }
-        for input in lock_inputs {
-            let _ = self.engine.handle(now, input.clone());
-            log.push(json!({"at": now, "input": input}));
-        }
-        self.known_locked = held;
         self.engine.settle(now);
-        log.push(json!({"at": now, "settle": true}));
-        let mut commands = Vec::new();
-        let mut intents = Vec::new();
-        while let Some(command) = self.engine.poll_command() {
+        while let Some(FleetCommand { run, command }) = self.engine.poll_command() {
+            let step = steps.entry(run).or_default();
             if let Command::StartUpgrade {
                 member,
                 attempt,
                 target,
             } = &command
             {
-                self.runs.acquire(&self.fleet, member, &self.run, *attempt);
-                intents.push(Intent {
+                step.intents.push(Intent {
                     attempt: *attempt,
                     member: member.clone(),
                     target: serde_json::to_value(TargetRecord::from(target)).unwrap_or_default(),
@@ -1290,20 +1338,17 @@ impl Actor {
                     finished: false,
                 });
             }
-            commands.push(command);
+            step.commands.push(command);
         }
-        drop(guard);
-        let mut events = Vec::new();
-        let mut gates_changed = false;
-        let mut structural = false;
-        while let Some(event) = self.engine.poll_event() {
-            gates_changed |= matches!(
+        while let Some(FleetEvent { run, event }) = self.engine.poll_event() {
+            let step = steps.entry(run).or_default();
+            step.gates_changed |= matches!(
                 event.kind,
                 EventType::GatePending | EventType::GateCompleted | EventType::GateSkipped
             );
             // Runs, stages, groups, gates and waits changing are shown at once; member churn is
             // what gets batched.
-            structural |= !matches!(
+            step.structural |= !matches!(
                 event.kind,
                 EventType::MemberPending
                     | EventType::MemberStarted
@@ -1314,176 +1359,215 @@ impl Actor {
                     | EventType::MemberStopped
             );
             self.runs.metrics.observe_event(&self.fleet, &event);
-            events.push(serde_json::to_value(&event).unwrap_or_default());
+            step.events
+                .push(serde_json::to_value(&event).unwrap_or_default());
         }
-        // A step where nothing happened (a wake-up that changed nothing) leaves the stored status
-        // as it is: rendering and rewriting a large run's status is the expensive part of a step.
-        let changed = log.len() > 1 || !events.is_empty() || !commands.is_empty();
-        self.status_dirty |= changed;
-        // The status is a view of the log: written at once when someone waits for it (an API
-        // action) or the run ends, otherwise at most every STATUS_EVERY, so a large run's many
-        // small steps do not each rewrite its whole status.
-        let urgent = structural
-            || !replies.is_empty()
-            || !action_results.is_empty()
-            || self.engine.is_finished()
-            || self
-                .last_status_write
-                .is_none_or(|t| t.elapsed() >= STATUS_EVERY);
-        let write_status = self.status_dirty && urgent;
-        if write_status {
-            self.status_dirty = false;
-            self.last_status_write = Some(Instant::now());
-        }
-        let body = write_status.then(|| {
-            let mut body = self.base.clone();
-            body["properties"]["status"] =
-                serde_json::to_value(self.engine.status()).unwrap_or_default();
-            body
-        });
-        let gates = if gates_changed {
-            self.gate_resources()
-        } else {
-            Vec::new()
-        };
-        // Observations land in the members before the run's progress does, so whoever sees the
+        // Observations land in the members before the runs' progress does, so whoever sees a
         // run move on sees the clusters it changed.
         for (member, spec) in &observed {
             record_observation(self.runs.store.as_ref(), &self.fleet, member, spec).await;
         }
-        let write = RunBatch {
-            fleet: self.fleet.clone(),
-            run: self.run.clone(),
-            log,
-            intents,
-            finished_attempts,
-            events: events.clone(),
-            run_body: body,
-            gates,
-            action_results,
-            fence: Some(self.fence.clone()),
-            snapshot_etag: Some(self.snapshot_etag.clone()),
-        };
-        let written = self.runs.store.write_run_batch(&write).await;
-        // Handed-over actions are done with either way: answered now, or pending again.
-        for (id, _) in &write.action_results {
-            self.runs.undeliver(&self.fleet, *id);
-        }
-        if let Err(e) = written {
-            let message = match &e {
-                StoreError::Fenced(why) => {
-                    tracing::warn!(fleet = %self.fleet, run = %self.run, why, "stopped driving the run");
-                    self.runs.abandon(&self.fleet, self.fence.epoch);
-                    "this replica lost the fleet's lease; try again".to_string()
-                }
-                StoreError::Superseded(why) => {
-                    tracing::info!(fleet = %self.fleet, run = %self.run, why, "the run changed under its task; stopping it");
-                    "the update run was replaced or deleted".to_string()
-                }
-                _ => {
-                    tracing::error!(fleet = %self.fleet, run = %self.run, error = %e, "cannot record the run's progress; reloading it");
-                    self.runs.reload_later(&self.fleet, &self.run);
-                    format!("the change could not be recorded: {e}")
-                }
+        // Each run driven gets its batch when it was given something, has something to say,
+        // or has a status left to write.
+        let names: Vec<String> = self.meta.keys().cloned().collect();
+        let mut written: Vec<(String, RunStep)> = Vec::new();
+        let mut fenced = false;
+        for run in names {
+            let log: Vec<Value> = self
+                .engine
+                .take_journal(&run)
+                .into_iter()
+                .map(log_entry)
+                .collect();
+            let step = steps.remove(&run).unwrap_or_default();
+            let Some(meta) = self.meta.get_mut(&run) else {
+                continue;
             };
-            for (reply, _) in replies {
-                let _ = reply.send(Err(ApiError::conflict(message.clone())));
+            let Some(engine) = self.engine.run(&run) else {
+                continue;
+            };
+            let changed = !log.is_empty() || !step.events.is_empty() || !step.commands.is_empty();
+            meta.status_dirty |= changed;
+            // The status is a view of the log: written at once when someone waits for it (an
+            // API action) or the run ends, otherwise at most every STATUS_EVERY, so a large
+            // run's many small steps do not each rewrite its whole status.
+            let urgent = step.structural
+                || !step.replies.is_empty()
+                || !step.action_results.is_empty()
+                || engine.is_finished()
+                || meta
+                    .last_status_write
+                    .is_none_or(|t| t.elapsed() >= STATUS_EVERY);
+            let write_status = meta.status_dirty && urgent;
+            let nothing = log.is_empty()
+                && step.events.is_empty()
+                && step.intents.is_empty()
+                && step.finished_attempts.is_empty()
+                && step.action_results.is_empty()
+                && step.replies.is_empty()
+                && !write_status;
+            if nothing {
+                continue;
             }
+            if write_status {
+                meta.status_dirty = false;
+                meta.last_status_write = Some(Instant::now());
+            }
+            let body = write_status.then(|| {
+                let mut body = meta.base.clone();
+                body["properties"]["status"] =
+                    serde_json::to_value(engine.status()).unwrap_or_default();
+                body
+            });
+            let gates = if step.gates_changed {
+                gate_resources(&self.fleet, &run, engine)
+            } else {
+                Vec::new()
+            };
+            let batch = RunBatch {
+                fleet: self.fleet.clone(),
+                run: run.clone(),
+                log,
+                intents: step.intents.clone(),
+                finished_attempts: step.finished_attempts.clone(),
+                events: step.events.clone(),
+                run_body: body,
+                gates,
+                action_results: step.action_results.clone(),
+                fence: Some(self.fence.clone()),
+                snapshot_etag: Some(meta.snapshot_etag.clone()),
+            };
+            let result = self.runs.store.write_run_batch(&batch).await;
+            // Handed-over actions are done with either way: answered now, or pending again.
+            for (id, _) in &batch.action_results {
+                self.runs.undeliver(&self.fleet, *id);
+            }
+            match result {
+                Ok(()) => written.push((run, step)),
+                Err(StoreError::Fenced(why)) => {
+                    tracing::warn!(fleet = %self.fleet, run, why, "stopped driving the fleet");
+                    self.runs.abandon(&self.fleet, self.fence.epoch);
+                    let lost = || {
+                        Err(Refusal::Api(ApiError::conflict(
+                            "this replica lost the fleet's lease; try again",
+                        )))
+                    };
+                    for (reply, _) in step.replies {
+                        let _ = reply.send(lost());
+                    }
+                    for (_, step) in steps.drain() {
+                        for (reply, _) in step.replies {
+                            let _ = reply.send(lost());
+                        }
+                    }
+                    fenced = true;
+                    break;
+                }
+                Err(e) => {
+                    let message = if let StoreError::Superseded(why) = &e {
+                        tracing::info!(fleet = %self.fleet, run, why, "the run changed under its task; no longer driving it");
+                        "the update run was replaced or deleted".to_string()
+                    } else {
+                        tracing::error!(fleet = %self.fleet, run, error = %e, "cannot record the run's progress; reloading it");
+                        self.runs.reload_later(&self.fleet, &run);
+                        format!("the change could not be recorded: {e}")
+                    };
+                    for (reply, _) in step.replies {
+                        let _ = reply.send(Err(Refusal::Api(ApiError::conflict(message.clone()))));
+                    }
+                    // Its engine went ahead of its log: it is dropped, and loaded again from
+                    // the log when next needed.
+                    self.drop_run(&run);
+                }
+            }
+        }
+        for (run, step) in written {
+            for (reply, result) in step.replies {
+                let _ = reply.send(result.map_err(Refusal::Api));
+            }
+            for event in step.events {
+                let _ = self.runs.events.send(RunEvent {
+                    fleet: self.fleet.clone(),
+                    run: run.clone(),
+                    event,
+                });
+            }
+            if fenced {
+                // Recorded, but no longer this replica's to carry out: whoever takes the
+                // fleet over asks the driver about these intents.
+                continue;
+            }
+            for command in step.commands {
+                match command {
+                    Command::StartUpgrade {
+                        member,
+                        attempt,
+                        target,
+                    } => {
+                        // What made this start possible, and how long ago (SEMANTICS: no polling
+                        // delay).
+                        let trigger = finish_seen
+                            .map(|t| ("slot", t))
+                            .or(action_at.map(|t| ("action", t)))
+                            .or(woke_at.map(|t| ("timer", t)));
+                        if let Some((kind, since)) = trigger {
+                            self.runs
+                                .metrics
+                                .record_dispatch_delay(kind, since.elapsed());
+                        }
+                        let key = operation_key(&self.fleet, &run, attempt);
+                        self.spawn_upgrade(&run, member, attempt, target, key, None, false);
+                    }
+                    Command::Observe { member, attempt } => {
+                        self.spawn_observe(&run, member, attempt)
+                    }
+                }
+            }
+        }
+        if fenced {
             return false;
         }
-        for (reply, result) in replies {
-            let _ = reply.send(result);
-        }
-        for event in events {
-            let _ = self.runs.events.send(RunEvent {
-                fleet: self.fleet.clone(),
-                run: self.run.clone(),
-                event,
-            });
-        }
-        for command in commands {
-            match command {
-                Command::StartUpgrade {
-                    member,
-                    attempt,
-                    target,
-                } => {
-                    // What made this start possible, and how long ago (SEMANTICS: no polling delay).
-                    let trigger = finish_seen
-                        .map(|t| ("slot", t))
-                        .or(action_at.map(|t| ("action", t)))
-                        .or(woke_at.map(|t| ("timer", t)));
-                    if let Some((kind, since)) = trigger {
-                        self.runs
-                            .metrics
-                            .record_dispatch_delay(kind, since.elapsed());
-                    }
-                    let key = operation_key(&self.fleet, &self.run, attempt);
-                    self.spawn_upgrade(member, attempt, target, key, None, false);
-                }
-                Command::Observe { member, attempt } => self.spawn_observe(member, attempt),
-            }
+        // A run that is over, with nothing left to follow, is no longer driven.
+        let done: Vec<String> = self
+            .meta
+            .iter()
+            .filter(|(run, meta)| {
+                meta.outstanding.is_empty()
+                    && !meta.status_dirty
+                    && self.engine.run(run).is_some_and(|e| e.is_finished())
+            })
+            .map(|(run, _)| run.clone())
+            .collect();
+        for run in done {
+            self.drop_run(&run);
         }
         true
     }
 
-    fn gate_resources(&self) -> Vec<(String, Value)> {
-        let run_id = format!("/v1/fleets/{}/updateRuns/{}", self.fleet, self.run);
-        self.engine
-            .gate_views()
-            .into_iter()
-            .map(|g| {
-                let mut properties = json!({
-                    "provisioningState": "Succeeded",
-                    "gateType": g.gate_type,
-                    "target": {"id": run_id, "updateRunProperties": {"name": self.run, "stage": g.stage, "timing": format!("{:?}", g.timing)}},
-                    "state": format!("{:?}", g.state),
-                });
-                if let Some(group) = &g.group {
-                    properties["target"]["updateRunProperties"]["group"] = json!(group);
-                }
-                if let Some(name) = &g.display_name {
-                    properties["displayName"] = json!(name);
-                }
-                if let Some(config) = &g.scheduled {
-                    let mut scheduled = serde_json::to_value(config).unwrap_or_default();
-                    if let Some(at) = g.absolute_start {
-                        scheduled["absoluteStartTime"] = json!(at);
-                    }
-                    properties["scheduledStartProperties"] = scheduled;
-                }
-                if let Some(by) = &g.approved_by {
-                    properties["approvedBy"] = json!(by);
-                }
-                if let Some(at) = g.approved_at {
-                    properties["approvedAt"] = json!(at);
-                }
-                let body = json!({
-                    "id": format!("/v1/fleets/{}/gates/{}", self.fleet, g.id),
-                    "name": g.id,
-                    "type": "Microsoft.ContainerService/fleets/gates",
-                    "properties": properties,
-                });
-                (g.id, body)
-            })
-            .collect()
-    }
-
-    /// What lets an attempt's follower send: this run's fleet lease at the epoch held now.
-    fn permit(&self, attempt: u64) -> LeasePermit {
+    /// What lets an attempt's follower send: this fleet's lease at the epoch held now.
+    fn permit(&self, run: &str, attempt: u64) -> LeasePermit {
         LeasePermit {
             runs: self.runs.clone(),
             fleet: self.fleet.clone(),
-            run: self.run.clone(),
+            run: run.to_string(),
             epoch: self.fence.epoch,
             attempt,
         }
     }
 
+    fn report(&self, run: &str) -> RunReport {
+        RunReport {
+            tx: self.tx.clone(),
+            run: run.to_string(),
+        }
+    }
+
     /// Sends an upgrade (unless recovering one the driver may already have) and follows it to a
     /// definitive answer (`crate::operation::drive`).
+    #[allow(clippy::too_many_arguments)]
     fn spawn_upgrade(
         &mut self,
+        run: &str,
         member: String,
         attempt: u64,
         target: Target,
@@ -1492,10 +1576,12 @@ impl Actor {
         recovering: bool,
     ) {
         let driver = self.driver.clone();
-        let report = RunReport(self.tx.clone());
-        let permit = self.permit(attempt);
-        let who = self.member_ref(&member);
-        self.outstanding.insert(attempt);
+        let report = self.report(run);
+        let permit = self.permit(run, attempt);
+        let who = self.member_ref(run, &member);
+        if let Some(meta) = self.meta.get_mut(run) {
+            meta.outstanding.insert(attempt);
+        }
         tokio::spawn(async move {
             let begin = match known {
                 Some(id) => crate::operation::Begin::Follow(id),
@@ -1525,19 +1611,22 @@ impl Actor {
 
     /// After a stop and start: is the earlier operation still running, and where is the cluster?
     /// Asked until answered (`crate::operation::reattach`); then followed if it still runs.
-    fn spawn_observe(&mut self, member: String, attempt: u64) {
+    fn spawn_observe(&mut self, run: &str, member: String, attempt: u64) {
         let driver = self.driver.clone();
-        let report = RunReport(self.tx.clone());
-        let permit = self.permit(attempt);
-        let who = self.member_ref(&member);
-        let key = operation_key(&self.fleet, &self.run, attempt);
-        let operation = self
+        let report = self.report(run);
+        let permit = self.permit(run, attempt);
+        let who = self.member_ref(run, &member);
+        let key = operation_key(&self.fleet, run, attempt);
+        let Some(meta) = self.meta.get_mut(run) else {
+            return;
+        };
+        let operation = meta
             .operations
             .get(&attempt)
             .cloned()
             .unwrap_or(key.clone());
-        let target = self.engine.member_target(&member);
-        self.outstanding.insert(attempt);
+        meta.outstanding.insert(attempt);
+        let target = self.engine.run(run).and_then(|e| e.member_target(&member));
         tokio::spawn(async move {
             use crate::operation::Report;
             let (progress, cluster) =
@@ -1562,7 +1651,7 @@ impl Actor {
             report.input(
                 Input::Observed {
                     member: member.clone(),
-                    cluster: std::sync::Arc::new(cluster),
+                    cluster: Arc::new(cluster),
                     operation: Some((attempt, progress)),
                 },
                 None,
@@ -1588,13 +1677,60 @@ impl Actor {
     }
 }
 
-/// The follower's reports go to the run task's channel.
-struct RunReport(mpsc::UnboundedSender<Msg>);
+/// A run's gates as API resources.
+fn gate_resources(fleet: &str, run: &str, engine: &Engine) -> Vec<(String, Value)> {
+    let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
+    engine
+        .gate_views()
+        .into_iter()
+        .map(|g| {
+            let mut properties = json!({
+                "provisioningState": "Succeeded",
+                "gateType": g.gate_type,
+                "target": {"id": run_id, "updateRunProperties": {"name": run, "stage": g.stage, "timing": format!("{:?}", g.timing)}},
+                "state": format!("{:?}", g.state),
+            });
+            if let Some(group) = &g.group {
+                properties["target"]["updateRunProperties"]["group"] = json!(group);
+            }
+            if let Some(name) = &g.display_name {
+                properties["displayName"] = json!(name);
+            }
+            if let Some(config) = &g.scheduled {
+                let mut scheduled = serde_json::to_value(config).unwrap_or_default();
+                if let Some(at) = g.absolute_start {
+                    scheduled["absoluteStartTime"] = json!(at);
+                }
+                properties["scheduledStartProperties"] = scheduled;
+            }
+            if let Some(by) = &g.approved_by {
+                properties["approvedBy"] = json!(by);
+            }
+            if let Some(at) = g.approved_at {
+                properties["approvedAt"] = json!(at);
+            }
+            let body = json!({
+                "id": format!("/v1/fleets/{fleet}/gates/{}", g.id),
+                "name": g.id,
+                "type": "Microsoft.ContainerService/fleets/gates",
+                "properties": properties,
+            });
+            (g.id, body)
+        })
+        .collect()
+}
+
+/// The follower's reports go to the fleet's task, tagged with the run.
+struct RunReport {
+    tx: mpsc::UnboundedSender<Msg>,
+    run: String,
+}
 
 impl crate::operation::Report for RunReport {
     fn input(&self, input: Input, finished_at: Option<Instant>) -> bool {
-        self.0
+        self.tx
             .send(Msg::Input {
+                run: self.run.clone(),
                 input,
                 observed_at: finished_at,
             })
@@ -1602,7 +1738,7 @@ impl crate::operation::Report for RunReport {
     }
 
     fn listening(&self) -> bool {
-        !self.0.is_closed()
+        !self.tx.is_closed()
     }
 }
 

@@ -1994,3 +1994,75 @@ async fn input_hygiene() {
         "{tokens}"
     );
 }
+
+#[tokio::test]
+async fn a_member_that_cannot_be_observed_refuses_only_the_runs_that_select_it() {
+    let h = Harness::start("unobservable").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    // m2's cluster is not one the driver can reach.
+    for (member, id, group) in [("m1", "c1", "ok"), ("m2", "c-gone", "broken")] {
+        let (status, body, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                &format!("/v1/fleets/f1/members/{member}"),
+                Some(json!({"properties": {"clusterResourceId": id, "group": group}})),
+            )
+            .await;
+        assert!(status.is_success(), "{member}: {status} {body}");
+    }
+    let run = |group: &str| {
+        json!({"properties": {
+            "strategy": {"stages": [{"name": "s", "groups": [{"name": group}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+        }})
+    };
+    // A run that does not select m2 is made, and runs to its end.
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/fine",
+        Some(run("ok")),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/fine/start",
+        None,
+    )
+    .await;
+    let done = h
+        .wait_run("/v1/fleets/f1/updateRuns/fine", "the run completes", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    let members = &done["properties"]["status"]["stages"][0]["groups"][0]["members"];
+    assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+    // A run that selects it is refused, naming it, and nothing is created.
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/stuck",
+            Some(run("broken")),
+        )
+        .await;
+    assert!(status.is_client_error(), "{status} {body}");
+    assert!(body.to_string().contains("m2"), "{body}");
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/stuck",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

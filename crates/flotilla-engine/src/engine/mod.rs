@@ -429,6 +429,12 @@ impl Engine {
         Some((member.state, member.attempt))
     }
 
+    /// A member's cluster resource id, if the run selected it.
+    pub fn cluster_resource_id(&self, name: &str) -> Option<&str> {
+        let m = *self.member_index.get(name)?;
+        Some(&self.members[m as usize].cluster_resource_id)
+    }
+
     /// Whether the run selected this member.
     pub fn has_member(&self, name: &str) -> bool {
         self.member_index.contains_key(name)
