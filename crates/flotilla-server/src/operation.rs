@@ -37,6 +37,9 @@ pub struct Attempt {
     pub attempt: u64,
     pub target: Target,
     pub key: String,
+    /// How long ago the attempt was first recorded (before a restart or a takeover): its
+    /// deadline counts from then.
+    pub spent: Duration,
 }
 
 /// Where the follower starts.
@@ -73,7 +76,9 @@ pub async fn drive(
     attempt: Attempt,
     begin: Begin,
 ) {
-    let started = Instant::now();
+    let started = Instant::now()
+        .checked_sub(attempt.spent)
+        .unwrap_or_else(Instant::now);
     let deadline = driver.operation_deadline();
     let mut errors = 0u32;
     let mut last_error = String::new();
@@ -82,11 +87,14 @@ pub async fn drive(
         Begin::Ask => Step::Ask(attempt.key.clone()),
         Begin::Follow(id) => Step::Follow(id),
     };
+    // At least one question is asked, even when the deadline passed while nobody followed the
+    // attempt (a restart): a definitive answer waiting at the driver is still the answer.
+    let mut asked = false;
     let outcome: Result<(), String> = loop {
         if !report.listening() {
             return;
         }
-        if started.elapsed() > deadline {
+        if asked && started.elapsed() > deadline {
             break Err(format!(
                 "no definitive answer from the driver within operationDeadlineSeconds ({}s); last error: {last_error}",
                 deadline.as_secs()
@@ -99,6 +107,7 @@ pub async fn drive(
             *errors += 1;
             backoff(driver.as_ref(), *errors)
         };
+        asked = true;
         match step {
             Step::Send => {
                 // Nothing is sent unless this replica's lease is current by its own clock.
@@ -425,6 +434,15 @@ mod tests {
     }
 
     async fn run(driver: Arc<Scripted>, begin: Begin) -> (Vec<Input>, Vec<String>) {
+        run_spent(driver, begin, Duration::ZERO).await
+    }
+
+    /// Follows an attempt first recorded `spent` ago (before a restart).
+    async fn run_spent(
+        driver: Arc<Scripted>,
+        begin: Begin,
+        spent: Duration,
+    ) -> (Vec<Input>, Vec<String>) {
         let collect = Collect::default();
         let attempt = Attempt {
             who: MemberRef {
@@ -432,6 +450,7 @@ mod tests {
                 cluster_resource_id: "m1".into(),
             },
             member: "m1".into(),
+            spent,
             attempt: 1,
             target: Target {
                 upgrade_type: UpgradeType::ControlPlaneOnly,
@@ -570,5 +589,37 @@ mod tests {
             error.contains("operationDeadlineSeconds") && error.contains("exited with code 1"),
             "{error}"
         );
+    }
+
+    #[tokio::test]
+    async fn the_deadline_counts_from_the_first_send_across_a_restart() {
+        let scripted = |polls: Vec<Result<OperationState, DriverError>>| {
+            Arc::new(Scripted {
+                polls: Mutex::new(polls.into()),
+                starts: Mutex::new(VecDeque::new()),
+                sent: Mutex::new(Vec::new()),
+                version: "1.30.5",
+                deadline: Duration::from_secs(3600),
+            })
+        };
+        // Recorded two hours ago with a one-hour deadline: asked once; an error then ends it,
+        // and nothing is sent again.
+        let (inputs, sent) =
+            run_spent(scripted(vec![]), Begin::Ask, Duration::from_secs(7200)).await;
+        assert!(sent.is_empty(), "{sent:?}");
+        let error = outcome(&inputs).expect_err("given up");
+        assert!(
+            error.contains("operationDeadlineSeconds") && error.contains("exited with code 1"),
+            "{error}"
+        );
+        // The same, but the driver has the answer: it is the answer.
+        let (inputs, sent) = run_spent(
+            scripted(vec![Ok(OperationState::Succeeded)]),
+            Begin::Ask,
+            Duration::from_secs(7200),
+        )
+        .await;
+        assert!(sent.is_empty(), "{sent:?}");
+        assert_eq!(outcome(&inputs), Ok(()));
     }
 }

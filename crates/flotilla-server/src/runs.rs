@@ -1188,8 +1188,13 @@ impl FleetActor {
             };
             follow.push((intent, target.into_target()));
         }
+        let now = now();
         for (intent, target) in follow {
             let key = operation_key(&self.fleet, &run, intent.attempt);
+            // The deadline counts from the first send, not from this restart.
+            let spent = intent.recorded_at.map_or(Duration::ZERO, |at| {
+                Duration::from_secs(now.unix().saturating_sub(at.unix()).max(0) as u64)
+            });
             self.spawn_upgrade(
                 &run,
                 intent.member.clone(),
@@ -1198,6 +1203,7 @@ impl FleetActor {
                 key,
                 intent.operation_id.clone(),
                 true,
+                spent,
             );
         }
         for (member, attempt) in pending {
@@ -1336,6 +1342,7 @@ impl FleetActor {
                     target: serde_json::to_value(TargetRecord::from(target)).unwrap_or_default(),
                     operation_id: None,
                     finished: false,
+                    recorded_at: Some(now),
                 });
             }
             step.commands.push(command);
@@ -1516,7 +1523,16 @@ impl FleetActor {
                                 .record_dispatch_delay(kind, since.elapsed());
                         }
                         let key = operation_key(&self.fleet, &run, attempt);
-                        self.spawn_upgrade(&run, member, attempt, target, key, None, false);
+                        self.spawn_upgrade(
+                            &run,
+                            member,
+                            attempt,
+                            target,
+                            key,
+                            None,
+                            false,
+                            Duration::ZERO,
+                        );
                     }
                     Command::Observe { member, attempt } => {
                         self.spawn_observe(&run, member, attempt)
@@ -1574,6 +1590,7 @@ impl FleetActor {
         key: String,
         known: Option<String>,
         recovering: bool,
+        spent: Duration,
     ) {
         let driver = self.driver.clone();
         let report = self.report(run);
@@ -1604,6 +1621,7 @@ impl FleetActor {
                 attempt,
                 target,
                 key,
+                spent,
             };
             crate::operation::drive(driver, report, permit, attempt, begin).await;
         });
@@ -1663,6 +1681,7 @@ impl FleetActor {
                     attempt,
                     target,
                     key,
+                    spent: Duration::ZERO,
                 };
                 crate::operation::drive(
                     driver,

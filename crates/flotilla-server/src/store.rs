@@ -14,6 +14,8 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use flotilla_engine::time::Time;
+
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::sqlite::{
@@ -193,6 +195,9 @@ pub struct Intent {
     pub target: Value,
     pub operation_id: Option<String>,
     pub finished: bool,
+    /// When the intent was recorded, just before its send: an operation's deadline counts
+    /// from here across restarts and takeovers. `None` for intents recorded before it was kept.
+    pub recorded_at: Option<Time>,
 }
 
 /// Everything one reconciler step writes for a run, in one transaction.
@@ -504,6 +509,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         SELECT fleet, lower(json_extract(body, '$.properties.clusterResourceId')), name
         FROM resources WHERE kind = 'members' ORDER BY fleet, name
     "#,
+    ),
+    (
+        4,
+        // When each intent was recorded, so an operation's deadline survives a restart.
+        "ALTER TABLE intents ADD COLUMN recorded_at INTEGER",
     ),
 ];
 
@@ -970,13 +980,14 @@ impl Store for SqliteStore {
         )
         .await?;
         for intent in &batch.intents {
-            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished) VALUES (?, ?, ?, ?, ?, ?, 0)")
+            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)")
                 .bind(&batch.fleet)
                 .bind(&batch.run)
                 .bind(intent.attempt as i64)
                 .bind(&intent.member)
                 .bind(intent.target.to_string())
                 .bind(&intent.operation_id)
+                .bind(intent.recorded_at.map(|t| t.unix()))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -1040,7 +1051,7 @@ impl Store for SqliteStore {
     }
 
     async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>> {
-        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt")
+        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt")
             .bind(fleet)
             .bind(run)
             .fetch_all(&self.pool)
@@ -1053,6 +1064,7 @@ impl Store for SqliteStore {
                     target: parse_body(r.col::<&str>(2)?)?,
                     operation_id: r.col(3)?,
                     finished: r.col::<i64>(4)? != 0,
+                    recorded_at: r.col::<Option<i64>>(5)?.map(Time),
                 })
             })
             .collect()

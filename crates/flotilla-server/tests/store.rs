@@ -358,6 +358,7 @@ fn intent(attempt: u64, member: &str) -> Intent {
         target: json!({"upgradeType": "Full", "kubernetesVersion": "1.30.1"}),
         operation_id: None,
         finished: false,
+        recorded_at: Some(flotilla_engine::time::Time(1_780_000_000)),
     }
 }
 
@@ -417,6 +418,11 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     assert_eq!(intents[0].operation_id.as_deref(), Some("operation-1"));
     assert!(intents[0].finished);
     assert_eq!(intents[1].member, "m2");
+    // When each was recorded survives the round trip (an operation's deadline counts from it).
+    assert_eq!(
+        intents[1].recorded_at,
+        Some(flotilla_engine::time::Time(1_780_000_000))
+    );
     assert!(!intents[1].finished);
     assert_eq!(intents[1].target, intent(2, "m2").target);
     let run = store.get("f", Kind::Run, "r").await.unwrap().unwrap();

@@ -72,6 +72,21 @@ const MIGRATIONS: &[(i64, &str)] = &[
         ON CONFLICT DO NOTHING
     "#,
     ),
+    (
+        4,
+        // When each intent was recorded, so an operation's deadline survives a restart. And
+        // cluster keys again, lowered as the server lowers them (ASCII only: PostgreSQL's
+        // lower() also folds other letters, so migration 3 could disagree with the server).
+        r#"
+    ALTER TABLE intents ADD COLUMN recorded_at BIGINT;
+    DELETE FROM member_clusters;
+    INSERT INTO member_clusters (fleet, cluster_key, member)
+        SELECT fleet, translate(body::jsonb #>> '{properties,clusterResourceId}',
+                                'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), name
+        FROM resources WHERE kind = 'members' ORDER BY fleet, name
+        ON CONFLICT DO NOTHING
+    "#,
+    ),
 ];
 
 /// Any number, the same in every replica: the advisory lock migrations hold.
@@ -540,13 +555,14 @@ impl Store for PgStore {
         )
         .await?;
         for intent in &batch.intents {
-            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished) VALUES ($1, $2, $3, $4, $5, $6, FALSE)")
+            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7)")
                 .bind(&batch.fleet)
                 .bind(&batch.run)
                 .bind(intent.attempt as i64)
                 .bind(&intent.member)
                 .bind(intent.target.to_string())
                 .bind(&intent.operation_id)
+                .bind(intent.recorded_at.map(|t| t.unix()))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -610,7 +626,7 @@ impl Store for PgStore {
     }
 
     async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>> {
-        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished FROM intents WHERE fleet = $1 AND run = $2 ORDER BY attempt")
+        let rows = sqlx::query("SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = $1 AND run = $2 ORDER BY attempt")
             .bind(fleet)
             .bind(run)
             .fetch_all(&self.pool)
@@ -623,6 +639,7 @@ impl Store for PgStore {
                     target: parse_body(r.col::<&str>(2)?)?,
                     operation_id: r.col(3)?,
                     finished: r.col(4)?,
+                    recorded_at: r.col::<Option<i64>>(5)?.map(flotilla_engine::time::Time),
                 })
             })
             .collect()
