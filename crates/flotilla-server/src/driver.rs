@@ -112,10 +112,13 @@ pub trait Driver: Send + Sync {
         target: &Target,
         key: &str,
     ) -> Result<String, DriverError>;
+    /// The state of an operation: `operation_id` is what `start_upgrade` returned (the key when
+    /// the driver named none), `key` the attempt's idempotency key.
     async fn poll(
         &self,
         member: &MemberRef,
         operation_id: &str,
+        key: &str,
     ) -> Result<OperationState, DriverError>;
     /// The release catalog, per region.
     async fn catalog(&self) -> Result<Catalog, DriverError>;
@@ -646,6 +649,7 @@ impl Driver for SimDriver {
         &self,
         _member: &MemberRef,
         operation_id: &str,
+        _key: &str,
     ) -> Result<OperationState, DriverError> {
         let mut state = self
             .state
@@ -991,10 +995,11 @@ impl Driver for ExecDriver {
         &self,
         member: &MemberRef,
         operation_id: &str,
+        key: &str,
     ) -> Result<OperationState, DriverError> {
         let mut vars = ExecDriver::member_vars(member);
         vars.push(("operationId", operation_id.to_string()));
-        vars.push(("operationKey", operation_id.to_string()));
+        vars.push(("operationKey", key.to_string()));
         let reply: PollReply = serde_json::from_value(
             self.run("poll", &self.config.poll, &vars).await?,
         )
@@ -1078,8 +1083,31 @@ mod tests {
         let cluster = driver.observe(&who()).await.expect("observes");
         assert_eq!(cluster.kubernetes_version, "1.30.5");
         assert_eq!(
-            driver.poll(&who(), &id).await.expect("polls"),
+            driver.poll(&who(), &id, &id).await.expect("polls"),
             OperationState::Failed("drain timed out".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_poll_gets_the_operation_id_and_the_attempt_key_apart() {
+        // The poll answers Succeeded only when given the driver's id and the attempt's key,
+        // each in its own placeholder.
+        let poll = r#"if [ "$1" = "op-77" ] && [ "$2" = "f.r.1" ]; then echo '{"state":"Succeeded"}'; else echo "got $1 $2" >&2; exit 2; fi"#;
+        let driver = ExecDriver::new(&json!({
+            "type": "exec",
+            "observe": ["sh", "-c", "echo '{\"region\":\"eastus\",\"kubernetesVersion\":\"1.30.5\",\"nodePools\":[]}'"],
+            "upgrade": ["sh", "-c", "echo '{\"operationId\":\"op-77\"}'"],
+            "poll": ["sh", "-c", poll, "poll", "{operationId}", "{operationKey}"],
+        }))
+        .expect("valid config");
+        let id = driver
+            .start_upgrade(&who(), &target(), "f.r.1")
+            .await
+            .expect("starts");
+        assert_eq!(id, "op-77");
+        assert_eq!(
+            driver.poll(&who(), &id, "f.r.1").await.expect("polls"),
+            OperationState::Succeeded
         );
     }
 
@@ -1265,11 +1293,14 @@ mod tests {
         assert_eq!(first, again);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(matches!(
-            driver.poll(&who(), "a1").await.expect("polls"),
+            driver.poll(&who(), "a1", "a1").await.expect("polls"),
             OperationState::Failed(_)
         ));
         assert_eq!(
-            driver.poll(&who(), "never-sent").await.expect("polls"),
+            driver
+                .poll(&who(), "never-sent", "never-sent")
+                .await
+                .expect("polls"),
             OperationState::Unknown
         );
         driver
@@ -1278,7 +1309,7 @@ mod tests {
             .expect("second attempt");
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
-            driver.poll(&who(), "a2").await.expect("polls"),
+            driver.poll(&who(), "a2", "a2").await.expect("polls"),
             OperationState::Succeeded
         );
         assert_eq!(

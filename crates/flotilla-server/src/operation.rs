@@ -139,7 +139,7 @@ pub async fn drive(
                     Err(e) => break Err(format!("the upgrade could not be sent: {e}")),
                 }
             }
-            Step::Ask(ref key) => match driver.poll(&attempt.who, key).await {
+            Step::Ask(ref key) => match driver.poll(&attempt.who, key, &attempt.key).await {
                 Ok(OperationState::Unknown) => match resend_or_done(&driver, &attempt).await {
                     Ok(true) => break Ok(()),
                     Ok(false) => step = Step::Send,
@@ -182,7 +182,7 @@ pub async fn drive(
                 if !report.listening() {
                     return;
                 }
-                match driver.poll(&attempt.who, id).await {
+                match driver.poll(&attempt.who, id, &attempt.key).await {
                     Ok(OperationState::Running) => errors = 0,
                     Ok(OperationState::Succeeded) => break Ok(()),
                     Ok(OperationState::Failed(message)) => break Err(message),
@@ -287,6 +287,7 @@ pub async fn reattach(
     report: &impl Report,
     who: &MemberRef,
     operation: &str,
+    key: &str,
 ) -> Reattached {
     let started = Instant::now();
     let deadline = driver.operation_deadline();
@@ -307,7 +308,7 @@ pub async fn reattach(
         if !report.listening() {
             return Reattached::Gone;
         }
-        match driver.poll(who, operation).await {
+        match driver.poll(who, operation, key).await {
             Ok(OperationState::Running) => break OperationProgress::InProgress,
             Ok(_) => break OperationProgress::NotRunning,
             Err(e) => {
@@ -380,7 +381,12 @@ mod tests {
                 .pop_front()
                 .unwrap_or(Ok(key.to_string()))
         }
-        async fn poll(&self, _: &MemberRef, _: &str) -> Result<OperationState, DriverError> {
+        async fn poll(
+            &self,
+            _: &MemberRef,
+            _: &str,
+            _: &str,
+        ) -> Result<OperationState, DriverError> {
             let mut polls = self.polls.lock().unwrap();
             match polls.len() {
                 0 => Err(DriverError::transient("poll.sh: exited with code 1")),
@@ -554,7 +560,7 @@ mod tests {
             name: "m1".into(),
             cluster_resource_id: "m1".into(),
         };
-        match reattach(&driver, &&collect, &who, "f.r.1").await {
+        match reattach(&driver, &&collect, &who, "f.r.1", "f.r.1").await {
             Reattached::GaveUp(why) => assert!(why.contains("deleted"), "{why}"),
             _ => panic!("expected to give up"),
         }

@@ -1648,7 +1648,7 @@ impl FleetActor {
         tokio::spawn(async move {
             use crate::operation::Report;
             let (progress, cluster) =
-                match crate::operation::reattach(&driver, &report, &who, &operation).await {
+                match crate::operation::reattach(&driver, &report, &who, &operation, &key).await {
                     crate::operation::Reattached::Answered(progress, cluster) => {
                         (progress, cluster)
                     }
