@@ -205,6 +205,9 @@ struct LoadedRun {
 /// How stale a running run's stored status may get while steps come fast.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
+/// How long one step of a fleet spends writing statuses nobody waits for.
+const STATUS_BUDGET: Duration = Duration::from_millis(25);
+
 /// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
 
@@ -1376,8 +1379,23 @@ impl FleetActor {
         }
         // Each run driven gets its batch when it was given something, has something to say,
         // or has a status left to write.
-        let names: Vec<String> = self.meta.keys().cloned().collect();
-        let mut written: Vec<(String, RunStep)> = Vec::new();
+        // Runs with upgrades to send are written first, then those with callers waiting, then
+        // the rest by how long their statuses have waited.
+        let mut names: Vec<String> = self.meta.keys().cloned().collect();
+        names.sort_by_key(|run| {
+            let step = steps.get(run);
+            (
+                step.is_none_or(|s| s.commands.is_empty()),
+                step.is_none_or(|s| s.replies.is_empty() && s.action_results.is_empty()),
+                self.meta.get(run).and_then(|m| m.last_status_write),
+            )
+        });
+        let budget = Instant::now() + STATUS_BUDGET;
+        // What made this step's starts possible, and when (SEMANTICS: no polling delay).
+        let trigger = finish_seen
+            .map(|t| ("slot", t))
+            .or(action_at.map(|t| ("action", t)))
+            .or(woke_at.map(|t| ("timer", t)));
         let mut fenced = false;
         for run in names {
             let log: Vec<Value> = self
@@ -1401,11 +1419,15 @@ impl FleetActor {
             let urgent = step.structural
                 || !step.replies.is_empty()
                 || !step.action_results.is_empty()
-                || engine.is_finished()
-                || meta
-                    .last_status_write
-                    .is_none_or(|t| t.elapsed() >= STATUS_EVERY);
-            let write_status = meta.status_dirty && urgent;
+                || engine.is_finished();
+            // A status that is only due (nobody waits for it) is rendered while this step's
+            // budget lasts, oldest first; the rest wait for a later step, so many large runs
+            // rewriting their statuses never hold up the fleet's dispatch.
+            let due = meta
+                .last_status_write
+                .is_none_or(|t| t.elapsed() >= STATUS_EVERY)
+                && Instant::now() < budget;
+            let write_status = meta.status_dirty && (urgent || due);
             let nothing = log.is_empty()
                 && step.events.is_empty()
                 && step.intents.is_empty()
@@ -1450,7 +1472,8 @@ impl FleetActor {
                 self.runs.undeliver(&self.fleet, *id);
             }
             match result {
-                Ok(()) => written.push((run, step)),
+                // Carried out at once, so one run's upgrades never wait for another's write.
+                Ok(()) => self.carry_out(&run, step, trigger),
                 Err(StoreError::Fenced(why)) => {
                     tracing::warn!(fleet = %self.fleet, run, why, "stopped driving the fleet");
                     self.runs.abandon(&self.fleet, self.fence.epoch);
@@ -1488,58 +1511,6 @@ impl FleetActor {
                 }
             }
         }
-        for (run, step) in written {
-            for (reply, result) in step.replies {
-                let _ = reply.send(result.map_err(Refusal::Api));
-            }
-            for event in step.events {
-                let _ = self.runs.events.send(RunEvent {
-                    fleet: self.fleet.clone(),
-                    run: run.clone(),
-                    event,
-                });
-            }
-            if fenced {
-                // Recorded, but no longer this replica's to carry out: whoever takes the
-                // fleet over asks the driver about these intents.
-                continue;
-            }
-            for command in step.commands {
-                match command {
-                    Command::StartUpgrade {
-                        member,
-                        attempt,
-                        target,
-                    } => {
-                        // What made this start possible, and how long ago (SEMANTICS: no polling
-                        // delay).
-                        let trigger = finish_seen
-                            .map(|t| ("slot", t))
-                            .or(action_at.map(|t| ("action", t)))
-                            .or(woke_at.map(|t| ("timer", t)));
-                        if let Some((kind, since)) = trigger {
-                            self.runs
-                                .metrics
-                                .record_dispatch_delay(kind, since.elapsed());
-                        }
-                        let key = operation_key(&self.fleet, &run, attempt);
-                        self.spawn_upgrade(
-                            &run,
-                            member,
-                            attempt,
-                            target,
-                            key,
-                            None,
-                            false,
-                            Duration::ZERO,
-                        );
-                    }
-                    Command::Observe { member, attempt } => {
-                        self.spawn_observe(&run, member, attempt)
-                    }
-                }
-            }
-        }
         if fenced {
             return false;
         }
@@ -1558,6 +1529,48 @@ impl FleetActor {
             self.drop_run(&run);
         }
         true
+    }
+
+    /// After a run's batch is written: answers its callers, publishes its events and sends
+    /// its commands to the driver.
+    fn carry_out(&mut self, run: &str, step: RunStep, trigger: Option<(&'static str, Instant)>) {
+        for (reply, result) in step.replies {
+            let _ = reply.send(result.map_err(Refusal::Api));
+        }
+        for event in step.events {
+            let _ = self.runs.events.send(RunEvent {
+                fleet: self.fleet.clone(),
+                run: run.to_string(),
+                event,
+            });
+        }
+        for command in step.commands {
+            match command {
+                Command::StartUpgrade {
+                    member,
+                    attempt,
+                    target,
+                } => {
+                    if let Some((kind, since)) = trigger {
+                        self.runs
+                            .metrics
+                            .record_dispatch_delay(kind, since.elapsed());
+                    }
+                    let key = operation_key(&self.fleet, run, attempt);
+                    self.spawn_upgrade(
+                        run,
+                        member,
+                        attempt,
+                        target,
+                        key,
+                        None,
+                        false,
+                        Duration::ZERO,
+                    );
+                }
+                Command::Observe { member, attempt } => self.spawn_observe(run, member, attempt),
+            }
+        }
     }
 
     /// What lets an attempt's follower send: this fleet's lease at the epoch held now.
