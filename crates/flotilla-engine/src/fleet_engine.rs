@@ -127,6 +127,9 @@ pub struct FleetEngine {
     commands: VecDeque<FleetCommand>,
     /// Keep each run's [`Delivered`] journal for the shell to persist.
     record: bool,
+    /// What adopted runs hold of members the table does not: the first copy seen of each
+    /// name, id and cluster, so equal ones are held once.
+    interned: HashMap<Arc<str>, (Arc<str>, Arc<Cluster>)>,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -181,6 +184,8 @@ impl FleetEngine {
         }
         let seq = self.next_run;
         self.next_run += 1;
+        let mut engine = engine;
+        self.share(&mut engine);
         let mut slot = RunSlot::new(name, engine);
         for (member, holder) in slot.engine.locked_members() {
             slot.told.insert(self.key(member), holder.to_string());
@@ -216,6 +221,45 @@ impl FleetEngine {
             self.tell_others(seq, &member);
         }
         Ok(())
+    }
+
+    /// Points a run rebuilt elsewhere at the copies the fleet already holds: the table's
+    /// member where it is the same, or what an earlier adopted run brought.
+    fn share(&mut self, engine: &mut Engine) {
+        let (table, interned) = (&self.members, &mut self.interned);
+        engine.share_members(|name, id, cluster| {
+            if let Some(t) = table.get(&**name) {
+                let id = if t.cluster_resource_id == *id {
+                    t.cluster_resource_id.clone()
+                } else {
+                    id.clone()
+                };
+                let cluster = if t.cluster == *cluster {
+                    t.cluster.clone()
+                } else {
+                    cluster.clone()
+                };
+                return (t.name.clone(), id, cluster);
+            }
+            let (key, (known_id, known_cluster)) = interned
+                .get_key_value(name)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .unwrap_or_else(|| {
+                    interned.insert(name.clone(), (id.clone(), cluster.clone()));
+                    (name.clone(), (id.clone(), cluster.clone()))
+                });
+            let id = if known_id == *id {
+                known_id
+            } else {
+                id.clone()
+            };
+            let cluster = if known_cluster == *cluster {
+                known_cluster
+            } else {
+                cluster.clone()
+            };
+            (key, id, cluster)
+        });
     }
 
     /// The shared name of a member: the table's, or a new one for a member it does not hold.

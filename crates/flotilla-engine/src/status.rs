@@ -180,3 +180,19 @@ pub struct Event {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<crate::error::ApiError>,
 }
+
+impl Event {
+    /// A user action that was refused, with the error the API would have answered.
+    pub fn rejected(time: Time, action: &str, error: crate::error::ApiError) -> Event {
+        Event {
+            time,
+            kind: EventType::ActionRejected,
+            stage: None,
+            group: None,
+            member: None,
+            gate: None,
+            message: Some(action.to_string()),
+            error: Some(error),
+        }
+    }
+}

@@ -455,3 +455,40 @@ fn runs_adopted_without_a_member_table_still_hold_their_clusters() {
         ErrorCode::Conflict
     );
 }
+
+#[test]
+fn runs_share_one_copy_of_each_cluster() {
+    let members: Vec<Member> = ["a", "b"].iter().map(|n| member(n, "1.30.5")).collect();
+    // Created from the table: the runs hold the table's clusters.
+    let mut f = FleetEngine::new(&members, catalog());
+    f.create_run("one", &spec("1.31.1"), catalog())
+        .expect("created");
+    f.create_run("two", &spec("1.31.1"), catalog())
+        .expect("created");
+    let (one, two) = (f.run("one").expect("run"), f.run("two").expect("run"));
+    for m in ["a", "b"] {
+        let (x, y) = (one.cluster_of(m).expect("a"), two.cluster_of(m).expect("b"));
+        assert!(std::sync::Arc::ptr_eq(x, y), "{m} is held once");
+    }
+    // Rebuilt elsewhere, each with its own copies, then adopted without a table: equal clusters
+    // are held once; a cluster that differs keeps its own copy.
+    let mut g = FleetEngine::default();
+    let mut changed = members.clone();
+    changed[1].cluster.kubernetes_version = v("1.31.1");
+    for (name, fleet) in [("x", &members), ("y", &members), ("z", &changed)] {
+        let (engine, _) = Engine::create(name, &spec("1.31.1"), fleet, catalog()).expect("ok");
+        g.adopt_run(name, engine).expect("adopted");
+    }
+    let cluster = |run: &str, m: &str| g.run(run).and_then(|e| e.cluster_of(m)).cloned();
+    let same = |a: Option<std::sync::Arc<Cluster>>, b: Option<std::sync::Arc<Cluster>>| {
+        std::sync::Arc::ptr_eq(&a.expect("held"), &b.expect("held"))
+    };
+    assert!(same(cluster("x", "a"), cluster("y", "a")));
+    assert!(same(cluster("x", "a"), cluster("z", "a")));
+    assert!(same(cluster("x", "b"), cluster("y", "b")));
+    assert!(!same(cluster("x", "b"), cluster("z", "b")));
+    assert_eq!(
+        cluster("z", "b").map(|c| c.kubernetes_version),
+        Some(v("1.31.1"))
+    );
+}

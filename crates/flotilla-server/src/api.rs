@@ -426,6 +426,11 @@ async fn list(
             .and_then(|f| f.strip_prefix("state eq "))
             .map(|s| s.trim().trim_matches('\'').to_string())
     });
+    // Kinds shown as stored, unfiltered: the page is made of the stored texts, never parsed
+    // (a page of runs carries their whole statuses).
+    if kind != Kind::Member && wanted_state.is_none() {
+        return list_stored(state, fleet, kind, top, paging.skip_token.as_deref(), path).await;
+    }
     let mut items = Vec::new();
     let mut after = paging.skip_token.clone();
     let mut next = None;
@@ -474,6 +479,64 @@ async fn list(
         body["nextLink"] = json!(link);
     }
     Ok(axum::Json(body).into_response())
+}
+
+/// A page of resources shown as stored, written from their stored texts with their eTags
+/// added; an item that needs more than that (an older run carrying its snapshot inline) is
+/// parsed and shown as [`present`] does.
+async fn list_stored(
+    state: &AppState,
+    fleet: &str,
+    kind: Kind,
+    top: usize,
+    after: Option<&str>,
+    path: &str,
+) -> HttpResult<Response> {
+    let mut page = state
+        .runs
+        .store
+        .list_raw(fleet, kind, after, top + 1)
+        .await?;
+    let more = page.len() > top;
+    page.truncate(top);
+    let mut text = String::from("{\"value\":[");
+    for (i, (name, body, etag)) in page.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        match with_etag(body, etag) {
+            Some(item) => text.push_str(&item),
+            None => {
+                let parsed = serde_json::from_str::<Value>(body).map_err(|e| {
+                    ApiError::conflict(format!(
+                        "stored {} {name:?} is unreadable: {e}",
+                        kind_name(kind)
+                    ))
+                })?;
+                let item = present(Resource {
+                    name: name.clone(),
+                    body: parsed,
+                    etag: etag.clone(),
+                });
+                text.push_str(&item.to_string());
+            }
+        }
+    }
+    text.push(']');
+    if more && let Some((last, _, _)) = page.last() {
+        let link = format!("{path}?$top={top}&$skipToken={last}");
+        text.push_str(",\"nextLink\":");
+        text.push_str(&json!(link).to_string());
+    }
+    text.push('}');
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn get_one(

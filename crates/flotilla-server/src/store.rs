@@ -365,6 +365,14 @@ pub trait Store: Send + Sync {
         kind: Kind,
         name: &str,
     ) -> StoreResult<Option<(String, String)>>;
+    /// Like [`Store::list`], bodies as stored (JSON text), unparsed: (name, body, eTag).
+    async fn list_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<(String, String, String)>>;
     /// Resources of a kind in name order, after `after`, at most `limit`.
     async fn list(
         &self,
@@ -777,6 +785,27 @@ impl Store for SqliteStore {
         .fetch_optional(&self.pool)
         .await?;
         row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
+    }
+
+    async fn list_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<(String, String, String)>> {
+        let rows = sqlx::query(
+            "SELECT name, body, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(after.unwrap_or(""))
+        .bind(limit.min(i64::MAX as usize) as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.col(0)?, r.col(1)?, r.col(2)?)))
+            .collect()
     }
 
     async fn list(

@@ -2066,3 +2066,57 @@ async fn a_member_that_cannot_be_observed_refuses_only_the_runs_that_select_it()
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn pages_of_stored_resources_carry_etags_and_link_to_the_next() {
+    let h = Harness::start("pages").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    for name in ["a", "b", "c"] {
+        h.ok(
+            "admin",
+            Method::PUT,
+            &format!("/v1/fleets/f1/updateStrategies/{name}"),
+            Some(json!({"properties": {"strategy": {"stages": [{"name": name, "groups": [{"name": format!("g-{name}")}]}]}}})),
+        )
+        .await;
+    }
+    let first = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateStrategies?$top=2",
+            None,
+        )
+        .await;
+    let names: Vec<&str> = first["value"]
+        .as_array()
+        .expect("value")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"], "{first}");
+    // Each item's eTag is the one a GET of it answers.
+    let (_, _, headers) = h
+        .call(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateStrategies/a",
+            None,
+        )
+        .await;
+    assert_eq!(
+        first["value"][0]["eTag"].as_str(),
+        headers.get("etag").and_then(|v| v.to_str().ok())
+    );
+    let link = first["nextLink"].as_str().expect("a next page");
+    let second = h.ok("reader", Method::GET, link, None).await;
+    assert_eq!(second["value"].as_array().map(Vec::len), Some(1));
+    assert_eq!(second["value"][0]["name"], "c");
+    assert!(second.get("nextLink").is_none(), "{second}");
+}

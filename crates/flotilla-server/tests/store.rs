@@ -325,6 +325,7 @@ async fn listing_pages_in_name_order(store: Arc<dyn Store>) {
     let mut seen = Vec::new();
     let mut after: Option<String> = None;
     loop {
+        let asked = after.clone();
         let page = store
             .list("f", Kind::Member, after.as_deref(), 10)
             .await
@@ -334,6 +335,16 @@ async fn listing_pages_in_name_order(store: Arc<dyn Store>) {
         after = Some(last.name.clone());
         for r in &page {
             assert_eq!(r.body["name"], json!(r.name));
+        }
+        // The same page unparsed: the same names, eTags and bodies, in the same order.
+        let raw = store
+            .list_raw("f", Kind::Member, asked.as_deref(), 10)
+            .await
+            .unwrap();
+        assert_eq!(raw.len(), page.len());
+        for ((name, text, etag), r) in raw.iter().zip(&page) {
+            assert_eq!((name, etag), (&r.name, &r.etag));
+            assert_eq!(serde_json::from_str::<Value>(text).unwrap(), r.body);
         }
         seen.extend(page.into_iter().map(|r| r.name));
     }

@@ -21,7 +21,7 @@ use flotilla_engine::fleet::{Catalog, Cluster};
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::profile::{Profile, ProfileSpec, TriggerOutcome, plan_run, trigger_status};
 use flotilla_engine::release;
-use flotilla_engine::status::{Event, EventType, UpdateRunStatus};
+use flotilla_engine::status::{Event, UpdateRunStatus};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
     parse_upgrade,
@@ -435,16 +435,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 };
                 match index.filter(|_| a.run.is_some() || hand_made) {
                     Some(i) => fleet.record_rejection(now, &runs[i].name, &label, error),
-                    None => feed_events.push(Event {
-                        time: now,
-                        kind: EventType::ActionRejected,
-                        stage: None,
-                        group: None,
-                        member: None,
-                        gate: None,
-                        message: Some(label),
-                        error: Some(error),
-                    }),
+                    None => feed_events.push(Event::rejected(now, &label, error)),
                 }
             }
         }

@@ -435,6 +435,32 @@ impl Engine {
         Some(&self.members[m as usize].cluster_resource_id)
     }
 
+    /// Points this run's members' names, cluster ids and clusters at the ones `share` returns
+    /// for them, which must be equal to the run's own: so a fleet holds one copy of what its
+    /// runs have in common.
+    pub fn share_members(
+        &mut self,
+        mut share: impl FnMut(&Arc<str>, &Arc<str>, &Arc<Cluster>) -> (Arc<str>, Arc<str>, Arc<Cluster>),
+    ) {
+        for m in &mut self.members {
+            let (name, id, cluster) = share(&m.name, &m.cluster_resource_id, &m.cluster);
+            debug_assert!(name == m.name && id == m.cluster_resource_id && cluster == m.cluster);
+            (m.name, m.cluster_resource_id, m.cluster) = (name, id, cluster);
+        }
+        self.member_index = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.name.clone(), i as u32))
+            .collect();
+    }
+
+    /// A member's cluster as this run last saw it.
+    pub fn cluster_of(&self, name: &str) -> Option<&Arc<Cluster>> {
+        let m = *self.member_index.get(name)?;
+        Some(&self.members[m as usize].cluster)
+    }
+
     /// Whether the run selected this member.
     pub fn has_member(&self, name: &str) -> bool {
         self.member_index.contains_key(name)
@@ -552,16 +578,7 @@ impl Engine {
 
     /// Records a refused action in the event log (the simulator's `ActionRejected`).
     pub fn record_rejection(&mut self, now: Time, action: &str, error: ApiError) {
-        self.events.push_back(Event {
-            time: now,
-            kind: EventType::ActionRejected,
-            stage: None,
-            group: None,
-            member: None,
-            gate: None,
-            message: Some(action.to_string()),
-            error: Some(error),
-        });
+        self.events.push_back(Event::rejected(now, action, error));
     }
 
     fn set_member_timer(&mut self, m: u32, at: Option<Time>) {

@@ -309,6 +309,27 @@ impl Store for PgStore {
         row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
     }
 
+    async fn list_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<(String, String, String)>> {
+        let rows = sqlx::query(
+            "SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name > $3 ORDER BY name LIMIT $4",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(after.unwrap_or(""))
+        .bind(limit.min(i64::MAX as usize) as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.col(0)?, r.col(1)?, r.col(2)?)))
+            .collect()
+    }
+
     async fn list(
         &self,
         fleet: &str,
