@@ -1,0 +1,150 @@
+//! Restart benchmark: the real `flotilla serve` process on a SQLite file, a `sim` fleet of N
+//! members registered in one batch, R runs over all of them started at once; the process is
+//! killed (SIGKILL) while they run and started again on the same file. Measured from the
+//! second spawn: until it answers `/readyz`, until it sends its first upgrade, and until it has
+//! sent again as many upgrades as were in flight at the kill (every run loaded and driving).
+//!
+//! `cargo bench -p flotilla --bench restart [-- MEMBERS RUNS]` (default 10000 100)
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use common::{Api, create_token, free_port, serve};
+
+/// The upgrades sent since the process started, from `/metrics`.
+fn started(api: &Api) -> u64 {
+    let Ok(response) = api
+        .http
+        .get(format!("{}/metrics", api.base))
+        .bearer_auth(&api.token)
+        .timeout(Duration::from_secs(5))
+        .send()
+    else {
+        return 0;
+    };
+    let text = response.text().unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("flotilla_member_upgrades_started_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let members = args.first().copied().unwrap_or(10_000);
+    let runs = args.get(1).copied().unwrap_or(100);
+    let dir = std::env::temp_dir().join(format!("flotilla-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db").display().to_string();
+    let log = dir.join("server.log");
+    let token = create_token(&db);
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let mut server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+    // Upgrades of 60 simulated seconds at 10x: 6 s each, so many are in flight at the kill.
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/big",
+        Some(&json!({"properties": {"driver": {"type": "sim", "timeScale": 10,
+            "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}]}},
+            "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": 60}}}}})),
+    );
+    for chunk in (0..members).collect::<Vec<_>>().chunks(10_000) {
+        let value: Vec<Value> = chunk
+            .iter()
+            .map(|i| json!({"name": format!("m{i:06}"), "properties": {"clusterResourceId": format!("big{i}"), "group": format!("g{:02}", i % 50)}}))
+            .collect();
+        api.must(
+            reqwest::Method::POST,
+            "/v1/fleets/big/importMembers",
+            Some(&json!({ "value": value })),
+        );
+    }
+    let groups: Vec<Value> = (0..50)
+        .map(|g| json!({"name": format!("g{g:02}"), "maxConcurrency": "5%"}))
+        .collect();
+    let run = json!({"properties": {"strategy": {"stages": [{"name": "all", "maxConcurrency": "200", "maxAllowedFailures": "5%", "groups": groups}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    for r in 0..runs {
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/big/updateRuns/r{r:03}"),
+            Some(&run),
+        );
+    }
+    let t = Instant::now();
+    for r in 0..runs {
+        api.must(
+            reqwest::Method::POST,
+            &format!("/v1/fleets/big/updateRuns/r{r:03}/start"),
+            None,
+        );
+    }
+    let start_all = t.elapsed().as_secs_f64();
+    // Let them run for a while, then count what is in flight and kill the process.
+    std::thread::sleep(Duration::from_secs(15));
+    let mut in_flight = 0;
+    for r in 0..runs {
+        let body = api.must(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/big/updateRuns/r{r:03}"),
+            None,
+        );
+        in_flight += body["properties"]["status"]["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+            .flat_map(|g| g["members"].as_array().into_iter().flatten())
+            .filter(|m| m["status"]["state"] == "Running")
+            .count() as u64;
+    }
+    let sent_before = started(&api);
+    server.kill().expect("killed");
+    let _ = server.wait();
+    let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
+        + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0);
+    let spawned = Instant::now();
+    let mut server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+    let ready = spawned.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut first = None;
+    let resumed = loop {
+        let sent = started(&api);
+        if sent > 0 && first.is_none() {
+            first = Some(spawned.elapsed().as_secs_f64());
+        }
+        if sent >= in_flight {
+            break Some(spawned.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    println!(
+        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s; {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
+    );
+    println!(
+        "after SIGKILL and a restart: ready in {ready:.2} s, first upgrade sent at {}, all {in_flight} in flight sent again at {}",
+        first.map_or("never".to_string(), |t| format!("{t:.2} s")),
+        resumed.map_or("never (300 s)".to_string(), |t| format!("{t:.2} s"))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
