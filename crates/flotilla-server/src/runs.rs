@@ -1028,6 +1028,8 @@ struct RunMeta {
     /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
     /// the same, so a run replaced or deleted (through any replica) stops being driven.
     snapshot_etag: String,
+    /// Log entries of steps that showed nothing, written with the run's next batch.
+    unwritten: Vec<Value>,
 }
 
 /// What one step did to one run, to be written in the run's batch.
@@ -1166,6 +1168,7 @@ impl FleetActor {
                 status_dirty: false,
                 last_status_write: None,
                 snapshot_etag: loaded.snapshot_etag,
+                unwritten: Vec::new(),
             },
         );
         if let Ok(mut driving) = self.driving.lock() {
@@ -1398,16 +1401,13 @@ impl FleetActor {
             .or(woke_at.map(|t| ("timer", t)));
         let mut fenced = false;
         for run in names {
-            let log: Vec<Value> = self
-                .engine
-                .take_journal(&run)
-                .into_iter()
-                .map(log_entry)
-                .collect();
+            let fresh = self.engine.take_journal(&run);
             let step = steps.remove(&run).unwrap_or_default();
             let Some(meta) = self.meta.get_mut(&run) else {
                 continue;
             };
+            let mut log = std::mem::take(&mut meta.unwritten);
+            log.extend(fresh.into_iter().map(log_entry));
             let Some(engine) = self.engine.run(&run) else {
                 continue;
             };
@@ -1428,14 +1428,21 @@ impl FleetActor {
                 .is_none_or(|t| t.elapsed() >= STATUS_EVERY)
                 && Instant::now() < budget;
             let write_status = meta.status_dirty && (urgent || due);
-            let nothing = log.is_empty()
-                && step.events.is_empty()
-                && step.intents.is_empty()
-                && step.finished_attempts.is_empty()
-                && step.action_results.is_empty()
-                && step.replies.is_empty()
-                && !write_status;
-            if nothing {
+            // What this step shows of the run: events, intents, results, answers, a status.
+            // A step that shows nothing (a lock taken elsewhere that changed no message, say)
+            // keeps its log entries for the run's next batch: nothing anyone saw depends on
+            // them, and a run rebuilt without them is told the fleet's locks again at its
+            // first turn. So a hundred runs hearing of one start cost no hundred writes.
+            let shows = !step.events.is_empty()
+                || !step.intents.is_empty()
+                || !step.finished_attempts.is_empty()
+                || !step.action_results.is_empty()
+                || !step.replies.is_empty()
+                || !step.commands.is_empty()
+                || write_status
+                || engine.is_finished();
+            if !shows {
+                meta.unwritten = log;
                 continue;
             }
             if write_status {
@@ -1521,6 +1528,7 @@ impl FleetActor {
             .filter(|(run, meta)| {
                 meta.outstanding.is_empty()
                     && !meta.status_dirty
+                    && meta.unwritten.is_empty()
                     && self.engine.run(run).is_some_and(|e| e.is_finished())
             })
             .map(|(run, _)| run.clone())
