@@ -21,7 +21,7 @@ fn started(api: &Api) -> u64 {
         .http
         .get(format!("{}/metrics", api.base))
         .bearer_auth(&api.token)
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(600))
         .send()
     else {
         return 0;
