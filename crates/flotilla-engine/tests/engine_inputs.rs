@@ -1,34 +1,18 @@
 //! The engine driven directly through its door, for inputs the scenario format does not
 //! express: another run holding a member, and a catalog that changes under a waiting member.
 
-use std::collections::BTreeMap;
+mod common;
+
+use common::{member_at, v};
 
 use flotilla_engine::engine::{Command, Engine, Input, RunSpec};
-use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
+use flotilla_engine::fleet::{Catalog, KubeRelease, Member, RegionCatalog};
 use flotilla_engine::status::State;
 use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
 use flotilla_engine::time::Time;
-use flotilla_engine::version::KubeVersion;
-
-fn v(text: &str) -> KubeVersion {
-    KubeVersion::parse(text).expect("valid version")
-}
 
 fn member(name: &str, region: &str) -> Member {
-    Member {
-        name: name.into(),
-        cluster_resource_id: format!("/c/{name}"),
-        group: None,
-        labels: BTreeMap::new(),
-        cluster: Cluster {
-            region: region.into(),
-            kubernetes_version: v("1.30.5"),
-            node_pools: vec![],
-            kubernetes_window: None,
-            node_os_window: None,
-            long_term_support: false,
-        },
-    }
+    member_at(name, region, "1.30.5")
 }
 
 fn catalog(regions: &[(&str, &[&str])]) -> Catalog {

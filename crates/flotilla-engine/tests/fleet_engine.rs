@@ -2,6 +2,9 @@
 //! per cluster across them, observations and removals reaching every run, and a deleted run
 //! letting go of what it held.
 
+mod common;
+
+use common::{member_at, v};
 use std::collections::BTreeMap;
 
 use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec};
@@ -11,27 +14,9 @@ use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetI
 use flotilla_engine::status::State;
 use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
 use flotilla_engine::time::Time;
-use flotilla_engine::version::KubeVersion;
-
-fn v(text: &str) -> KubeVersion {
-    KubeVersion::parse(text).expect("valid version")
-}
 
 fn member(name: &str, version: &str) -> Member {
-    Member {
-        name: name.into(),
-        cluster_resource_id: format!("/c/{name}"),
-        group: None,
-        labels: BTreeMap::new(),
-        cluster: Cluster {
-            region: "eastus".into(),
-            kubernetes_version: v(version),
-            node_pools: vec![],
-            kubernetes_window: None,
-            node_os_window: None,
-            long_term_support: false,
-        },
-    }
+    member_at(name, "eastus", version)
 }
 
 fn catalog() -> Catalog {

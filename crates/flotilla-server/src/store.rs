@@ -815,21 +815,14 @@ impl Store for SqliteStore {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<Vec<Resource>> {
-        let rows = sqlx::query(
-            "SELECT name, body, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
-        )
-        .bind(fleet)
-        .bind(kind.as_str())
-        .bind(after.unwrap_or(""))
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
+        self.list_raw(fleet, kind, after, limit)
+            .await?
+            .into_iter()
+            .map(|(name, body, etag)| {
                 Ok(Resource {
-                    name: r.col(0)?,
-                    body: parse_body(r.col::<&str>(1)?)?,
-                    etag: r.col(2)?,
+                    name,
+                    body: parse_body(&body)?,
+                    etag,
                 })
             })
             .collect()
