@@ -114,6 +114,9 @@ fn the_engine_is_pure() {
 fn copies_of_the_shared_suite_match_it() {
     let shared = workspace().join("../shared");
     if !shared.is_dir() {
+        eprintln!(
+            "tidy: no ../shared beside the checkout; the copies in tests/conformance stand alone"
+        );
         return;
     }
     let pairs = std::fs::read_dir(shared.join("conformance"))
