@@ -1402,7 +1402,7 @@ impl FleetActor {
         let mut fenced = false;
         for run in names {
             let fresh = self.engine.take_journal(&run);
-            let step = steps.remove(&run).unwrap_or_default();
+            let mut step = steps.remove(&run).unwrap_or_default();
             let Some(meta) = self.meta.get_mut(&run) else {
                 continue;
             };
@@ -1460,20 +1460,22 @@ impl FleetActor {
             } else {
                 Vec::new()
             };
-            let batch = RunBatch {
+            let mut batch = RunBatch {
                 fleet: self.fleet.clone(),
                 run: run.clone(),
                 log,
-                intents: step.intents.clone(),
-                finished_attempts: step.finished_attempts.clone(),
-                events: step.events.clone(),
+                intents: std::mem::take(&mut step.intents),
+                finished_attempts: std::mem::take(&mut step.finished_attempts),
+                events: std::mem::take(&mut step.events),
                 run_body: body,
                 gates,
-                action_results: step.action_results.clone(),
+                action_results: std::mem::take(&mut step.action_results),
                 fence: Some(self.fence.clone()),
                 snapshot_etag: Some(meta.snapshot_etag.clone()),
             };
             let result = self.runs.store.write_run_batch(&batch).await;
+            // The events go on to the live streams once written.
+            step.events = std::mem::take(&mut batch.events);
             // Handed-over actions are done with either way: answered now, or pending again.
             for (id, _) in &batch.action_results {
                 self.runs.undeliver(&self.fleet, *id);
