@@ -23,6 +23,7 @@ use crate::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target, 
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet::{Catalog, Cluster, Member, SharedMember};
 use crate::status::Event;
+use crate::status::State;
 use crate::time::Time;
 
 /// What a fleet engine is told.
@@ -114,6 +115,16 @@ impl RunSlot {
     }
 }
 
+/// A member the table does not hold, as adopted runs brought it.
+#[derive(Clone, Debug)]
+struct Interned {
+    id: Arc<str>,
+    cluster: Arc<Cluster>,
+    /// The fleet itself saw this cluster (an observation, an upgrade's end), after some run
+    /// brought its copy: newer than what runs rebuilt from older records hold.
+    seen: bool,
+}
+
 /// One fleet: its member table, its runs, and the rules between them.
 #[derive(Clone, Debug, Default)]
 pub struct FleetEngine {
@@ -127,9 +138,11 @@ pub struct FleetEngine {
     commands: VecDeque<FleetCommand>,
     /// Keep each run's [`Delivered`] journal for the shell to persist.
     record: bool,
-    /// What adopted runs hold of members the table does not: the first copy seen of each
-    /// name, id and cluster, so equal ones are held once.
-    interned: HashMap<Arc<str>, (Arc<str>, Arc<Cluster>)>,
+    /// What adopted runs hold of members the table does not: one copy of each name and id,
+    /// and the cluster as the fleet last saw it, so equal ones are held once.
+    interned: HashMap<Arc<str>, Interned>,
+    /// Members whose cluster the fleet saw change since the shell last took them.
+    changed: BTreeSet<Arc<str>>,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -174,7 +187,7 @@ impl FleetEngine {
     /// Takes in a run rebuilt elsewhere (by replaying its journal into an engine). The clusters
     /// its operations in flight are on become busy, unless another run already holds them, and
     /// its locks are checked again at its first turn.
-    pub fn adopt_run(&mut self, name: &str, engine: Engine) -> Result<(), ApiError> {
+    pub fn adopt_run(&mut self, now: Time, name: &str, engine: Engine) -> Result<(), ApiError> {
         if self.names.contains_key(name) {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
@@ -205,6 +218,8 @@ impl FleetEngine {
         slot.news = news;
         self.runs.insert(seq, slot);
         self.names.insert(name.to_string(), seq);
+        // Another run may have upgraded its members since the run's record was made.
+        self.refresh(now, seq)?;
         for (member, attempt, target) in held {
             if self.busy.contains_key(&member) {
                 continue;
@@ -228,26 +243,25 @@ impl FleetEngine {
     fn share(&mut self, engine: &mut Engine) {
         let (table, interned) = (&self.members, &mut self.interned);
         engine.share_members(|name, id, cluster| {
-            if let Some(t) = table.get(&**name) {
-                let id = if t.cluster_resource_id == *id {
-                    t.cluster_resource_id.clone()
-                } else {
-                    id.clone()
-                };
-                let cluster = if t.cluster == *cluster {
-                    t.cluster.clone()
-                } else {
-                    cluster.clone()
-                };
-                return (t.name.clone(), id, cluster);
-            }
-            let (key, (known_id, known_cluster)) = interned
-                .get_key_value(name)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .unwrap_or_else(|| {
-                    interned.insert(name.clone(), (id.clone(), cluster.clone()));
-                    (name.clone(), (id.clone(), cluster.clone()))
-                });
+            let (key, known_id, known_cluster) = match table.get(&**name) {
+                Some(t) => (
+                    t.name.clone(),
+                    t.cluster_resource_id.clone(),
+                    t.cluster.clone(),
+                ),
+                None => match interned.get_key_value(name) {
+                    Some((k, i)) => (k.clone(), i.id.clone(), i.cluster.clone()),
+                    None => {
+                        let first = Interned {
+                            id: id.clone(),
+                            cluster: cluster.clone(),
+                            seen: false,
+                        };
+                        interned.insert(name.clone(), first);
+                        (name.clone(), id.clone(), cluster.clone())
+                    }
+                },
+            };
             let id = if known_id == *id {
                 known_id
             } else {
@@ -260,6 +274,94 @@ impl FleetEngine {
             };
             (key, id, cluster)
         });
+    }
+
+    /// Tells run `seq` of every member whose cluster the fleet has seen change since the run
+    /// last heard (a run rebuilt from an older record, or a finished run started again), but
+    /// not of those it is upgrading itself: it decides them again on what they are now.
+    fn refresh(&mut self, now: Time, seq: u64) -> Result<(), ApiError> {
+        let Some(slot) = self.runs.get(&seq) else {
+            return Ok(());
+        };
+        let stale: Vec<(Arc<str>, Arc<Cluster>)> = slot
+            .engine
+            .member_clusters()
+            .filter(|(_, _, state)| *state != State::Running)
+            .filter_map(|(name, cluster, _)| {
+                let current = self.seen(name)?;
+                (*current != **cluster).then(|| (name.clone(), current))
+            })
+            .collect();
+        let record = self.record;
+        let Some(slot) = self.runs.get_mut(&seq) else {
+            return Ok(());
+        };
+        for (member, cluster) in stale {
+            let input = Input::Observed {
+                member: member.to_string(),
+                cluster,
+                operation: None,
+            };
+            slot.give(now, input, record)?;
+        }
+        Ok(())
+    }
+
+    /// A member's cluster as the fleet last saw it: the table's, or for a member the table
+    /// does not hold, what its runs last saw.
+    fn current(&self, member: &str) -> Option<Arc<Cluster>> {
+        self.members
+            .get(member)
+            .map(|m| m.cluster.clone())
+            .or_else(|| self.interned.get(member).map(|i| i.cluster.clone()))
+    }
+
+    /// A member's cluster as the fleet itself saw it, which a run's older record yields to.
+    fn seen(&self, member: &str) -> Option<Arc<Cluster>> {
+        self.members
+            .get(member)
+            .map(|m| m.cluster.clone())
+            .or_else(|| {
+                self.interned
+                    .get(member)
+                    .filter(|i| i.seen)
+                    .map(|i| i.cluster.clone())
+            })
+    }
+
+    /// Records that `member`'s cluster is now `cluster`. Returns false when the fleet already
+    /// saw exactly that, so the runs, which hold the same, need not hear it again.
+    fn set_current(&mut self, member: &str, cluster: &Arc<Cluster>) -> bool {
+        let held = match self.members.get_mut(member) {
+            Some(entry) => Some((entry.name.clone(), &mut entry.cluster)),
+            None => self
+                .interned
+                .get_key_value(member)
+                .map(|(k, _)| k.clone())
+                .and_then(|k| {
+                    let entry = self.interned.get_mut(&k)?;
+                    entry.seen = true;
+                    Some((k, &mut entry.cluster))
+                }),
+        };
+        let Some((name, held)) = held else {
+            return true;
+        };
+        if **held == **cluster {
+            return false;
+        }
+        *held = cluster.clone();
+        self.changed.insert(name);
+        true
+    }
+
+    /// Members whose cluster changed since the last call (an observation, an upgrade that
+    /// succeeded), with the cluster as it now is: what the shell persists of the member table.
+    pub fn take_changed_members(&mut self) -> Vec<(Arc<str>, Arc<Cluster>)> {
+        std::mem::take(&mut self.changed)
+            .into_iter()
+            .filter_map(|m| Some((m.clone(), self.current(&m)?)))
+            .collect()
     }
 
     /// The shared name of a member: the table's, or a new one for a member it does not hold.
@@ -358,11 +460,13 @@ impl FleetEngine {
             }
             FleetInput::MemberAdded(member) => {
                 let shared = SharedMember::from(&member);
-                let known = self.members.contains_key(shared.name.as_ref());
                 let (name, cluster) = (shared.name.clone(), shared.cluster.clone());
+                let before = self.current(&name);
+                self.interned.remove(&name);
                 self.members.insert(name.clone(), shared);
-                if known {
-                    self.observed(now, &name, cluster, None);
+                if before.is_some_and(|b| b != cluster) {
+                    self.changed.insert(name.clone());
+                    self.fan_out(now, &name, cluster, None);
                 }
                 Ok(())
             }
@@ -414,6 +518,12 @@ impl FleetEngine {
             } => Some((member.clone(), cluster.clone())),
             _ => None,
         };
+        if matches!(input, Input::Start)
+            && self.runs.get(&seq).is_some_and(|s| s.engine.is_finished())
+        {
+            // A finished run hears nothing; one started again hears what it missed first.
+            self.refresh(now, seq)?;
+        }
         let record = self.record;
         let slot = self.runs.get_mut(&seq).ok_or_else(|| no_run(""))?;
         slot.give(now, input, record)?;
@@ -442,19 +552,23 @@ impl FleetEngine {
             return;
         };
         self.tell_others(seq, &name);
-        if ok && let Some(entry) = self.members.get(member) {
-            let mut cluster = (*entry.cluster).clone();
+        if ok && let Some(current) = self.current(member) {
+            let mut cluster = (*current).clone();
             apply_target(&mut cluster, &busy.target);
             self.observed(now, member, Arc::new(cluster), None);
         }
     }
 
-    /// The table's cluster of `member` is now `cluster`; every run that selected it is told,
-    /// except `answered` (which was told by its own input).
+    /// The fleet sees `member`'s cluster as `cluster` now; every run that selected it is told,
+    /// except `answered` (which was told by its own input). Seeing again what the fleet already
+    /// saw tells no one: every run holds it already.
     fn observed(&mut self, now: Time, member: &str, cluster: Arc<Cluster>, answered: Option<u64>) {
-        if let Some(entry) = self.members.get_mut(member) {
-            entry.cluster = cluster.clone();
+        if self.set_current(member, &cluster) {
+            self.fan_out(now, member, cluster, answered);
         }
+    }
+
+    fn fan_out(&mut self, now: Time, member: &str, cluster: Arc<Cluster>, answered: Option<u64>) {
         let record = self.record;
         for (seq, slot) in &mut self.runs {
             if Some(*seq) == answered
@@ -582,11 +696,18 @@ impl FleetEngine {
                 None => {
                     if slot.told.remove(&member).is_some() {
                         // The other run may have upgraded it: decided again on what the cluster
-                        // is now (SEMANTICS §1).
-                        if let Some(entry) = self.members.get(&member) {
+                        // is now (SEMANTICS §1), unless the run heard of that already.
+                        let current = self
+                            .members
+                            .get(&member)
+                            .map(|m| &m.cluster)
+                            .or_else(|| self.interned.get(&member).map(|i| &i.cluster));
+                        if let Some(cluster) = current
+                            && slot.engine.cluster_of(&member).is_none_or(|c| c != cluster)
+                        {
                             let input = Input::Observed {
                                 member: member.to_string(),
-                                cluster: entry.cluster.clone(),
+                                cluster: cluster.clone(),
                                 operation: None,
                             };
                             let _ = slot.give(now, input, record);
@@ -654,6 +775,17 @@ impl FleetEngine {
                     None => {
                         return Err(format!(
                             "member {member} is in flight in run {} (attempt {attempt}) but holds no lock",
+                            slot.name
+                        ));
+                    }
+                }
+            }
+            if !slot.engine.is_finished() {
+                for (member, cluster, state) in slot.engine.member_clusters() {
+                    let current = self.seen(member);
+                    if state != State::Running && current.is_some_and(|c| *c != **cluster) {
+                        return Err(format!(
+                            "run {} holds an older copy of {member}'s cluster than the fleet saw",
                             slot.name
                         ));
                     }

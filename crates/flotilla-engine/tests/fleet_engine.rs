@@ -366,8 +366,17 @@ fn journals_replay_each_run_exactly_and_an_adopted_fleet_goes_on_the_same() {
     };
     assert!(delivered(|i| matches!(i, Input::MemberLocked { .. })));
     assert!(delivered(|i| matches!(i, Input::MemberUnlocked { .. })));
-    // Every run replays from its journal alone to the state it is in.
-    let mut adopted = FleetEngine::new(&members, catalog()).recording();
+    // Every run replays from its journal alone to the state it is in, and is adopted by a
+    // fleet whose table holds the clusters as they now are (as the server's is, loaded from
+    // the members' recorded observations).
+    let current: Vec<Member> = members
+        .iter()
+        .map(|m| Member {
+            cluster: f.cluster(&m.name).expect("in the table").clone(),
+            ..m.clone()
+        })
+        .collect();
+    let mut adopted = FleetEngine::new(&current, catalog()).recording();
     for (name, s) in &specs {
         let replayed = replay(name, s, &members, &journals[*name]);
         assert_eq!(
@@ -375,21 +384,7 @@ fn journals_replay_each_run_exactly_and_an_adopted_fleet_goes_on_the_same() {
             f.run(name).expect("run").status(),
             "run {name} replays exactly"
         );
-        adopted.adopt_run(name, replayed).expect("adopted");
-    }
-    // The adopted fleet's clusters are as the original saw them.
-    for name in &refs {
-        if let Some(c) = f.cluster(name) {
-            adopted
-                .handle(
-                    now,
-                    FleetInput::Observed {
-                        member: name.to_string(),
-                        cluster: c.clone(),
-                    },
-                )
-                .expect("observed");
-        }
+        adopted.adopt_run(now, name, replayed).expect("adopted");
     }
     adopted.check_invariants(now).expect("adopted invariants");
     // Both go on to the end; they end the same.
@@ -425,7 +420,7 @@ fn runs_adopted_without_a_member_table_still_hold_their_clusters() {
     for name in ["first", "second"] {
         let (engine, _) =
             Engine::create(name, &spec("1.31.1"), &members, catalog()).expect("created");
-        f.adopt_run(name, engine).expect("adopted");
+        f.adopt_run(t0, name, engine).expect("adopted");
         f.handle(t0, input(name, Input::Start)).expect("started");
     }
     assert_eq!(settle(&mut f, t0), vec![("first".into(), "a".into(), 1)]);
@@ -436,7 +431,7 @@ fn runs_adopted_without_a_member_table_still_hold_their_clusters() {
     // Adopting a run again under the same name is refused.
     let (engine, _) = Engine::create("first", &spec("1.31.1"), &members, catalog()).expect("ok");
     assert_eq!(
-        f.adopt_run("first", engine).expect_err("twice").code,
+        f.adopt_run(t0, "first", engine).expect_err("twice").code,
         ErrorCode::Conflict
     );
 }
@@ -462,7 +457,7 @@ fn runs_share_one_copy_of_each_cluster() {
     changed[1].cluster.kubernetes_version = v("1.31.1");
     for (name, fleet) in [("x", &members), ("y", &members), ("z", &changed)] {
         let (engine, _) = Engine::create(name, &spec("1.31.1"), fleet, catalog()).expect("ok");
-        g.adopt_run(name, engine).expect("adopted");
+        g.adopt_run(Time(0), name, engine).expect("adopted");
     }
     let cluster = |run: &str, m: &str| g.run(run).and_then(|e| e.cluster_of(m)).cloned();
     let same = |a: Option<std::sync::Arc<Cluster>>, b: Option<std::sync::Arc<Cluster>>| {
@@ -476,4 +471,108 @@ fn runs_share_one_copy_of_each_cluster() {
         cluster("z", "b").map(|c| c.kubernetes_version),
         Some(v("1.31.1"))
     );
+}
+
+#[test]
+fn a_run_rebuilt_from_an_older_record_hears_what_the_fleet_saw_since() {
+    // The server's case: a run's record (its creation snapshot, its log) can be older than the
+    // member table, when another run upgraded a member since. Adopted, it decides on the
+    // table's cluster and does not upgrade that member again.
+    let t0 = Time(1_000_000);
+    let members: Vec<Member> = ["a", "b"].iter().map(|n| member(n, "1.30.5")).collect();
+    let mut f = FleetEngine::new(&members, catalog()).recording();
+    f.create_run("first", &spec("1.31.1"), catalog())
+        .expect("created");
+    f.handle(t0, input("first", Input::Start)).expect("started");
+    let upgraded = run_to_the_end(&mut f, t0, "first");
+    assert_eq!(upgraded, 2);
+    // What the shell persists of the table: both clusters, as upgraded.
+    let mut changed = f.take_changed_members();
+    changed.sort_by(|x, y| x.0.cmp(&y.0));
+    let names: Vec<&str> = changed.iter().map(|(m, _)| &**m).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert!(
+        changed
+            .iter()
+            .all(|(_, c)| c.kubernetes_version == v("1.31.1"))
+    );
+    assert!(f.take_changed_members().is_empty(), "taken once");
+    // A second run made from the members as they were before.
+    let (late, _) = Engine::create("late", &spec("1.31.1"), &members, catalog()).expect("ok");
+    f.adopt_run(t0.plus(120), "late", late).expect("adopted");
+    f.handle(t0.plus(120), input("late", Input::Start))
+        .expect("started");
+    assert_eq!(
+        settle(&mut f, t0.plus(120)),
+        vec![],
+        "nothing upgraded twice"
+    );
+    let late = f.run("late").expect("run");
+    // Already at the target: skipped (SEMANTICS §1), as a run made now would be.
+    assert_eq!(state(late, "a").0, State::Skipped);
+    assert_eq!(late.state(), State::Skipped);
+    assert_eq!(
+        late.cluster_of("a").expect("a").kubernetes_version,
+        v("1.31.1")
+    );
+    // The fleet saw nothing new: the adoption's news is not a change to persist.
+    assert!(f.take_changed_members().is_empty());
+}
+
+#[test]
+fn a_failed_run_started_again_hears_what_another_run_did_meanwhile() {
+    // A finished run is told nothing (it decides nothing); a Failed one can be started again,
+    // and then decides on the clusters as they are now.
+    let t0 = Time(1_000_000);
+    let mut f = fleet(&["a", "b"]);
+    f.create_run("failing", &spec("1.31.1"), catalog())
+        .expect("created");
+    f.create_run("fast", &spec("1.31.1"), catalog())
+        .expect("created");
+    f.handle(t0, input("failing", Input::Start))
+        .expect("started");
+    for (run, m, attempt) in settle(&mut f, t0) {
+        let failed = Input::OperationFinished {
+            member: m,
+            attempt,
+            outcome: Err("the cluster refused".into()),
+        };
+        f.handle(t0.plus(10), input(&run, failed))
+            .expect("answered");
+    }
+    settle(&mut f, t0.plus(10));
+    assert_eq!(f.run("failing").expect("run").state(), State::Failed);
+    assert!(f.run("failing").expect("run").is_finished());
+    f.handle(t0.plus(20), input("fast", Input::Start))
+        .expect("started");
+    assert_eq!(run_to_the_end(&mut f, t0.plus(20), "fast"), 2);
+    f.handle(t0.plus(600), input("failing", Input::Start))
+        .expect("started again");
+    assert_eq!(
+        settle(&mut f, t0.plus(600)),
+        vec![],
+        "nothing upgraded twice"
+    );
+    let failing = f.run("failing").expect("run");
+    assert_eq!(state(failing, "a").0, State::Skipped);
+    assert_eq!(state(failing, "b").0, State::Skipped);
+}
+
+/// Settles, finishing every upgrade started a minute later, until `run` is finished; returns
+/// how many upgrades were started (in any run).
+fn run_to_the_end(f: &mut FleetEngine, t0: Time, run: &str) -> usize {
+    let mut now = t0;
+    let mut count = 0;
+    for _ in 0..100 {
+        let started = settle(f, now);
+        count += started.len();
+        now = now.plus(60);
+        for (r, m, attempt) in &started {
+            finish(f, now, r, m, *attempt);
+        }
+        if f.run(run).is_some_and(|e| e.is_finished()) {
+            return count;
+        }
+    }
+    panic!("run {run} did not finish");
 }

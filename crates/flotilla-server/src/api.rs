@@ -1424,22 +1424,21 @@ async fn create_run(
             break;
         }
         for m in &page {
+            if let Some(record) = crate::runs::member_record(&m.name, &m.body) {
+                members.push(record);
+                continue;
+            }
             let id = m.body["properties"]["clusterResourceId"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let cluster = match serde_json::from_value::<Cluster>(
-                m.body["properties"]["status"]["cluster"].clone(),
-            ) {
+            let cluster = match observe_member(state, fleet, &m.name, &id).await {
                 Ok(c) => c,
-                Err(_) => match observe_member(state, fleet, &m.name, &id).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        unobserved.push((m.name.clone(), e));
-                        // Stands in only to learn whether the run selects the member.
-                        Cluster::unknown()
-                    }
-                },
+                Err(e) => {
+                    unobserved.push((m.name.clone(), e));
+                    // Stands in only to learn whether the run selects the member.
+                    Cluster::unknown()
+                }
             };
             members.push(MemberRecord {
                 name: m.name.clone(),

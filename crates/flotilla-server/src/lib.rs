@@ -83,6 +83,14 @@ async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
                         cluster_resource_id: id,
                     };
                     if let Ok(spec) = driver.observe(&who).await {
+                        // The fleet's task, when one runs, records it and tells the runs that
+                        // selected the member; otherwise it is recorded here.
+                        if let Ok(cluster) =
+                            flotilla_engine::fleet::Cluster::parse(&spec, "observation")
+                            && runs.observed(&fleet.name, &member.name, cluster)
+                        {
+                            continue;
+                        }
                         runs::record_observation(
                             runs.store.as_ref(),
                             &fleet.name,

@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target};
 use flotilla_engine::error::{ApiError, ErrorCode};
-use flotilla_engine::fleet::{Catalog, Member, MemberRecord};
+use flotilla_engine::fleet::{Catalog, Cluster, Member, MemberRecord};
 use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::status::{EventType, State};
 use flotilla_engine::strategy::{
@@ -180,6 +180,9 @@ enum Msg {
         input: Input,
         observed_at: Option<Instant>,
     },
+    /// A member's cluster as the background observer found it: news for every run of the
+    /// fleet that selected it, when it changed.
+    Observed { member: String, cluster: Cluster },
 }
 
 /// Where the answer to a user action goes.
@@ -805,6 +808,22 @@ impl Runs {
         }
     }
 
+    /// Hands a member's observation to the task driving its fleet, if one runs here; false
+    /// when none does (the caller records it itself).
+    pub fn observed(&self, fleet: &str, member: &str, cluster: Cluster) -> bool {
+        let Ok(fleets) = self.fleets.lock() else {
+            return false;
+        };
+        fleets.get(fleet).is_some_and(|task| {
+            task.tx
+                .send(Msg::Observed {
+                    member: member.to_string(),
+                    cluster,
+                })
+                .is_ok()
+        })
+    }
+
     /// Loads every run of a fleet that is not finished and starts its reconciler (when this
     /// replica takes the fleet's lease). What cannot be loaded now is tried again by the
     /// coordinator.
@@ -860,6 +879,9 @@ impl Runs {
             return Ok(task);
         }
         let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
+        // The member table: every run of the fleet decides on it, so a cluster another run
+        // upgraded is never upgraded again.
+        let table = member_table(self.store.as_ref(), fleet).await?;
         let mut fleets = self
             .fleets
             .lock()
@@ -887,7 +909,7 @@ impl Runs {
         }
         let actor = FleetActor {
             fleet: fleet.to_string(),
-            engine: FleetEngine::default().recording(),
+            engine: FleetEngine::new(&table, Catalog::default()).recording(),
             meta: HashMap::new(),
             runs: self.clone(),
             driver,
@@ -1158,7 +1180,7 @@ impl FleetActor {
         if self.meta.contains_key(&run) {
             return Ok(());
         }
-        self.engine.adopt_run(&run, loaded.engine)?;
+        self.engine.adopt_run(now(), &run, loaded.engine)?;
         self.meta.insert(
             run.clone(),
             RunMeta {
@@ -1242,10 +1264,14 @@ impl FleetActor {
         let mut steps: HashMap<String, RunStep> = HashMap::new();
         let mut finish_seen: Option<Instant> = None;
         let mut action_at: Option<Instant> = None;
-        let mut observed = Vec::new();
         for msg in batch {
             match msg {
                 Msg::Abandon => {}
+                Msg::Observed { member, cluster } => {
+                    let _ = self
+                        .engine
+                        .handle(now, FleetInput::Observed { member, cluster });
+                }
                 Msg::Adopt { run, loaded, reply } => {
                     let _ = reply.send(self.adopt(run, *loaded));
                 }
@@ -1310,12 +1336,7 @@ impl FleetActor {
                                 finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
                             }
                         }
-                        Input::Observed {
-                            member,
-                            cluster,
-                            operation,
-                        } => {
-                            observed.push((member.clone(), cluster.spec()));
+                        Input::Observed { operation, .. } => {
                             if let Some((attempt, OperationProgress::NotRunning)) = operation {
                                 meta.outstanding.remove(attempt);
                             }
@@ -1375,10 +1396,17 @@ impl FleetActor {
             step.events
                 .push(serde_json::to_value(&event).unwrap_or_default());
         }
-        // Observations land in the members before the runs' progress does, so whoever sees a
-        // run move on sees the clusters it changed.
-        for (member, spec) in &observed {
-            record_observation(self.runs.store.as_ref(), &self.fleet, member, spec).await;
+        // What the fleet now sees of its clusters (observations, upgrades that succeeded) lands
+        // in the members before the runs' progress does, so whoever sees a run move on sees the
+        // clusters it changed, and a task started later loads the table as it is.
+        for (member, cluster) in self.engine.take_changed_members() {
+            record_observation(
+                self.runs.store.as_ref(),
+                &self.fleet,
+                &member,
+                &cluster.spec(),
+            )
+            .await;
         }
         // Each run driven gets its batch when it was given something, has something to say,
         // or has a status left to write.
@@ -1809,6 +1837,43 @@ impl crate::operation::SendPermit for LeasePermit {
     fn count_started(&self) {
         self.runs.metrics.count_started(&self.fleet);
     }
+}
+
+/// A fleet's members as last observed (`status.cluster`), for its fleet engine's table. A
+/// member never observed is left out: the runs that selected it bring what they know of it.
+async fn member_table(store: &dyn Store, fleet: &str) -> Result<Vec<Member>, ApiError> {
+    let mut members = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list(fleet, Kind::Member, after.as_deref(), 1000)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.name.clone());
+        for m in &page {
+            if let Some(record) = member_record(&m.name, &m.body) {
+                members.push(Member::from(record));
+            }
+        }
+    }
+    Ok(members)
+}
+
+/// A member resource as a run sees it, if its cluster was observed.
+pub fn member_record(name: &str, body: &Value) -> Option<MemberRecord> {
+    let props = &body["properties"];
+    let cluster = serde_json::from_value::<Cluster>(props["status"]["cluster"].clone()).ok()?;
+    Some(MemberRecord {
+        name: name.to_string(),
+        cluster_resource_id: props["clusterResourceId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        group: props["group"].as_str().map(String::from),
+        labels: serde_json::from_value(props["labels"].clone()).unwrap_or_default(),
+        cluster,
+    })
 }
 
 /// Writes a member's latest observation into its resource (`status.cluster`).

@@ -1090,6 +1090,105 @@ async fn a_member_upgraded_by_another_run_waits_for_it() {
 }
 
 #[tokio::test]
+async fn a_cluster_another_run_upgraded_is_not_upgraded_again() {
+    // Three runs made at once from the same members, all to the same version: the first to
+    // reach a cluster upgrades it; the others, running alongside or started afterwards from
+    // their older records, find it at the target and skip it (SEMANTICS §1, §3).
+    let h = Harness::start("once").await;
+    let clusters = [
+        ("c1", cluster("1.30.5")),
+        ("c2", cluster("1.30.5")),
+        ("c3", cluster("1.30.5")),
+    ];
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for i in 1..=3 {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/m{i}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c{i}")}})),
+        )
+        .await;
+    }
+    let body = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    for run in ["a", "b", "c"] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/updateRuns/{run}"),
+            Some(body.clone()),
+        )
+        .await;
+    }
+    for run in ["a", "b"] {
+        h.ok(
+            "operator",
+            Method::POST,
+            &format!("/v1/fleets/f1/updateRuns/{run}/start"),
+            None,
+        )
+        .await;
+    }
+    let ended = |r: &Value| {
+        matches!(
+            r["properties"]["status"]["status"]["state"].as_str(),
+            Some("Completed" | "Skipped")
+        )
+    };
+    for run in ["a", "b"] {
+        h.wait_run(&format!("/v1/fleets/f1/updateRuns/{run}"), run, ended)
+            .await;
+    }
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/c/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/c", "c", ended).await;
+    let mut started = Vec::new();
+    for run in ["a", "b", "c"] {
+        let events = h
+            .ok(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/updateRuns/{run}/events"),
+                None,
+            )
+            .await;
+        for e in events["value"].as_array().into_iter().flatten() {
+            if e["type"] == "MemberStarted" {
+                started.push(e["member"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    }
+    started.sort();
+    assert_eq!(started, ["m1", "m2", "m3"], "each member upgraded once");
+    // The members show the clusters as upgraded.
+    for i in 1..=3 {
+        let m = h
+            .ok(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/members/m{i}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            m["properties"]["status"]["cluster"]["kubernetesVersion"], "1.31.1",
+            "m{i}: {m}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn auto_upgrade_profiles_generate_runs_for_their_channel() {
     let h = Harness::start("profiles").await;
     let mut driver = sim_fleet(&[("c1", cluster("1.30.5")), ("c2", cluster("1.29.9"))]);

@@ -461,6 +461,11 @@ impl Engine {
         Some(&self.members[m as usize].cluster)
     }
 
+    /// Every member the run selected: its name, its cluster as the run last saw it, its state.
+    pub fn member_clusters(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Cluster>, State)> {
+        self.members.iter().map(|m| (&m.name, &m.cluster, m.state))
+    }
+
     /// Whether the run selected this member.
     pub fn has_member(&self, name: &str) -> bool {
         self.member_index.contains_key(name)
