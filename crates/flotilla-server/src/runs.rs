@@ -1336,10 +1336,11 @@ impl FleetActor {
                                 finish_seen = Some(finish_seen.map_or(t, |f| f.min(t)));
                             }
                         }
-                        Input::Observed { operation, .. } => {
-                            if let Some((attempt, OperationProgress::NotRunning)) = operation {
-                                meta.outstanding.remove(attempt);
-                            }
+                        Input::Observed {
+                            operation: Some((attempt, OperationProgress::NotRunning)),
+                            ..
+                        } => {
+                            meta.outstanding.remove(attempt);
                         }
                         Input::OperationAccepted {
                             attempt,
