@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
-use flotilla_server::store::{SqliteStore, Store};
+use flotilla_server::store::SqliteStore;
+use flotilla_server::store::prelude::*;
 
 async fn send(
     http: &reqwest::Client,

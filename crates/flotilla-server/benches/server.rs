@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
 use flotilla_server::metrics::Metrics;
-use flotilla_server::store::{SqliteStore, Store};
+use flotilla_server::store::SqliteStore;
+use flotilla_server::store::prelude::*;
 
 struct Bench {
     http: reqwest::Client,
@@ -163,7 +164,7 @@ async fn main() {
         token,
         metrics,
     });
-    let now = flotilla_server::runs::now().unix();
+    let now = flotilla_server::clock::now().unix();
 
     // 1. Slots: 400 upgrades of 60 ms, 20 at a time.
     bench
@@ -280,7 +281,7 @@ async fn main() {
     );
 
     // 3. A version arriving in a region three seconds from now: the run wakes at that instant.
-    let arrives = flotilla_server::runs::now().unix() + 3;
+    let arrives = flotilla_server::clock::now().unix() + 3;
     bench
         .send(
             reqwest::Method::PUT,

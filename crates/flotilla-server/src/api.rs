@@ -1,9 +1,8 @@
 //! The HTTP API of `../shared/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -26,8 +25,11 @@ use flotilla_engine::strategy::{
 };
 
 use crate::auth::{Caller, Role, authenticate};
+use crate::clock::now;
 use crate::driver::{MemberRef, validate_driver_config};
-use crate::runs::{RunSnapshot, Runs, SNAPSHOT, engine_from_snapshot, now};
+use crate::error::{HttpError, HttpResult};
+use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
+use crate::state::{AppState, BODY_LIMIT, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
     Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
 };
@@ -36,116 +38,8 @@ use flotilla_engine::profile::{
     ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
 };
 
-/// Largest request body accepted (413 above).
-pub const BODY_LIMIT: usize = 1 << 20;
-
-pub struct AppState {
-    pub runs: Arc<Runs>,
-    pub insecure: bool,
-    /// How long a client may take to send a request's body, in milliseconds
-    /// (`http::Limits::body_timeout`, set when serving starts).
-    pub body_timeout_ms: std::sync::atomic::AtomicU64,
-    /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
-    pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
-}
-
-type Shared = Arc<AppState>;
-
-/// An error answered as `{"error": {"code", "message", "target"}}` with its status.
-#[derive(Debug)]
-pub struct HttpError {
-    status: StatusCode,
-    code: String,
-    message: String,
-    target: String,
-}
-
-impl HttpError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> HttpError {
-        HttpError {
-            status,
-            code: code.to_string(),
-            message: message.into(),
-            target: String::new(),
-        }
-    }
-
-    /// The same error about an item of a batch: its target and message under `prefix`
-    /// (`value[3].`).
-    fn under(mut self, prefix: &str) -> HttpError {
-        self.message = if self.target.is_empty() {
-            format!("{}: {}", prefix.trim_end_matches('.'), self.message)
-        } else if self.message.starts_with(&self.target) {
-            format!("{prefix}{}", self.message)
-        } else {
-            format!("{prefix}{}: {}", self.target, self.message)
-        };
-        self.target = format!("{prefix}{}", self.target);
-        self
-    }
-}
-
-impl From<ApiError> for HttpError {
-    fn from(error: ApiError) -> HttpError {
-        let status =
-            StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-        let code = serde_json::to_value(error.code)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
-        HttpError {
-            status,
-            code,
-            message: error.message,
-            target: error.target,
-        }
-    }
-}
-
-impl From<StoreError> for HttpError {
-    fn from(e: StoreError) -> HttpError {
-        match e {
-            StoreError::Precondition(m) => {
-                HttpError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailed", m)
-            }
-            StoreError::Refused {
-                field,
-                conflict,
-                message,
-                ..
-            } => {
-                let (status, code) = if conflict {
-                    (StatusCode::CONFLICT, "Conflict")
-                } else {
-                    (StatusCode::BAD_REQUEST, "InvalidRequestContent")
-                };
-                let mut error = HttpError::new(status, code, message);
-                error.target = field.to_string();
-                error
-            }
-            other => HttpError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "StoreUnavailable",
-                other.to_string(),
-            ),
-        }
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        let body =
-            json!({"error": {"code": self.code, "message": self.message, "target": self.target}});
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response()
-    }
-}
-
-type HttpResult<T> = Result<T, HttpError>;
+/// The most members one import may carry (API.md, "Batch registration").
+const IMPORT_MAX_MEMBERS: usize = 10_000;
 
 fn not_found(what: &str, name: &str) -> HttpError {
     HttpError::from(ApiError::new(
@@ -948,11 +842,6 @@ async fn put_member(
     spawn_observe(state.clone(), fleet, member, id);
     Ok(respond(resource, created))
 }
-
-/// The most members one import may carry (API.md, "Batch registration").
-const IMPORT_MAX_MEMBERS: usize = 10_000;
-/// An import's body limit.
-pub const IMPORT_BODY_LIMIT: usize = 32 << 20;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2590,10 +2479,6 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
             .or_insert(HeaderValue::from_static("no-store"));
     }
     response
-}
-
-pub fn unauthorized(message: &str) -> HttpError {
-    HttpError::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
 }
 
 pub fn router(state: Shared) -> Router {

@@ -8,8 +8,9 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use crate::api::{AppState, HttpError, unauthorized};
-use crate::runs::now;
+use crate::clock::now;
+use crate::error::{HttpError, unauthorized};
+use crate::state::AppState;
 use crate::store::TokenRecord;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

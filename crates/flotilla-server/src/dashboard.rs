@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use flotilla_engine::error::{ApiError, ErrorCode};
 
-use crate::api::HttpError;
+use crate::error::HttpError;
 
 /// Scripts, styles and connections from this server only, no inline script or style, no
 /// framing: the page can only talk to the API it came from.

@@ -223,9 +223,9 @@ pub async fn limit_body(State(timeout): State<Duration>, request: Request, next:
         && segments[2] == "fleets"
         && segments[4] == "importMembers";
     let limit = if import {
-        crate::api::IMPORT_BODY_LIMIT
+        crate::state::IMPORT_BODY_LIMIT
     } else {
-        crate::api::BODY_LIMIT
+        crate::state::BODY_LIMIT
     };
     let (parts, body) = request.into_parts();
     let refuse = |status: StatusCode, code: &str, message: String| {

@@ -4,19 +4,21 @@
 pub mod api;
 pub mod auth;
 pub mod dashboard;
-pub mod driver;
+pub mod error;
 pub mod http;
 pub mod metrics;
-pub mod operation;
 pub mod runs;
-pub mod store;
+pub mod state;
+
+pub use flotilla_driver::{self as driver, clock, operation};
+pub use flotilla_store as store;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::api::AppState;
 use crate::metrics::Metrics;
 use crate::runs::Runs;
+use crate::state::AppState;
 use crate::store::Store;
 
 /// How often every member's cluster is observed again through its fleet's driver.

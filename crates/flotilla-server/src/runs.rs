@@ -137,14 +137,7 @@ impl Replica {
     }
 }
 
-/// The instant now, in the engine's resolution.
-pub fn now() -> Time {
-    Time::from_unix(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64),
-    )
-}
+use crate::clock::now;
 
 /// A run event for live streams: fleet, run and the event JSON.
 #[derive(Clone, Debug)]

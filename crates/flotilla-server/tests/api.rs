@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
-use flotilla_server::store::{SqliteStore, Store};
+use flotilla_server::store::SqliteStore;
+use flotilla_server::store::prelude::*;
 
 struct Harness {
     base: String,
@@ -1366,7 +1367,8 @@ async fn a_profile_triggers_a_run_when_its_channel_selects_a_new_release() {
     )
     .await;
     let published =
-        flotilla_engine::time::Time::from_unix(flotilla_server::runs::now().unix() + 2).to_string();
+        flotilla_engine::time::Time::from_unix(flotilla_server::clock::now().unix() + 2)
+            .to_string();
     let mut driver = sim_fleet(&[("c1", cluster("1.30.5")), ("c2", cluster("1.29.9"))]);
     driver["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] = json!([{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.31.2", "availableAt": published}]);
     h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(driver))

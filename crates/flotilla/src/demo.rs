@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use flotilla_engine::time::Time;
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::Tokens as _;
 use flotilla_server::store::{SqliteStore, Store};
 
 const FLEET: &str = "demo";
@@ -274,7 +275,7 @@ pub async fn run(
         base: base.clone(),
         token: admin.clone(),
     };
-    let now = flotilla_server::runs::now();
+    let now = flotilla_server::clock::now();
     let (driver, members) = demo_fleet(now, time_scale);
     client
         .send(

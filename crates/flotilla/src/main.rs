@@ -51,8 +51,9 @@ use clap::{Parser, Subcommand};
 
 use flotilla_server::Server;
 use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::SqliteStore;
 use flotilla_server::store::postgres::PgStore;
-use flotilla_server::store::{SqliteStore, Store};
+use flotilla_server::store::prelude::*;
 use flotilla_sim::{Scenario, render, simulate};
 
 #[derive(Parser)]

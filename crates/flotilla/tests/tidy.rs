@@ -55,6 +55,67 @@ fn every_file_is_tidy() {
 }
 
 #[test]
+fn the_server_modules_form_no_cycle() {
+    // Each module of the server names the modules it uses as `crate::name`; the root (lib.rs)
+    // declares them all and is left out. A cycle means a type lives in the wrong module.
+    let src = workspace().join("crates/flotilla-server/src");
+    let mut uses: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for entry in std::fs::read_dir(&src).expect("server sources").flatten() {
+        let path = entry.path();
+        let Some(name) = path.file_stem().and_then(|n| n.to_str()).map(String::from) else {
+            continue;
+        };
+        if name == "lib" || path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let mut deps: Vec<String> = text
+            .match_indices("crate::")
+            .map(|(i, _)| {
+                text[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|d| *d != name && !d.is_empty())
+            .collect();
+        deps.sort();
+        deps.dedup();
+        uses.insert(name, deps);
+    }
+    assert!(uses.len() > 5, "found only {} server modules", uses.len());
+    fn visit(
+        m: &str,
+        uses: &std::collections::BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if !done.insert(m.to_string()) {
+            return None;
+        }
+        path.push(m.to_string());
+        for d in uses.get(m).into_iter().flatten() {
+            if let Some(cycle) = visit(d, uses, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = Default::default();
+    for m in uses.keys() {
+        if let Some(cycle) = visit(m, &uses, &mut Vec::new(), &mut done) {
+            panic!("the server's modules form a cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
 fn the_engine_is_pure() {
     let root = workspace().join("crates/flotilla-engine");
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("manifest");

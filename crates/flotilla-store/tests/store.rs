@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use flotilla_server::store::postgres::PgStore;
-use flotilla_server::store::{
+use flotilla_store::postgres::PgStore;
+use flotilla_store::prelude::*;
+use flotilla_store::{
     Fence, Intent, Kind, MemberWrite, Notice, Precondition, RegisterMode, RunBatch, SqliteStore,
     Store, StoreError, TokenRecord,
 };
@@ -47,7 +48,7 @@ fn unique() -> u64 {
     (nanos << 8) + NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-use flotilla_server::store::postgres::test_support::{
+use flotilla_store::postgres::test_support::{
     base as postgres_base, reachable as postgres_reachable,
 };
 
@@ -264,7 +265,7 @@ async fn race(
     store: &Arc<dyn Store>,
     name: &'static str,
     when: Precondition,
-) -> Vec<Result<(flotilla_server::store::Resource, bool), StoreError>> {
+) -> Vec<Result<(flotilla_store::Resource, bool), StoreError>> {
     let mut tasks = Vec::new();
     for i in 0..12 {
         let (store, when) = (store.clone(), when.clone());

@@ -1,6 +1,9 @@
 //! Drivers: what actually observes and upgrades clusters, behind one trait. `sim` simulates
 //! clusters in-process with a time scale; `exec` runs the user's commands as subprocesses.
 
+pub mod clock;
+pub mod operation;
+
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -520,8 +523,8 @@ impl SimDriver {
             catalog,
             releases,
             feed,
-            origin: crate::runs::now(),
-            clock: crate::runs::now,
+            origin: crate::clock::now(),
+            clock: crate::clock::now,
             state: Mutex::new((clusters, HashMap::new())),
             default,
         })

@@ -1,471 +1,19 @@
-//! Durable storage behind one interface: resources with eTags, each run's input log, recorded
-//! upgrade intents, the event log, API tokens, and what replicas sharing a database coordinate
-//! with (fleet leases with a fencing epoch, actions handed to a fleet's owner, notices). SQLite
-//! serves one replica; PostgreSQL ([`postgres::PgStore`]) several.
-//!
-//! Every write that drives a run (log entries, intents, events, the run's status, the results of
-//! actions) goes in one transaction ([`RunBatch`]), so a crash leaves either all of a batch or
-//! none of it; with a [`Fence`], the transaction first checks that its writer still holds the
-//! fleet's lease at the same epoch.
-
-pub mod postgres;
+//! The SQLite backend: one file, one server (a lock on the file itself), write-ahead logging,
+//! checkpointed into the file at a clean shutdown.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use flotilla_engine::time::Time;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Sqlite, Transaction};
 use tokio::sync::broadcast;
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// An `If-Match` / `If-None-Match` precondition did not hold.
-    #[error("precondition failed: {0}")]
-    Precondition(String),
-    #[error("stored data is unreadable: {0}")]
-    Corrupt(String),
-    #[error("{0}")]
-    Unavailable(String),
-    /// The writer no longer holds the fleet's lease at the epoch it wrote with.
-    #[error("lease lost: {0}")]
-    Fenced(String),
-    /// The run was replaced or deleted since the writer loaded it.
-    #[error("{0}")]
-    Superseded(String),
-    /// A member write the fleet's data refuses: its cluster id is another member's, it would
-    /// change a member's cluster id, or (creating only) the member exists. `item` is its index
-    /// in the batch, `field` the path inside the item.
-    #[error("{message}")]
-    Refused {
-        item: usize,
-        field: &'static str,
-        conflict: bool,
-        message: String,
-    },
-}
-
-pub type StoreResult<T> = Result<T, StoreError>;
-
-/// Resource kinds, as they appear in paths.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Fleet,
-    Member,
-    Strategy,
-    Run,
-    Gate,
-    Profile,
-    /// What a run was created from (its members' clusters, the catalog): kept apart from the
-    /// run so that the run's frequent status writes do not rewrite it.
-    RunSnapshot,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Fleet => "fleets",
-            Kind::Member => "members",
-            Kind::Strategy => "updateStrategies",
-            Kind::Run => "updateRuns",
-            Kind::Gate => "gates",
-            Kind::Profile => "autoUpgradeProfiles",
-            Kind::RunSnapshot => "updateRunSnapshots",
-        }
-    }
-}
-
-/// One member to register (API.md, "Batch registration").
-#[derive(Clone, Debug)]
-pub struct MemberWrite {
-    pub name: String,
-    /// The member's body; its `properties.status` is replaced by the stored member's, if any
-    /// (what was observed of the cluster stays).
-    pub body: Value,
-    pub when: Precondition,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RegisterMode {
-    /// An existing member is refused.
-    Create,
-    /// An existing member is replaced (its cluster id cannot change).
-    Upsert,
-}
-
-/// What a registration wrote: each item's new eTag and whether it created the member.
-#[derive(Clone, Debug, Default)]
-pub struct Registered {
-    pub written: Vec<(String, bool)>,
-}
-
-/// How cluster ids are compared within a fleet: case-insensitively, as ARM ids are.
-pub fn cluster_key(id: &str) -> String {
-    id.to_ascii_lowercase()
-}
-
-/// The cluster id a member body carries.
-pub fn member_cluster_id(body: &Value) -> &str {
-    body["properties"]["clusterResourceId"]
-        .as_str()
-        .unwrap_or_default()
-}
-
-/// The stored member an item replaces, checked against the item: returns the body to store.
-/// One rule for both backends.
-fn merge_member(
-    item: usize,
-    write: &MemberWrite,
-    current: Option<&str>,
-    mode: RegisterMode,
-) -> StoreResult<Value> {
-    let mut body = write.body.clone();
-    let Some(text) = current else {
-        return Ok(body);
-    };
-    if mode == RegisterMode::Create {
-        return Err(StoreError::Refused {
-            item,
-            field: "name",
-            conflict: true,
-            message: format!(
-                "name {:?}: the member already exists (mode Create; Upsert replaces it)",
-                write.name
-            ),
-        });
-    }
-    let stored = parse_body(text)?;
-    let (old, new) = (member_cluster_id(&stored), member_cluster_id(&write.body));
-    if cluster_key(old) != cluster_key(new) {
-        return Err(StoreError::Refused {
-            item,
-            field: "properties.clusterResourceId",
-            conflict: false,
-            message: format!(
-                "properties.clusterResourceId {new:?}: a member's cluster cannot be changed (it is {old:?})"
-            ),
-        });
-    }
-    body["properties"]["status"] = stored["properties"]["status"].clone();
-    Ok(body)
-}
-
-/// The refusal of a cluster id another member already has.
-fn cluster_taken(item: usize, id: &str, other: &str) -> StoreError {
-    StoreError::Refused {
-        item,
-        field: "properties.clusterResourceId",
-        conflict: true,
-        message: format!(
-            "properties.clusterResourceId {id:?}: member {other:?} of this fleet already has this cluster"
-        ),
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Resource {
-    pub name: String,
-    pub body: Value,
-    pub etag: String,
-}
-
-/// A write's condition on the current eTag.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Precondition {
-    None,
-    /// `If-Match`: the resource exists with this eTag (`*`: exists at all).
-    IfMatch(String),
-    /// `If-None-Match: *`: the resource does not exist.
-    IfNoneMatchAny,
-}
-
-/// An upgrade the run decided to send, recorded before the driver is called (SEMANTICS §7).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Intent {
-    pub attempt: u64,
-    pub member: String,
-    pub target: Value,
-    pub operation_id: Option<String>,
-    pub finished: bool,
-    /// When the intent was recorded, just before its send: an operation's deadline counts
-    /// from here across restarts and takeovers. `None` for intents recorded before it was kept.
-    pub recorded_at: Option<Time>,
-}
-
-/// Everything one reconciler step writes for a run, in one transaction.
-#[derive(Clone, Debug, Default)]
-pub struct RunBatch {
-    pub fleet: String,
-    pub run: String,
-    /// Input-log entries, in order.
-    pub log: Vec<Value>,
-    pub intents: Vec<Intent>,
-    pub finished_attempts: Vec<u64>,
-    pub events: Vec<Value>,
-    /// The run resource's new body (its status), if it changed.
-    pub run_body: Option<Value>,
-    /// Gate resources created or changed.
-    pub gates: Vec<(String, Value)>,
-    /// Results of actions handed over through the store ([`Store::submit_action`]).
-    pub action_results: Vec<(i64, Value)>,
-    /// Written only if the writer still holds the fleet's lease at this epoch.
-    pub fence: Option<Fence>,
-    /// Written only if the run's snapshot still has this eTag (the run was not replaced or
-    /// deleted since its writer loaded it).
-    pub snapshot_etag: Option<String>,
-}
-
-/// A fleet lease as its holder knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fence {
-    pub owner: String,
-    pub epoch: i64,
-}
-
-/// A fleet's lease: which replica drives its runs, from which epoch, until when.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub fleet: String,
-    pub owner: String,
-    pub epoch: i64,
-    /// Milliseconds until it expires, by the database's clock (negative: expired).
-    pub expires_in_ms: i64,
-}
-
-/// An action on a run handed to the replica that drives its fleet.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PendingAction {
-    pub id: i64,
-    pub run: String,
-    pub input: Value,
-}
-
-/// Something changed in the store that other tasks (or replicas) may want to know.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Notice {
-    /// A run's event log grew.
-    Events { fleet: String, run: String },
-    /// An action was handed to a fleet's owner.
-    Actions { fleet: String },
-    /// An action's result was recorded.
-    Reply { id: i64 },
-}
-
-impl Notice {
-    fn to_payload(&self) -> String {
-        match self {
-            Notice::Events { fleet, run } => serde_json::json!({"events": [fleet, run]}),
-            Notice::Actions { fleet } => serde_json::json!({"actions": fleet}),
-            Notice::Reply { id } => serde_json::json!({"reply": id}),
-        }
-        .to_string()
-    }
-
-    fn from_payload(text: &str) -> Option<Notice> {
-        let v: Value = serde_json::from_str(text).ok()?;
-        if let Some([fleet, run]) = v["events"].as_array().map(Vec::as_slice) {
-            return Some(Notice::Events {
-                fleet: fleet.as_str()?.to_string(),
-                run: run.as_str()?.to_string(),
-            });
-        }
-        if let Some(fleet) = v["actions"].as_str() {
-            return Some(Notice::Actions {
-                fleet: fleet.to_string(),
-            });
-        }
-        v["reply"].as_i64().map(|id| Notice::Reply { id })
-    }
-
-    /// The notices a committed batch gives.
-    fn of_batch(batch: &RunBatch) -> Vec<Notice> {
-        let mut notices: Vec<Notice> = batch
-            .action_results
-            .iter()
-            .map(|(id, _)| Notice::Reply { id: *id })
-            .collect();
-        if !batch.events.is_empty() {
-            notices.push(Notice::Events {
-                fleet: batch.fleet.clone(),
-                run: batch.run.clone(),
-            });
-        }
-        notices
-    }
-}
-
-fn millis(ttl: std::time::Duration) -> i64 {
-    ttl.as_millis().min(i64::MAX as u128) as i64
-}
-
-fn same_run(batch: &RunBatch, found: Option<String>) -> StoreResult<()> {
-    match &batch.snapshot_etag {
-        Some(expected) if found.as_ref() != Some(expected) => Err(StoreError::Superseded(format!(
-            "update run {:?} was replaced or deleted",
-            batch.run
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn fenced(batch: &RunBatch, found: Option<(String, i64)>) -> StoreResult<()> {
-    let Some(fence) = &batch.fence else {
-        return Ok(());
-    };
-    match found {
-        Some((owner, epoch)) if owner == fence.owner && epoch == fence.epoch => Ok(()),
-        Some((owner, epoch)) => Err(StoreError::Fenced(format!(
-            "fleet {:?} is held by {owner} at epoch {epoch}, not by {} at epoch {}",
-            batch.fleet, fence.owner, fence.epoch
-        ))),
-        None => Err(StoreError::Fenced(format!(
-            "fleet {:?} has no lease",
-            batch.fleet
-        ))),
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenRecord {
-    pub id: String,
-    pub hash: String,
-    pub role: String,
-    pub subject: String,
-    pub created_at: i64,
-    pub revoked: bool,
-}
-
-#[async_trait]
-pub trait Store: Send + Sync {
-    async fn get(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<Resource>> {
-        self.get_raw(fleet, kind, name)
-            .await?
-            .map(|(text, etag)| {
-                Ok(Resource {
-                    name: name.to_string(),
-                    body: parse_body(&text)?,
-                    etag,
-                })
-            })
-            .transpose()
-    }
-    /// A resource's body as stored (JSON text) and its eTag, unparsed: large bodies (a run's
-    /// status) are answered without building them in memory.
-    async fn get_raw(
-        &self,
-        fleet: &str,
-        kind: Kind,
-        name: &str,
-    ) -> StoreResult<Option<(String, String)>>;
-    /// Like [`Store::list`], bodies as stored (JSON text), unparsed: (name, body, eTag).
-    async fn list_raw(
-        &self,
-        fleet: &str,
-        kind: Kind,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<(String, String, String)>>;
-    /// Resources of a kind in name order, after `after`, at most `limit`.
-    async fn list(
-        &self,
-        fleet: &str,
-        kind: Kind,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<Resource>>;
-    /// Creates or replaces; returns the stored resource and whether it was created.
-    async fn put(
-        &self,
-        fleet: &str,
-        kind: Kind,
-        name: &str,
-        body: &Value,
-        when: &Precondition,
-    ) -> StoreResult<(Resource, bool)>;
-    /// Deletes; returns whether it existed. A run's log, intents, events and gates go with it; a
-    /// fleet's children go with the fleet.
-    async fn delete(
-        &self,
-        fleet: &str,
-        kind: Kind,
-        name: &str,
-        when: &Precondition,
-    ) -> StoreResult<bool>;
-    /// Ends the store's use at a clean shutdown: SQLite moves its write-ahead log into the
-    /// database file, so the `.db` file alone holds everything.
-    async fn close(&self) {}
-    /// Creates or replaces members in one transaction, all or nothing; a member's cluster id
-    /// is unique in its fleet, compared case-insensitively (API.md, "Batch registration").
-    async fn register_members(
-        &self,
-        fleet: &str,
-        writes: &[MemberWrite],
-        mode: RegisterMode,
-    ) -> StoreResult<Registered>;
-    async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>>;
-    async fn run_events(
-        &self,
-        fleet: &str,
-        run: &str,
-        after: i64,
-        limit: usize,
-    ) -> StoreResult<Vec<(i64, Value)>>;
-    async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>>;
-    async fn record_operation(
-        &self,
-        fleet: &str,
-        run: &str,
-        attempt: u64,
-        operation_id: &str,
-    ) -> StoreResult<()>;
-    async fn create_token(&self, token: &TokenRecord) -> StoreResult<()>;
-    async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
-    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
-    async fn revoke_token(&self, id: &str) -> StoreResult<bool>;
-
-    /// Says this replica is alive for `ttl`; returns how many replicas are alive, itself included.
-    async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize>;
-    /// Takes a fleet's lease if nobody holds it or its holder let it expire, with the next
-    /// epoch; returns that epoch, or `None` if another holder's lease is still running.
-    async fn acquire_lease(
-        &self,
-        fleet: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> StoreResult<Option<i64>>;
-    /// Extends a lease still held at `epoch`; false if it was lost.
-    async fn renew_lease(
-        &self,
-        fleet: &str,
-        owner: &str,
-        epoch: i64,
-        ttl: Duration,
-    ) -> StoreResult<bool>;
-    /// Lets a lease go at once (on shutdown), so another replica takes over without waiting.
-    async fn release_lease(&self, fleet: &str, owner: &str, epoch: i64) -> StoreResult<()>;
-    async fn leases(&self) -> StoreResult<Vec<Lease>>;
-    /// Hands an action to whoever drives the run's fleet; returns its id.
-    async fn submit_action(&self, fleet: &str, run: &str, input: &Value) -> StoreResult<i64>;
-    /// Actions on a fleet's runs without a result yet, oldest first.
-    async fn pending_actions(&self, fleet: &str) -> StoreResult<Vec<PendingAction>>;
-    /// Records an action's result outside a run's batch (the run could not be loaded).
-    async fn finish_action(&self, id: i64, result: &Value) -> StoreResult<()>;
-    /// An action's result, once recorded; it is then forgotten.
-    async fn take_action_result(&self, id: i64) -> StoreResult<Option<Value>>;
-    /// Notices of changes, from this process and, for a shared database, from other replicas.
-    fn notices(&self) -> broadcast::Receiver<Notice>;
-    /// Whether several replicas may share this store.
-    fn shared(&self) -> bool;
-}
+use super::*;
 
 /// Schema migrations, applied in order at start; each runs once.
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -648,49 +196,6 @@ async fn next_etag(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<String> {
     Ok(format!("\"{n}\""))
 }
 
-/// Reads a column; a value that cannot be decoded (text that is not UTF-8, say) is
-/// `StoreError::Corrupt`, never a panic.
-trait Col {
-    fn col<'r, T>(&'r self, index: usize) -> StoreResult<T>
-    where
-        T: sqlx::Decode<'r, <Self as Row>::Database> + sqlx::Type<<Self as Row>::Database>,
-        Self: Row;
-}
-
-impl<R: Row> Col for R
-where
-    usize: sqlx::ColumnIndex<R>,
-{
-    fn col<'r, T>(&'r self, index: usize) -> StoreResult<T>
-    where
-        T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    {
-        self.try_get(index)
-            .map_err(|e| StoreError::Corrupt(format!("column {index}: {e}")))
-    }
-}
-
-fn parse_body(text: &str) -> StoreResult<Value> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-fn check(current: Option<&str>, when: &Precondition) -> StoreResult<()> {
-    match (when, current) {
-        (Precondition::None, _) => Ok(()),
-        (Precondition::IfMatch(tag), Some(etag)) if tag == "*" || tag == etag => Ok(()),
-        (Precondition::IfMatch(tag), Some(etag)) => Err(StoreError::Precondition(format!(
-            "If-Match {tag} does not match the current eTag {etag}"
-        ))),
-        (Precondition::IfMatch(tag), None) => Err(StoreError::Precondition(format!(
-            "If-Match {tag}: the resource does not exist"
-        ))),
-        (Precondition::IfNoneMatchAny, Some(_)) => Err(StoreError::Precondition(
-            "If-None-Match *: the resource already exists".into(),
-        )),
-        (Precondition::IfNoneMatchAny, None) => Ok(()),
-    }
-}
-
 async fn current_etag(
     tx: &mut Transaction<'_, Sqlite>,
     fleet: &str,
@@ -759,7 +264,7 @@ async fn upsert(
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Resources for SqliteStore {
     async fn close(&self) {
         if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
             .execute(&self.pool)
@@ -969,7 +474,10 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(true)
     }
+}
 
+#[async_trait]
+impl RunLog for SqliteStore {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if batch.fence.is_some() {
@@ -1110,7 +618,10 @@ impl Store for SqliteStore {
         .await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Tokens for SqliteStore {
     async fn create_token(&self, token: &TokenRecord) -> StoreResult<()> {
         sqlx::query("INSERT INTO tokens (id, hash, role, subject, created_at, revoked) VALUES (?, ?, ?, ?, ?, 0)")
             .bind(&token.id)
@@ -1147,7 +658,10 @@ impl Store for SqliteStore {
             .await?;
         Ok(done.rows_affected() > 0)
     }
+}
 
+#[async_trait]
+impl Coordination for SqliteStore {
     async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize> {
         let now = unix_millis();
         sqlx::query("INSERT INTO replicas (id, expires_at) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at")

@@ -12,10 +12,10 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Col, Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition, RegisterMode,
-    Registered, Resource, RunBatch, Store, StoreError, StoreResult, TokenRecord, check,
-    cluster_key, cluster_taken, fenced, member_cluster_id, merge_member, millis, parse_body,
-    same_run,
+    Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition,
+    RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError, StoreResult,
+    TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
+    merge_member, millis, parse_body, same_run,
 };
 
 /// The channel notices travel on.
@@ -291,7 +291,7 @@ fn unique_violation(e: &sqlx::Error) -> bool {
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl Resources for PgStore {
     async fn get_raw(
         &self,
         fleet: &str,
@@ -534,7 +534,10 @@ impl Store for PgStore {
         tx.commit().await?;
         Ok(true)
     }
+}
 
+#[async_trait]
+impl RunLog for PgStore {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         if batch.fence.is_some() {
@@ -677,7 +680,10 @@ impl Store for PgStore {
         .await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Tokens for PgStore {
     async fn create_token(&self, token: &TokenRecord) -> StoreResult<()> {
         sqlx::query("INSERT INTO tokens (id, hash, role, subject, created_at, revoked) VALUES ($1, $2, $3, $4, $5, FALSE)")
             .bind(&token.id)
@@ -714,7 +720,10 @@ impl Store for PgStore {
             .await?;
         Ok(done.rows_affected() > 0)
     }
+}
 
+#[async_trait]
+impl Coordination for PgStore {
     async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize> {
         sqlx::query("INSERT INTO replicas (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond') ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at")
             .bind(replica)

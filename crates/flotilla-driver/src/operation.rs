@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use flotilla_engine::engine::{Input, OperationProgress, Target, cluster_at};
 use flotilla_engine::fleet::Cluster;
 
-use crate::driver::{Driver, DriverError, MemberRef, OperationState};
+use crate::{Driver, DriverError, MemberRef, OperationState};
 
 /// Everything the follower reports goes back to the run as an input.
 pub trait Report: Send + Sync {

@@ -1,0 +1,25 @@
+//! What every request handler shares: the runs and their store, the server's mode, the
+//! release feed's last reading, and the limits on request bodies.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::runs::Runs;
+
+/// Largest request body accepted (413 above).
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// An import's body limit.
+pub const IMPORT_BODY_LIMIT: usize = 32 << 20;
+
+pub struct AppState {
+    pub runs: Arc<Runs>,
+    pub insecure: bool,
+    /// How long a client may take to send a request's body, in milliseconds
+    /// (`http::Limits::body_timeout`, set when serving starts).
+    pub body_timeout_ms: std::sync::atomic::AtomicU64,
+    /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
+    pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
+}
+
+pub type Shared = Arc<AppState>;
