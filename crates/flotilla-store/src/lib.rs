@@ -8,6 +8,7 @@
 //! none of it; with a [`Fence`], the transaction first checks that its writer still holds the
 //! fleet's lease at the same epoch.
 
+mod migrate;
 pub mod postgres;
 pub mod sqlite;
 

@@ -21,74 +21,6 @@ use super::{
 /// The channel notices travel on.
 const CHANNEL: &str = "flotilla";
 
-/// Schema migrations; the same tables as SQLite's.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        r#"
-    CREATE TABLE resources (
-        fleet TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL COLLATE "C",
-        body TEXT NOT NULL, etag TEXT NOT NULL,
-        PRIMARY KEY (fleet, kind, name));
-    CREATE TABLE run_log (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, seq BIGINT NOT NULL, entry TEXT NOT NULL,
-        PRIMARY KEY (fleet, run, seq));
-    CREATE TABLE run_events (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, seq BIGINT NOT NULL, event TEXT NOT NULL,
-        PRIMARY KEY (fleet, run, seq));
-    CREATE TABLE intents (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, attempt BIGINT NOT NULL, member TEXT NOT NULL,
-        target TEXT NOT NULL, operation_id TEXT, finished BOOLEAN NOT NULL DEFAULT FALSE,
-        PRIMARY KEY (fleet, run, attempt));
-    CREATE TABLE tokens (
-        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL,
-        created_at BIGINT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE);
-    CREATE SEQUENCE etag_seq
-    "#,
-    ),
-    (
-        2,
-        r#"
-    CREATE TABLE leases (
-        fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL,
-        expires_at TIMESTAMPTZ NOT NULL);
-    CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at TIMESTAMPTZ NOT NULL);
-    CREATE TABLE actions (
-        id BIGSERIAL PRIMARY KEY, fleet TEXT NOT NULL, run TEXT NOT NULL,
-        input TEXT NOT NULL, result TEXT)
-    "#,
-    ),
-    (
-        3,
-        // A member's cluster id is unique in its fleet. Members registered twice before this
-        // keep their rows; the first by name holds the id.
-        r#"
-    CREATE TABLE member_clusters (
-        fleet TEXT NOT NULL, cluster_key TEXT NOT NULL, member TEXT NOT NULL,
-        PRIMARY KEY (fleet, cluster_key));
-    INSERT INTO member_clusters (fleet, cluster_key, member)
-        SELECT fleet, lower(body::jsonb #>> '{properties,clusterResourceId}'), name
-        FROM resources WHERE kind = 'members' ORDER BY fleet, name
-        ON CONFLICT DO NOTHING
-    "#,
-    ),
-    (
-        4,
-        // When each intent was recorded, so an operation's deadline survives a restart. And
-        // cluster keys again, lowered as the server lowers them (ASCII only: PostgreSQL's
-        // lower() also folds other letters, so migration 3 could disagree with the server).
-        r#"
-    ALTER TABLE intents ADD COLUMN recorded_at BIGINT;
-    DELETE FROM member_clusters;
-    INSERT INTO member_clusters (fleet, cluster_key, member)
-        SELECT fleet, translate(body::jsonb #>> '{properties,clusterResourceId}',
-                                'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), name
-        FROM resources WHERE kind = 'members' ORDER BY fleet, name
-        ON CONFLICT DO NOTHING
-    "#,
-    ),
-];
-
 /// Any number, the same in every replica: the advisory lock migrations hold.
 const MIGRATION_LOCK: i64 = 0x666c_6f74_696c_6c61;
 
@@ -148,35 +80,51 @@ impl PgStore {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
+        use sqlx::migrate::Migrate;
+        let migrator = crate::migrate::migrator(crate::migrate::POSTGRES);
         let mut tx = self.pool.begin().await?;
-        // Replicas starting together migrate one after the other.
+        // Replicas starting together take a database made before the migrator one after the
+        // other; the migrator then holds its own lock.
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
-            .execute(&mut *tx)
-            .await?;
-        let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
-            .fetch_all(&mut *tx)
+        let legacy: bool = sqlx::query("SELECT to_regclass('schema_migrations') IS NOT NULL")
+            .fetch_one(&mut *tx)
             .await?
-            .iter()
-            .map(|r| r.col(0))
-            .collect::<StoreResult<_>>()?;
-        for (version, sql) in MIGRATIONS {
-            if applied.contains(version) {
-                continue;
+            .col(0)?;
+        if legacy {
+            let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.col(0))
+                .collect::<StoreResult<_>>()?;
+            let done = crate::migrate::legacy(&migrator, &applied)?;
+            (*tx)
+                .ensure_migrations_table(&migrator.table_name)
+                .await
+                .map_err(crate::migrate::failed)?;
+            for m in done {
+                sqlx::query(
+                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                     VALUES ($1, $2, TRUE, $3, 0) ON CONFLICT DO NOTHING",
+                )
+                .bind(m.version)
+                .bind(m.description.as_ref())
+                .bind(m.checksum.as_ref())
+                .execute(&mut *tx)
+                .await?;
             }
-            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-                sqlx::query(statement).execute(&mut *tx).await?;
-            }
-            sqlx::query("INSERT INTO schema_migrations (version) VALUES ($1)")
-                .bind(version)
+            sqlx::query("DROP TABLE schema_migrations")
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
-        Ok(())
+        migrator
+            .run(&self.pool)
+            .await
+            .map_err(crate::migrate::failed)
     }
 }
 

@@ -15,64 +15,6 @@ use tokio::sync::broadcast;
 
 use super::*;
 
-/// Schema migrations, applied in order at start; each runs once.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        r#"
-    CREATE TABLE resources (
-        fleet TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
-        body TEXT NOT NULL, etag TEXT NOT NULL,
-        PRIMARY KEY (fleet, kind, name));
-    CREATE TABLE run_log (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, entry TEXT NOT NULL,
-        PRIMARY KEY (fleet, run, seq));
-    CREATE TABLE run_events (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
-        PRIMARY KEY (fleet, run, seq));
-    CREATE TABLE intents (
-        fleet TEXT NOT NULL, run TEXT NOT NULL, attempt INTEGER NOT NULL, member TEXT NOT NULL,
-        target TEXT NOT NULL, operation_id TEXT, finished INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (fleet, run, attempt));
-    CREATE TABLE tokens (
-        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL,
-        created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0);
-    CREATE TABLE etag_seq (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
-    INSERT INTO etag_seq (id, value) VALUES (1, 0);
-    "#,
-    ),
-    (
-        2,
-        r#"
-    CREATE TABLE leases (
-        fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL);
-    CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
-    CREATE TABLE actions (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, fleet TEXT NOT NULL, run TEXT NOT NULL,
-        input TEXT NOT NULL, result TEXT)
-    "#,
-    ),
-    (
-        3,
-        // A member's cluster id is unique in its fleet. Members registered twice before this
-        // keep their rows; the first by name holds the id.
-        r#"
-    CREATE TABLE member_clusters (
-        fleet TEXT NOT NULL, cluster_key TEXT NOT NULL, member TEXT NOT NULL,
-        PRIMARY KEY (fleet, cluster_key));
-    INSERT OR IGNORE INTO member_clusters (fleet, cluster_key, member)
-        SELECT fleet, lower(json_extract(body, '$.properties.clusterResourceId')), name
-        FROM resources WHERE kind = 'members' ORDER BY fleet, name
-    "#,
-    ),
-    (
-        4,
-        // When each intent was recorded, so an operation's deadline survives a restart.
-        "ALTER TABLE intents ADD COLUMN recorded_at INTEGER",
-    ),
-];
-
 pub struct SqliteStore {
     pool: SqlitePool,
     notices: broadcast::Sender<Notice>,
@@ -161,30 +103,47 @@ impl SqliteStore {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
+        use sqlx::migrate::Migrate;
+        let migrator = crate::migrate::migrator(crate::migrate::SQLITE);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)")
-            .execute(&mut *tx)
-            .await?;
-        let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.col(0))
-            .collect::<StoreResult<_>>()?;
-        for (version, sql) in MIGRATIONS {
-            if applied.contains(version) {
-                continue;
+        let legacy: i64 = sqlx::query(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
+        )
+        .fetch_one(&mut *tx)
+        .await?
+        .col(0)?;
+        if legacy > 0 {
+            let applied: Vec<i64> = sqlx::query("SELECT version FROM schema_migrations")
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.col(0))
+                .collect::<StoreResult<_>>()?;
+            let done = crate::migrate::legacy(&migrator, &applied)?;
+            (*tx)
+                .ensure_migrations_table(&migrator.table_name)
+                .await
+                .map_err(crate::migrate::failed)?;
+            for m in done {
+                sqlx::query(
+                    "INSERT OR IGNORE INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                     VALUES (?, ?, TRUE, ?, 0)",
+                )
+                .bind(m.version)
+                .bind(m.description.as_ref())
+                .bind(m.checksum.as_ref())
+                .execute(&mut *tx)
+                .await?;
             }
-            for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-                sqlx::query(statement).execute(&mut *tx).await?;
-            }
-            sqlx::query("INSERT INTO schema_migrations (version) VALUES (?)")
-                .bind(version)
+            sqlx::query("DROP TABLE schema_migrations")
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
-        Ok(())
+        migrator
+            .run(&self.pool)
+            .await
+            .map_err(crate::migrate::failed)
     }
 }
 

@@ -1118,3 +1118,186 @@ async fn postgres_connections_use_tls_when_the_url_asks() {
             .is_some()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Migrations: databases made before the migrator move forward; edited history is refused.
+
+/// The schema a Flotilla before the migrator left at `versions`, by its own bookkeeping.
+const LEGACY_SQLITE: [&str; 2] = [
+    include_str!("../migrations/sqlite/0001_resources_logs_tokens.sql"),
+    include_str!("../migrations/sqlite/0002_replicas_leases_actions.sql"),
+];
+const LEGACY_POSTGRES: [&str; 2] = [
+    include_str!("../migrations/postgres/0001_resources_logs_tokens.sql"),
+    include_str!("../migrations/postgres/0002_replicas_leases_actions.sql"),
+];
+
+const LEGACY_MEMBER: &str = r#"{"name": "m1", "properties": {"clusterResourceId": "Cluster-1"}}"#;
+
+async fn sqlite_file(path: &std::path::Path, sql: &str) {
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut c = sqlx::SqliteConnection::connect(&url).await.expect("sqlite");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+        .execute(&mut c)
+        .await
+        .expect("sql runs");
+    c.close().await.expect("closed");
+}
+
+async fn sqlite_count(path: &std::path::Path, sql: &str) -> i64 {
+    use sqlx::{Connection, Row};
+    let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("sqlite");
+    let n = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+        .fetch_one(&mut c)
+        .await
+        .expect("query")
+        .get(0);
+    c.close().await.expect("closed");
+    n
+}
+
+#[tokio::test]
+async fn sqlite_databases_made_before_the_migrator_move_forward() {
+    let dir = std::env::temp_dir().join(format!("flotilla-legacy-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = TempDir(dir.clone());
+    let path = dir.join("flotilla.db");
+    let legacy = format!(
+        "{}\n{}\nCREATE TABLE schema_migrations (version INTEGER PRIMARY KEY);
+         INSERT INTO schema_migrations VALUES (1), (2);
+         INSERT INTO resources VALUES ('f1', 'members', 'm1', '{LEGACY_MEMBER}', '\"7\"');",
+        LEGACY_SQLITE[0], LEGACY_SQLITE[1]
+    );
+    sqlite_file(&path, &legacy).await;
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("a legacy database opens");
+    // The data is kept, and migration 3 saw it: the member's cluster id is taken.
+    let m = store
+        .get("f1", Kind::Member, "m1")
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(m.etag, "\"7\"");
+    store.close().await;
+    drop(store);
+    assert_eq!(
+        sqlite_count(
+            &path,
+            "SELECT count(*) FROM member_clusters WHERE cluster_key = 'cluster-1'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
+        4
+    );
+    assert_eq!(
+        sqlite_count(
+            &path,
+            "SELECT count(*) FROM sqlite_master WHERE name = 'schema_migrations'"
+        )
+        .await,
+        0
+    );
+    // Opening again changes nothing.
+    let store = SqliteStore::open(&path).await.expect("opens again");
+    store.close().await;
+    drop(store);
+    // A migration edited after it was applied is refused, naming the migration.
+    sqlite_file(
+        &path,
+        "UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 3",
+    )
+    .await;
+    let refused = SqliteStore::open(&path).await.err().expect("refused");
+    assert!(refused.to_string().contains("migration 3"), "{refused}");
+}
+
+#[tokio::test]
+async fn sqlite_databases_of_a_newer_flotilla_are_refused_unchanged() {
+    let dir = std::env::temp_dir().join(format!("flotilla-newer-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = TempDir(dir.clone());
+    let path = dir.join("flotilla.db");
+    let legacy = format!(
+        "{}\nCREATE TABLE schema_migrations (version INTEGER PRIMARY KEY);
+         INSERT INTO schema_migrations VALUES (1), (99);",
+        LEGACY_SQLITE[0]
+    );
+    sqlite_file(&path, &legacy).await;
+    let refused = SqliteStore::open(&path).await.err().expect("refused");
+    assert!(refused.to_string().contains("newer"), "{refused}");
+    assert_eq!(
+        sqlite_count(&path, "SELECT count(*) FROM schema_migrations").await,
+        2,
+        "nothing changed"
+    );
+}
+
+#[tokio::test]
+async fn postgres_databases_made_before_the_migrator_move_forward() {
+    use sqlx::{Connection, Row};
+    if !postgres_reachable() {
+        return;
+    }
+    let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let _db = TempDatabase(name.clone());
+    let url = format!("{}/{name}", postgres_base());
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let legacy = format!(
+        "{}\n{}\nCREATE TABLE schema_migrations (version BIGINT PRIMARY KEY);
+         INSERT INTO schema_migrations VALUES (1), (2);
+         INSERT INTO resources VALUES ('f1', 'members', 'm1', '{LEGACY_MEMBER}', '\"7\"');",
+        LEGACY_POSTGRES[0], LEGACY_POSTGRES[1]
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(legacy))
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let store = PgStore::open(&url).await.expect("a legacy database opens");
+    let m = store
+        .get("f1", Kind::Member, "m1")
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(m.etag, "\"7\"");
+    let count = |sql: &'static str| {
+        let url = url.clone();
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            let n: i64 = sqlx::query(sql).fetch_one(&mut c).await.unwrap().get(0);
+            n
+        }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM member_clusters WHERE cluster_key = 'cluster-1'").await,
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
+        4
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
+        0
+    );
+    PgStore::open(&url).await.expect("opens again");
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 3")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let refused = PgStore::open(&url).await.err().expect("refused");
+    assert!(refused.to_string().contains("migration 3"), "{refused}");
+}

@@ -1,0 +1,7 @@
+CREATE TABLE leases (
+    fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE actions (
+    id BIGSERIAL PRIMARY KEY, fleet TEXT NOT NULL, run TEXT NOT NULL,
+    input TEXT NOT NULL, result TEXT);

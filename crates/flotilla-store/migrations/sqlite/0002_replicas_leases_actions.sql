@@ -1,0 +1,7 @@
+CREATE TABLE leases (
+    fleet TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL);
+CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+CREATE TABLE actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, fleet TEXT NOT NULL, run TEXT NOT NULL,
+    input TEXT NOT NULL, result TEXT);
