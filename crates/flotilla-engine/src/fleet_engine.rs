@@ -289,7 +289,8 @@ impl FleetEngine {
             .filter(|(_, _, state)| *state != State::Running)
             .filter_map(|(name, cluster, _)| {
                 let current = self.seen(name)?;
-                (*current != **cluster).then(|| (name.clone(), current))
+                (!Arc::ptr_eq(&current, cluster) && *current != **cluster)
+                    .then(|| (name.clone(), current))
             })
             .collect();
         let record = self.record;

@@ -1393,14 +1393,21 @@ impl FleetActor {
         // What the fleet now sees of its clusters (observations, upgrades that succeeded) lands
         // in the members before the runs' progress does, so whoever sees a run move on sees the
         // clusters it changed, and a task started later loads the table as it is.
-        for (member, cluster) in self.engine.take_changed_members() {
-            record_observation(
-                self.runs.store.as_ref(),
-                &self.fleet,
-                &member,
-                &cluster.spec(),
-            )
-            .await;
+        let statuses: Vec<(String, Value)> = self
+            .engine
+            .take_changed_members()
+            .into_iter()
+            .map(|(member, cluster)| (member.to_string(), member_status(&cluster.spec(), now)))
+            .collect();
+        if let Err(e) = self
+            .runs
+            .store
+            .set_statuses(&self.fleet, Kind::Member, &statuses)
+            .await
+        {
+            // The members show an older observation until the next change; the runs' own
+            // records are unaffected, and a task started later observes again.
+            tracing::warn!(fleet = %self.fleet, error = %e, "cannot record the members' clusters");
         }
         // Each run driven gets its batch when it was given something, has something to say,
         // or has a status left to write.
@@ -1870,6 +1877,11 @@ pub fn member_record(name: &str, body: &Value) -> Option<MemberRecord> {
     })
 }
 
+/// A member's status: its cluster as last seen, and when.
+fn member_status(spec: &flotilla_engine::fleet::ClusterSpec, at: Time) -> Value {
+    json!({"cluster": spec, "lastObservedAt": at})
+}
+
 /// Writes a member's latest observation into its resource (`status.cluster`).
 pub async fn record_observation(
     store: &dyn Store,
@@ -1882,7 +1894,7 @@ pub async fn record_observation(
             return;
         };
         let mut body = current.body.clone();
-        body["properties"]["status"] = json!({"cluster": spec, "lastObservedAt": now()});
+        body["properties"]["status"] = member_status(spec, now());
         match store
             .put(
                 fleet,

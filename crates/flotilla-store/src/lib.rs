@@ -14,6 +14,10 @@ pub mod sqlite;
 
 pub use sqlite::SqliteStore;
 
+/// Rows one multi-row INSERT carries: well inside both backends' limits on bound parameters
+/// (SQLite's 32,766, PostgreSQL's 65,535) at eight columns.
+const ROWS_PER_INSERT: usize = 500;
+
 /// The store's traits, for callers holding a `dyn Store`.
 pub mod prelude {
     pub use crate::{Coordination, Resources, RunLog, Store, Tokens};
@@ -421,6 +425,22 @@ pub trait Resources: Send + Sync {
         writes: &[MemberWrite],
         mode: RegisterMode,
     ) -> StoreResult<Registered>;
+    /// Sets `properties.status` of existing resources of a kind, all in one transaction (a
+    /// fleet's clusters as its engine now sees them, say); one that no longer exists is
+    /// skipped. Each written resource gets a new eTag.
+    async fn set_statuses(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        statuses: &[(String, Value)],
+    ) -> StoreResult<()>;
+}
+
+/// A stored body with its `properties.status` replaced. One rule for both backends.
+fn with_status(text: &str, status: &Value) -> StoreResult<Value> {
+    let mut body = parse_body(text)?;
+    body["properties"]["status"] = status.clone();
+    Ok(body)
 }
 
 /// What drives a run: its input log, its recorded intents, its events, written in batches.

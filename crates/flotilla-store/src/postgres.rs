@@ -15,7 +15,7 @@ use super::{
     Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition,
     RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError, StoreResult,
     TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
-    merge_member, millis, parse_body, same_run,
+    merge_member, millis, parse_body, same_run, with_status,
 };
 
 /// The channel notices travel on.
@@ -209,14 +209,17 @@ async fn append(
         .fetch_one(&mut **tx)
         .await?
         .col(0)?;
-    for (i, entry) in entries.iter().enumerate() {
-        sqlx::query(insert)
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .bind(next + 1 + i as i64)
-            .bind(entry.to_string())
-            .execute(&mut **tx)
-            .await?;
+    // Many rows per statement: a batch of thousands costs a few round trips, not thousands.
+    for (c, chunk) in entries.chunks(crate::ROWS_PER_INSERT).enumerate() {
+        let first = next + 1 + (c * crate::ROWS_PER_INSERT) as i64;
+        let mut q = sqlx::QueryBuilder::<Postgres>::new(insert);
+        q.push_values(chunk.iter().enumerate(), |mut row, (i, entry)| {
+            row.push_bind(batch.fleet.clone())
+                .push_bind(batch.run.clone())
+                .push_bind(first + i as i64)
+                .push_bind(entry.to_string());
+        });
+        q.build().execute(&mut **tx).await?;
     }
     Ok(())
 }
@@ -419,6 +422,33 @@ impl Resources for PgStore {
         Ok(registered)
     }
 
+    async fn set_statuses(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        statuses: &[(String, Value)],
+    ) -> StoreResult<()> {
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for (name, status) in statuses {
+            let current: Option<String> = sqlx::query("SELECT body FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE")
+                .bind(fleet)
+                .bind(kind.as_str())
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.col(0))
+                .transpose()?;
+            if let Some(text) = current {
+                upsert(&mut tx, fleet, kind, name, &with_status(&text, status)?).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn delete(
         &self,
         fleet: &str,
@@ -506,7 +536,7 @@ impl RunLog for PgStore {
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = $1 AND run = $2",
-            "INSERT INTO run_log (fleet, run, seq, entry) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO run_log (fleet, run, seq, entry) ",
             batch,
             &batch.log,
         )
@@ -514,32 +544,41 @@ impl RunLog for PgStore {
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
-            "INSERT INTO run_events (fleet, run, seq, event) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO run_events (fleet, run, seq, event) ",
             batch,
             &batch.events,
         )
         .await?;
-        for intent in &batch.intents {
-            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7)")
-                .bind(&batch.fleet)
-                .bind(&batch.run)
-                .bind(intent.attempt as i64)
-                .bind(&intent.member)
-                .bind(intent.target.to_string())
-                .bind(&intent.operation_id)
-                .bind(intent.recorded_at.map(|t| t.unix()))
-                .execute(&mut *tx)
-                .await?;
+        for chunk in batch.intents.chunks(crate::ROWS_PER_INSERT) {
+            let mut q = sqlx::QueryBuilder::<Postgres>::new(
+                "INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) ",
+            );
+            q.push_values(chunk, |mut row, intent| {
+                row.push_bind(batch.fleet.clone())
+                    .push_bind(batch.run.clone())
+                    .push_bind(intent.attempt as i64)
+                    .push_bind(intent.member.clone())
+                    .push_bind(intent.target.to_string())
+                    .push_bind(intent.operation_id.clone())
+                    .push("FALSE")
+                    .push_bind(intent.recorded_at.map(|t| t.unix()));
+            });
+            q.build().execute(&mut *tx).await?;
         }
-        for attempt in &batch.finished_attempts {
-            sqlx::query(
-                "UPDATE intents SET finished = TRUE WHERE fleet = $1 AND run = $2 AND attempt = $3",
-            )
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .bind(*attempt as i64)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in batch.finished_attempts.chunks(crate::ROWS_PER_INSERT) {
+            let mut q = sqlx::QueryBuilder::<Postgres>::new(
+                "UPDATE intents SET finished = TRUE WHERE fleet = ",
+            );
+            q.push_bind(batch.fleet.clone())
+                .push(" AND run = ")
+                .push_bind(batch.run.clone())
+                .push(" AND attempt IN (");
+            let mut attempts = q.separated(", ");
+            for attempt in chunk {
+                attempts.push_bind(*attempt as i64);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
         }
         if let Some(body) = &batch.run_body {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;

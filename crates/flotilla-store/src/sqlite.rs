@@ -188,14 +188,17 @@ async fn append(
         .fetch_one(&mut **tx)
         .await?
         .col(0)?;
-    for (i, entry) in entries.iter().enumerate() {
-        sqlx::query(insert)
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .bind(next + 1 + i as i64)
-            .bind(entry.to_string())
-            .execute(&mut **tx)
-            .await?;
+    // Many rows per statement: a batch of thousands costs a few round trips, not thousands.
+    for (c, chunk) in entries.chunks(crate::ROWS_PER_INSERT).enumerate() {
+        let first = next + 1 + (c * crate::ROWS_PER_INSERT) as i64;
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(insert);
+        q.push_values(chunk.iter().enumerate(), |mut row, (i, entry)| {
+            row.push_bind(batch.fleet.clone())
+                .push_bind(batch.run.clone())
+                .push_bind(first + i as i64)
+                .push_bind(entry.to_string());
+        });
+        q.build().execute(&mut **tx).await?;
     }
     Ok(())
 }
@@ -368,6 +371,34 @@ impl Resources for SqliteStore {
         Ok(registered)
     }
 
+    async fn set_statuses(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        statuses: &[(String, Value)],
+    ) -> StoreResult<()> {
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for (name, status) in statuses {
+            let current: Option<String> =
+                sqlx::query("SELECT body FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
+                    .bind(fleet)
+                    .bind(kind.as_str())
+                    .bind(name)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .map(|r| r.col(0))
+                    .transpose()?;
+            if let Some(text) = current {
+                upsert(&mut tx, fleet, kind, name, &with_status(&text, status)?).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn delete(
         &self,
         fleet: &str,
@@ -455,7 +486,7 @@ impl RunLog for SqliteStore {
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = ? AND run = ?",
-            "INSERT INTO run_log (fleet, run, seq, entry) VALUES (?, ?, ?, ?)",
+            "INSERT INTO run_log (fleet, run, seq, entry) ",
             batch,
             &batch.log,
         )
@@ -463,32 +494,40 @@ impl RunLog for SqliteStore {
         append(
             &mut tx,
             "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
-            "INSERT INTO run_events (fleet, run, seq, event) VALUES (?, ?, ?, ?)",
+            "INSERT INTO run_events (fleet, run, seq, event) ",
             batch,
             &batch.events,
         )
         .await?;
-        for intent in &batch.intents {
-            sqlx::query("INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)")
-                .bind(&batch.fleet)
-                .bind(&batch.run)
-                .bind(intent.attempt as i64)
-                .bind(&intent.member)
-                .bind(intent.target.to_string())
-                .bind(&intent.operation_id)
-                .bind(intent.recorded_at.map(|t| t.unix()))
-                .execute(&mut *tx)
-                .await?;
+        for chunk in batch.intents.chunks(crate::ROWS_PER_INSERT) {
+            let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) ",
+            );
+            q.push_values(chunk, |mut row, intent| {
+                row.push_bind(batch.fleet.clone())
+                    .push_bind(batch.run.clone())
+                    .push_bind(intent.attempt as i64)
+                    .push_bind(intent.member.clone())
+                    .push_bind(intent.target.to_string())
+                    .push_bind(intent.operation_id.clone())
+                    .push("0")
+                    .push_bind(intent.recorded_at.map(|t| t.unix()));
+            });
+            q.build().execute(&mut *tx).await?;
         }
-        for attempt in &batch.finished_attempts {
-            sqlx::query(
-                "UPDATE intents SET finished = 1 WHERE fleet = ? AND run = ? AND attempt = ?",
-            )
-            .bind(&batch.fleet)
-            .bind(&batch.run)
-            .bind(*attempt as i64)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in batch.finished_attempts.chunks(crate::ROWS_PER_INSERT) {
+            let mut q =
+                sqlx::QueryBuilder::<Sqlite>::new("UPDATE intents SET finished = 1 WHERE fleet = ");
+            q.push_bind(batch.fleet.clone())
+                .push(" AND run = ")
+                .push_bind(batch.run.clone())
+                .push(" AND attempt IN (");
+            let mut attempts = q.separated(", ");
+            for attempt in chunk {
+                attempts.push_bind(*attempt as i64);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
         }
         if let Some(body) = &batch.run_body {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;

@@ -140,10 +140,67 @@ on_both_backends!(
     batches_race_a_takeover,
     a_replaced_run_refuses_its_old_writer,
     member_registration_keeps_cluster_ids_unique,
+    statuses_are_set_together_and_only_on_what_exists,
 );
 
 // ---------------------------------------------------------------------------------------------
 // The behaviours.
+
+async fn statuses_are_set_together_and_only_on_what_exists(store: Arc<dyn Store>) {
+    let (a, _) = store
+        .put(
+            "f",
+            Kind::Member,
+            "a",
+            &json!({"properties": {"clusterResourceId": "ca", "status": {"old": true}}}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    store
+        .put(
+            "f",
+            Kind::Member,
+            "b",
+            &json!({"properties": {"clusterResourceId": "cb"}}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    store
+        .set_statuses(
+            "f",
+            Kind::Member,
+            &[
+                ("a".into(), json!({"cluster": {"v": 2}})),
+                ("b".into(), json!({"cluster": {"v": 3}})),
+                ("gone".into(), json!({"cluster": {"v": 4}})),
+            ],
+        )
+        .await
+        .unwrap();
+    let a2 = store.get("f", Kind::Member, "a").await.unwrap().unwrap();
+    assert_eq!(
+        a2.body["properties"]["status"],
+        json!({"cluster": {"v": 2}})
+    );
+    assert_eq!(
+        a2.body["properties"]["clusterResourceId"], "ca",
+        "the rest is kept"
+    );
+    assert_ne!(a2.etag, a.etag, "a new eTag");
+    let b = store.get("f", Kind::Member, "b").await.unwrap().unwrap();
+    assert_eq!(b.body["properties"]["status"]["cluster"]["v"], 3);
+    assert!(
+        store
+            .get("f", Kind::Member, "gone")
+            .await
+            .unwrap()
+            .is_none(),
+        "not created"
+    );
+    store.set_statuses("f", Kind::Member, &[]).await.unwrap();
+}
 
 fn precondition_failed<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
     matches!(result, Err(StoreError::Precondition(_)))

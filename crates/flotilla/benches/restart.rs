@@ -73,13 +73,14 @@ fn main() {
     };
     let mut server = serve(&db, port, &log, &[]);
     api.wait_ready();
-    // Upgrades of 60 simulated seconds at 10x: 6 s each, so many are in flight at the kill.
+    // Upgrades of 6,000 simulated seconds at 10x: ten minutes each, so many are in flight at the
+    // kill.
     api.must(
         reqwest::Method::PUT,
         "/v1/fleets/big",
         Some(&json!({"properties": {"driver": {"type": "sim", "timeScale": 10,
             "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}]}},
-            "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": 60}}}}})),
+            "defaultCluster": {"region": "eastus", "kubernetesVersion": "1.30.5", "sim": {"durationSeconds": 6000}}}}})),
     );
     for chunk in (0..members).collect::<Vec<_>>().chunks(10_000) {
         let value: Vec<Value> = chunk
@@ -103,11 +104,18 @@ fn main() {
         send_long(&api, reqwest::Method::PUT, &path, Some(&run));
     }
     let t = Instant::now();
+    let mut each = Vec::new();
     for r in 0..runs {
         let path = format!("/v1/fleets/big/updateRuns/r{r:03}/start");
+        let one = Instant::now();
         send_long(&api, reqwest::Method::POST, &path, None);
+        each.push(one.elapsed().as_secs_f64());
     }
     let start_all = t.elapsed().as_secs_f64();
+    let first_start = each.first().copied().unwrap_or_default();
+    each.sort_by(f64::total_cmp);
+    let median_start = each.get(each.len() / 2).copied().unwrap_or_default();
+    let slowest_start = each.last().copied().unwrap_or_default();
     // Let them run for a while, then count what is in flight and kill the process.
     std::thread::sleep(Duration::from_secs(15));
     let mut in_flight = 0;
@@ -156,7 +164,7 @@ fn main() {
     let _ = server.kill();
     let _ = server.wait();
     println!(
-        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s; {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
+        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
     );
     println!(
         "after SIGKILL and a restart: ready in {ready:.2} s, first upgrade sent at {}, all {in_flight} in flight sent again at {}",
