@@ -823,7 +823,7 @@ impl Runs {
     async fn resume_fleet(self: &Arc<Self>, fleet: &str) {
         let runs = match self
             .store
-            .list(fleet, Kind::Run, None, usize::MAX >> 1)
+            .list_raw(fleet, Kind::Run, None, usize::MAX >> 1)
             .await
         {
             Ok(runs) => runs,
@@ -835,20 +835,42 @@ impl Runs {
                 return;
             }
         };
-        for run in runs {
-            let state = run.body["properties"]["status"]["status"]["state"]
-                .as_str()
-                .unwrap_or("NotStarted");
-            let completed = run.body["properties"]["status"]["status"]["completedTime"].is_string();
-            if matches!(state, "Completed" | "Skipped")
+        for (name, text, _) in runs {
+            // Only the run's state is needed: read past the rest of its document.
+            #[derive(serde::Deserialize, Default)]
+            #[serde(default, rename_all = "camelCase")]
+            struct Head {
+                properties: HeadProperties,
+            }
+            #[derive(serde::Deserialize, Default)]
+            #[serde(default)]
+            struct HeadProperties {
+                status: HeadStatus,
+            }
+            #[derive(serde::Deserialize, Default)]
+            #[serde(default)]
+            struct HeadStatus {
+                status: HeadState,
+            }
+            #[derive(serde::Deserialize, Default)]
+            #[serde(default, rename_all = "camelCase")]
+            struct HeadState {
+                state: Option<String>,
+                completed_time: Option<String>,
+            }
+            let head: Head = serde_json::from_str(&text).unwrap_or_default();
+            let state = head.properties.status.status;
+            let completed = state.completed_time.is_some();
+            let state = state.state.unwrap_or_else(|| "NotStarted".into());
+            if matches!(state.as_str(), "Completed" | "Skipped")
                 || (state == "Failed" && completed)
                 || state == "NotStarted"
             {
                 continue;
             }
-            if let Err(e) = self.handle(fleet, &run.name).await {
-                tracing::error!(fleet, run = %run.name, error = %e.message, "cannot resume the run; trying again");
-                self.reload_later(fleet, &run.name);
+            if let Err(e) = self.handle(fleet, &name).await {
+                tracing::error!(fleet, run = %name, error = %e.message, "cannot resume the run; trying again");
+                self.reload_later(fleet, &name);
             }
         }
     }
@@ -974,7 +996,7 @@ impl Runs {
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
         {
-            replay_entry(&mut engine, &entry).map_err(|why| {
+            replay_entry(&mut engine, entry).map_err(|why| {
                 ApiError::conflict(format!(
                     "update run {run:?} cannot be rebuilt from its log: {why}"
                 ))
@@ -1002,7 +1024,7 @@ impl Runs {
 
 /// Applies one entry of a run's input log. An entry the engine cannot read is an error: a log
 /// replays exactly or not at all.
-fn replay_entry(engine: &mut Engine, entry: &Value) -> Result<(), String> {
+fn replay_entry(engine: &mut Engine, mut entry: Value) -> Result<(), String> {
     let at = entry["at"]
         .as_str()
         .and_then(|t| Time::parse(t).ok())
@@ -1012,7 +1034,7 @@ fn replay_entry(engine: &mut Engine, entry: &Value) -> Result<(), String> {
     } else if entry.get("advance").is_some() {
         engine.advance_clock(at);
     } else {
-        let input = serde_json::from_value::<Input>(entry["input"].clone())
+        let input = serde_json::from_value::<Input>(entry["input"].take())
             .map_err(|e| format!("an entry at {at} is not an input this engine knows: {e}"))?;
         // A recorded input changed the run when it was given; given again it does the same.
         let _ = engine.handle(at, input);
@@ -1478,12 +1500,16 @@ impl FleetActor {
                 meta.status_dirty = false;
                 meta.last_status_write = Some(Instant::now());
             }
-            let body = write_status.then(|| {
-                let mut body = meta.base.clone();
-                body["properties"]["status"] =
-                    serde_json::to_value(engine.status()).unwrap_or_default();
-                body
-            });
+            let body = write_status
+                .then(|| run_document(&meta.base, &engine.status()))
+                .transpose();
+            let body = match body {
+                Ok(body) => body,
+                Err(e) => {
+                    tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
+                    None
+                }
+            };
             let gates = if step.gates_changed {
                 gate_resources(&self.fleet, &run, engine)
             } else {
@@ -1875,6 +1901,48 @@ pub fn member_record(name: &str, body: &Value) -> Option<MemberRecord> {
         labels: serde_json::from_value(props["labels"].clone()).unwrap_or_default(),
         cluster,
     })
+}
+
+/// A run's document as JSON text: its resource without status (`base`), with `status` as
+/// `properties.status`. Rendered straight to text: a 10,000-member status is never built as a
+/// JSON tree first.
+fn run_document(
+    base: &Value,
+    status: &flotilla_engine::status::UpdateRunStatus,
+) -> serde_json::Result<String> {
+    use serde::ser::{Serialize, SerializeMap, Serializer};
+    struct Document<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
+    struct Properties<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
+    impl Serialize for Document<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let fields = self.0.as_object();
+            let mut map = s.serialize_map(None)?;
+            for (key, value) in fields.into_iter().flatten() {
+                if key == "properties" {
+                    map.serialize_entry(key, &Properties(value, self.1))?;
+                } else {
+                    map.serialize_entry(key, value)?;
+                }
+            }
+            if !fields.is_some_and(|f| f.contains_key("properties")) {
+                map.serialize_entry("properties", &Properties(&Value::Null, self.1))?;
+            }
+            map.end()
+        }
+    }
+    impl Serialize for Properties<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut map = s.serialize_map(None)?;
+            for (key, value) in self.0.as_object().into_iter().flatten() {
+                if key != "status" {
+                    map.serialize_entry(key, value)?;
+                }
+            }
+            map.serialize_entry("status", self.1)?;
+            map.end()
+        }
+    }
+    serde_json::to_string(&Document(base, status))
 }
 
 /// A member's status: its cluster as last seen, and when.

@@ -218,8 +218,9 @@ pub struct RunBatch {
     pub intents: Vec<Intent>,
     pub finished_attempts: Vec<u64>,
     pub events: Vec<Value>,
-    /// The run resource's new body (its status), if it changed.
-    pub run_body: Option<Value>,
+    /// The run resource's new body (its status), if it changed, as JSON text: a large run's
+    /// document is rendered once, straight to text.
+    pub run_body: Option<String>,
     /// Gate resources created or changed.
     pub gates: Vec<(String, Value)>,
     /// Results of actions handed over through the store ([`Store::submit_action`]).

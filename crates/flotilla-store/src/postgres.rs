@@ -171,7 +171,7 @@ async fn upsert(
     fleet: &str,
     kind: Kind,
     name: &str,
-    body: &Value,
+    body: &str,
 ) -> StoreResult<(String, bool)> {
     let etag = next_etag(tx).await?;
     // `xmax` is zero on a row this statement inserted, and set on one it updated.
@@ -183,7 +183,7 @@ async fn upsert(
     .bind(fleet)
     .bind(kind.as_str())
     .bind(name)
-    .bind(body.to_string())
+    .bind(body)
     .bind(&etag)
     .fetch_one(&mut **tx)
     .await?
@@ -344,7 +344,7 @@ impl Resources for PgStore {
                 Err(e) => Err(e.into()),
             };
         }
-        let (etag, created) = upsert(&mut tx, fleet, kind, name, body).await?;
+        let (etag, created) = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
         tx.commit().await?;
         Ok((
             Resource {
@@ -411,7 +411,7 @@ impl Resources for PgStore {
                 }
             }
             let (etag_new, created) =
-                upsert(&mut tx, fleet, Kind::Member, &write.name, &body).await?;
+                upsert(&mut tx, fleet, Kind::Member, &write.name, &body.to_string()).await?;
             if text.is_none() && !created {
                 // Created by another transaction since it was read: nothing is written.
                 return Err(racing(item, &write.name));
@@ -442,7 +442,14 @@ impl Resources for PgStore {
                 .map(|r| r.col(0))
                 .transpose()?;
             if let Some(text) = current {
-                upsert(&mut tx, fleet, kind, name, &with_status(&text, status)?).await?;
+                upsert(
+                    &mut tx,
+                    fleet,
+                    kind,
+                    name,
+                    &with_status(&text, status)?.to_string(),
+                )
+                .await?;
             }
         }
         tx.commit().await?;
@@ -584,7 +591,7 @@ impl RunLog for PgStore {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
         }
         for (name, body) in &batch.gates {
-            upsert(&mut tx, &batch.fleet, Kind::Gate, name, body).await?;
+            upsert(&mut tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
         }
         for (id, result) in &batch.action_results {
             sqlx::query("UPDATE actions SET result = $1 WHERE id = $2 AND result IS NULL")

@@ -208,7 +208,7 @@ async fn upsert(
     fleet: &str,
     kind: Kind,
     name: &str,
-    body: &Value,
+    body: &str,
 ) -> StoreResult<String> {
     let etag = next_etag(tx).await?;
     sqlx::query(
@@ -218,7 +218,7 @@ async fn upsert(
     .bind(fleet)
     .bind(kind.as_str())
     .bind(name)
-    .bind(body.to_string())
+    .bind(body)
     .bind(&etag)
     .execute(&mut **tx)
     .await?;
@@ -306,7 +306,7 @@ impl Resources for SqliteStore {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let current = current_etag(&mut tx, fleet, kind, name).await?;
         check(current.as_deref(), when)?;
-        let etag = upsert(&mut tx, fleet, kind, name, body).await?;
+        let etag = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
         tx.commit().await?;
         Ok((
             Resource {
@@ -364,7 +364,8 @@ impl Resources for SqliteStore {
                     .await?;
                 }
             }
-            let etag_new = upsert(&mut tx, fleet, Kind::Member, &write.name, &body).await?;
+            let etag_new =
+                upsert(&mut tx, fleet, Kind::Member, &write.name, &body.to_string()).await?;
             registered.written.push((etag_new, text.is_none()));
         }
         tx.commit().await?;
@@ -392,7 +393,14 @@ impl Resources for SqliteStore {
                     .map(|r| r.col(0))
                     .transpose()?;
             if let Some(text) = current {
-                upsert(&mut tx, fleet, kind, name, &with_status(&text, status)?).await?;
+                upsert(
+                    &mut tx,
+                    fleet,
+                    kind,
+                    name,
+                    &with_status(&text, status)?.to_string(),
+                )
+                .await?;
             }
         }
         tx.commit().await?;
@@ -533,7 +541,7 @@ impl RunLog for SqliteStore {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
         }
         for (name, body) in &batch.gates {
-            upsert(&mut tx, &batch.fleet, Kind::Gate, name, body).await?;
+            upsert(&mut tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
         }
         for (id, result) in &batch.action_results {
             sqlx::query("UPDATE actions SET result = ? WHERE id = ? AND result IS NULL")

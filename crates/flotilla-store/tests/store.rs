@@ -442,7 +442,7 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
         log: vec![json!({"input": 1}), json!({"input": 2})],
         intents: vec![intent(1, "m1"), intent(2, "m2")],
         events: vec![json!({"e": "a"}), json!({"e": "b"})],
-        run_body: Some(json!({"properties": {"status": {"state": "Running"}}})),
+        run_body: Some(json!({"properties": {"status": {"state": "Running"}}}).to_string()),
         gates: vec![("g1".into(), gate_body("r"))],
         ..Default::default()
     };
@@ -526,7 +526,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
                 log: vec![json!(1)],
                 intents: vec![intent(1, "m")],
                 events: vec![json!(1)],
-                run_body: Some(json!({})),
+                run_body: Some(json!({}).to_string()),
                 gates: vec![(format!("gate-{run}"), gate_body(run))],
                 ..Default::default()
             })

@@ -142,9 +142,19 @@ fn main() {
     let _ = server.wait();
     let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
         + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0);
+    println!(
+        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
+    );
     let spawned = Instant::now();
     let mut server = serve(&db, port, &log, &[]);
-    api.wait_ready();
+    let ready_by = Instant::now() + Duration::from_secs(600);
+    while api
+        .call(reqwest::Method::GET, "/readyz", None)
+        .map_or(true, |(s, _)| s != 200)
+    {
+        assert!(Instant::now() < ready_by, "not ready after 600 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let ready = spawned.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut first = None;
@@ -163,9 +173,6 @@ fn main() {
     };
     let _ = server.kill();
     let _ = server.wait();
-    println!(
-        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
-    );
     println!(
         "after SIGKILL and a restart: ready in {ready:.2} s, first upgrade sent at {}, all {in_flight} in flight sent again at {}",
         first.map_or("never".to_string(), |t| format!("{t:.2} s")),
