@@ -120,7 +120,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds, loads every active run and resumes it.
+    /// Binds, takes this replica's fleets, and resumes their active runs in the background.
     pub async fn start(
         store: Arc<dyn Store>,
         addr: SocketAddr,
@@ -161,12 +161,13 @@ impl Server {
         if let Ok(mut allow) = runs.drivers.exec_allow.write() {
             *allow = exec_allow;
         }
-        // Take this replica's share of the fleets and resume their active runs before serving.
+        // Take this replica's share of the fleets before serving; their active runs are resumed
+        // in the background.
         runs.coordinate_once().await;
         tracing::info!(
             replica = %runs.replica.id,
             fleets = runs.replica.held_fleets().len(),
-            "fleets taken and their active runs resumed"
+            "fleets taken; their active runs are being resumed"
         );
         tokio::spawn(runs.clone().coordinate());
         let listener = tokio::net::TcpListener::bind(addr)

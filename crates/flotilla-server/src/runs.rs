@@ -337,21 +337,86 @@ pub fn engine_from_snapshot(
     )
 }
 
-fn read_snapshot(body: &Value, internal: &Value) -> Result<RunSnapshot, ApiError> {
+fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot, ApiError> {
     let bad = |e: serde_json::Error| {
         ApiError::conflict(format!("stored run snapshot is unreadable: {e}"))
     };
+    // Read straight into its types: a 10,000-member snapshot is never built as a JSON tree.
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        members: Vec<MemberRecord>,
+        catalog: Catalog,
+        #[serde(default)]
+        rules: flotilla_engine::engine::RunRules,
+    }
+    let stored: Stored = serde_json::from_str(internal).map_err(bad)?;
     Ok(RunSnapshot {
-        strategy: match &body["properties"]["strategy"] {
+        strategy: match &base["properties"]["strategy"] {
             Value::Null => None,
             s => Some(serde_json::from_value(s.clone()).map_err(bad)?),
         },
-        update: serde_json::from_value(body["properties"]["managedClusterUpdate"].clone())
+        update: serde_json::from_value(base["properties"]["managedClusterUpdate"].clone())
             .map_err(bad)?,
-        members: serde_json::from_value(internal["members"].clone()).map_err(bad)?,
-        catalog: serde_json::from_value(internal["catalog"].clone()).map_err(bad)?,
-        rules: serde_json::from_value(internal["rules"].clone()).unwrap_or_default(),
+        members: stored.members,
+        catalog: stored.catalog,
+        rules: stored.rules,
     })
+}
+
+/// A run's stored document without its status, read without building the status (the bulk of
+/// a large run's document) as a JSON tree.
+fn run_base(text: &str) -> Result<Value, ApiError> {
+    let bad = |e: serde_json::Error| ApiError::conflict(format!("stored run is unreadable: {e}"));
+    let fields: serde_json::Map<String, Value> = {
+        let raw: raw_fields::Fields<'_> = serde_json::from_str(text).map_err(bad)?;
+        let mut fields = serde_json::Map::new();
+        for (key, value) in raw.0 {
+            let value = if key == "properties" {
+                let props: raw_fields::Fields<'_> =
+                    serde_json::from_str(value.get()).map_err(bad)?;
+                let mut out = serde_json::Map::new();
+                for (k, v) in props.0 {
+                    if k != "status" {
+                        out.insert(k, serde_json::from_str(v.get()).map_err(bad)?);
+                    }
+                }
+                Value::Object(out)
+            } else {
+                serde_json::from_str::<Value>(value.get()).map_err(bad)?
+            };
+            fields.insert(key, value);
+        }
+        fields
+    };
+    Ok(Value::Object(fields))
+}
+
+/// An object's fields in document order, each left as unparsed JSON.
+mod raw_fields {
+    use serde::de::{Deserializer, MapAccess, Visitor};
+    use serde_json::value::RawValue;
+
+    pub struct Fields<'a>(pub Vec<(String, &'a RawValue)>);
+
+    impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<'a>(std::marker::PhantomData<&'a ()>);
+            impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+                type Value = Fields<'a>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Fields<'a>, M::Error> {
+                    let mut out = Vec::new();
+                    while let Some((k, v)) = m.next_entry::<String, &'de RawValue>()? {
+                        out.push((k, v));
+                    }
+                    Ok(Fields(out))
+                }
+            }
+            d.deserialize_map(V(std::marker::PhantomData))
+        }
+    }
 }
 
 impl Runs {
@@ -506,7 +571,12 @@ impl Runs {
                         taken_at: asked_at,
                     },
                 );
-                self.resume_fleet(fleet).await;
+                // The fleet's runs are loaded in the background: loading a hundred large runs
+                // takes a while, and whoever took the lease (the start of the server, an
+                // action) need not wait for it; an action loads the run it needs.
+                let runs = self.clone();
+                let fleet = fleet.to_string();
+                tokio::spawn(async move { runs.resume_fleet(&fleet).await });
                 true
             }
             Ok(None) => false,
@@ -968,9 +1038,9 @@ impl Runs {
     /// Rebuilds a run from the store: its snapshot, then its input log replayed into a fresh
     /// engine (deterministic, so the state is the same), and its recorded intents.
     async fn load(&self, fleet: &str, run: &str) -> Result<LoadedRun, ApiError> {
-        let resource = self
+        let (text, _) = self
             .store
-            .get(fleet, Kind::Run, run)
+            .get_raw(fleet, Kind::Run, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
             .ok_or_else(|| {
@@ -980,15 +1050,18 @@ impl Runs {
                     "updateRun",
                 )
             })?;
-        let internal = self
+        let base = run_base(&text)?;
+        drop(text);
+        let (internal, snapshot_etag) = self
             .store
-            .get(fleet, Kind::RunSnapshot, run)
+            .get_raw(fleet, Kind::RunSnapshot, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
             .ok_or_else(|| {
                 ApiError::conflict(format!("update run {run:?} has no stored snapshot"))
             })?;
-        let snapshot = read_snapshot(&resource.body, &internal.body)?;
+        let snapshot = read_snapshot(&base, &internal)?;
+        drop(internal);
         let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
         for entry in self
             .store
@@ -1009,14 +1082,10 @@ impl Runs {
             .intents(fleet, run)
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?;
-        let mut base = resource.body.clone();
-        if let Some(props) = base.get_mut("properties").and_then(Value::as_object_mut) {
-            props.remove("status");
-        }
         Ok(LoadedRun {
             engine,
             base,
-            snapshot_etag: internal.etag,
+            snapshot_etag,
             intents,
         })
     }
