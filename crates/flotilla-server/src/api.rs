@@ -2098,6 +2098,67 @@ async fn readyz(State(state): State<Shared>) -> Response {
     }
 }
 
+/// What `/metrics` reads of a stored run.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RunHead {
+    properties: RunHeadProperties,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RunHeadProperties {
+    status: RunHeadStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RunHeadStatus {
+    status: StateHead,
+    failure_count: f64,
+    stages: Vec<StageHead>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct StateHead {
+    state: Option<String>,
+    start_time: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct GatesHead {
+    before_gates: Vec<GateHead>,
+    after_gates: Vec<GateHead>,
+}
+
+impl GatesHead {
+    fn gates(&self) -> impl Iterator<Item = &GateHead> {
+        self.before_gates.iter().chain(&self.after_gates)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct StageHead {
+    before_gates: Vec<GateHead>,
+    after_gates: Vec<GateHead>,
+    groups: Vec<GatesHead>,
+}
+
+impl StageHead {
+    fn gates(&self) -> impl Iterator<Item = &GateHead> {
+        self.before_gates.iter().chain(&self.after_gates)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct GateHead {
+    status: StateHead,
+}
+
 async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     let mut runs_by_state: BTreeMap<(String, String), f64> = BTreeMap::new();
@@ -2111,60 +2172,43 @@ async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Resp
         .list("", Kind::Fleet, None, 100_000)
         .await?
     {
-        for run in state
+        for (name, text, _) in state
             .runs
             .store
-            .list(&fleet.name, Kind::Run, None, 100_000)
+            .list_raw(&fleet.name, Kind::Run, None, 100_000)
             .await?
         {
-            let s = run.body["properties"]["status"]["status"]["state"]
-                .as_str()
-                .unwrap_or("NotStarted")
-                .to_string();
+            // Only the run's state, failure count and gates are read: serde reads past the
+            // members without building them.
+            let run: RunHead = serde_json::from_str(&text).unwrap_or_default();
+            let status = run.properties.status;
+            let s = status.status.state.unwrap_or_else(|| "NotStarted".into());
             *runs_by_state.entry((fleet.name.clone(), s)).or_default() += 1.0;
-            let count = run.body["properties"]["status"]["failureCount"]
-                .as_f64()
-                .unwrap_or(0.0);
             failures.push((
                 format!(
                     "fleet=\"{}\",run=\"{}\"",
                     crate::metrics::escape(&fleet.name),
-                    crate::metrics::escape(&run.name)
+                    crate::metrics::escape(&name)
                 ),
-                count,
+                status.failure_count,
             ));
-            for stage in run.body["properties"]["status"]["stages"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
-                let gates = stage["beforeGates"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .chain(stage["afterGates"].as_array().into_iter().flatten());
-                let group_gates = stage["groups"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|g| {
-                        g["beforeGates"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .chain(g["afterGates"].as_array().into_iter().flatten())
-                    });
-                for gate in gates.chain(group_gates) {
-                    if gate["status"]["state"] == "Pending" {
-                        *pending_gates.entry(fleet.name.clone()).or_default() += 1.0;
-                        if let Some(since) = gate["status"]["startTime"]
-                            .as_str()
-                            .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
-                        {
-                            let waited = (now.unix() - since.unix()) as f64;
-                            let e = oldest_gate.entry(fleet.name.clone()).or_default();
-                            *e = e.max(waited);
-                        }
+            let gates = status.stages.iter().flat_map(|stage| {
+                stage
+                    .gates()
+                    .chain(stage.groups.iter().flat_map(GatesHead::gates))
+            });
+            for gate in gates {
+                if gate.status.state.as_deref() == Some("Pending") {
+                    *pending_gates.entry(fleet.name.clone()).or_default() += 1.0;
+                    if let Some(since) = gate
+                        .status
+                        .start_time
+                        .as_deref()
+                        .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
+                    {
+                        let waited = (now.unix() - since.unix()) as f64;
+                        let e = oldest_gate.entry(fleet.name.clone()).or_default();
+                        *e = e.max(waited);
                     }
                 }
             }

@@ -554,6 +554,17 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         r["properties"]["status"]["stages"][1]["beforeGates"][0]["status"]["state"] == "Pending"
     })
     .await;
+    // The metrics see the run running, its failures, and its gate waiting.
+    let metrics = h.call("reader", Method::GET, "/metrics", None).await.1;
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    for line in [
+        "flotilla_update_runs{fleet=\"f1\",state=\"Pending\"} 1",
+        "flotilla_update_run_failure_count{fleet=\"f1\",run=\"r1\"} 0",
+        "flotilla_gates_pending{fleet=\"f1\"} 1",
+        "flotilla_gate_longest_wait_seconds{fleet=\"f1\"}",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     let gates = h
         .ok(
             "reader",

@@ -81,7 +81,8 @@ impl Drop for TempDatabase {
     }
 }
 
-async fn postgres() -> (Arc<dyn Store>, TempDatabase) {
+/// A fresh, empty database: its URL, and what drops it.
+async fn fresh_database() -> (String, TempDatabase) {
     use sqlx::Connection;
     let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
     let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
@@ -91,10 +92,13 @@ async fn postgres() -> (Arc<dyn Store>, TempDatabase) {
         .execute(&mut admin)
         .await
         .unwrap();
-    let store = PgStore::open(&format!("{}/{name}", postgres_base()))
-        .await
-        .unwrap();
-    (Arc::new(store), TempDatabase(name))
+    (format!("{}/{name}", postgres_base()), TempDatabase(name))
+}
+
+async fn postgres() -> (Arc<dyn Store>, TempDatabase) {
+    let (url, db) = fresh_database().await;
+    let store = PgStore::open(&url).await.unwrap();
+    (Arc::new(store), db)
 }
 
 /// Each behaviour below, once per backend.
@@ -843,20 +847,10 @@ async fn tokens(store: Arc<dyn Store>) {
 /// other.
 #[tokio::test]
 async fn postgres_replicas_starting_together_migrate_once() {
-    use sqlx::Connection;
     if !postgres_reachable() {
         return;
     }
-    let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
-    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let _db = TempDatabase(name.clone());
-    let url = format!("{}/{name}", postgres_base());
+    let (url, _db) = fresh_database().await;
     let opened = futures_join((0..4).map(|_| {
         let url = url.clone();
         tokio::spawn(async move { PgStore::open(&url).await.map(|_| ()) })
@@ -1302,16 +1296,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     if !postgres_reachable() {
         return;
     }
-    let name = format!("flotilla_store_{}_{}", std::process::id(), unique());
-    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let _db = TempDatabase(name.clone());
-    let url = format!("{}/{name}", postgres_base());
+    let (url, _db) = fresh_database().await;
     let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
     let legacy = format!(
         "{}\n{}\nCREATE TABLE schema_migrations (version BIGINT PRIMARY KEY);
