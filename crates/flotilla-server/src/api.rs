@@ -502,18 +502,7 @@ async fn get_child(
             .get_raw(&fleet, kind, &name)
             .await?
             .ok_or_else(|| not_found(kind_name(kind), &name))?;
-        if let Some(body) = with_etag(&text, &etag) {
-            let mut response = (
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                body,
-            )
-                .into_response();
-            if let Ok(v) = HeaderValue::from_str(&etag) {
-                response.headers_mut().insert(header::ETAG, v);
-            }
+        if let Some(response) = stored_response(&text, &etag) {
             return Ok(response);
         }
     }
@@ -521,6 +510,24 @@ async fn get_child(
         get_one(&state, &fleet, kind, &name, kind_name(kind)).await?,
         false,
     ))
+}
+
+/// A stored resource answered as it is stored, with its eTag, without parsing it; `None` when
+/// it needs more than that ([`with_etag`]).
+fn stored_response(text: &str, etag: &str) -> Option<Response> {
+    let body = with_etag(text, etag)?;
+    let mut response = (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        response.headers_mut().insert(header::ETAG, v);
+    }
+    Some(response)
 }
 
 /// A stored JSON object with `eTag` added, as text; `None` when it needs more than that (not an
@@ -1460,8 +1467,14 @@ async fn run_action(
     body: Body,
 ) -> HttpResult<Response> {
     require(&caller, Role::Operator)?;
-    let current = get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
-    check_if_match(&headers, &current.etag)?;
+    // Only the eTag is needed: a large run's document is not parsed, before or after.
+    let (_, etag) = state
+        .runs
+        .store
+        .get_raw(&fleet, Kind::Run, &run)
+        .await?
+        .ok_or_else(|| not_found("updateRun", &run))?;
+    check_if_match(&headers, &etag)?;
     let input = match action.as_str() {
         "start" => Input::Start,
         "stop" => Input::Stop,
@@ -1510,6 +1523,11 @@ async fn run_action(
         other => return Err(not_found("action", other)),
     };
     state.runs.act(&fleet, &run, input).await?;
+    if let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?
+        && let Some(response) = stored_response(&text, &etag)
+    {
+        return Ok(response);
+    }
     Ok(respond(
         get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
         false,
