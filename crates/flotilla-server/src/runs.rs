@@ -201,6 +201,9 @@ struct LoadedRun {
 /// How stale a running run's stored status may get while steps come fast.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
+/// The most log entries a run holds back from steps that show nothing before writing them.
+const UNWRITTEN_MAX: usize = 4096;
+
 /// How long one step of a fleet spends writing statuses nobody waits for.
 const STATUS_BUDGET: Duration = Duration::from_millis(25);
 
@@ -1134,8 +1137,9 @@ struct RunMeta {
     /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
     /// the same, so a run replaced or deleted (through any replica) stops being driven.
     snapshot_etag: String,
-    /// Log entries of steps that showed nothing, written with the run's next batch.
-    unwritten: Vec<Value>,
+    /// Log entries of steps that showed nothing, written with the run's next batch; held as the
+    /// engine was given them (a cluster is a shared pointer, not a JSON tree) until written.
+    unwritten: Vec<Delivered>,
 }
 
 /// What one step did to one run, to be written in the run's batch.
@@ -1527,7 +1531,7 @@ impl FleetActor {
                 continue;
             };
             let mut log = std::mem::take(&mut meta.unwritten);
-            log.extend(fresh.into_iter().map(log_entry));
+            log.extend(fresh);
             let Some(engine) = self.engine.run(&run) else {
                 continue;
             };
@@ -1561,7 +1565,8 @@ impl FleetActor {
                 || !step.commands.is_empty()
                 || write_status
                 || engine.is_finished();
-            if !shows {
+            // Entries held back are bounded: past UNWRITTEN_MAX they are written anyway.
+            if !shows && log.len() <= UNWRITTEN_MAX {
                 meta.unwritten = log;
                 continue;
             }
@@ -1587,7 +1592,7 @@ impl FleetActor {
             let mut batch = RunBatch {
                 fleet: self.fleet.clone(),
                 run: run.clone(),
-                log,
+                log: log.into_iter().map(log_entry).collect(),
                 intents: std::mem::take(&mut step.intents),
                 finished_attempts: std::mem::take(&mut step.finished_attempts),
                 events: std::mem::take(&mut step.events),
