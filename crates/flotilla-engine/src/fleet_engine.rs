@@ -674,15 +674,19 @@ impl FleetEngine {
 
     fn deliver_news(&mut self, now: Time, seq: u64) {
         let record = self.record;
-        let Some(slot) = self.runs.get_mut(&seq) else {
+        let Some(news) = self.runs.get_mut(&seq).map(|s| std::mem::take(&mut s.news)) else {
             return;
         };
-        for member in std::mem::take(&mut slot.news) {
+        for member in news {
             let holder = self
                 .busy
                 .get(&member)
                 .filter(|b| b.run != seq)
                 .map(|b| b.run_name.clone());
+            let current = self.current(&member);
+            let Some(slot) = self.runs.get_mut(&seq) else {
+                return;
+            };
             match holder {
                 Some(holder) => {
                     if slot.told.get(&member) != Some(&holder) {
@@ -698,17 +702,12 @@ impl FleetEngine {
                     if slot.told.remove(&member).is_some() {
                         // The other run may have upgraded it: decided again on what the cluster
                         // is now (SEMANTICS §1), unless the run heard of that already.
-                        let current = self
-                            .members
-                            .get(&member)
-                            .map(|m| &m.cluster)
-                            .or_else(|| self.interned.get(&member).map(|i| &i.cluster));
                         if let Some(cluster) = current
-                            && slot.engine.cluster_of(&member).is_none_or(|c| c != cluster)
+                            && slot.engine.cluster_of(&member) != Some(&cluster)
                         {
                             let input = Input::Observed {
                                 member: member.to_string(),
-                                cluster: cluster.clone(),
+                                cluster,
                                 operation: None,
                             };
                             let _ = slot.give(now, input, record);

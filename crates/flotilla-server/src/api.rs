@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
-use flotilla_engine::fleet::{Cluster, MemberRecord};
+use flotilla_engine::fleet::Cluster;
 use flotilla_engine::selector::{validate_label_key, validate_label_value};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, check_name,
@@ -1320,30 +1320,23 @@ async fn create_run(
             break;
         }
         for m in &page {
-            if let Some(record) = crate::runs::member_record(&m.name, &m.body) {
-                members.push(record);
-                continue;
-            }
-            let id = m.body["properties"]["clusterResourceId"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let cluster = match observe_member(state, fleet, &m.name, &id).await {
-                Ok(c) => c,
-                Err(e) => {
-                    unobserved.push((m.name.clone(), e));
-                    // Stands in only to learn whether the run selects the member.
-                    Cluster::unknown()
+            let cluster = match crate::runs::observed_cluster(&m.body) {
+                Some(c) => c,
+                None => {
+                    let id = m.body["properties"]["clusterResourceId"]
+                        .as_str()
+                        .unwrap_or_default();
+                    match observe_member(state, fleet, &m.name, id).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            unobserved.push((m.name.clone(), e));
+                            // Stands in only to learn whether the run selects the member.
+                            Cluster::unknown()
+                        }
+                    }
                 }
             };
-            members.push(MemberRecord {
-                name: m.name.clone(),
-                cluster_resource_id: id,
-                group: m.body["properties"]["group"].as_str().map(String::from),
-                labels: serde_json::from_value(m.body["properties"]["labels"].clone())
-                    .unwrap_or_default(),
-                cluster,
-            });
+            members.push(crate::runs::member_record(&m.name, &m.body, cluster));
         }
         after = page.last().map(|r| r.name.clone());
     }
@@ -2116,67 +2109,6 @@ async fn readyz(State(state): State<Shared>) -> Response {
     }
 }
 
-/// What `/metrics` reads of a stored run.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RunHead {
-    properties: RunHeadProperties,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RunHeadProperties {
-    status: RunHeadStatus,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RunHeadStatus {
-    status: StateHead,
-    failure_count: f64,
-    stages: Vec<StageHead>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct StateHead {
-    state: Option<String>,
-    start_time: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct GatesHead {
-    before_gates: Vec<GateHead>,
-    after_gates: Vec<GateHead>,
-}
-
-impl GatesHead {
-    fn gates(&self) -> impl Iterator<Item = &GateHead> {
-        self.before_gates.iter().chain(&self.after_gates)
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct StageHead {
-    before_gates: Vec<GateHead>,
-    after_gates: Vec<GateHead>,
-    groups: Vec<GatesHead>,
-}
-
-impl StageHead {
-    fn gates(&self) -> impl Iterator<Item = &GateHead> {
-        self.before_gates.iter().chain(&self.after_gates)
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct GateHead {
-    status: StateHead,
-}
-
 async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     let mut runs_by_state: BTreeMap<(String, String), f64> = BTreeMap::new();
@@ -2196,26 +2128,19 @@ async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Resp
             .list_raw(&fleet.name, Kind::Run, None, 100_000)
             .await?
         {
-            // Only the run's state, failure count and gates are read: serde reads past the
-            // members without building them.
-            let run: RunHead = serde_json::from_str(&text).unwrap_or_default();
-            let status = run.properties.status;
-            let s = status.status.state.unwrap_or_else(|| "NotStarted".into());
-            *runs_by_state.entry((fleet.name.clone(), s)).or_default() += 1.0;
+            let run = crate::run_head::RunHead::parse(&text);
+            *runs_by_state
+                .entry((fleet.name.clone(), run.state().to_string()))
+                .or_default() += 1.0;
             failures.push((
                 format!(
                     "fleet=\"{}\",run=\"{}\"",
                     crate::metrics::escape(&fleet.name),
                     crate::metrics::escape(&name)
                 ),
-                status.failure_count,
+                run.failure_count(),
             ));
-            let gates = status.stages.iter().flat_map(|stage| {
-                stage
-                    .gates()
-                    .chain(stage.groups.iter().flat_map(GatesHead::gates))
-            });
-            for gate in gates {
+            for gate in run.gates() {
                 if gate.status.state.as_deref() == Some("Pending") {
                     *pending_gates.entry(fleet.name.clone()).or_default() += 1.0;
                     if let Some(since) = gate

@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod run_head;
 pub mod runs;
 pub mod state;
 

@@ -909,36 +909,8 @@ impl Runs {
             }
         };
         for (name, text, _) in runs {
-            // Only the run's state is needed: read past the rest of its document.
-            #[derive(serde::Deserialize, Default)]
-            #[serde(default, rename_all = "camelCase")]
-            struct Head {
-                properties: HeadProperties,
-            }
-            #[derive(serde::Deserialize, Default)]
-            #[serde(default)]
-            struct HeadProperties {
-                status: HeadStatus,
-            }
-            #[derive(serde::Deserialize, Default)]
-            #[serde(default)]
-            struct HeadStatus {
-                status: HeadState,
-            }
-            #[derive(serde::Deserialize, Default)]
-            #[serde(default, rename_all = "camelCase")]
-            struct HeadState {
-                state: Option<String>,
-                completed_time: Option<String>,
-            }
-            let head: Head = serde_json::from_str(&text).unwrap_or_default();
-            let state = head.properties.status.status;
-            let completed = state.completed_time.is_some();
-            let state = state.state.unwrap_or_else(|| "NotStarted".into());
-            if matches!(state.as_str(), "Completed" | "Skipped")
-                || (state == "Failed" && completed)
-                || state == "NotStarted"
-            {
+            let head = crate::run_head::RunHead::parse(&text);
+            if head.is_over() || head.state() == "NotStarted" {
                 continue;
             }
             if let Err(e) = self.handle(fleet, &name).await {
@@ -1953,19 +1925,23 @@ async fn member_table(store: &dyn Store, fleet: &str) -> Result<Vec<Member>, Api
         let Some(last) = page.last() else { break };
         after = Some(last.name.clone());
         for m in &page {
-            if let Some(record) = member_record(&m.name, &m.body) {
-                members.push(Member::from(record));
+            if let Some(cluster) = observed_cluster(&m.body) {
+                members.push(Member::from(member_record(&m.name, &m.body, cluster)));
             }
         }
     }
     Ok(members)
 }
 
-/// A member resource as a run sees it, if its cluster was observed.
-pub fn member_record(name: &str, body: &Value) -> Option<MemberRecord> {
+/// A member resource's cluster as last observed (`status.cluster`), if it was.
+pub fn observed_cluster(body: &Value) -> Option<Cluster> {
+    serde_json::from_value(body["properties"]["status"]["cluster"].clone()).ok()
+}
+
+/// A member resource as a run sees it, with `cluster` as its cluster.
+pub fn member_record(name: &str, body: &Value, cluster: Cluster) -> MemberRecord {
     let props = &body["properties"];
-    let cluster = serde_json::from_value::<Cluster>(props["status"]["cluster"].clone()).ok()?;
-    Some(MemberRecord {
+    MemberRecord {
         name: name.to_string(),
         cluster_resource_id: props["clusterResourceId"]
             .as_str()
@@ -1974,7 +1950,7 @@ pub fn member_record(name: &str, body: &Value) -> Option<MemberRecord> {
         group: props["group"].as_str().map(String::from),
         labels: serde_json::from_value(props["labels"].clone()).unwrap_or_default(),
         cluster,
-    })
+    }
 }
 
 /// A run's document as JSON text: its resource without status (`base`), with `status` as
@@ -2031,25 +2007,9 @@ pub async fn record_observation(
     member: &str,
     spec: &flotilla_engine::fleet::ClusterSpec,
 ) {
-    for _ in 0..3 {
-        let Ok(Some(current)) = store.get(fleet, Kind::Member, member).await else {
-            return;
-        };
-        let mut body = current.body.clone();
-        body["properties"]["status"] = member_status(spec, now());
-        match store
-            .put(
-                fleet,
-                Kind::Member,
-                member,
-                &body,
-                &crate::store::Precondition::IfMatch(current.etag),
-            )
-            .await
-        {
-            Err(crate::store::StoreError::Precondition(_)) => continue,
-            _ => return,
-        }
+    let status = [(member.to_string(), member_status(spec, now()))];
+    if let Err(e) = store.set_statuses(fleet, Kind::Member, &status).await {
+        tracing::warn!(fleet, member, error = %e, "cannot record the member's cluster");
     }
 }
 
