@@ -6,6 +6,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod http;
+pub mod journal;
 pub mod metrics;
 pub mod run_head;
 pub mod runs;

@@ -1044,7 +1044,7 @@ impl Runs {
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
         {
-            replay_entry(&mut engine, entry).map_err(|why| {
+            crate::journal::replay(&mut engine, entry).map_err(|why| {
                 ApiError::conflict(format!(
                     "update run {run:?} cannot be rebuilt from its log: {why}"
                 ))
@@ -1063,35 +1063,6 @@ impl Runs {
             snapshot_etag,
             intents,
         })
-    }
-}
-
-/// Applies one entry of a run's input log. An entry the engine cannot read is an error: a log
-/// replays exactly or not at all.
-fn replay_entry(engine: &mut Engine, mut entry: Value) -> Result<(), String> {
-    let at = entry["at"]
-        .as_str()
-        .and_then(|t| Time::parse(t).ok())
-        .ok_or_else(|| format!("an entry has no readable time: {entry}"))?;
-    if entry.get("settle").is_some() {
-        engine.settle(at);
-    } else if entry.get("advance").is_some() {
-        engine.advance_clock(at);
-    } else {
-        let input = serde_json::from_value::<Input>(entry["input"].take())
-            .map_err(|e| format!("an entry at {at} is not an input this engine knows: {e}"))?;
-        // A recorded input changed the run when it was given; given again it does the same.
-        let _ = engine.handle(at, input);
-    }
-    Ok(())
-}
-
-/// A journal entry as the run's input log stores it.
-fn log_entry(delivered: Delivered) -> Value {
-    match delivered {
-        Delivered::Input(at, input) => json!({"at": at, "input": input}),
-        Delivered::AdvanceClock(at) => json!({"at": at, "advance": true}),
-        Delivered::Settle(at) => json!({"at": at, "settle": true}),
     }
 }
 
@@ -1564,7 +1535,7 @@ impl FleetActor {
             let mut batch = RunBatch {
                 fleet: self.fleet.clone(),
                 run: run.clone(),
-                log: log.into_iter().map(log_entry).collect(),
+                log: crate::journal::encode(log),
                 intents: std::mem::take(&mut step.intents),
                 finished_attempts: std::mem::take(&mut step.finished_attempts),
                 events: std::mem::take(&mut step.events),

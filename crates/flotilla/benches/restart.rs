@@ -178,5 +178,10 @@ fn main() {
         first.map_or("never".to_string(), |t| format!("{t:.2} s")),
         resumed.map_or("never (300 s)".to_string(), |t| format!("{t:.2} s"))
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    // FLOTILLA_BENCH_KEEP=1 keeps the database, to look at what it holds.
+    if std::env::var_os("FLOTILLA_BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("database kept: {db}");
+    }
 }
