@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
-use flotilla_engine::fleet::Cluster;
+use flotilla_engine::fleet::{Cluster, Member, SharedMember};
 use flotilla_engine::selector::{validate_label_key, validate_label_value};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, check_name,
@@ -1336,7 +1336,8 @@ async fn create_run(
                     }
                 }
             };
-            members.push(crate::runs::member_record(&m.name, &m.body, cluster));
+            let record = crate::runs::member_record(&m.name, &m.body, cluster);
+            members.push(SharedMember::from(&Member::from(record)));
         }
         after = page.last().map(|r| r.name.clone());
     }
@@ -1361,7 +1362,7 @@ async fn create_run(
         // None of them is selected: the run is made from the others alone.
         snapshot
             .members
-            .retain(|m| !unobserved.iter().any(|(u, _)| *u == m.name));
+            .retain(|m| !unobserved.iter().any(|(u, _)| u.as_str() == &*m.name));
         (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
     }
     let mut properties = json!({
@@ -1384,7 +1385,7 @@ async fn create_run(
         "type": "Microsoft.ContainerService/fleets/updateRuns",
         "properties": properties,
     });
-    let internal = json!({"members": snapshot.members, "catalog": snapshot.catalog, "rules": snapshot.rules, "createdAt": now()});
+    let internal = crate::runs::snapshot_document(&snapshot, now());
     state.runs.retire(fleet, run);
     // A run replaced before it started starts from a clean log.
     let mut when = when;

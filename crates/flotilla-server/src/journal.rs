@@ -115,8 +115,9 @@ impl Open {
     }
 }
 
-/// Applies one log entry. An entry this server cannot read is an error, never skipped.
-pub fn replay(engine: &mut Engine, entry: Value) -> Result<(), String> {
+/// Applies one log entry, as stored. An entry this server cannot read is an error, never
+/// skipped.
+pub fn replay(engine: &mut Engine, entry: &str) -> Result<(), String> {
     for d in decode(entry)? {
         match d {
             Delivered::Settle(at) => engine.settle(at),
@@ -130,93 +131,141 @@ pub fn replay(engine: &mut Engine, entry: Value) -> Result<(), String> {
     Ok(())
 }
 
-/// What one log entry gave the run, in order.
-pub fn decode(mut entry: Value) -> Result<Vec<Delivered>, String> {
-    match &entry["v"] {
-        Value::Null => {}
-        v if v.as_u64() == Some(FORMAT) => {}
-        v => {
+/// An entry as stored, read straight into its types (a start's news of thousands of locks is
+/// never built as a JSON tree).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stored {
+    #[serde(default)]
+    v: Option<u64>,
+    at: Time,
+    #[serde(default)]
+    input: Option<Input>,
+    #[serde(default)]
+    settle: Option<bool>,
+    #[serde(default)]
+    advance: Option<bool>,
+    #[serde(default)]
+    clusters: Vec<Cluster>,
+    #[serde(default, rename = "do")]
+    items: Option<Vec<Item>>,
+}
+
+/// One item of a format-1 entry's `do` list.
+enum Item {
+    Settle,
+    Advance,
+    Input(Input),
+    Locked(String, String),
+    Unlocked(String),
+    Observed(String, usize),
+}
+
+impl<'de> serde::Deserialize<'de> for Item {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Item, D::Error> {
+        use serde::de::{Error, MapAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Item;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#""s", "a", or one of {"i"}, {"l"}, {"u"}, {"o"}"#)
+            }
+            fn visit_str<E: Error>(self, s: &str) -> Result<Item, E> {
+                match s {
+                    "s" => Ok(Item::Settle),
+                    "a" => Ok(Item::Advance),
+                    other => Err(E::custom(format!("no item of kind {other:?}"))),
+                }
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Item, M::Error> {
+                let kind: String = m
+                    .next_key()?
+                    .ok_or_else(|| M::Error::custom("an empty item"))?;
+                let item = match kind.as_str() {
+                    "i" => Item::Input(m.next_value()?),
+                    "l" => {
+                        let (member, by_run) = m.next_value()?;
+                        Item::Locked(member, by_run)
+                    }
+                    "u" => Item::Unlocked(m.next_value()?),
+                    "o" => {
+                        let (member, k) = m.next_value()?;
+                        Item::Observed(member, k)
+                    }
+                    other => return Err(M::Error::custom(format!("no item of kind {other:?}"))),
+                };
+                if m.next_key::<String>()?.is_some() {
+                    return Err(M::Error::custom(format!("an item {kind:?} with more keys")));
+                }
+                Ok(item)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What one log entry, as stored, gave the run, in order.
+pub fn decode(entry: &str) -> Result<Vec<Delivered>, String> {
+    // The format first, so an entry of a newer server says so rather than failing to parse.
+    #[derive(serde::Deserialize)]
+    struct Format {
+        #[serde(default)]
+        v: Option<Value>,
+    }
+    if !entry.trim_start().starts_with('{') {
+        return Err(format!("an entry is not a JSON object: {entry:.80}"));
+    }
+    let format = serde_json::from_str::<Format>(entry)
+        .map_err(|e| format!("an entry is not a JSON object: {e}"))?;
+    match format.v {
+        None => {}
+        Some(v) if v.as_u64() == Some(FORMAT) => {}
+        Some(v) => {
             return Err(format!(
                 "an entry is of format {v}; this server reads format {FORMAT} only"
             ));
         }
     }
-    let at = entry["at"]
-        .as_str()
-        .and_then(|t| Time::parse(t).ok())
-        .ok_or_else(|| format!("an entry has no readable time: {entry}"))?;
-    if entry.get("settle").is_some() {
+    let stored: Stored = serde_json::from_str(entry)
+        .map_err(|e| format!("an entry is of no kind this server knows: {e}"))?;
+    let at = stored.at;
+    debug_assert!(stored.v.is_none_or(|v| v == FORMAT));
+    if let Some(input) = stored.input {
+        return Ok(vec![Delivered::Input(at, input)]);
+    }
+    if stored.settle.is_some() {
         return Ok(vec![Delivered::Settle(at)]);
     }
-    if entry.get("advance").is_some() {
+    if stored.advance.is_some() {
         return Ok(vec![Delivered::AdvanceClock(at)]);
     }
-    if let Some(input) = entry.get_mut("input") {
-        return Ok(vec![Delivered::Input(at, read_input(input.take(), at)?)]);
-    }
-    let clusters: Vec<Arc<Cluster>> = match entry.get_mut("clusters") {
-        None => Vec::new(),
-        Some(c) => serde_json::from_value::<Vec<Cluster>>(c.take())
-            .map_err(|e| format!("the clusters of the entry at {at} are unreadable: {e}"))?
-            .into_iter()
-            .map(Arc::new)
-            .collect(),
-    };
-    let Some(Value::Array(items)) = entry.get_mut("do").map(Value::take) else {
+    let Some(items) = stored.items else {
         return Err(format!("the entry at {at} is of no kind this server knows"));
     };
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        let unknown =
-            || format!("an item of the entry at {at} is of no kind this server knows: {item}");
-        let input = match &item {
-            Value::String(s) if s == "s" => {
-                out.push(Delivered::Settle(at));
-                continue;
-            }
-            Value::String(s) if s == "a" => {
-                out.push(Delivered::AdvanceClock(at));
-                continue;
-            }
-            Value::Object(o) if o.len() == 1 => {
-                let (kind, value) = o.iter().next().ok_or_else(unknown)?;
-                match (kind.as_str(), value) {
-                    ("i", input) => read_input(input.clone(), at)?,
-                    ("l", Value::Array(pair)) => match pair.as_slice() {
-                        [Value::String(member), Value::String(by_run)] => Input::MemberLocked {
-                            member: member.clone(),
-                            by_run: by_run.clone(),
-                        },
-                        _ => return Err(unknown()),
-                    },
-                    ("u", Value::String(member)) => Input::MemberUnlocked {
-                        member: member.clone(),
-                    },
-                    ("o", Value::Array(pair)) => match pair.as_slice() {
-                        [Value::String(member), k] => Input::Observed {
-                            member: member.clone(),
-                            cluster: k
-                                .as_u64()
-                                .and_then(|k| clusters.get(k as usize))
-                                .ok_or_else(unknown)?
-                                .clone(),
-                            operation: None,
-                        },
-                        _ => return Err(unknown()),
-                    },
-                    _ => return Err(unknown()),
-                }
-            }
-            _ => return Err(unknown()),
-        };
-        out.push(Delivered::Input(at, input));
-    }
-    Ok(out)
-}
-
-fn read_input(input: Value, at: Time) -> Result<Input, String> {
-    serde_json::from_value::<Input>(input)
-        .map_err(|e| format!("an entry at {at} is not an input this engine knows: {e}"))
+    let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
+    items
+        .into_iter()
+        .map(|item| {
+            let input = match item {
+                Item::Settle => return Ok(Delivered::Settle(at)),
+                Item::Advance => return Ok(Delivered::AdvanceClock(at)),
+                Item::Input(input) => input,
+                Item::Locked(member, by_run) => Input::MemberLocked { member, by_run },
+                Item::Unlocked(member) => Input::MemberUnlocked { member },
+                Item::Observed(member, k) => Input::Observed {
+                    cluster: clusters
+                        .get(k)
+                        .ok_or_else(|| {
+                            format!("the entry at {at} names cluster {k} of {}", clusters.len())
+                        })?
+                        .clone(),
+                    member,
+                    operation: None,
+                },
+            };
+            Ok(Delivered::Input(at, input))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -367,16 +416,13 @@ mod tests {
             );
             let decoded: Vec<Delivered> = entries
                 .iter()
-                .flat_map(|e| {
-                    let text = e.to_string();
-                    decode(serde_json::from_str(&text).expect("json")).expect("decoded")
-                })
+                .flat_map(|e| decode(&e.to_string()).expect("decoded"))
                 .collect();
             assert_eq!(decoded, journals[run], "{run}");
             let (mut rebuilt, _) =
                 Engine::create(run, &spec(), &members, catalog.clone()).expect("engine");
             for e in entries {
-                replay(&mut rebuilt, e.clone()).expect("replayed");
+                replay(&mut rebuilt, &e.to_string()).expect("replayed");
             }
             let live = fleet.run(run).expect("run");
             assert_eq!(
@@ -390,27 +436,35 @@ mod tests {
     #[test]
     fn entries_of_older_servers_are_read_and_unknown_ones_refused() {
         let at = "2026-12-01T00:00:00Z";
-        let old = json!({"at": at, "input": "Start"});
         let t = Time::parse(at).expect("time");
-        assert_eq!(
-            decode(old).expect("read"),
-            vec![Delivered::Input(t, Input::Start)]
+        let read = |v: Value| decode(&v.to_string());
+        let old = read(json!({"at": at, "input": "Start"})).expect("read");
+        assert_eq!(old, vec![Delivered::Input(t, Input::Start)]);
+        let settle = read(json!({"at": at, "settle": true})).expect("read");
+        assert_eq!(settle, vec![Delivered::Settle(t)]);
+        let refused = |v: Value, says: &str| {
+            let why = read(v.clone()).expect_err("refused");
+            assert!(why.contains(says), "{v}: {why}");
+        };
+        refused(json!({"v": 2, "at": at, "do": ["s"]}), "format 2");
+        refused(json!({"v": "1", "at": at, "do": ["s"]}), "format \"1\"");
+        refused(json!({"v": 1, "at": at, "do": [{"x": 1}]}), "\"x\"");
+        refused(json!({"v": 1, "at": at, "do": ["z"]}), "\"z\"");
+        refused(
+            json!({"v": 1, "at": at, "do": [{"u": "m", "l": ["m", "r"]}]}),
+            "more keys",
         );
-        assert_eq!(
-            decode(json!({"at": at, "settle": true})).expect("read"),
-            vec![Delivered::Settle(t)]
+        refused(
+            json!({"v": 1, "at": at, "do": [{"o": ["m", 3]}]}),
+            "cluster 3",
         );
-        let newer = decode(json!({"v": 2, "at": at, "do": ["s"]})).expect_err("refused");
-        assert!(newer.contains("format 2"), "{newer}");
-        let odd = decode(json!({"v": 1, "at": at, "do": [{"x": 1}]})).expect_err("refused");
-        assert!(odd.contains("no kind"), "{odd}");
-        let missing =
-            decode(json!({"v": 1, "at": at, "do": [{"o": ["m", 3]}]})).expect_err("refused");
-        assert!(missing.contains("no kind"), "{missing}");
-        let no_time = decode(json!({"v": 1, "do": ["s"]})).expect_err("refused");
-        assert!(no_time.contains("time"), "{no_time}");
-        let bad_input =
-            decode(json!({"v": 1, "at": at, "do": [{"i": {"Nope": 1}}]})).expect_err("refused");
-        assert!(bad_input.contains("not an input"), "{bad_input}");
+        refused(json!({"v": 1, "do": ["s"]}), "`at`");
+        refused(
+            json!({"v": 1, "at": at, "do": [{"i": {"Nope": 1}}]}),
+            "Nope",
+        );
+        refused(json!({"v": 1, "at": at, "do": [], "later": true}), "later");
+        refused(json!({"v": 1, "at": at}), "no kind");
+        refused(json!([1]), "not a JSON object");
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target};
 use flotilla_engine::error::{ApiError, ErrorCode};
-use flotilla_engine::fleet::{Catalog, Cluster, Member, MemberRecord};
+use flotilla_engine::fleet::{Catalog, Cluster, Member, MemberRecord, SharedMember};
 use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::status::{EventType, State};
 use flotilla_engine::strategy::{
@@ -312,7 +312,7 @@ pub struct Runs {
 pub struct RunSnapshot {
     pub strategy: Option<StrategySpec>,
     pub update: ManagedClusterUpdateSpec,
-    pub members: Vec<MemberRecord>,
+    pub members: Vec<SharedMember>,
     pub catalog: Catalog,
     pub rules: flotilla_engine::engine::RunRules,
 }
@@ -327,40 +327,117 @@ pub fn engine_from_snapshot(
         .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
         .transpose()?;
     let upgrade = parse_upgrade(&snapshot.update, "properties.managedClusterUpdate")?;
-    let members: Vec<Member> = snapshot.members.iter().cloned().map(Member::from).collect();
-    Engine::create(
+    Engine::create_shared(
         run,
         &RunSpec {
             strategy,
             upgrade,
             rules: snapshot.rules,
         },
-        &members,
+        &snapshot.members,
         snapshot.catalog.clone(),
     )
 }
 
+/// A run's snapshot as stored (the run's strategy and upgrade stay in the run's document):
+/// each distinct cluster once, and each member pointing at its cluster by index (`c`). Most
+/// members of a fleet share a few cluster shapes, so this is about half the size of a cluster
+/// written out per member, which snapshots before this held (and are still read).
+pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> Value {
+    let mut clusters: Vec<&Cluster> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let members: Vec<Value> = snapshot
+        .members
+        .iter()
+        .map(|m| {
+            let key = serde_json::to_string(&*m.cluster).unwrap_or_default();
+            let k = *index.entry(key).or_insert_with(|| {
+                clusters.push(&m.cluster);
+                clusters.len() - 1
+            });
+            let mut v = json!({
+                "name": &*m.name,
+                "clusterResourceId": &*m.cluster_resource_id,
+                "labels": m.labels,
+                "c": k,
+            });
+            if let Some(group) = &m.group {
+                v["group"] = json!(group);
+            }
+            v
+        })
+        .collect();
+    json!({
+        "clusters": clusters,
+        "members": members,
+        "catalog": snapshot.catalog,
+        "rules": snapshot.rules,
+        "createdAt": created_at,
+    })
+}
+
 fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot, ApiError> {
-    let bad = |e: serde_json::Error| {
-        ApiError::conflict(format!("stored run snapshot is unreadable: {e}"))
-    };
+    let bad = |e: String| ApiError::conflict(format!("stored run snapshot is unreadable: {e}"));
     // Read straight into its types: a 10,000-member snapshot is never built as a JSON tree.
     #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct StoredMember {
+        name: String,
+        cluster_resource_id: String,
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        labels: std::collections::BTreeMap<String, String>,
+        /// Snapshots written before clusters were listed once.
+        #[serde(default)]
+        cluster: Option<Cluster>,
+        #[serde(default)]
+        c: Option<usize>,
+    }
+    #[derive(serde::Deserialize)]
     struct Stored {
-        members: Vec<MemberRecord>,
+        members: Vec<StoredMember>,
+        #[serde(default)]
+        clusters: Vec<Cluster>,
         catalog: Catalog,
         #[serde(default)]
         rules: flotilla_engine::engine::RunRules,
     }
-    let stored: Stored = serde_json::from_str(internal).map_err(bad)?;
+    let stored: Stored = serde_json::from_str(internal).map_err(|e| bad(e.to_string()))?;
+    let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
+    let members = stored
+        .members
+        .into_iter()
+        .map(|m| {
+            let cluster = match (m.cluster, m.c) {
+                (Some(cluster), None) => Arc::new(cluster),
+                (None, Some(k)) => clusters.get(k).cloned().ok_or_else(|| {
+                    bad(format!(
+                        "member {:?} names cluster {k} of {}",
+                        m.name,
+                        clusters.len()
+                    ))
+                })?,
+                _ => return Err(bad(format!("member {:?} has no one cluster", m.name))),
+            };
+            Ok(SharedMember {
+                name: m.name.into(),
+                cluster_resource_id: m.cluster_resource_id.into(),
+                group: m.group,
+                labels: m.labels,
+                cluster,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let json_bad = |e: serde_json::Error| bad(e.to_string());
     Ok(RunSnapshot {
         strategy: match &base["properties"]["strategy"] {
             Value::Null => None,
-            s => Some(serde_json::from_value(s.clone()).map_err(bad)?),
+            s => Some(serde_json::from_value(s.clone()).map_err(json_bad)?),
         },
         update: serde_json::from_value(base["properties"]["managedClusterUpdate"].clone())
-            .map_err(bad)?,
-        members: stored.members,
+            .map_err(json_bad)?,
+        members,
         catalog: stored.catalog,
         rules: stored.rules,
     })
@@ -1044,7 +1121,7 @@ impl Runs {
             .await
             .map_err(|e| ApiError::conflict(e.to_string()))?
         {
-            crate::journal::replay(&mut engine, entry).map_err(|why| {
+            crate::journal::replay(&mut engine, &entry).map_err(|why| {
                 ApiError::conflict(format!(
                     "update run {run:?} cannot be rebuilt from its log: {why}"
                 ))
@@ -2035,5 +2112,85 @@ impl TargetRecord {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Value {
+        json!({"properties": {"managedClusterUpdate": {
+            "upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})
+    }
+
+    fn cluster(version: &str) -> Value {
+        json!({"region": "eastus", "kubernetesVersion": version, "nodePools": [],
+            "longTermSupport": false})
+    }
+
+    fn catalog() -> Value {
+        json!({"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}]}})
+    }
+
+    /// A snapshot lists each distinct cluster once; one written before (a cluster per member)
+    /// reads the same, and both build the same run.
+    #[test]
+    fn snapshots_list_each_cluster_once_and_older_ones_read_the_same() {
+        let members: Vec<Value> = (0..30)
+            .map(|i| {
+                let version = if i % 3 == 0 { "1.31.1" } else { "1.30.5" };
+                json!({"name": format!("m{i:02}"), "clusterResourceId": format!("/c/{i}"),
+                    "group": "g", "labels": {"i": i.to_string()}, "cluster": cluster(version)})
+            })
+            .collect();
+        let older = json!({"members": members, "catalog": catalog()}).to_string();
+        let read = read_snapshot(&base(), &older).expect("an older snapshot reads");
+        let written = snapshot_document(&read, Time::from_unix(0));
+        assert_eq!(written["clusters"].as_array().map(Vec::len), Some(2));
+        assert!(written["members"][1].get("cluster").is_none());
+        let again = read_snapshot(&base(), &written.to_string()).expect("reads");
+        assert_eq!(again.members, read.members);
+        // Members with one shape hold one copy of it.
+        assert!(Arc::ptr_eq(
+            &again.members[1].cluster,
+            &again.members[2].cluster
+        ));
+        let status = |s: &RunSnapshot| {
+            let (engine, _) = engine_from_snapshot("r", s).expect("engine");
+            serde_json::to_value(engine.status()).expect("status")
+        };
+        assert_eq!(status(&again), status(&read));
+        assert_eq!(
+            status(&again)["stages"][0]["groups"][0]["members"]
+                .as_array()
+                .map(Vec::len),
+            Some(30)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_naming_no_cluster_or_a_missing_one_is_refused() {
+        let member = |extra: Value| {
+            let mut m = json!({"name": "m", "clusterResourceId": "/c/m"});
+            m.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            json!({"clusters": [cluster("1.30.5")], "members": [m], "catalog": catalog()})
+                .to_string()
+        };
+        let refused = |text: String, says: &str| {
+            let Err(e) = read_snapshot(&base(), &text) else {
+                panic!("{text} was read");
+            };
+            assert!(e.message.contains(says), "{}", e.message);
+        };
+        refused(member(json!({"c": 1})), "names cluster 1 of 1");
+        refused(member(json!({})), "no one cluster");
+        refused(
+            member(json!({"c": 0, "cluster": cluster("1.30.5")})),
+            "no one cluster",
+        );
+        assert!(read_snapshot(&base(), &member(json!({"c": 0}))).is_ok());
     }
 }

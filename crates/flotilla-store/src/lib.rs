@@ -448,7 +448,9 @@ fn with_status(text: &str, status: &Value) -> StoreResult<Value> {
 #[async_trait]
 pub trait RunLog: Send + Sync {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>>;
+    /// A run's input log, the entries as written, in order (the server's journal codec reads
+    /// them without building JSON trees).
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>>;
     async fn run_events(
         &self,
         fleet: &str,

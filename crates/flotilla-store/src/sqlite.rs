@@ -557,14 +557,14 @@ impl RunLog for SqliteStore {
         Ok(())
     }
 
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<Value>> {
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>> {
         let rows =
             sqlx::query("SELECT entry FROM run_log WHERE fleet = ? AND run = ? ORDER BY seq")
                 .bind(fleet)
                 .bind(run)
                 .fetch_all(&self.pool)
                 .await?;
-        rows.iter().map(|r| parse_body(r.col::<&str>(0)?)).collect()
+        rows.iter().map(|r| r.col::<String>(0)).collect()
     }
 
     async fn run_events(
