@@ -1365,10 +1365,12 @@ async fn create_run(
             .retain(|m| !unobserved.iter().any(|(u, _)| u.as_str() == &*m.name));
         (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
     }
+    let status = engine.status();
+    let head = crate::run_head::head_of(&status);
     let mut properties = json!({
         "provisioningState": "Succeeded",
         "managedClusterUpdate": update,
-        "status": engine.status(),
+        "status": status,
     });
     if let Some(s) = &strategy {
         properties["strategy"] = json!(s);
@@ -1413,6 +1415,8 @@ async fn create_run(
         .store
         .put(fleet, Kind::Run, run, &body, &when)
         .await?;
+    // Were this lost (a crash between the two writes), the run's document is read instead.
+    state.runs.store.init_run_head(fleet, run, &head).await?;
     Ok((resource, created, warnings))
 }
 
@@ -2123,13 +2127,7 @@ async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Resp
         .list("", Kind::Fleet, None, 100_000)
         .await?
     {
-        for (name, text, _) in state
-            .runs
-            .store
-            .list_raw(&fleet.name, Kind::Run, None, 100_000)
-            .await?
-        {
-            let run = crate::run_head::RunHead::parse(&text);
+        for (name, run) in crate::run_head::heads(state.runs.store.as_ref(), &fleet.name).await? {
             *runs_by_state
                 .entry((fleet.name.clone(), run.state().to_string()))
                 .or_default() += 1.0;

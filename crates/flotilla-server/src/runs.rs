@@ -971,11 +971,7 @@ impl Runs {
     /// replica takes the fleet's lease). What cannot be loaded now is tried again by the
     /// coordinator.
     async fn resume_fleet(self: &Arc<Self>, fleet: &str) {
-        let runs = match self
-            .store
-            .list_raw(fleet, Kind::Run, None, usize::MAX >> 1)
-            .await
-        {
+        let runs = match crate::run_head::heads(self.store.as_ref(), fleet).await {
             Ok(runs) => runs,
             Err(e) => {
                 tracing::error!(fleet, error = %e, "cannot list the fleet's runs; trying again");
@@ -985,8 +981,7 @@ impl Runs {
                 return;
             }
         };
-        for (name, text, _) in runs {
-            let head = crate::run_head::RunHead::parse(&text);
+        for (name, head) in runs {
             if head.is_over() || head.state() == "NotStarted" {
                 continue;
             }
@@ -1594,15 +1589,15 @@ impl FleetActor {
                 meta.status_dirty = false;
                 meta.last_status_write = Some(Instant::now());
             }
-            let body = write_status
-                .then(|| run_document(&meta.base, &engine.status()))
-                .transpose();
-            let body = match body {
-                Ok(body) => body,
-                Err(e) => {
-                    tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
-                    None
-                }
+            let (body, head) = match write_status.then(|| engine.status()) {
+                None => (None, None),
+                Some(status) => match run_document(&meta.base, &status) {
+                    Ok(body) => (Some(body), Some(crate::run_head::head_of(&status))),
+                    Err(e) => {
+                        tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
+                        (None, None)
+                    }
+                },
             };
             let gates = if step.gates_changed {
                 gate_resources(&self.fleet, &run, engine)
@@ -1617,6 +1612,7 @@ impl FleetActor {
                 finished_attempts: std::mem::take(&mut step.finished_attempts),
                 events: std::mem::take(&mut step.events),
                 run_body: body,
+                run_head: head,
                 gates,
                 action_results: std::mem::take(&mut step.action_results),
                 fence: Some(self.fence.clone()),

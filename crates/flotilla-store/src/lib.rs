@@ -221,6 +221,9 @@ pub struct RunBatch {
     /// The run resource's new body (its status), if it changed, as JSON text: a large run's
     /// document is rendered once, straight to text.
     pub run_body: Option<String>,
+    /// The run's head (a small text the server reads instead of the whole document), written
+    /// with its body.
+    pub run_head: Option<String>,
     /// Gate resources created or changed.
     pub gates: Vec<(String, Value)>,
     /// Results of actions handed over through the store ([`Store::submit_action`]).
@@ -448,6 +451,12 @@ fn with_status(text: &str, status: &Value) -> StoreResult<Value> {
 #[async_trait]
 pub trait RunLog: Send + Sync {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
+    /// Every run of a fleet by name, with its head where one was written (runs stored before
+    /// heads existed, and a run just created or replaced, have none).
+    async fn run_heads(&self, fleet: &str) -> StoreResult<Vec<(String, Option<String>)>>;
+    /// Sets a run's head if the run exists and has none: a head written with a batch is newer
+    /// than one made from a document read earlier.
+    async fn init_run_head(&self, fleet: &str, run: &str, head: &str) -> StoreResult<()>;
     /// A run's input log, the entries as written, in order (the server's journal codec reads
     /// them without building JSON trees).
     async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>>;

@@ -37,6 +37,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     2 "0002_replicas_leases_actions",
     3 "0003_member_clusters",
     4 "0004_intent_times",
+    5 "0005_run_heads",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -44,6 +45,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     2 "0002_replicas_leases_actions",
     3 "0003_member_clusters",
     4 "0004_intent_times",
+    5 "0005_run_heads",
 );
 
 /// The migrator for a backend's migrations.

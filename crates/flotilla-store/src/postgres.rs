@@ -345,6 +345,14 @@ impl Resources for PgStore {
             };
         }
         let (etag, created) = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
+        if kind == Kind::Run {
+            // A run written whole (created or replaced) has no head until one is set.
+            sqlx::query("DELETE FROM run_heads WHERE fleet = $1 AND run = $2")
+                .bind(fleet)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok((
             Resource {
@@ -487,6 +495,7 @@ impl Resources for PgStore {
                     "DELETE FROM run_log WHERE fleet = $1 AND run = $2",
                     "DELETE FROM run_events WHERE fleet = $1 AND run = $2",
                     "DELETE FROM intents WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM run_heads WHERE fleet = $1 AND run = $2",
                     "DELETE FROM resources WHERE fleet = $1 AND kind = 'gates' AND body::jsonb #>> '{properties,target,updateRunProperties,name}' = $2",
                 ] {
                     sqlx::query(statement)
@@ -510,6 +519,7 @@ impl Resources for PgStore {
                     "DELETE FROM run_log WHERE fleet = $1",
                     "DELETE FROM run_events WHERE fleet = $1",
                     "DELETE FROM intents WHERE fleet = $1",
+                    "DELETE FROM run_heads WHERE fleet = $1",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -590,6 +600,9 @@ impl RunLog for PgStore {
         if let Some(body) = &batch.run_body {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
         }
+        if let Some(head) = &batch.run_head {
+            put_head(&mut tx, &batch.fleet, &batch.run, head).await?;
+        }
         for (name, body) in &batch.gates {
             upsert(&mut tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
         }
@@ -602,6 +615,35 @@ impl RunLog for PgStore {
         }
         for notice in Notice::of_batch(batch) {
             notify(&mut tx, &notice).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn run_heads(&self, fleet: &str) -> StoreResult<Vec<(String, Option<String>)>> {
+        let rows = sqlx::query(
+            "SELECT r.name, h.head FROM resources r LEFT JOIN run_heads h ON h.fleet = r.fleet AND h.run = r.name WHERE r.fleet = $1 AND r.kind = 'updateRuns' ORDER BY r.name",
+        )
+        .bind(fleet)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.col(0)?, r.col(1)?))).collect()
+    }
+
+    async fn init_run_head(&self, fleet: &str, run: &str, head: &str) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        if current_etag(&mut tx, fleet, Kind::Run, run)
+            .await?
+            .is_some()
+        {
+            sqlx::query(
+                "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO NOTHING",
+            )
+            .bind(fleet)
+            .bind(run)
+            .bind(head)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -930,4 +972,21 @@ pub mod test_support {
         }
         reachable || required
     }
+}
+
+async fn put_head(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    fleet: &str,
+    run: &str,
+    head: &str,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
+    )
+    .bind(fleet)
+    .bind(run)
+    .bind(head)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

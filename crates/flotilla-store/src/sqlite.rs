@@ -307,6 +307,14 @@ impl Resources for SqliteStore {
         let current = current_etag(&mut tx, fleet, kind, name).await?;
         check(current.as_deref(), when)?;
         let etag = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
+        if kind == Kind::Run {
+            // A run written whole (created or replaced) has no head until one is set.
+            sqlx::query("DELETE FROM run_heads WHERE fleet = ? AND run = ?")
+                .bind(fleet)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok((
             Resource {
@@ -433,6 +441,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM run_log WHERE fleet = ? AND run = ?",
                     "DELETE FROM run_events WHERE fleet = ? AND run = ?",
                     "DELETE FROM intents WHERE fleet = ? AND run = ?",
+                    "DELETE FROM run_heads WHERE fleet = ? AND run = ?",
                 ] {
                     sqlx::query(statement)
                         .bind(fleet)
@@ -463,6 +472,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM run_log WHERE fleet = ?",
                     "DELETE FROM run_events WHERE fleet = ?",
                     "DELETE FROM intents WHERE fleet = ?",
+                    "DELETE FROM run_heads WHERE fleet = ?",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -540,6 +550,9 @@ impl RunLog for SqliteStore {
         if let Some(body) = &batch.run_body {
             upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
         }
+        if let Some(head) = &batch.run_head {
+            put_head(&mut tx, &batch.fleet, &batch.run, head).await?;
+        }
         for (name, body) in &batch.gates {
             upsert(&mut tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
         }
@@ -554,6 +567,35 @@ impl RunLog for SqliteStore {
         for notice in Notice::of_batch(batch) {
             let _ = self.notices.send(notice);
         }
+        Ok(())
+    }
+
+    async fn run_heads(&self, fleet: &str) -> StoreResult<Vec<(String, Option<String>)>> {
+        let rows = sqlx::query(
+            "SELECT r.name, h.head FROM resources r LEFT JOIN run_heads h ON h.fleet = r.fleet AND h.run = r.name WHERE r.fleet = ? AND r.kind = 'updateRuns' ORDER BY r.name",
+        )
+        .bind(fleet)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.col(0)?, r.col(1)?))).collect()
+    }
+
+    async fn init_run_head(&self, fleet: &str, run: &str, head: &str) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if current_etag(&mut tx, fleet, Kind::Run, run)
+            .await?
+            .is_some()
+        {
+            sqlx::query(
+                "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO NOTHING",
+            )
+            .bind(fleet)
+            .bind(run)
+            .bind(head)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -833,4 +875,21 @@ fn token_row(r: &sqlx::sqlite::SqliteRow) -> StoreResult<TokenRecord> {
         created_at: r.col(4)?,
         revoked: r.col::<i64>(5)? != 0,
     })
+}
+
+async fn put_head(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    fleet: &str,
+    run: &str,
+    head: &str,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
+    )
+    .bind(fleet)
+    .bind(run)
+    .bind(head)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

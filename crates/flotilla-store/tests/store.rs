@@ -145,10 +145,115 @@ on_both_backends!(
     a_replaced_run_refuses_its_old_writer,
     member_registration_keeps_cluster_ids_unique,
     statuses_are_set_together_and_only_on_what_exists,
+    run_heads_follow_their_runs,
 );
 
 // ---------------------------------------------------------------------------------------------
 // The behaviours.
+
+/// A run's head is written with its body, cleared when the run is written whole, set only on a
+/// run that exists, and goes with the run and with its fleet.
+async fn run_heads_follow_their_runs(store: Arc<dyn Store>) {
+    let heads = |store: Arc<dyn Store>| async move { store.run_heads("f").await.unwrap() };
+    for run in ["a", "b"] {
+        store
+            .put("f", Kind::Run, run, &json!({"n": run}), &Precondition::None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        heads(store.clone()).await,
+        vec![("a".to_string(), None), ("b".to_string(), None)]
+    );
+    store.init_run_head("f", "a", "head-a").await.unwrap();
+    // A head already there is kept: one written with a batch is newer.
+    store.init_run_head("f", "a", "older").await.unwrap();
+    // A run that does not exist gets no head.
+    store.init_run_head("f", "ghost", "head").await.unwrap();
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "b".into(),
+            run_body: Some(json!({"n": "b", "status": 1}).to_string()),
+            run_head: Some("head-b1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        heads(store.clone()).await,
+        vec![
+            ("a".to_string(), Some("head-a".to_string())),
+            ("b".to_string(), Some("head-b1".to_string()))
+        ]
+    );
+    // A batch refused (the run's snapshot changed) writes no head.
+    let refused = store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "b".into(),
+            run_head: Some("head-b2".into()),
+            snapshot_etag: Some("stale".into()),
+            ..Default::default()
+        })
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(heads(store.clone()).await[1].1.as_deref(), Some("head-b1"));
+    // A batch's head replaces the one there.
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "b".into(),
+            run_head: Some("head-b3".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(heads(store.clone()).await[1].1.as_deref(), Some("head-b3"));
+    // Replaced whole: no head until one is set.
+    store
+        .put(
+            "f",
+            Kind::Run,
+            "a",
+            &json!({"n": "a2"}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(heads(store.clone()).await[0], ("a".to_string(), None));
+    store.init_run_head("f", "a", "head-a2").await.unwrap();
+    assert!(
+        store
+            .delete("f", Kind::Run, "b", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        heads(store.clone()).await,
+        vec![("a".to_string(), Some("head-a2".to_string()))]
+    );
+    // Created again, the deleted run has no head of its old self.
+    store
+        .put("f", Kind::Run, "b", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert_eq!(heads(store.clone()).await[1], ("b".to_string(), None));
+    store
+        .put("", Kind::Fleet, "f", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .delete("", Kind::Fleet, "f", &Precondition::None)
+        .await
+        .unwrap();
+    assert!(heads(store.clone()).await.is_empty());
+    store
+        .put("f", Kind::Run, "a", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert_eq!(heads(store.clone()).await, vec![("a".to_string(), None)]);
+}
 
 async fn statuses_are_set_together_and_only_on_what_exists(store: Arc<dyn Store>) {
     let (a, _) = store
@@ -1245,7 +1350,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        4
+        5
     );
     assert_eq!(
         sqlite_count(
@@ -1329,7 +1434,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        4
+        5
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
