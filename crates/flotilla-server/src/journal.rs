@@ -31,13 +31,13 @@ use flotilla_engine::engine::{Engine, Input};
 use flotilla_engine::fleet::Cluster;
 use flotilla_engine::fleet_engine::Delivered;
 use flotilla_engine::time::Time;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The format this server writes, and the only one it reads.
 pub const FORMAT: u64 = 1;
 
-/// Encodes what a run was given as log entries: one per instant.
-pub fn encode(delivered: Vec<Delivered>) -> Vec<Value> {
+/// Encodes what a run was given as log entries, one per instant, written straight to text.
+pub fn encode(delivered: Vec<Delivered>) -> Vec<String> {
     let mut entries = Vec::new();
     let mut open: Option<Open> = None;
     for d in delivered {
@@ -49,12 +49,12 @@ pub fn encode(delivered: Vec<Delivered>) -> Vec<Value> {
         }
         let o = open.get_or_insert_with(|| Open::new(at));
         let item = match d {
-            Delivered::Settle(_) => json!("s"),
-            Delivered::AdvanceClock(_) => json!("a"),
+            Delivered::Settle(_) => Item::Settle,
+            Delivered::AdvanceClock(_) => Item::Advance,
             Delivered::Input(_, Input::MemberLocked { member, by_run }) => {
-                json!({"l": [member, by_run]})
+                Item::Locked(member, by_run)
             }
-            Delivered::Input(_, Input::MemberUnlocked { member }) => json!({"u": member}),
+            Delivered::Input(_, Input::MemberUnlocked { member }) => Item::Unlocked(member),
             Delivered::Input(
                 _,
                 Input::Observed {
@@ -62,8 +62,8 @@ pub fn encode(delivered: Vec<Delivered>) -> Vec<Value> {
                     cluster,
                     operation: None,
                 },
-            ) => json!({"o": [member, o.cluster_index(cluster)]}),
-            Delivered::Input(_, input) => json!({ "i": input }),
+            ) => Item::Observed(member, o.cluster_index(cluster)),
+            Delivered::Input(_, input) => Item::Input(input),
         };
         o.items.push(item);
     }
@@ -74,11 +74,12 @@ pub fn encode(delivered: Vec<Delivered>) -> Vec<Value> {
 /// The entry being built for one instant.
 struct Open {
     at: Time,
-    clusters: Vec<Value>,
+    clusters: Vec<Arc<Cluster>>,
     /// Clusters listed, by pointer (a fan-out hands every run the same one) and by value.
     by_pointer: HashMap<*const Cluster, usize>,
     by_value: HashMap<String, usize>,
-    items: Vec<Value>,
+    held: Vec<Arc<Cluster>>,
+    items: Vec<Item>,
 }
 
 impl Open {
@@ -88,6 +89,7 @@ impl Open {
             clusters: Vec::new(),
             by_pointer: HashMap::new(),
             by_value: HashMap::new(),
+            held: Vec::new(),
             items: Vec::new(),
         }
     }
@@ -96,22 +98,38 @@ impl Open {
         if let Some(k) = self.by_pointer.get(&Arc::as_ptr(&cluster)) {
             return *k;
         }
-        let value = json!(cluster);
-        let text = value.to_string();
-        let k = *self.by_value.entry(text).or_insert_with(|| {
-            self.clusters.push(value);
-            self.clusters.len() - 1
-        });
+        let text = serde_json::to_string(&*cluster).unwrap_or_default();
+        let k = match self.by_value.get(&text) {
+            Some(k) => *k,
+            None => {
+                self.clusters.push(cluster.clone());
+                self.by_value.insert(text, self.clusters.len() - 1);
+                self.clusters.len() - 1
+            }
+        };
         self.by_pointer.insert(Arc::as_ptr(&cluster), k);
+        // Held until the entry is written, so no other cluster takes its address meanwhile.
+        self.held.push(cluster);
         k
     }
 
-    fn close(self) -> Value {
-        if self.clusters.is_empty() {
-            json!({"v": FORMAT, "at": self.at, "do": self.items})
-        } else {
-            json!({"v": FORMAT, "at": self.at, "clusters": self.clusters, "do": self.items})
+    fn close(self) -> String {
+        #[derive(serde::Serialize)]
+        struct Entry<'a> {
+            v: u64,
+            at: Time,
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            clusters: &'a [Arc<Cluster>],
+            #[serde(rename = "do")]
+            items: &'a [Item],
         }
+        serde_json::to_string(&Entry {
+            v: FORMAT,
+            at: self.at,
+            clusters: &self.clusters,
+            items: &self.items,
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -159,6 +177,29 @@ enum Item {
     Locked(String, String),
     Unlocked(String),
     Observed(String, usize),
+}
+
+impl serde::Serialize for Item {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        fn one<S: serde::Serializer, T: serde::Serialize>(
+            s: S,
+            key: &str,
+            value: &T,
+        ) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(Some(1))?;
+            m.serialize_entry(key, value)?;
+            m.end()
+        }
+        match self {
+            Item::Settle => s.serialize_str("s"),
+            Item::Advance => s.serialize_str("a"),
+            Item::Input(input) => one(s, "i", input),
+            Item::Locked(member, by_run) => one(s, "l", &(member, by_run)),
+            Item::Unlocked(member) => one(s, "u", member),
+            Item::Observed(member, k) => one(s, "o", &(member, k)),
+        }
+    }
 }
 
 impl<'de> serde::Deserialize<'de> for Item {
@@ -276,6 +317,7 @@ mod tests {
     use flotilla_engine::fleet_engine::{FleetEngine, FleetInput};
     use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
     use flotilla_engine::version::KubeVersion;
+    use serde_json::json;
 
     fn v(text: &str) -> KubeVersion {
         KubeVersion::parse(text).expect("version")
@@ -351,7 +393,7 @@ mod tests {
                 )
                 .expect("started");
         }
-        let mut encoded: HashMap<String, Vec<Value>> = HashMap::new();
+        let mut encoded: HashMap<String, Vec<String>> = HashMap::new();
         for _ in 0..40 {
             fleet.settle(t);
             let mut started = Vec::new();
@@ -431,6 +473,42 @@ mod tests {
                 "{run}"
             );
         }
+    }
+
+    /// Clusters are listed once by value, whatever pointer each observation holds.
+    #[test]
+    fn an_entry_lists_each_distinct_cluster_once() {
+        let t = Time::parse("2026-12-01T00:00:00Z").expect("time");
+        let at = |version: &str| {
+            let mut c = member("m").cluster;
+            c.kubernetes_version = v(version);
+            Arc::new(c)
+        };
+        let observed = |member: &str, cluster: Arc<Cluster>| {
+            Delivered::Input(
+                t,
+                Input::Observed {
+                    member: member.into(),
+                    cluster,
+                    operation: None,
+                },
+            )
+        };
+        let one = at("1.30.5");
+        let given = vec![
+            observed("a", one.clone()),
+            observed("b", at("1.31.1")),
+            observed("c", at("1.30.5")),
+            observed("d", one),
+            Delivered::Settle(t),
+        ];
+        let entries = encode(given.clone());
+        assert_eq!(entries.len(), 1);
+        let entry: Value = serde_json::from_str(&entries[0]).expect("json");
+        assert_eq!(entry["clusters"].as_array().map(Vec::len), Some(2), "{entry}");
+        assert_eq!(entry["do"][2], json!({"o": ["c", 0]}));
+        assert_eq!(entry["do"][4], json!("s"));
+        assert_eq!(decode(&entries[0]).expect("decoded"), given);
     }
 
     #[test]

@@ -213,8 +213,8 @@ pub struct Intent {
 pub struct RunBatch {
     pub fleet: String,
     pub run: String,
-    /// Input-log entries, in order.
-    pub log: Vec<Value>,
+    /// Input-log entries, in order, as JSON text.
+    pub log: Vec<String>,
     pub intents: Vec<Intent>,
     pub finished_attempts: Vec<u64>,
     pub events: Vec<Value>,

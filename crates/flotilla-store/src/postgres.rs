@@ -193,12 +193,12 @@ async fn upsert(
 
 /// Appends entries to one of a run's numbered logs. Only the fleet's lease holder writes a run's
 /// logs, and its batch holds the lease row locked, so the numbers do not race.
-async fn append(
+async fn append<E: ToString>(
     tx: &mut Transaction<'_, Postgres>,
     last_seq: &'static str,
     insert: &'static str,
     batch: &RunBatch,
-    entries: &[Value],
+    entries: &[E],
 ) -> StoreResult<()> {
     if entries.is_empty() {
         return Ok(());

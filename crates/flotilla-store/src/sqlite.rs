@@ -172,12 +172,12 @@ async fn current_etag(
 }
 
 /// Appends entries to one of a run's numbered logs (its input log, its events), in order.
-async fn append(
+async fn append<E: ToString>(
     tx: &mut Transaction<'_, Sqlite>,
     last_seq: &'static str,
     insert: &'static str,
     batch: &RunBatch,
-    entries: &[Value],
+    entries: &[E],
 ) -> StoreResult<()> {
     if entries.is_empty() {
         return Ok(());

@@ -548,7 +548,10 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     let batch = RunBatch {
         fleet: "f".into(),
         run: "r".into(),
-        log: vec![json!({"input": 1}), json!({"input": 2})],
+        log: vec![
+            json!({"input": 1}).to_string(),
+            json!({"input": 2}).to_string(),
+        ],
         intents: vec![intent(1, "m1"), intent(2, "m2")],
         events: vec![json!({"e": "a"}), json!({"e": "b"})],
         run_body: Some(json!({"properties": {"status": {"state": "Running"}}}).to_string()),
@@ -563,7 +566,7 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     let next = RunBatch {
         fleet: "f".into(),
         run: "r".into(),
-        log: vec![json!({"input": 3})],
+        log: vec![json!({"input": 3}).to_string()],
         finished_attempts: vec![1],
         events: vec![json!({"e": "c"})],
         ..Default::default()
@@ -612,7 +615,7 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     let clash = RunBatch {
         fleet: "f".into(),
         run: "r".into(),
-        log: vec![json!({"input": 4})],
+        log: vec![json!({"input": 4}).to_string()],
         intents: vec![intent(2, "m2")],
         events: vec![json!({"e": "d"})],
         ..Default::default()
@@ -632,7 +635,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
             .write_run_batch(&RunBatch {
                 fleet: "f".into(),
                 run: run.into(),
-                log: vec![json!(1)],
+                log: vec![json!(1).to_string()],
                 intents: vec![intent(1, "m")],
                 events: vec![json!(1)],
                 run_body: Some(json!({}).to_string()),
@@ -693,7 +696,7 @@ fn fenced_batch(owner: &str, epoch: i64) -> RunBatch {
     RunBatch {
         fleet: "f".into(),
         run: "r".into(),
-        log: vec![json!({"by": owner, "epoch": epoch})],
+        log: vec![json!({"by": owner, "epoch": epoch}).to_string()],
         fence: Some(Fence {
             owner: owner.into(),
             epoch,
@@ -1047,7 +1050,7 @@ async fn a_replaced_run_refuses_its_old_writer(store: Arc<dyn Store>) {
     let batch = |etag: &str| RunBatch {
         fleet: "f".into(),
         run: "r".into(),
-        log: vec![json!({"etag": etag})],
+        log: vec![json!({"etag": etag}).to_string()],
         snapshot_etag: Some(etag.to_string()),
         ..Default::default()
     };
