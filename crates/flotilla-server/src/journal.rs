@@ -505,7 +505,11 @@ mod tests {
         let entries = encode(given.clone());
         assert_eq!(entries.len(), 1);
         let entry: Value = serde_json::from_str(&entries[0]).expect("json");
-        assert_eq!(entry["clusters"].as_array().map(Vec::len), Some(2), "{entry}");
+        assert_eq!(
+            entry["clusters"].as_array().map(Vec::len),
+            Some(2),
+            "{entry}"
+        );
         assert_eq!(entry["do"][2], json!({"o": ["c", 0]}));
         assert_eq!(entry["do"][4], json!("s"));
         assert_eq!(decode(&entries[0]).expect("decoded"), given);

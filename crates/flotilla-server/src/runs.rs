@@ -1539,6 +1539,7 @@ impl FleetActor {
             .or(action_at.map(|t| ("action", t)))
             .or(woke_at.map(|t| ("timer", t)));
         let mut fenced = false;
+        let mut later: Vec<(String, RunStep, RunBatch)> = Vec::new();
         for run in names {
             let fresh = self.engine.take_journal(&run);
             let mut step = steps.remove(&run).unwrap_or_default();
@@ -1618,50 +1619,47 @@ impl FleetActor {
                 fence: Some(self.fence.clone()),
                 snapshot_etag: Some(meta.snapshot_etag.clone()),
             };
-            let result = self.runs.store.write_run_batch(&batch).await;
-            // The events go on to the live streams once written.
-            step.events = std::mem::take(&mut batch.events);
-            // Handed-over actions are done with either way: answered now, or pending again.
-            for (id, _) in &batch.action_results {
-                self.runs.undeliver(&self.fleet, *id);
+            // A batch someone waits for, or with upgrades to send, is written at once, so one
+            // run's upgrades never wait for another's write; the step's other batches (the
+            // news other runs heard) are written together after, with one sync to disk.
+            if step.commands.is_empty()
+                && step.replies.is_empty()
+                && batch.action_results.is_empty()
+            {
+                later.push((run, step, batch));
+                continue;
             }
-            match result {
-                // Carried out at once, so one run's upgrades never wait for another's write.
-                Ok(()) => self.carry_out(&run, step, trigger),
-                Err(StoreError::Fenced(why)) => {
-                    tracing::warn!(fleet = %self.fleet, run, why, "stopped driving the fleet");
-                    self.runs.abandon(&self.fleet, self.fence.epoch);
-                    let lost = || {
-                        Err(Refusal::Api(ApiError::conflict(
-                            "this replica lost the fleet's lease; try again",
-                        )))
-                    };
-                    for (reply, _) in step.replies {
-                        let _ = reply.send(lost());
-                    }
-                    for (_, step) in steps.drain() {
-                        for (reply, _) in step.replies {
-                            let _ = reply.send(lost());
-                        }
-                    }
+            let result = self.runs.store.write_run_batch(&batch).await;
+            if !self.written(&run, step, &mut batch, result, trigger, &mut steps) {
+                fenced = true;
+                break;
+            }
+        }
+        if !fenced && !later.is_empty() {
+            let (runs, (steps_later, mut batches)): (Vec<String>, (Vec<RunStep>, Vec<RunBatch>)) =
+                later.into_iter().map(|(r, s, b)| (r, (s, b))).unzip();
+            let results = match self.runs.store.write_run_batches(&batches).await {
+                Ok(results) => results,
+                Err(e) => {
+                    let message = e.to_string();
+                    let fence = matches!(e, StoreError::Fenced(_));
+                    runs.iter()
+                        .map(|_| {
+                            Err(if fence {
+                                StoreError::Fenced(message.clone())
+                            } else {
+                                StoreError::Unavailable(message.clone())
+                            })
+                        })
+                        .collect()
+                }
+            };
+            for (((run, step), batch), result) in
+                runs.iter().zip(steps_later).zip(&mut batches).zip(results)
+            {
+                if !self.written(run, step, batch, result, trigger, &mut steps) {
                     fenced = true;
                     break;
-                }
-                Err(e) => {
-                    let message = if let StoreError::Superseded(why) = &e {
-                        tracing::info!(fleet = %self.fleet, run, why, "the run changed under its task; no longer driving it");
-                        "the update run was replaced or deleted".to_string()
-                    } else {
-                        tracing::error!(fleet = %self.fleet, run, error = %e, "cannot record the run's progress; reloading it");
-                        self.runs.reload_later(&self.fleet, &run);
-                        format!("the change could not be recorded: {e}")
-                    };
-                    for (reply, _) in step.replies {
-                        let _ = reply.send(Err(Refusal::Api(ApiError::conflict(message.clone()))));
-                    }
-                    // Its engine went ahead of its log: it is dropped, and loaded again from
-                    // the log when next needed.
-                    self.drop_run(&run);
                 }
             }
         }
@@ -1682,6 +1680,63 @@ impl FleetActor {
             .collect();
         for run in done {
             self.drop_run(&run);
+        }
+        true
+    }
+
+    /// What follows a run's batch, written or refused. Returns false when the fleet's lease
+    /// was lost (every waiting caller is answered so), and the step must end.
+    fn written(
+        &mut self,
+        run: &str,
+        mut step: RunStep,
+        batch: &mut RunBatch,
+        result: Result<(), StoreError>,
+        trigger: Option<(&'static str, Instant)>,
+        steps: &mut HashMap<String, RunStep>,
+    ) -> bool {
+        // The events go on to the live streams once written.
+        step.events = std::mem::take(&mut batch.events);
+        // Handed-over actions are done with either way: answered now, or pending again.
+        for (id, _) in &batch.action_results {
+            self.runs.undeliver(&self.fleet, *id);
+        }
+        match result {
+            Ok(()) => self.carry_out(run, step, trigger),
+            Err(StoreError::Fenced(why)) => {
+                tracing::warn!(fleet = %self.fleet, run, why, "stopped driving the fleet");
+                self.runs.abandon(&self.fleet, self.fence.epoch);
+                let lost = || {
+                    Err(Refusal::Api(ApiError::conflict(
+                        "this replica lost the fleet's lease; try again",
+                    )))
+                };
+                for (reply, _) in step.replies {
+                    let _ = reply.send(lost());
+                }
+                for (_, step) in steps.drain() {
+                    for (reply, _) in step.replies {
+                        let _ = reply.send(lost());
+                    }
+                }
+                return false;
+            }
+            Err(e) => {
+                let message = if let StoreError::Superseded(why) = &e {
+                    tracing::info!(fleet = %self.fleet, run, why, "the run changed under its task; no longer driving it");
+                    "the update run was replaced or deleted".to_string()
+                } else {
+                    tracing::error!(fleet = %self.fleet, run, error = %e, "cannot record the run's progress; reloading it");
+                    self.runs.reload_later(&self.fleet, run);
+                    format!("the change could not be recorded: {e}")
+                };
+                for (reply, _) in step.replies {
+                    let _ = reply.send(Err(Refusal::Api(ApiError::conflict(message.clone()))));
+                }
+                // Its engine went ahead of its log: it is dropped, and loaded again from the
+                // log when next needed.
+                self.drop_run(run);
+            }
         }
         true
     }

@@ -451,6 +451,10 @@ fn with_status(text: &str, status: &Value) -> StoreResult<Value> {
 #[async_trait]
 pub trait RunLog: Send + Sync {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()>;
+    /// Several runs' batches in one transaction (one sync to disk): a batch whose run was
+    /// replaced or deleted is refused alone (`Superseded`, in its place in the answer); any
+    /// other error, the loss of the fleet's lease included, writes none of them.
+    async fn write_run_batches(&self, batches: &[RunBatch]) -> StoreResult<Vec<StoreResult<()>>>;
     /// Every run of a fleet by name, with its head where one was written (runs stored before
     /// heads existed, and a run just created or replaced, have none).
     async fn run_heads(&self, fleet: &str) -> StoreResult<Vec<(String, Option<String>)>>;

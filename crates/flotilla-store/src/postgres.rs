@@ -535,89 +535,25 @@ impl Resources for PgStore {
 impl RunLog for PgStore {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        if batch.fence.is_some() {
-            // Locking the lease row orders this batch with any takeover: a replica that took
-            // the fleet over has a new epoch, and this batch is then refused.
-            let found = sqlx::query("SELECT owner, epoch FROM leases WHERE fleet = $1 FOR UPDATE")
-                .bind(&batch.fleet)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| StoreResult::Ok((r.col(0)?, r.col(1)?)))
-                .transpose()?;
-            fenced(batch, found)?;
-        }
-        if batch.snapshot_etag.is_some() {
-            let found = current_etag(&mut tx, &batch.fleet, Kind::RunSnapshot, &batch.run).await?;
-            same_run(batch, found)?;
-        }
-        append(
-            &mut tx,
-            "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = $1 AND run = $2",
-            "INSERT INTO run_log (fleet, run, seq, entry) ",
-            batch,
-            &batch.log,
-        )
-        .await?;
-        append(
-            &mut tx,
-            "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
-            "INSERT INTO run_events (fleet, run, seq, event) ",
-            batch,
-            &batch.events,
-        )
-        .await?;
-        for chunk in batch.intents.chunks(crate::ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<Postgres>::new(
-                "INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) ",
-            );
-            q.push_values(chunk, |mut row, intent| {
-                row.push_bind(batch.fleet.clone())
-                    .push_bind(batch.run.clone())
-                    .push_bind(intent.attempt as i64)
-                    .push_bind(intent.member.clone())
-                    .push_bind(intent.target.to_string())
-                    .push_bind(intent.operation_id.clone())
-                    .push("FALSE")
-                    .push_bind(intent.recorded_at.map(|t| t.unix()));
-            });
-            q.build().execute(&mut *tx).await?;
-        }
-        for chunk in batch.finished_attempts.chunks(crate::ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<Postgres>::new(
-                "UPDATE intents SET finished = TRUE WHERE fleet = ",
-            );
-            q.push_bind(batch.fleet.clone())
-                .push(" AND run = ")
-                .push_bind(batch.run.clone())
-                .push(" AND attempt IN (");
-            let mut attempts = q.separated(", ");
-            for attempt in chunk {
-                attempts.push_bind(*attempt as i64);
-            }
-            q.push(")");
-            q.build().execute(&mut *tx).await?;
-        }
-        if let Some(body) = &batch.run_body {
-            upsert(&mut tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
-        }
-        if let Some(head) = &batch.run_head {
-            put_head(&mut tx, &batch.fleet, &batch.run, head).await?;
-        }
-        for (name, body) in &batch.gates {
-            upsert(&mut tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
-        }
-        for (id, result) in &batch.action_results {
-            sqlx::query("UPDATE actions SET result = $1 WHERE id = $2 AND result IS NULL")
-                .bind(result.to_string())
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for notice in Notice::of_batch(batch) {
-            notify(&mut tx, &notice).await?;
-        }
+        write_batch(&mut tx, batch).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn write_run_batches(&self, batches: &[RunBatch]) -> StoreResult<Vec<StoreResult<()>>> {
+        let mut tx = self.pool.begin().await?;
+        let mut results = Vec::with_capacity(batches.len());
+        for batch in batches {
+            // A run replaced or deleted is refused alone (its checks come before any write);
+            // anything else, the loss of the lease included, refuses them all.
+            match write_batch(&mut tx, batch).await {
+                Err(e @ StoreError::Superseded(_)) => results.push(Err(e)),
+                Err(e) => return Err(e),
+                Ok(()) => results.push(Ok(())),
+            }
+        }
+        tx.commit().await?;
+        Ok(results)
     }
 
     async fn run_heads(&self, fleet: &str) -> StoreResult<Vec<(String, Option<String>)>> {
@@ -988,5 +924,92 @@ async fn put_head(
     .bind(head)
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// A run's batch, inside a transaction: its checks first (the lease, the run's snapshot), then
+/// its writes, then its notices (sent when the transaction commits).
+async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> StoreResult<()> {
+    if batch.fence.is_some() {
+        // Locking the lease row orders this batch with any takeover: a replica that took
+        // the fleet over has a new epoch, and this batch is then refused.
+        let found = sqlx::query("SELECT owner, epoch FROM leases WHERE fleet = $1 FOR UPDATE")
+            .bind(&batch.fleet)
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| StoreResult::Ok((r.col(0)?, r.col(1)?)))
+            .transpose()?;
+        fenced(batch, found)?;
+    }
+    if batch.snapshot_etag.is_some() {
+        let found = current_etag(tx, &batch.fleet, Kind::RunSnapshot, &batch.run).await?;
+        same_run(batch, found)?;
+    }
+    append(
+        tx,
+        "SELECT COALESCE(MAX(seq), 0) FROM run_log WHERE fleet = $1 AND run = $2",
+        "INSERT INTO run_log (fleet, run, seq, entry) ",
+        batch,
+        &batch.log,
+    )
+    .await?;
+    append(
+        tx,
+        "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
+        "INSERT INTO run_events (fleet, run, seq, event) ",
+        batch,
+        &batch.events,
+    )
+    .await?;
+    for chunk in batch.intents.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Postgres>::new(
+            "INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) ",
+        );
+        q.push_values(chunk, |mut row, intent| {
+            row.push_bind(batch.fleet.clone())
+                .push_bind(batch.run.clone())
+                .push_bind(intent.attempt as i64)
+                .push_bind(intent.member.clone())
+                .push_bind(intent.target.to_string())
+                .push_bind(intent.operation_id.clone())
+                .push("FALSE")
+                .push_bind(intent.recorded_at.map(|t| t.unix()));
+        });
+        q.build().execute(&mut **tx).await?;
+    }
+    for chunk in batch.finished_attempts.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Postgres>::new(
+            "UPDATE intents SET finished = TRUE WHERE fleet = ",
+        );
+        q.push_bind(batch.fleet.clone())
+            .push(" AND run = ")
+            .push_bind(batch.run.clone())
+            .push(" AND attempt IN (");
+        let mut attempts = q.separated(", ");
+        for attempt in chunk {
+            attempts.push_bind(*attempt as i64);
+        }
+        q.push(")");
+        q.build().execute(&mut **tx).await?;
+    }
+    if let Some(body) = &batch.run_body {
+        upsert(tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
+    }
+    if let Some(head) = &batch.run_head {
+        put_head(tx, &batch.fleet, &batch.run, head).await?;
+    }
+    for (name, body) in &batch.gates {
+        upsert(tx, &batch.fleet, Kind::Gate, name, &body.to_string()).await?;
+    }
+    for (id, result) in &batch.action_results {
+        sqlx::query("UPDATE actions SET result = $1 WHERE id = $2 AND result IS NULL")
+            .bind(result.to_string())
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    for notice in Notice::of_batch(batch) {
+        notify(tx, &notice).await?;
+    }
     Ok(())
 }

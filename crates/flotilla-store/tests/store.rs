@@ -146,6 +146,7 @@ on_both_backends!(
     member_registration_keeps_cluster_ids_unique,
     statuses_are_set_together_and_only_on_what_exists,
     run_heads_follow_their_runs,
+    batches_of_several_runs_land_together,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -690,6 +691,82 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
     assert!(store.get("f", Kind::Run, "keep").await.unwrap().is_none());
     assert!(store.run_log("f", "keep").await.unwrap().is_empty());
     assert!(store.intents("f", "keep").await.unwrap().is_empty());
+}
+
+/// Several runs' batches in one transaction: a replaced run's is refused alone, a lost lease
+/// refuses them all, and only what was written is announced.
+async fn batches_of_several_runs_land_together(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(30);
+    assert_eq!(store.acquire_lease("f", "a", ttl).await.unwrap(), Some(1));
+    let mut etags = Vec::new();
+    for run in ["r1", "r2", "r3"] {
+        let (snapshot, _) = store
+            .put("f", Kind::RunSnapshot, run, &json!({}), &Precondition::None)
+            .await
+            .unwrap();
+        etags.push(snapshot.etag);
+    }
+    let batch = |run: &str, etag: &str, epoch: i64| RunBatch {
+        fleet: "f".into(),
+        run: run.into(),
+        log: vec![json!({"run": run}).to_string()],
+        events: vec![json!({"type": "E", "run": run})],
+        run_body: Some(json!({"name": run}).to_string()),
+        fence: Some(Fence {
+            owner: "a".into(),
+            epoch,
+        }),
+        snapshot_etag: Some(etag.into()),
+        ..Default::default()
+    };
+    let mut notices = store.notices();
+    let results = store
+        .write_run_batches(&[
+            batch("r1", &etags[0], 1),
+            batch("r2", "\"stale\"", 1),
+            batch("r3", &etags[2], 1),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(
+        matches!(results[1], Err(StoreError::Superseded(_))),
+        "{results:?}"
+    );
+    for (run, written) in [("r1", 1), ("r2", 0), ("r3", 1)] {
+        assert_eq!(
+            store.run_log("f", run).await.unwrap().len(),
+            written,
+            "{run}"
+        );
+        assert_eq!(
+            store.get("f", Kind::Run, run).await.unwrap().is_some(),
+            written == 1,
+            "{run}"
+        );
+    }
+    let mut announced = std::collections::BTreeSet::new();
+    while let Ok(Ok(notice)) =
+        tokio::time::timeout(Duration::from_millis(500), notices.recv()).await
+    {
+        if let Notice::Events { run, .. } = notice {
+            announced.insert(run);
+        }
+        if announced.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        announced,
+        ["r1", "r3"].map(String::from).into_iter().collect()
+    );
+    // Another holder's epoch: nothing of any batch lands.
+    let refused = store
+        .write_run_batches(&[batch("r1", &etags[0], 1), batch("r3", &etags[2], 7)])
+        .await;
+    assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
+    assert_eq!(store.run_log("f", "r1").await.unwrap().len(), 1);
+    assert_eq!(store.run_log("f", "r3").await.unwrap().len(), 1);
 }
 
 fn fenced_batch(owner: &str, epoch: i64) -> RunBatch {
