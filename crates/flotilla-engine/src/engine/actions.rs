@@ -103,7 +103,7 @@ impl Engine {
         let member = &mut self.members[m as usize];
         member.state = State::Skipped;
         member.completed = Some(now);
-        member.message = Some(why.to_string());
+        member.message = Some(why.into());
         let g = member.group;
         self.groups[g as usize].unfinished -= 1;
         self.emit_member(now, EventType::MemberSkipped, m, Some(why.to_string()));

@@ -45,7 +45,7 @@ impl Engine {
                 if let Some(&m) = self.member_index.get(member.as_str()) {
                     let member = &mut self.members[m as usize];
                     if member.attempt == attempt {
-                        member.operation_id = Some(operation_id);
+                        member.operation_id = Some(operation_id.into());
                     }
                 }
                 Ok(())
@@ -73,7 +73,7 @@ impl Engine {
             }
             Input::MemberLocked { member, by_run } => {
                 if let Some(&m) = self.member_index.get(member.as_str()) {
-                    self.members[m as usize].locked_by = Some(by_run);
+                    self.members[m as usize].locked_by = Some(by_run.into());
                     self.repark(now, m);
                 }
                 Ok(())
@@ -260,7 +260,7 @@ impl Engine {
                         member.completed = None;
                         if let Some(err) = member.error.take() {
                             member.message =
-                                Some(format!("earlier attempt failed: {}", err.message));
+                                Some(format!("earlier attempt failed: {}", err.message).into());
                         }
                         reset += 1;
                     }
@@ -412,10 +412,10 @@ impl Engine {
         let member = &mut self.members[m as usize];
         member.state = State::Failed;
         member.completed = Some(now);
-        member.error = Some(ErrorDetail {
+        member.error = Some(Box::new(ErrorDetail {
             code: code.into(),
             message: message.clone(),
-        });
+        }));
         let g = member.group;
         self.emit_member(now, EventType::MemberFailed, m, Some(message));
         self.group_failures[g as usize] += 1;

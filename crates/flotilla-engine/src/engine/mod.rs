@@ -271,17 +271,19 @@ struct MemberRt {
     cluster: Arc<Cluster>,
     state: State,
     attempt: u64,
-    target: Option<Target>,
-    operation_id: Option<String>,
+    /// Boxed, as are the error and the texts below: a run holds every member of its fleet and
+    /// most of them never get one, so a member costs its pointers, not their contents.
+    target: Option<Box<Target>>,
+    operation_id: Option<Box<str>>,
     start: Option<Time>,
     completed: Option<Time>,
-    message: Option<String>,
-    error: Option<ErrorDetail>,
+    message: Option<Box<str>>,
+    error: Option<Box<ErrorDetail>>,
     place: Place,
     timer: Option<Time>,
     reattaching: bool,
     removed: bool,
-    locked_by: Option<String>,
+    locked_by: Option<Box<str>>,
 }
 
 #[derive(Clone, Debug)]
@@ -492,13 +494,13 @@ impl Engine {
         self.members
             .iter()
             .filter(|m| m.state == State::Running)
-            .filter_map(|m| Some((&*m.name, m.attempt, m.target.as_ref()?)))
+            .filter_map(|m| Some((&*m.name, m.attempt, &**m.target.as_ref()?)))
     }
 
     /// What a member's current attempt upgrades it to, if it has one.
     pub fn member_target(&self, name: &str) -> Option<Target> {
         let m = *self.member_index.get(name)?;
-        self.members[m as usize].target.clone()
+        self.members[m as usize].target.as_deref().cloned()
     }
 
     /// Members waiting for the answer to a [`Command::Observe`] (after a restart of the shell,
@@ -618,4 +620,15 @@ impl Engine {
         stage.in_flight = stage.in_flight.saturating_add_signed(delta);
         self.in_flight = self.in_flight.saturating_add_signed(delta);
     }
+}
+/// Every run holds every member of its fleet: 100 runs over 10,000 members are a million of
+/// these, so their size is the server's memory.
+#[cfg(all(test, target_pointer_width = "64"))]
+#[test]
+fn a_member_of_a_run_stays_small() {
+    assert!(
+        std::mem::size_of::<MemberRt>() <= 176,
+        "{}",
+        std::mem::size_of::<MemberRt>()
+    );
 }

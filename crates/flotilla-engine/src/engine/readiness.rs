@@ -65,7 +65,7 @@ impl Engine {
             member.state = State::Pending;
             self.groups[g].pending += 1;
         }
-        member.message = Some(message.clone());
+        member.message = Some(message.as_str().into());
         member.place = Place::Parked;
         self.set_member_timer(m, wake);
         if newly || changed {

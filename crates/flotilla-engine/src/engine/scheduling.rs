@@ -413,7 +413,7 @@ impl Engine {
                     let member = &mut self.members[m as usize];
                     member.state = State::Skipped;
                     member.completed = Some(now);
-                    member.message = Some(why.clone());
+                    member.message = Some(why.as_str().into());
                     self.groups[g as usize].unfinished -= 1;
                     self.emit_member(now, EventType::MemberSkipped, m, Some(why));
                 }
@@ -442,7 +442,7 @@ impl Engine {
         member.message = None;
         member.error = None;
         member.operation_id = None;
-        member.target = Some(target.clone());
+        member.target = Some(Box::new(target.clone()));
         let g = member.group;
         let name = member.name.to_string();
         self.add_in_flight(g, 1);

@@ -161,12 +161,15 @@ impl Engine {
                                             start_time: member.start,
                                             completed_time: member.completed,
                                             state: member.state,
-                                            error: member.error.clone(),
+                                            error: member.error.as_deref().cloned(),
                                         },
                                         name: member.name.to_string(),
                                         cluster_resource_id: member.cluster_resource_id.to_string(),
-                                        operation_id: member.operation_id.clone(),
-                                        message: member.message.clone(),
+                                        operation_id: member
+                                            .operation_id
+                                            .as_deref()
+                                            .map(String::from),
+                                        message: member.message.as_deref().map(String::from),
                                     }
                                 })
                                 .collect(),
