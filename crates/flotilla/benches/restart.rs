@@ -118,6 +118,17 @@ fn main() {
     let slowest_start = each.last().copied().unwrap_or_default();
     // Let them run for a while, then count what is in flight and kill the process.
     std::thread::sleep(Duration::from_secs(15));
+    let memory = |field: &str| -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", server.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with(field))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    let (rss, peak) = (memory("VmRSS:"), memory("VmHWM:"));
     let mut in_flight = 0;
     for r in 0..runs {
         let body: Value = api
@@ -143,7 +154,7 @@ fn main() {
     let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
         + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0);
     println!(
-        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB"
+        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB; server RSS {rss:.0} MiB (peak {peak:.0} MiB) with every run active"
     );
     let spawned = Instant::now();
     let mut server = serve(&db, port, &log, &[]);
