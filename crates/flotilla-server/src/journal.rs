@@ -74,11 +74,7 @@ pub fn encode(delivered: Vec<Delivered>) -> Vec<String> {
 /// The entry being built for one instant.
 struct Open {
     at: Time,
-    clusters: Vec<Arc<Cluster>>,
-    /// Clusters listed, by pointer (a fan-out hands every run the same one) and by value.
-    by_pointer: HashMap<*const Cluster, usize>,
-    by_value: HashMap<String, usize>,
-    held: Vec<Arc<Cluster>>,
+    clusters: ClusterList,
     items: Vec<Item>,
 }
 
@@ -86,31 +82,13 @@ impl Open {
     fn new(at: Time) -> Open {
         Open {
             at,
-            clusters: Vec::new(),
-            by_pointer: HashMap::new(),
-            by_value: HashMap::new(),
-            held: Vec::new(),
+            clusters: ClusterList::default(),
             items: Vec::new(),
         }
     }
 
     fn cluster_index(&mut self, cluster: Arc<Cluster>) -> usize {
-        if let Some(k) = self.by_pointer.get(&Arc::as_ptr(&cluster)) {
-            return *k;
-        }
-        let text = serde_json::to_string(&*cluster).unwrap_or_default();
-        let k = match self.by_value.get(&text) {
-            Some(k) => *k,
-            None => {
-                self.clusters.push(cluster.clone());
-                self.by_value.insert(text, self.clusters.len() - 1);
-                self.clusters.len() - 1
-            }
-        };
-        self.by_pointer.insert(Arc::as_ptr(&cluster), k);
-        // Held until the entry is written, so no other cluster takes its address meanwhile.
-        self.held.push(cluster);
-        k
+        self.clusters.index(cluster)
     }
 
     fn close(self) -> String {
@@ -126,7 +104,7 @@ impl Open {
         serde_json::to_string(&Entry {
             v: FORMAT,
             at: self.at,
-            clusters: &self.clusters,
+            clusters: &self.clusters.list,
             items: &self.items,
         })
         .unwrap_or_default()
@@ -177,6 +155,39 @@ enum Item {
     Locked(String, String),
     Unlocked(String),
     Observed(String, usize),
+}
+
+/// Distinct clusters listed once, as stored texts list them (a log entry, a run's snapshot):
+/// each cluster handed in gets the index of the first equal one.
+#[derive(Default)]
+pub struct ClusterList {
+    pub list: Vec<Arc<Cluster>>,
+    /// By pointer (a fan-out hands every run the same one), then by value.
+    by_pointer: HashMap<*const Cluster, usize>,
+    by_value: HashMap<String, usize>,
+    /// Every cluster handed in, held while the list lives, so no other cluster takes a listed
+    /// address meanwhile.
+    held: Vec<Arc<Cluster>>,
+}
+
+impl ClusterList {
+    pub fn index(&mut self, cluster: Arc<Cluster>) -> usize {
+        if let Some(k) = self.by_pointer.get(&Arc::as_ptr(&cluster)) {
+            return *k;
+        }
+        let text = serde_json::to_string(&*cluster).unwrap_or_default();
+        let k = match self.by_value.get(&text) {
+            Some(k) => *k,
+            None => {
+                self.list.push(cluster.clone());
+                self.by_value.insert(text, self.list.len() - 1);
+                self.list.len() - 1
+            }
+        };
+        self.by_pointer.insert(Arc::as_ptr(&cluster), k);
+        self.held.push(cluster);
+        k
+    }
 }
 
 impl serde::Serialize for Item {
@@ -247,30 +258,34 @@ impl<'de> serde::Deserialize<'de> for Item {
 
 /// What one log entry, as stored, gave the run, in order.
 pub fn decode(entry: &str) -> Result<Vec<Delivered>, String> {
-    // The format first, so an entry of a newer server says so rather than failing to parse.
-    #[derive(serde::Deserialize)]
-    struct Format {
-        #[serde(default)]
-        v: Option<Value>,
-    }
     if !entry.trim_start().starts_with('{') {
         return Err(format!("an entry is not a JSON object: {entry:.80}"));
     }
-    let format = serde_json::from_str::<Format>(entry)
-        .map_err(|e| format!("an entry is not a JSON object: {e}"))?;
-    match format.v {
-        None => {}
-        Some(v) if v.as_u64() == Some(FORMAT) => {}
-        Some(v) => {
-            return Err(format!(
-                "an entry is of format {v}; this server reads format {FORMAT} only"
-            ));
+    let newer = |v: &dyn std::fmt::Display| {
+        format!("an entry is of format {v}; this server reads format {FORMAT} only")
+    };
+    let stored: Stored = match serde_json::from_str(entry) {
+        Ok(stored) => stored,
+        // Read again for its format only when it cannot be read: an entry of a newer server
+        // says so rather than naming a field it does not know.
+        Err(e) => {
+            #[derive(serde::Deserialize)]
+            struct Format {
+                #[serde(default)]
+                v: Option<Value>,
+            }
+            if let Ok(Format { v: Some(v) }) = serde_json::from_str::<Format>(entry)
+                && v.as_u64() != Some(FORMAT)
+            {
+                return Err(newer(&v));
+            }
+            return Err(format!("an entry is of no kind this server knows: {e}"));
         }
+    };
+    if let Some(v) = stored.v.filter(|v| *v != FORMAT) {
+        return Err(newer(&v));
     }
-    let stored: Stored = serde_json::from_str(entry)
-        .map_err(|e| format!("an entry is of no kind this server knows: {e}"))?;
     let at = stored.at;
-    debug_assert!(stored.v.is_none_or(|v| v == FORMAT));
     if let Some(input) = stored.input {
         return Ok(vec![Delivered::Input(at, input)]);
     }

@@ -344,22 +344,16 @@ pub fn engine_from_snapshot(
 /// members of a fleet share a few cluster shapes, so this is about half the size of a cluster
 /// written out per member, which snapshots before this held (and are still read).
 pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> Value {
-    let mut clusters: Vec<&Cluster> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut clusters = crate::journal::ClusterList::default();
     let members: Vec<Value> = snapshot
         .members
         .iter()
         .map(|m| {
-            let key = serde_json::to_string(&*m.cluster).unwrap_or_default();
-            let k = *index.entry(key).or_insert_with(|| {
-                clusters.push(&m.cluster);
-                clusters.len() - 1
-            });
             let mut v = json!({
                 "name": &*m.name,
                 "clusterResourceId": &*m.cluster_resource_id,
                 "labels": m.labels,
-                "c": k,
+                "c": clusters.index(m.cluster.clone()),
             });
             if let Some(group) = &m.group {
                 v["group"] = json!(group);
@@ -368,7 +362,7 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> Value {
         })
         .collect();
     json!({
-        "clusters": clusters,
+        "clusters": clusters.list,
         "members": members,
         "catalog": snapshot.catalog,
         "rules": snapshot.rules,
@@ -1638,22 +1632,26 @@ impl FleetActor {
         if !fenced && !later.is_empty() {
             let (runs, (steps_later, mut batches)): (Vec<String>, (Vec<RunStep>, Vec<RunBatch>)) =
                 later.into_iter().map(|(r, s, b)| (r, (s, b))).unzip();
-            let results = match self.runs.store.write_run_batches(&batches).await {
-                Ok(results) => results,
-                Err(e) => {
-                    let message = e.to_string();
+            // Refused whole, every batch gets the refusal (a lost lease ends the step at the
+            // first).
+            let results = self
+                .runs
+                .store
+                .write_run_batches(&batches)
+                .await
+                .unwrap_or_else(|e| {
                     let fence = matches!(e, StoreError::Fenced(_));
+                    let why = e.to_string();
                     runs.iter()
                         .map(|_| {
                             Err(if fence {
-                                StoreError::Fenced(message.clone())
+                                StoreError::Fenced(why.clone())
                             } else {
-                                StoreError::Unavailable(message.clone())
+                                StoreError::Unavailable(why.clone())
                             })
                         })
                         .collect()
-                }
-            };
+                });
             for (((run, step), batch), result) in
                 runs.iter().zip(steps_later).zip(&mut batches).zip(results)
             {

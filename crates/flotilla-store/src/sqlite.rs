@@ -23,12 +23,10 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Tells this process's listeners of written batches.
-    fn notify_batches(&self, batches: &[RunBatch]) {
-        for batch in batches {
-            for notice in Notice::of_batch(batch) {
-                let _ = self.notices.send(notice);
-            }
+    /// Tells this process's listeners of a written batch.
+    fn notify_batch(&self, batch: &RunBatch) {
+        for notice in Notice::of_batch(batch) {
+            let _ = self.notices.send(notice);
         }
     }
 
@@ -499,7 +497,7 @@ impl RunLog for SqliteStore {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         write_batch(&mut tx, batch).await?;
         tx.commit().await?;
-        self.notify_batches(std::slice::from_ref(batch));
+        self.notify_batch(batch);
         Ok(())
     }
 
@@ -518,7 +516,7 @@ impl RunLog for SqliteStore {
         tx.commit().await?;
         for (batch, result) in batches.iter().zip(&results) {
             if result.is_ok() {
-                self.notify_batches(std::slice::from_ref(batch));
+                self.notify_batch(batch);
             }
         }
         Ok(results)
