@@ -2116,10 +2116,20 @@ async fn readyz(State(state): State<Shared>) -> Response {
 
 async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
-    let mut runs_by_state: BTreeMap<(String, String), f64> = BTreeMap::new();
-    let mut failures = Vec::new();
-    let mut pending_gates: BTreeMap<String, f64> = BTreeMap::new();
-    let mut oldest_gate: BTreeMap<String, f64> = BTreeMap::new();
+    let mut gauges = crate::metrics::ScrapeGauges::default();
+    let runs = gauges.family("flotilla_update_runs", "Update runs by state");
+    let failures = gauges.family(
+        "flotilla_update_run_failure_count",
+        "Failed members counted in each update run",
+    );
+    let pending = gauges.family(
+        "flotilla_gates_pending",
+        "Gates waiting for approval or their time",
+    );
+    let oldest = gauges.family(
+        "flotilla_gate_longest_wait_seconds",
+        "How long the oldest pending gate has been waiting",
+    );
     let now = now();
     for fleet in state
         .runs
@@ -2127,69 +2137,36 @@ async fn metrics(State(state): State<Shared>, caller: Caller) -> HttpResult<Resp
         .list("", Kind::Fleet, None, 100_000)
         .await?
     {
+        let of_fleet = || vec![("fleet", fleet.name.clone())];
         for (name, run) in crate::run_head::heads(state.runs.store.as_ref(), &fleet.name).await? {
-            *runs_by_state
-                .entry((fleet.name.clone(), run.state().to_string()))
-                .or_default() += 1.0;
-            failures.push((
-                format!(
-                    "fleet=\"{}\",run=\"{}\"",
-                    crate::metrics::escape(&fleet.name),
-                    crate::metrics::escape(&name)
-                ),
-                run.failure_count(),
-            ));
+            let mut by_state = of_fleet();
+            by_state.push(("state", run.state().to_string()));
+            runs.get_or_create(&by_state).inc();
+            let mut of_run = of_fleet();
+            of_run.push(("run", name));
+            failures.get_or_create(&of_run).set(run.failure_count());
             for gate in run.gates() {
-                if gate.status.state.as_deref() == Some("Pending") {
-                    *pending_gates.entry(fleet.name.clone()).or_default() += 1.0;
-                    if let Some(since) = gate
-                        .status
-                        .start_time
-                        .as_deref()
-                        .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
-                    {
-                        let waited = (now.unix() - since.unix()) as f64;
-                        let e = oldest_gate.entry(fleet.name.clone()).or_default();
-                        *e = e.max(waited);
+                if gate.status.state.as_deref() != Some("Pending") {
+                    continue;
+                }
+                pending.get_or_create(&of_fleet()).inc();
+                if let Some(since) = gate
+                    .status
+                    .start_time
+                    .as_deref()
+                    .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
+                {
+                    let waited = (now.unix() - since.unix()) as f64;
+                    let longest = oldest.get_or_create(&of_fleet());
+                    if waited > longest.get() {
+                        longest.set(waited);
                     }
                 }
             }
         }
     }
-    let label = |f: &str| format!("fleet=\"{}\"", crate::metrics::escape(f));
-    let gauges = [
-        (
-            "flotilla_update_runs",
-            "Update runs by state.",
-            runs_by_state
-                .into_iter()
-                .map(|((f, s), v)| (format!("{},state=\"{s}\"", label(&f)), v))
-                .collect::<Vec<_>>(),
-        ),
-        (
-            "flotilla_update_run_failure_count",
-            "Failed members counted in each update run.",
-            failures,
-        ),
-        (
-            "flotilla_gates_pending",
-            "Gates waiting for approval or their time.",
-            pending_gates
-                .into_iter()
-                .map(|(f, v)| (label(&f), v))
-                .collect(),
-        ),
-        (
-            "flotilla_gate_longest_wait_seconds",
-            "How long the oldest pending gate has been waiting.",
-            oldest_gate
-                .into_iter()
-                .map(|(f, v)| (label(&f), v))
-                .collect(),
-        ),
-    ];
     let text = state.runs.metrics.render(&gauges);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 /// Every route: method, path, summary and the role it needs. The router below serves exactly

@@ -1,58 +1,107 @@
-//! Prometheus metrics: counters kept as events happen, gauges read from the store at scrape
-//! time, in the text exposition format.
+//! Prometheus metrics through `prometheus-client`: counters and the dispatch-delay histogram
+//! kept as events happen, gauges read from the runs' small heads at scrape time, in the
+//! OpenMetrics text format.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use flotilla_engine::status::{Event, EventType};
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The content type of what [`Metrics::render`] returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Bucket bounds, seconds, of the dispatch-delay histogram.
-const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
 
-/// A gauge to render: name, help text, and (labels, value) pairs.
-pub type Gauge<'a> = (&'a str, &'a str, Vec<(String, f64)>);
-
-#[derive(Default)]
-struct Inner {
-    /// (metric, fleet) → count.
-    counters: BTreeMap<(&'static str, String), u64>,
-    dispatch_buckets: [u64; BUCKETS.len()],
-    dispatch_count: u64,
-    dispatch_sum: f64,
-    /// Recent dispatch delays per trigger, seconds.
-    samples: BTreeMap<&'static str, Vec<f64>>,
-}
-
-/// How many recent delays are kept per trigger for quantiles.
+/// How many recent delays are kept per trigger for the benchmarks' exact quantiles.
 const SAMPLES: usize = 20_000;
 
-#[derive(Default)]
+/// A metric's labels: name and value pairs, in the order they are printed.
+pub type Labels = Vec<(&'static str, String)>;
+
+type Delays = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn delay_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    registry: Registry,
+    started: Family<Labels, Counter>,
+    succeeded: Family<Labels, Counter>,
+    failed: Family<Labels, Counter>,
+    dispatch: Delays,
+    /// Recent dispatch delays per trigger, seconds: read by the benchmarks, not exported.
+    samples: Mutex<BTreeMap<&'static str, VecDeque<f64>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let started = Family::<Labels, Counter>::default();
+        let succeeded = Family::<Labels, Counter>::default();
+        let failed = Family::<Labels, Counter>::default();
+        let dispatch = Delays::new_with_constructor(delay_histogram);
+        registry.register(
+            "flotilla_member_upgrades_started",
+            "Member upgrades sent to the driver",
+            started.clone(),
+        );
+        registry.register(
+            "flotilla_member_upgrades_succeeded",
+            "Member upgrades that succeeded",
+            succeeded.clone(),
+        );
+        registry.register(
+            "flotilla_member_upgrades_failed",
+            "Member upgrades that failed",
+            failed.clone(),
+        );
+        registry.register(
+            "flotilla_dispatch_delay_seconds",
+            "Time from what made an upgrade possible (trigger: slot, a member's upgrade ending; \
+             action, a user's start or approval; timer, a window opening or a wait ending) to \
+             the upgrade being sent",
+            dispatch.clone(),
+        );
+        Metrics {
+            registry,
+            started,
+            succeeded,
+            failed,
+            dispatch,
+            samples: Mutex::default(),
+        }
+    }
+}
+
+fn fleet(fleet: &str) -> Labels {
+    vec![("fleet", fleet.to_string())]
 }
 
 impl Metrics {
-    fn bump(&self, metric: &'static str, fleet: &str) {
-        if let Ok(mut inner) = self.inner.lock() {
-            *inner
-                .counters
-                .entry((metric, fleet.to_string()))
-                .or_default() += 1;
-        }
+    pub fn count_started(&self, name: &str) {
+        self.started.get_or_create(&fleet(name)).inc();
     }
 
-    pub fn count_started(&self, fleet: &str) {
-        self.bump("flotilla_member_upgrades_started_total", fleet);
-    }
-
-    pub fn observe_event(&self, fleet: &str, event: &Event) {
+    pub fn observe_event(&self, name: &str, event: &Event) {
         match event.kind {
             EventType::MemberSucceeded => {
-                self.bump("flotilla_member_upgrades_succeeded_total", fleet)
+                self.succeeded.get_or_create(&fleet(name)).inc();
             }
-            EventType::MemberFailed => self.bump("flotilla_member_upgrades_failed_total", fleet),
+            EventType::MemberFailed => {
+                self.failed.get_or_create(&fleet(name)).inc();
+            }
             _ => {}
         }
     }
@@ -61,29 +110,29 @@ impl Metrics {
     /// driver reporting an upgrade's end), a user action (an approval, a start), or a timer (a
     /// window opening, a wait ending).
     pub fn record_dispatch_delay(&self, trigger: &'static str, delay: Duration) {
-        if let Ok(mut inner) = self.inner.lock() {
-            let seconds = delay.as_secs_f64();
-            if trigger == "slot" {
-                for (i, bound) in BUCKETS.iter().enumerate() {
-                    if seconds <= *bound {
-                        inner.dispatch_buckets[i] += 1;
-                    }
-                }
-                inner.dispatch_count += 1;
-                inner.dispatch_sum += seconds;
-            }
-            let samples = inner.samples.entry(trigger).or_default();
+        let seconds = delay.as_secs_f64();
+        self.dispatch
+            .get_or_create(&vec![("trigger", trigger.to_string())])
+            .observe(seconds);
+        if let Ok(mut samples) = self.samples.lock() {
+            let samples = samples.entry(trigger).or_default();
             if samples.len() >= SAMPLES {
-                samples.remove(0);
+                samples.pop_front();
             }
-            samples.push(seconds);
+            samples.push_back(seconds);
         }
     }
 
     /// Count, median, 99th percentile and maximum of the recent delays of one trigger, seconds.
     pub fn dispatch_quantiles(&self, trigger: &str) -> Option<(usize, f64, f64, f64)> {
-        let inner = self.inner.lock().ok()?;
-        let mut samples = inner.samples.get(trigger)?.clone();
+        let mut samples: Vec<f64> = self
+            .samples
+            .lock()
+            .ok()?
+            .get(trigger)?
+            .iter()
+            .copied()
+            .collect();
         if samples.is_empty() {
             return None;
         }
@@ -92,74 +141,33 @@ impl Metrics {
         Some((samples.len(), at(0.5), at(0.99), samples[samples.len() - 1]))
     }
 
-    /// Renders counters plus the gauges given (name, help, labelled values).
-    pub fn render(&self, gauges: &[Gauge]) -> String {
+    /// The counters and histograms, then the gauges read at this scrape.
+    pub fn render(&self, gauges: &ScrapeGauges) -> String {
         let mut out = String::new();
-        let Ok(inner) = self.inner.lock() else {
-            return out;
-        };
-        let mut last = "";
-        for ((metric, fleet), value) in &inner.counters {
-            if *metric != last {
-                let _ = writeln!(out, "# TYPE {metric} counter");
-                last = metric;
-            }
-            let _ = writeln!(out, "{metric}{{fleet=\"{}\"}} {value}", escape(fleet));
-        }
-        let name = "flotilla_dispatch_delay_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time from a member's upgrade ending to the next upgrade being sent."
-        );
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                inner.dispatch_buckets[i]
-            );
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", inner.dispatch_count);
-        let _ = writeln!(out, "{name}_sum {}", inner.dispatch_sum);
-        let _ = writeln!(out, "{name}_count {}", inner.dispatch_count);
-        let summary = "flotilla_dispatch_latency_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {summary} Recent delays from a slot freeing, a user action or a timer to the upgrade it allowed being sent."
-        );
-        let _ = writeln!(out, "# TYPE {summary} summary");
-        for (trigger, samples) in &inner.samples {
-            let mut sorted = samples.clone();
-            sorted.sort_by(f64::total_cmp);
-            for q in [0.5, 0.99] {
-                if let Some(v) =
-                    sorted.get(((sorted.len().saturating_sub(1)) as f64 * q).round() as usize)
-                {
-                    let _ = writeln!(
-                        out,
-                        "{summary}{{trigger=\"{trigger}\",quantile=\"{q}\"}} {v}"
-                    );
-                }
-            }
-            let _ = writeln!(
-                out,
-                "{summary}_count{{trigger=\"{trigger}\"}} {}",
-                sorted.len()
-            );
-        }
-        for (name, help, values) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            for (labels, value) in values {
-                let _ = writeln!(out, "{name}{{{labels}}} {value}");
-            }
+        let encoded = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &gauges.registry))
+            .and_then(|()| encode_eof(&mut out));
+        if let Err(e) = encoded {
+            tracing::warn!("metrics could not be encoded: {e}");
         }
         out
     }
 }
 
-pub fn escape(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// A gauge family whose values are floats.
+pub type FloatGauges = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// Gauges read from the store for one scrape.
+#[derive(Default)]
+pub struct ScrapeGauges {
+    registry: Registry,
+}
+
+impl ScrapeGauges {
+    /// A new gauge family, registered for this scrape.
+    pub fn family(&mut self, name: &str, help: &str) -> FloatGauges {
+        let family = FloatGauges::default();
+        self.registry.register(name, help, family.clone());
+        family
+    }
 }

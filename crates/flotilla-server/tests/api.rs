@@ -2,6 +2,7 @@
 //! authentication and roles, validation errors with field paths, eTags, paging, a full run to
 //! completion with the sim driver (gate approval included), events and their live stream.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -793,6 +794,7 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         metrics.contains("flotilla_update_runs{fleet=\"f1\",state=\"Completed\"} 1"),
         "{metrics}"
     );
+    check_dispatch_histogram(&metrics, 3);
     h.ok("operator", Method::DELETE, path, None).await;
     let (status, _, _) = h.call("reader", Method::GET, path, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -2231,4 +2233,62 @@ async fn pages_of_stored_resources_carry_etags_and_link_to_the_next() {
     assert_eq!(second["value"].as_array().map(Vec::len), Some(1));
     assert_eq!(second["value"][0]["name"], "c");
     assert!(second.get("nextLink").is_none(), "{second}");
+}
+
+/// The dispatch delays are a histogram per trigger (Hardening, item 13): cumulative buckets
+/// ending in `+Inf` equal to `_count`, a `_sum`, and counts that add up to no more than the
+/// upgrades sent, at least one of them sent on the run's start.
+fn check_dispatch_histogram(metrics: &str, started: u64) {
+    let name = "flotilla_dispatch_delay_seconds";
+    assert!(
+        metrics.contains(&format!("# TYPE {name} histogram")),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+    let mut buckets: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    for line in metrics.lines().filter(|l| l.starts_with(name)) {
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let value: f64 = value.parse().expect("a number");
+        let labels = &series[series.find('{').expect("labels") + 1..series.len() - 1];
+        let trigger = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("trigger=\""))
+            .expect("a trigger label")
+            .trim_end_matches('"')
+            .to_string();
+        if series.starts_with(&format!("{name}_bucket")) {
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\""))
+                .expect("le");
+            buckets
+                .entry(trigger)
+                .or_default()
+                .push((le.trim_end_matches('"').to_string(), value));
+        } else if series.starts_with(&format!("{name}_count")) {
+            counts.insert(trigger, value);
+        } else if series.starts_with(&format!("{name}_sum")) {
+            sums.insert(trigger, value);
+        }
+    }
+    assert!(counts.contains_key("action"), "{metrics}");
+    for (trigger, count) in &counts {
+        let b = &buckets[trigger];
+        assert!(b.windows(2).all(|w| w[0].1 <= w[1].1), "{trigger}: {b:?}");
+        assert_eq!(
+            b.last().map(|(le, v)| (le.as_str(), *v)),
+            Some(("+Inf", *count))
+        );
+        assert!(
+            sums.get(trigger).is_some_and(|s| *s >= 0.0),
+            "{trigger} has no sum"
+        );
+    }
+    let total: f64 = counts.values().sum();
+    assert!(
+        total >= 1.0 && total <= started as f64,
+        "{total} of {started}: {metrics}"
+    );
 }
