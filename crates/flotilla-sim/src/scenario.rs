@@ -15,6 +15,12 @@ use flotilla_engine::time::{Time, parse_duration};
 use flotilla_engine::version::KubeVersion;
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 
+/// The last instant a scenario simulates: the latest a timestamp can name (9999-12-30T22:00:00Z,
+/// jiff's maximum). A later `until` stops here, so the clock never reaches instants near
+/// `i64::MAX` seconds (where `start` plus a far offset saturates), on which calendar arithmetic
+/// (windows, scheduled gates) overflows.
+pub const LATEST: Time = Time::from_unix(253_402_207_200);
+
 /// A scenario file that cannot be used: the message names the field.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -325,7 +331,8 @@ impl Scenario {
                 parse_duration(text)
                     .ok_or_else(|| bad("until", format!("{text:?} is not a duration like 72h")))?,
             ),
-        };
+        }
+        .min(LATEST);
         let catalog_spec: CatalogSpec =
             from_json_value(Value::Object(spec.catalog.clone()), "catalog")?;
         let catalog = Catalog::parse(&catalog_spec, "catalog")?;
@@ -573,5 +580,41 @@ impl Scenario {
             "properties.managedClusterUpdate",
         )?;
         Ok((strategy, update))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `fuzz/regressions/scenario/far-until-scheduled-gate.yaml`: an `until` and an action offset
+    /// that took the clock to `i64::MAX` seconds, where a scheduled gate's calendar arithmetic
+    /// overflowed (`Time::civil`, "attempt to add with overflow").
+    #[test]
+    fn a_far_until_stops_at_the_last_instant_a_timestamp_names() {
+        let yaml = r#"
+start: 2026-03-02T00:00:00Z
+until: 9223372036854775807s
+catalog:
+  eastus:
+    kubernetes: [{version: "1.30.5"}, {version: "1.31.1"}]
+members:
+  - {name: a, region: eastus, kubernetesVersion: "1.30.5"}
+strategy:
+  stages:
+    - name: s
+      memberSelector: {byLabel: "x!=y"}
+      beforeGates: [{type: ScheduledStart, scheduledStartConfiguration: {startDay: Monday, startTime: "10:00", utcOffset: "+01:00"}}]
+update:
+  upgrade: {type: ControlPlaneOnly, kubernetesVersion: "1.31.1"}
+actions:
+  - {at: 9223372036854775807s, do: start}
+"#;
+        let scenario = Scenario::parse("far", yaml).expect("parses");
+        let result = crate::simulate(&scenario);
+        assert!(result.create_error.is_none());
+        assert_eq!(scenario.until, LATEST);
+        assert_eq!(Time::parse(&LATEST.to_string()), Ok(LATEST));
+        assert!(Time::parse(&LATEST.plus(1).to_string()).is_err());
     }
 }
