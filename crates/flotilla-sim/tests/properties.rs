@@ -409,110 +409,242 @@ proptest! {
 
     #[test]
     fn random_runs_keep_every_invariant(plan in plan()) {
-        let scenario = scenario(&plan);
-        let result = simulate_checking_invariants(&scenario).map_err(TestCaseError::fail)?;
-        let Some(run) = &result.run else {
-            // Rejected at creation: only for reasons the API gives (e.g. a selector-only stage
-            // claiming a member another stage has).
-            prop_assert!(result.create_error.is_some());
-            return Ok(());
-        };
-        let status = &run["properties"]["status"];
-
-        // Resolved ceilings from the status.
-        let mut ceiling: HashMap<String, u64> = HashMap::new();
-        for stage in status["stages"].as_array().into_iter().flatten() {
-            ceiling.insert(format!("stage:{}", stage["name"].as_str().unwrap_or_default()), stage["maxConcurrency"].as_u64().unwrap_or(0));
-            for group in stage["groups"].as_array().into_iter().flatten() {
-                ceiling.insert(format!("group:{}", group["name"].as_str().unwrap_or_default()), group["maxConcurrency"].as_u64().unwrap_or(0));
-            }
-        }
-        // Peaks in flight, from the events; starts per member.
-        let mut current: HashMap<String, u64> = HashMap::new();
-        let mut place: HashMap<String, Vec<String>> = HashMap::new();
-        let mut starts: HashMap<String, u32> = HashMap::new();
-        for e in &result.events {
-            let kind = format!("{:?}", e.kind);
-            let member = e.member.clone().unwrap_or_default();
-            if kind == "MemberStarted" || kind == "MemberReattached" {
-                let keys = vec![format!("stage:{}", e.stage.clone().unwrap_or_default()), format!("group:{}", e.group.clone().unwrap_or_default())];
-                for k in &keys {
-                    let c = current.entry(k.clone()).or_default();
-                    *c += 1;
-                    prop_assert!(*c <= ceiling[k], "{} in flight in {} over its ceiling {}", c, k, ceiling[k]);
-                }
-                place.insert(member.clone(), keys);
-                if kind == "MemberStarted" {
-                    *starts.entry(member).or_default() += 1;
-                }
-            } else if matches!(kind.as_str(), "MemberSucceeded" | "MemberFailed" | "MemberStopped")
-                && let Some(keys) = place.remove(&member)
-            {
-                for k in keys {
-                    *current.entry(k).or_default() -= 1;
-                }
-            }
-        }
-        // A failure ends the pass (SEMANTICS §4): after RunFailed, the same instant holds no
-        // member event but the results of members already in flight, unless a user action at
-        // that instant (a skip, a stop, a start) has effects of its own.
-        let acted: std::collections::BTreeSet<Time> = scenario
-            .actions
-            .iter()
-            .filter(|a| !matches!(a.action, Action::Approve(_)))
-            .map(|a| a.at)
-            .collect();
-        let mut in_flight = std::collections::BTreeSet::new();
-        let mut failed_at = None;
-        for e in &result.events {
-            let kind = format!("{:?}", e.kind);
-            let member = e.member.clone().unwrap_or_default();
-            if failed_at == Some(e.time) && !acted.contains(&e.time) && e.member.is_some() {
-                let a_result = matches!(kind.as_str(), "MemberSucceeded" | "MemberFailed")
-                    && in_flight.contains(&member);
-                prop_assert!(a_result, "{} {} at {} after the run failed in that instant", kind, member, e.time);
-            }
-            match kind.as_str() {
-                "RunFailed" => failed_at = Some(e.time),
-                "MemberStarted" | "MemberReattached" => {
-                    in_flight.insert(member);
-                }
-                "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
-                    in_flight.remove(&member);
-                }
-                _ => {}
-            }
-        }
-        // Without a stop there is no second attempt (failed runs are not retried here).
-        if plan.stop_at.is_none() {
-            for (member, n) in &starts {
-                prop_assert_eq!(*n, 1, "{} was sent {} upgrades", member, n);
-            }
-        }
-        // Failure counts equal failed members, per group, per stage and for the run.
-        let mut run_failed = 0;
-        for stage in status["stages"].as_array().into_iter().flatten() {
-            let mut stage_failed = 0;
-            for group in stage["groups"].as_array().into_iter().flatten() {
-                let failed = group["members"].as_array().into_iter().flatten().filter(|m| m["status"]["state"] == "Failed").count() as u64;
-                prop_assert_eq!(group["failureCount"].as_u64(), Some(failed));
-                stage_failed += failed;
-            }
-            prop_assert_eq!(stage["failureCount"].as_u64(), Some(stage_failed));
-            run_failed += stage_failed;
-        }
-        prop_assert_eq!(status["failureCount"].as_u64(), Some(run_failed));
-        // Every run ends: Completed, Failed or Skipped, within the 30 simulated days.
-        let state = status["status"]["state"].as_str().unwrap_or_default();
-        // Except a run whose target never reaches a member's region: that member waits for it.
-        let waits_for_version = status["stages"].as_array().into_iter().flatten()
-            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
-            .flat_map(|g| g["members"].as_array().into_iter().flatten())
-            .any(|m| m["status"]["state"] == "Pending"
-                && m["message"].as_str().is_some_and(|t| t.contains("not yet available")));
-        prop_assert!(matches!(state, "Completed" | "Failed" | "Skipped") || (plan.west_arrival_hours.is_none() && waits_for_version), "run ended {}", state);
-        // Same input, same output.
-        let again = serde_json::to_string(&simulate(&scenario)).expect("serializes");
-        prop_assert_eq!(again, serde_json::to_string(&result).expect("serializes"));
+        keeps_every_invariant(&plan)?;
     }
+}
+
+/// The property: the run keeps every invariant, ends, and is the same when simulated again.
+fn keeps_every_invariant(plan: &Plan) -> Result<(), TestCaseError> {
+    let scenario = scenario(plan);
+    let result = simulate_checking_invariants(&scenario).map_err(TestCaseError::fail)?;
+    let Some(run) = &result.run else {
+        // Rejected at creation: only for reasons the API gives (e.g. a selector-only stage
+        // claiming a member another stage has).
+        prop_assert!(result.create_error.is_some());
+        return Ok(());
+    };
+    let status = &run["properties"]["status"];
+
+    // Resolved ceilings from the status.
+    let mut ceiling: HashMap<String, u64> = HashMap::new();
+    for stage in status["stages"].as_array().into_iter().flatten() {
+        ceiling.insert(
+            format!("stage:{}", stage["name"].as_str().unwrap_or_default()),
+            stage["maxConcurrency"].as_u64().unwrap_or(0),
+        );
+        for group in stage["groups"].as_array().into_iter().flatten() {
+            ceiling.insert(
+                format!("group:{}", group["name"].as_str().unwrap_or_default()),
+                group["maxConcurrency"].as_u64().unwrap_or(0),
+            );
+        }
+    }
+    // Peaks in flight, from the events; starts per member.
+    let mut current: HashMap<String, u64> = HashMap::new();
+    let mut place: HashMap<String, Vec<String>> = HashMap::new();
+    let mut starts: HashMap<String, u32> = HashMap::new();
+    for e in &result.events {
+        let kind = format!("{:?}", e.kind);
+        let member = e.member.clone().unwrap_or_default();
+        if kind == "MemberStarted" || kind == "MemberReattached" {
+            let keys = vec![
+                format!("stage:{}", e.stage.clone().unwrap_or_default()),
+                format!("group:{}", e.group.clone().unwrap_or_default()),
+            ];
+            for k in &keys {
+                let c = current.entry(k.clone()).or_default();
+                *c += 1;
+                prop_assert!(
+                    *c <= ceiling[k],
+                    "{} in flight in {} over its ceiling {}",
+                    c,
+                    k,
+                    ceiling[k]
+                );
+            }
+            place.insert(member.clone(), keys);
+            if kind == "MemberStarted" {
+                *starts.entry(member).or_default() += 1;
+            }
+        } else if matches!(
+            kind.as_str(),
+            "MemberSucceeded" | "MemberFailed" | "MemberStopped"
+        ) && let Some(keys) = place.remove(&member)
+        {
+            for k in keys {
+                *current.entry(k).or_default() -= 1;
+            }
+        }
+    }
+    // A failure ends the pass (SEMANTICS §4): after RunFailed, the same instant holds no
+    // member event but the results of members already in flight, unless a user action at
+    // that instant (a skip, a stop, a start) has effects of its own.
+    let acted: std::collections::BTreeSet<Time> = scenario
+        .actions
+        .iter()
+        .filter(|a| !matches!(a.action, Action::Approve(_)))
+        .map(|a| a.at)
+        .collect();
+    let mut in_flight = std::collections::BTreeSet::new();
+    let mut failed_at = None;
+    for e in &result.events {
+        let kind = format!("{:?}", e.kind);
+        let member = e.member.clone().unwrap_or_default();
+        if failed_at == Some(e.time) && !acted.contains(&e.time) && e.member.is_some() {
+            let a_result = matches!(kind.as_str(), "MemberSucceeded" | "MemberFailed")
+                && in_flight.contains(&member);
+            prop_assert!(
+                a_result,
+                "{} {} at {} after the run failed in that instant",
+                kind,
+                member,
+                e.time
+            );
+        }
+        match kind.as_str() {
+            "RunFailed" => failed_at = Some(e.time),
+            "MemberStarted" | "MemberReattached" => {
+                in_flight.insert(member);
+            }
+            "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
+                in_flight.remove(&member);
+            }
+            _ => {}
+        }
+    }
+    // Without a stop there is no second attempt (failed runs are not retried here).
+    if plan.stop_at.is_none() {
+        for (member, n) in &starts {
+            prop_assert_eq!(*n, 1, "{} was sent {} upgrades", member, n);
+        }
+    }
+    // Failure counts equal failed members, per group, per stage and for the run.
+    let mut run_failed = 0;
+    for stage in status["stages"].as_array().into_iter().flatten() {
+        let mut stage_failed = 0;
+        for group in stage["groups"].as_array().into_iter().flatten() {
+            let failed = group["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["status"]["state"] == "Failed")
+                .count() as u64;
+            prop_assert_eq!(group["failureCount"].as_u64(), Some(failed));
+            stage_failed += failed;
+        }
+        prop_assert_eq!(stage["failureCount"].as_u64(), Some(stage_failed));
+        run_failed += stage_failed;
+    }
+    prop_assert_eq!(status["failureCount"].as_u64(), Some(run_failed));
+    // Every run ends: Completed, Failed or Skipped, within the 30 simulated days.
+    let state = status["status"]["state"].as_str().unwrap_or_default();
+    // Except a run whose target never reaches a member's region: that member waits for it.
+    let waits_for_version = status["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+        .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        .any(|m| {
+            m["status"]["state"] == "Pending"
+                && m["message"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("not yet available"))
+        });
+    prop_assert!(
+        matches!(state, "Completed" | "Failed" | "Skipped")
+            || (plan.west_arrival_hours.is_none() && waits_for_version),
+        "run ended {}",
+        state
+    );
+    // Same input, same output.
+    let again = serde_json::to_string(&simulate(&scenario)).expect("serializes");
+    prop_assert_eq!(again, serde_json::to_string(&result).expect("serializes"));
+    Ok(())
+}
+
+// The failures proptest recorded (`properties.proptest-regressions`), pinned as plain tests so
+// they run whatever proptest's seed file holds.
+
+/// The property on one plan, failing the test with proptest's message.
+fn check(plan: Plan) {
+    if let Err(e) = keeps_every_invariant(&plan) {
+        panic!("{e}\nplan: {plan:?}");
+    }
+}
+
+/// A member as the recorded plans have them: a one-minute upgrade that succeeds, no window,
+/// its pool on the older image.
+fn member(group: usize, label: usize, region: usize, version: usize, arm_pool: bool) -> MemberPlan {
+    MemberPlan {
+        group,
+        label,
+        minutes: 1,
+        fails: false,
+        window_start_hour: None,
+        region,
+        version,
+        image_current: false,
+        arm_pool,
+    }
+}
+
+/// A stage naming `groups` (a selector-only stage when empty), with no thresholds, wait or gate.
+fn stage(groups: &[usize]) -> StagePlan {
+    StagePlan {
+        groups: groups.to_vec(),
+        selector_label: None,
+        concurrency: None,
+        failures: None,
+        group_concurrency: vec![None, None, None],
+        group_failures: vec![None, None, None],
+        wait_minutes: 0,
+        approval_before: false,
+    }
+}
+
+/// `cc 53629d9d…`: a selector-only stage over two eastus members and one in westus, where the
+/// ControlPlaneOnly target is never listed; the westus member waits for it.
+#[test]
+fn regression_53629d9d_member_waits_for_a_version_never_in_its_region() {
+    check(Plan {
+        members: vec![
+            member(0, 0, 0, 0, false),
+            member(0, 0, 0, 0, false),
+            member(1, 0, 1, 0, false),
+        ],
+        upgrade: 0,
+        west_arrival_hours: None,
+        stages: vec![stage(&[])],
+        stop_at: None,
+        skip_member: None,
+    });
+}
+
+/// `cc e0f9424f…`: one westus member in a Full run with Latest images, the target arriving
+/// in westus at the start.
+#[test]
+fn regression_e0f9424f_full_run_target_arrives_at_start() {
+    check(Plan {
+        members: vec![member(0, 0, 1, 0, true)],
+        upgrade: 1,
+        west_arrival_hours: Some(0),
+        stages: vec![stage(&[])],
+        stop_at: None,
+        skip_member: None,
+    });
+}
+
+/// `cc 18230eac…`: two named groups in westus, one member ahead of the target (a refused
+/// downgrade) and one behind it, the target arriving an hour after the start.
+#[test]
+fn regression_18230eac_downgrade_and_late_version_in_named_groups() {
+    check(Plan {
+        members: vec![member(3, 2, 1, 2, false), member(4, 0, 1, 0, false)],
+        upgrade: 0,
+        west_arrival_hours: Some(1),
+        stages: vec![stage(&[3, 4])],
+        stop_at: None,
+        skip_member: None,
+    });
 }
