@@ -215,8 +215,33 @@ pub fn driver_from_config(
 }
 
 /// Checks a driver configuration without keeping the driver.
-pub fn validate_driver_config(config: &Value, allow: &ExecAllow) -> Result<(), DriverError> {
-    driver_from_config(config, allow).map(|_| ())
+pub fn validate_driver_config(config: &Value, allow: &ExecAllow) -> Result<(), ConfigError> {
+    driver_from_config(config, allow)
+        .map(|_| ())
+        .map_err(|e| ConfigError {
+            field: config_field(&e.message).to_string(),
+            message: e.message,
+        })
+}
+
+/// A driver configuration that cannot be used: the field it names, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigError {
+    /// The full path of the field, `properties.driver.clusters.c1.region`.
+    pub field: String,
+    pub message: String,
+}
+
+/// The field a configuration error names. Every such message starts with the field's full
+/// path (`properties.driver.timeScale 0: …`, `properties.driver.observe[0]: …`), so the path is
+/// its first word, without the colon that may end it.
+fn config_field(message: &str) -> &str {
+    let word = message.split([' ', ':']).next().unwrap_or_default();
+    if word.starts_with("properties.driver") {
+        word
+    } else {
+        "properties.driver"
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1214,6 +1239,36 @@ mod tests {
         assert!(err.message.contains("not in a directory"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    /// A refused configuration names its field in full, not only `properties.driver`
+    /// (Hardening, item 10).
+    #[test]
+    fn a_refused_driver_config_names_its_field() {
+        let allow = ExecAllow::default();
+        for (config, field) in [
+            (
+                json!({"type": "sim", "timeScale": "x"}),
+                "properties.driver.timeScale",
+            ),
+            (
+                json!({"type": "sim", "timeScale": 0}),
+                "properties.driver.timeScale",
+            ),
+            (
+                json!({"type": "sim", "clusters": {"c1": {"region": 5}}}),
+                "properties.driver.clusters.c1.region",
+            ),
+            (
+                json!({"type": "exec", "observe": ["x"], "upgrade": ["x"], "poll": ["x"], "timeoutSeconds": "x"}),
+                "properties.driver.timeoutSeconds",
+            ),
+            (json!({"type": "nope"}), "properties.driver.type"),
+            (json!({}), "properties.driver.type"),
+        ] {
+            let err = validate_driver_config(&config, &allow).expect_err("refused");
+            assert_eq!(err.field, field, "{config}: {}", err.message);
+        }
     }
 
     /// Every number of seconds a user sends is bounded before it becomes a duration, and the
