@@ -48,8 +48,14 @@ for target in "${targets[@]}"; do
     if [ -d "fuzz/regressions/$target" ]; then
         inputs+=("fuzz/regressions/$target")
     fi
-    if ! cargo +nightly fuzz run "$target" "${inputs[@]}" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="$timeout" -print_final_stats=1; then
+    # libFuzzer prints a line per new input: keep it in a file, show the end.
+    log="$scratch/$target.log"
+    if cargo +nightly fuzz run "$target" "${inputs[@]}" -- \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="$timeout" -print_final_stats=1 \
+        >"$log" 2>&1; then
+        grep -E '^(Done|stat::number_of_executed_units)' "$log" || tail -3 "$log"
+    else
+        tail -60 "$log"
         failed+=("$target")
     fi
 done

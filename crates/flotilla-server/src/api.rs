@@ -292,6 +292,33 @@ struct Paging {
     region: Option<String>,
 }
 
+/// The query of a list, refused like any bad input: a 400 in the API's error shape (a repeated
+/// or malformed parameter), never the framework's plain-text answer.
+struct Paged(Paging);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Paged {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Query::<Paging>::try_from_uri(&parts.uri)
+            .map(|Query(paging)| Paged(paging))
+            .map_err(|e| {
+                HttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidQueryParameter",
+                    format!(
+                        "the query {:?}: {}",
+                        parts.uri.query().unwrap_or_default(),
+                        e.body_text()
+                    ),
+                )
+            })
+    }
+}
+
 async fn list(
     state: &AppState,
     fleet: &str,
@@ -568,10 +595,9 @@ async fn delete_child(
 /// The list and get handlers of one kind of fleet child.
 fn lister(kind: Kind) -> axum::routing::MethodRouter<Shared> {
     get(
-        move |State(s): State<Shared>,
-              c: Caller,
-              Path(f): Path<String>,
-              Query(p): Query<Paging>| list_child(s, c, f, p, kind),
+        move |State(s): State<Shared>, c: Caller, Path(f): Path<String>, Paged(p): Paged| {
+            list_child(s, c, f, p, kind)
+        },
     )
 }
 
@@ -606,7 +632,7 @@ struct FleetProperties {
 async fn list_fleets(
     State(state): State<Shared>,
     caller: Caller,
-    Query(paging): Query<Paging>,
+    Paged(paging): Paged,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     list(&state, "", Kind::Fleet, &paging, "/v1/fleets").await
@@ -649,7 +675,7 @@ async fn put_fleet(
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
             e.message,
-            "properties.driver",
+            e.field,
         ))
     })?;
     let body = json!({
@@ -1637,7 +1663,7 @@ async fn list_gates(
     State(state): State<Shared>,
     caller: Caller,
     Path(fleet): Path<String>,
-    Query(paging): Query<Paging>,
+    Paged(paging): Paged,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;
@@ -1997,7 +2023,7 @@ async fn releases(
     State(state): State<Shared>,
     caller: Caller,
     Path(fleet): Path<String>,
-    Query(paging): Query<Paging>,
+    Paged(paging): Paged,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;
@@ -2387,34 +2413,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
 ];
 
 pub fn openapi() -> Value {
-    let mut paths = serde_json::Map::new();
-    for (method, path, summary, role) in ROUTES {
-        let params: Vec<Value> = path
-            .split('/')
-            .filter_map(|p| p.strip_prefix('{').and_then(|p| p.strip_suffix('}')))
-            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
-            .collect();
-        let mut op = json!({
-            "summary": summary,
-            "parameters": params,
-            "responses": {"200": {"description": "OK"}, "400": {"description": "Invalid input", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
-            "x-flotilla-role": role,
-        });
-        if *role != "none" {
-            op["security"] = json!([{"bearer": []}]);
-        }
-        paths.entry(path.to_string()).or_insert_with(|| json!({}))[*method] = op;
-    }
-    json!({
-        "openapi": "3.0.3",
-        "info": {"title": "Flotilla", "version": env!("CARGO_PKG_VERSION"), "description": "Staged upgrades of Kubernetes fleets; resource shapes follow the Fleet Manager REST API."},
-        "paths": paths,
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                "code": {"type": "string"}, "message": {"type": "string"}, "target": {"type": "string"}}}}}},
-        },
-    })
+    crate::openapi::document(ROUTES)
 }
 
 async fn openapi_json() -> Response {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod http;
 pub mod journal;
 pub mod metrics;
+pub mod openapi;
 pub mod run_head;
 pub mod runs;
 pub mod state;

@@ -908,11 +908,29 @@ async fn skip_and_stop_actions_follow_the_engine() {
     );
 }
 
-/// `/openapi.json` is generated from the route table; every route in it is served.
+/// `/openapi.json` is generated from the route table; every route in it is served, answers
+/// with a status its entry lists (Hardening, item 10), and every write documents its body.
 #[tokio::test]
 async fn every_documented_route_is_served() {
     let h = Harness::start("routes").await;
+    let spec = flotilla_server::api::openapi();
     for (method, path, _, _) in flotilla_server::api::ROUTES {
+        let entry = &spec["paths"][*path][*method];
+        if matches!(*method, "put" | "patch") {
+            assert!(
+                entry["requestBody"]["content"]["application/json"]["schema"]["$ref"].is_string(),
+                "{method} {path} documents no body"
+            );
+        }
+        let answers = entry["responses"].as_object().expect("responses");
+        // A delete answers 200 with no body.
+        assert!(
+            *method == "delete"
+                || answers
+                    .iter()
+                    .any(|(code, r)| code.starts_with('2') && r["content"].is_object()),
+            "{method} {path} documents no answer's content"
+        );
         let concrete = path
             .replace("{fleet}", "nofleet")
             .replace("{run}", "r")
@@ -929,7 +947,17 @@ async fn every_documented_route_is_served() {
             body["error"]["message"], "no such path",
             "{method} {path} is documented but not routed"
         );
+        assert!(
+            answers.contains_key(status.as_str()),
+            "{method} {path} answered {status}, which its entry does not list: {body}"
+        );
     }
+    // A repeated query parameter is a 400 in the API's error shape, not plain text.
+    let (status, body, _) = h
+        .call("admin", Method::GET, "/v1/fleets?$top=1&$top=2", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "InvalidQueryParameter", "{body}");
     let (_, body, _) = h.call("admin", Method::GET, "/v1/nothing-here", None).await;
     assert_eq!(body["error"]["message"], "no such path");
 }

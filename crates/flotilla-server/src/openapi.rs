@@ -1,0 +1,444 @@
+//! `/openapi.json`: the OpenAPI 3 description of the routes in [`crate::api::ROUTES`], with the
+//! request and response schema of each and every status code it answers with. What a route
+//! takes and answers follows from its method and its path's last segments, decided here once.
+
+use serde_json::{Map, Value, json};
+
+/// What a route is about, read from its method and path.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// A resource of the API (`Fleet`, `Member`, ...), named by its schema.
+    Resource(&'static str),
+    /// A page of resources.
+    List(&'static str),
+    /// An action on a run or a profile (`start`, `stop`, `skip`, `generateUpdateRun`).
+    Action(&'static str),
+    /// A fixed answer of its own schema (`Me`, `Leases`, `Releases`, ...).
+    Other(&'static str),
+    /// Plain text (`/metrics`, `/healthz`, `/readyz`).
+    Text,
+    /// The dashboard's pages and assets.
+    Page,
+}
+
+/// The schema of a resource kind, by the path segment that names its collection.
+fn resource_of(collection: &str) -> Option<&'static str> {
+    Some(match collection {
+        "fleets" => "Fleet",
+        "members" => "Member",
+        "updateStrategies" => "UpdateStrategy",
+        "updateRuns" => "UpdateRun",
+        "gates" => "Gate",
+        "autoUpgradeProfiles" => "AutoUpgradeProfile",
+        "tokens" => "Token",
+        _ => return None,
+    })
+}
+
+fn shape(path: &str) -> Shape {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let last = segments.last().copied().unwrap_or_default();
+    let named = last.starts_with('{');
+    let parent = segments
+        .len()
+        .checked_sub(2)
+        .and_then(|i| segments.get(i))
+        .copied()
+        .unwrap_or_default();
+    match last {
+        "" | "{asset}" => return Shape::Page,
+        "metrics" | "healthz" | "readyz" => return Shape::Text,
+        "openapi.json" => return Shape::Other("OpenApi"),
+        "me" => return Shape::Other("Me"),
+        "leases" => return Shape::Other("Leases"),
+        "releases" => return Shape::Other("Releases"),
+        "events" => return Shape::Other("Events"),
+        "importMembers" => return Shape::Other("MemberPage"),
+        "start" | "stop" | "skip" => return Shape::Action("UpdateRun"),
+        "generateUpdateRun" => return Shape::Action("UpdateRun"),
+        _ => {}
+    }
+    if named {
+        resource_of(parent).map_or(Shape::Page, Shape::Resource)
+    } else {
+        resource_of(last).map_or(Shape::Page, Shape::List)
+    }
+}
+
+fn reference(schema: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{schema}")})
+}
+
+fn json_content(schema: Value) -> Value {
+    json!({"application/json": {"schema": schema}})
+}
+
+fn answer(description: &str, schema: Option<Value>) -> Value {
+    match schema {
+        Some(schema) => json!({"description": description, "content": json_content(schema)}),
+        None => json!({"description": description}),
+    }
+}
+
+fn error(description: &str) -> Value {
+    answer(description, Some(reference("Error")))
+}
+
+/// The body a route takes, if any: its schema, and whether it may be left out.
+fn request_body(method: &str, path: &str, shape: Shape) -> Option<(Value, bool)> {
+    match (method, shape) {
+        ("put", Shape::Resource(schema)) => Some((reference(schema), true)),
+        ("patch", Shape::Resource("Gate")) => Some((reference("GatePatch"), true)),
+        ("patch", Shape::Resource("Member")) => Some((reference("MemberPatch"), true)),
+        ("post", Shape::List("Token")) => Some((reference("TokenRequest"), true)),
+        ("post", Shape::Other("MemberPage")) => Some((reference("MemberImport"), true)),
+        // Actions are sent with no body, as the Azure SDK sends them; skip names its targets.
+        ("post", Shape::Action(_)) if path.ends_with("/skip") => {
+            Some((reference("SkipRequest"), true))
+        }
+        ("post", Shape::Action(_)) => Some((json!({"type": "object"}), false)),
+        _ => None,
+    }
+}
+
+/// Every status a route answers with: what it does, then what any route of its kind may meet.
+fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, Value> {
+    let mut out = Map::new();
+    let mut put = |code: u16, value: Value| {
+        out.insert(code.to_string(), value);
+    };
+    match (method, shape) {
+        ("get", Shape::Resource(schema)) => {
+            put(200, answer("The resource", Some(reference(schema))));
+            put(404, error("It does not exist"));
+        }
+        ("get", Shape::List(schema)) => {
+            put(
+                200,
+                answer(
+                    "A page of them",
+                    Some(
+                        json!({"type": "object", "required": ["value"], "properties": {
+                        "value": {"type": "array", "items": reference(schema)},
+                        "nextLink": {"type": "string"}}}),
+                    ),
+                ),
+            );
+            put(400, error("A paging or filter parameter is invalid"));
+            put(404, error("The fleet does not exist"));
+        }
+        ("put", Shape::Resource(schema)) => {
+            put(200, answer("Replaced", Some(reference(schema))));
+            put(201, answer("Created", Some(reference(schema))));
+            put(404, error("The fleet does not exist"));
+            put(
+                409,
+                error("It conflicts with the state of the fleet or run"),
+            );
+            put(412, error("If-Match or If-None-Match does not hold"));
+        }
+        ("patch", Shape::Resource(schema)) => {
+            put(200, answer("Changed", Some(reference(schema))));
+            put(404, error("It does not exist"));
+            put(409, error("It conflicts with the state of the run"));
+            put(412, error("If-Match does not hold"));
+        }
+        ("delete", Shape::Resource(_)) => {
+            put(200, answer("Deleted", None));
+            put(404, error("It does not exist"));
+            put(409, error("It cannot be deleted in its state"));
+            put(412, error("If-Match does not hold"));
+        }
+        ("post", Shape::Action(schema)) => {
+            put(
+                200,
+                answer("The run after the action", Some(reference(schema))),
+            );
+            put(201, answer("The run created", Some(reference(schema))));
+            put(404, error("It does not exist"));
+            put(409, error("Not allowed in the run's state"));
+            put(412, error("If-Match does not hold"));
+        }
+        ("post", Shape::List(schema)) => {
+            put(201, answer("Created", Some(reference(schema))));
+        }
+        ("post", Shape::Other(schema)) => {
+            put(200, answer("Registered", Some(reference(schema))));
+            put(201, answer("Registered", Some(reference(schema))));
+            put(404, error("The fleet does not exist"));
+            put(409, error("A member or cluster id is taken"));
+        }
+        ("get", Shape::Other("Events")) => {
+            put(
+                200,
+                json!({"description": "The run's events; a live stream with Accept: text/event-stream",
+                    "content": {"application/json": {"schema": reference("Events")},
+                        "text/event-stream": {"schema": {"type": "string"}}}}),
+            );
+            put(404, error("The run does not exist"));
+        }
+        ("get", Shape::Other("Releases")) => {
+            put(
+                200,
+                answer("The fleet's release catalog", Some(reference("Releases"))),
+            );
+            put(400, error("A parameter is invalid"));
+            put(404, error("The fleet or region does not exist"));
+        }
+        ("get", Shape::Other(schema)) => {
+            put(200, answer("OK", Some(reference(schema))));
+        }
+        (_, Shape::Text) => {
+            put(
+                200,
+                json!({"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}},
+                    "application/openmetrics-text": {"schema": {"type": "string"}}}}),
+            );
+        }
+        _ => {
+            put(
+                200,
+                json!({"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}, "*/*": {"schema": {"type": "string"}}}}),
+            );
+            put(404, error("No such page"));
+        }
+    }
+    if body {
+        put(400, error("The body is invalid; the error names the field"));
+        put(413, error("The body is too large"));
+        put(415, error("The body is not JSON"));
+    }
+    if method != "get" {
+        put(
+            403,
+            error("The role is too low, or the request came from another site"),
+        );
+    }
+    if role != "none" {
+        put(401, error("No token, or a token that is not valid"));
+        put(403, error("The role is too low"));
+    }
+    if matches!(shape, Shape::Other("Releases") | Shape::Text) || role != "none" {
+        put(
+            503,
+            error("The store or the fleet's driver cannot be reached"),
+        );
+    }
+    put(408, error("The request did not arrive in time"));
+    put(421, error("The server does not answer to this Host"));
+    put(
+        429,
+        error("Too many requests at once; retry after the Retry-After header"),
+    );
+    out
+}
+
+/// A resource name (API.md, "Paths").
+const NAME: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
+    let mut params: Vec<Value> = path
+        .split('/')
+        .filter_map(|p| p.strip_prefix('{').and_then(|p| p.strip_suffix('}')))
+        .map(|p| {
+            // Names as API.md gives them; tokens' ids and the dashboard's assets are any text.
+            let schema = match p {
+                "asset" | "id" => json!({"type": "string", "minLength": 1}),
+                "fleet" => json!({"type": "string", "pattern": NAME, "maxLength": 63}),
+                _ => json!({"type": "string", "pattern": NAME, "maxLength": 50}),
+            };
+            json!({"name": p, "in": "path", "required": true, "schema": schema})
+        })
+        .collect();
+    let query = |name: &str, schema: Value| json!({"name": name, "in": "query", "schema": schema});
+    if method == "get" && matches!(shape, Shape::List(_)) {
+        params.push(query(
+            "$top",
+            json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+        ));
+        params.push(query("$skipToken", json!({"type": "string"})));
+    }
+    if method == "get" && shape == Shape::List("Gate") {
+        params.push(query(
+            "state",
+            json!({"type": "string", "enum": ["Pending", "Completed"]}),
+        ));
+        params.push(query("$filter", json!({"type": "string"})));
+    }
+    if shape == Shape::Other("Releases") {
+        params.push(query("region", json!({"type": "string"})));
+    }
+    if matches!(method, "put" | "patch" | "delete" | "post") && !matches!(shape, Shape::List(_)) {
+        let header =
+            |name: &str| json!({"name": name, "in": "header", "schema": {"type": "string"}});
+        params.push(header("If-Match"));
+        if method == "put" {
+            params.push(header("If-None-Match"));
+        }
+    }
+    params
+}
+
+/// The OpenAPI document of `routes` (method, path, summary, role).
+pub fn document(routes: &[(&str, &str, &str, &str)]) -> Value {
+    let mut paths = Map::new();
+    for (method, path, summary, role) in routes {
+        let shape = shape(path);
+        let body = request_body(method, path, shape);
+        let mut op = json!({
+            "summary": summary,
+            "operationId": operation_id(method, path),
+            "parameters": parameters(method, path, shape),
+            "responses": responses(method, role, shape, body.is_some()),
+            "x-flotilla-role": role,
+        });
+        if let Some((schema, required)) = body {
+            op["requestBody"] = json!({"required": required, "content": json_content(schema)});
+        }
+        if *role != "none" {
+            op["security"] = json!([{"bearer": []}]);
+        }
+        paths.entry(path.to_string()).or_insert_with(|| json!({}))[*method] = op;
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "Flotilla", "version": env!("CARGO_PKG_VERSION"), "description": "Staged upgrades of Kubernetes fleets; resource shapes follow the Fleet Manager REST API."},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": schemas(),
+        },
+    })
+}
+
+/// `get_v1_fleets_fleet_members`: unique per route, stable.
+fn operation_id(method: &str, path: &str) -> String {
+    let mut id = method.to_string();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        id.push('_');
+        id.extend(
+            part.chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .map(|c| c.to_ascii_lowercase()),
+        );
+    }
+    id
+}
+
+/// A resource's envelope around `properties`.
+fn envelope(properties: Value) -> Value {
+    json!({
+        "type": "object",
+        // readOnly: required in answers, never sent (OpenAPI 3.0).
+        "required": ["id", "name", "type", "eTag", "properties"],
+        "properties": {
+            "id": {"type": "string", "readOnly": true},
+            "name": {"type": "string", "readOnly": true},
+            "type": {"type": "string", "readOnly": true},
+            "eTag": {"type": "string", "readOnly": true},
+            "systemData": {"type": "object", "readOnly": true},
+            "properties": properties,
+        },
+    })
+}
+
+fn object(properties: Value) -> Value {
+    json!({"type": "object", "properties": properties})
+}
+
+fn schemas() -> Value {
+    let text = json!({"type": "string"});
+    let labels = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let state = json!({"type": "string", "readOnly": true});
+    let gate = json!({"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["Approval", "ScheduledStart", "HealthCheck"]},
+        "displayName": text}});
+    let stage = json!({"type": "object", "required": ["name"], "properties": {
+        "name": text,
+        "groups": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": text, "maxConcurrency": text, "maxAllowedFailures": text,
+            "beforeGates": {"type": "array", "items": gate}, "afterGates": {"type": "array", "items": gate}}}},
+        "memberSelector": {"type": "object"},
+        "maxConcurrency": text,
+        "maxAllowedFailures": text,
+        "afterStageWaitInSeconds": {"type": "integer"},
+        "beforeGates": {"type": "array", "items": gate},
+        "afterGates": {"type": "array", "items": gate}}});
+    let strategy = json!({"type": "object", "required": ["stages"], "properties": {
+        "stages": {"type": "array", "items": stage}}});
+    let update = json!({"type": "object", "required": ["upgrade"], "properties": {
+        "upgrade": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["Full", "ControlPlaneOnly", "NodeImageOnly"]},
+            "kubernetesVersion": text}},
+        "nodeImageSelection": {"type": "object", "properties": {
+            "type": {"type": "string", "enum": ["Latest", "Consistent", "Custom"]},
+            "customNodeImageVersions": {"type": "array", "items": {"type": "object", "properties": {"version": text}}}}}}});
+    json!({
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["code", "message"], "properties": {
+                "code": text, "message": text, "target": text}}}},
+        "Fleet": envelope(object(json!({
+            "provisioningState": state,
+            "driver": {"type": "object", "required": ["type"], "properties": {
+                "type": {"type": "string", "enum": ["sim", "exec", "aks"]}}}}))),
+        "Member": envelope(object(json!({
+            "provisioningState": state,
+            "clusterResourceId": text,
+            "group": text,
+            "labels": labels,
+            "status": {"type": "object", "readOnly": true}}))),
+        "MemberPatch": envelope(object(json!({"group": text, "labels": labels}))),
+        "MemberImport": {"type": "object", "required": ["value"], "properties": {
+            "value": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+                "name": text,
+                "properties": {"type": "object", "properties": {"clusterResourceId": text, "group": text, "labels": labels}}}}},
+            "mode": text}},
+        "MemberPage": {"type": "object", "properties": {"value": {"type": "array", "items": reference("Member")}}},
+        "UpdateStrategy": envelope(object(json!({
+            "provisioningState": state,
+            "strategy": strategy}))),
+        "UpdateRun": envelope(object(json!({
+            "provisioningState": state,
+            "updateStrategyId": text,
+            "strategy": strategy,
+            "managedClusterUpdate": update,
+            "autoUpgradeProfileId": {"type": "string", "readOnly": true},
+            "status": {"type": "object", "readOnly": true}}))),
+        "SkipRequest": {"type": "object", "required": ["targets"], "properties": {
+            "targets": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
+                "type": {"type": "string", "enum": ["Member", "Group", "Stage", "AfterStageWait"]},
+                "name": text}}}}},
+        "Gate": envelope(object(json!({
+            "displayName": text,
+            "gateType": text,
+            "state": text,
+            "target": {"type": "object"},
+            "approvedBy": text}))),
+        "GatePatch": envelope(json!({"type": "object", "required": ["state"], "properties": {
+            "state": {"type": "string", "enum": ["Completed"]}}})),
+        "AutoUpgradeProfile": envelope(object(json!({
+            "provisioningState": state,
+            "channel": {"type": "string", "enum": ["Stable", "Rapid", "NodeImage", "TargetKubernetesVersion"]},
+            "updateStrategyId": text,
+            "disabled": {"type": "boolean"},
+            "targetKubernetesVersion": text,
+            "longTermSupport": {"type": "boolean"},
+            "nodeImageSelection": {"type": "object"},
+            "autoUpgradeProfileStatus": {"type": "object", "readOnly": true}}))),
+        "Token": {"type": "object", "required": ["id", "role", "subject"], "properties": {
+            "id": text, "role": text, "subject": text,
+            "token": {"type": "string", "description": "The secret, shown once when created"}}},
+        "TokenRequest": {"type": "object", "required": ["role", "subject"], "properties": {
+            "role": {"type": "string", "enum": ["reader", "operator", "approver", "admin"]},
+            "subject": text}},
+        "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text}},
+        "Leases": {"type": "object", "required": ["replica", "value"], "properties": {
+            "replica": text,
+            "value": {"type": "array", "items": {"type": "object", "properties": {
+                "fleet": text, "owner": text, "epoch": {"type": "integer"},
+                "expiresInMs": {"type": "integer"}, "expired": {"type": "boolean"}}}}}},
+        "Releases": {"type": "object", "required": ["regions"], "properties": {"regions": {"type": "object"}}},
+        "Events": {"type": "object", "required": ["value"], "properties": {"value": {"type": "array", "items": {"type": "object"}}}},
+        "OpenApi": {"type": "object", "required": ["openapi", "paths"], "properties": {"openapi": text, "paths": {"type": "object"}}},
+    })
+}
