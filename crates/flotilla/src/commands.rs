@@ -21,14 +21,44 @@ pub struct Target {
     #[arg(short = 'f', long = "fleet", alias = "fleet-name")]
     pub fleet: String,
     /// The resource's name.
-    #[arg(short = 'n', long = "name")]
+    #[arg(
+        short = 'n',
+        long = "name",
+        aliases = ["gate-name", "profile-name", "auto-upgrade-profile-name", "update-run-name", "strategy-name", "member-name"]
+    )]
     pub name: String,
+    #[command(flatten)]
+    pub az: AzScope,
 }
 
 #[derive(Args, Clone)]
 pub struct FleetOnly {
+    /// The fleet.
     #[arg(short = 'f', long = "fleet", alias = "fleet-name")]
     pub fleet: String,
+    #[command(flatten)]
+    pub az: AzScope,
+}
+
+/// The flags every `az fleet` command takes, accepted so that a script written for `az` runs
+/// with a rename. The `/v1` paths name no subscription or resource group, so they are not sent;
+/// a command here never asks for confirmation and never waits unless it is `wait` or `watch`.
+#[derive(Args, Clone, Default)]
+#[allow(dead_code)] // read by no command: see above
+pub struct AzScope {
+    /// The resource group (az's `-g`; not used by the /v1 paths).
+    #[arg(short = 'g', long)]
+    pub resource_group: Option<String>,
+    /// The subscription (az's `--subscription`; not used by the /v1 paths).
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// Do not ask for confirmation (az's `--yes`; Flotilla never asks).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+    /// Do not wait for the operation to finish (az's `--no-wait`; Flotilla's writes answer at
+    /// once, and the run's progress is in its status).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Subcommand)]
@@ -131,11 +161,11 @@ pub enum RunCommand {
     Create {
         #[command(flatten)]
         target: Target,
-        #[arg(long, value_parser = ["Full", "ControlPlaneOnly", "NodeImageOnly"])]
+        #[arg(long, ignore_case = true, value_parser = choice(&["Full", "ControlPlaneOnly", "NodeImageOnly"]))]
         upgrade_type: String,
         #[arg(long)]
         kubernetes_version: Option<String>,
-        #[arg(long, value_parser = ["Latest", "Consistent", "Custom"])]
+        #[arg(long, ignore_case = true, value_parser = choice(&["Latest", "Consistent", "Custom"]))]
         node_image_selection: Option<String>,
         /// With Custom: `<family>-<version>` values.
         #[arg(long, num_args = 1..)]
@@ -200,8 +230,11 @@ pub enum GateCommand {
     List {
         #[command(flatten)]
         fleet: FleetOnly,
-        #[arg(long, alias = "state-filter", value_parser = ["Pending", "Skipped", "Completed"])]
+        #[arg(long, alias = "state-filter", ignore_case = true, value_parser = choice(&["Pending", "Skipped", "Completed"]))]
         state: Option<String>,
+        /// Only gates of this type.
+        #[arg(long, ignore_case = true, value_parser = choice(&["Approval", "ScheduledStart", "HealthCheck"]))]
+        gate_type: Option<String>,
     },
     Show {
         #[command(flatten)]
@@ -232,12 +265,28 @@ fn file_or_json(text: &str, what: &str) -> anyhow::Result<Value> {
     serde_json::from_str(&body).with_context(|| format!("{what}: not valid JSON"))
 }
 
+/// One of `choices`, matched without regard to case as `az` matches enum values, and passed on
+/// in its canonical spelling (`--upgrade-type full` is `Full`).
+fn choice(
+    choices: &'static [&'static str],
+) -> impl clap::builder::TypedValueParser<Value = String> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(choices).map(move |given: String| {
+        choices
+            .iter()
+            .find(|c| c.eq_ignore_ascii_case(&given))
+            .map_or(given, |c| c.to_string())
+    })
+}
+
+/// `key=value` pairs; a `key` alone is the label with an empty value, as `az` takes it.
 fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     pairs
         .iter()
         .map(|p| match p.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => bail!("--labels {p:?}: write labels as key=value"),
+            None if !p.is_empty() => Ok((p.to_string(), String::new())),
+            _ => bail!("--labels {p:?}: write labels as key=value (or a key alone)"),
         })
         .collect()
 }
@@ -980,6 +1029,7 @@ pub async fn run(
             let new = Target {
                 fleet: target.fleet.clone(),
                 name: new_name.clone(),
+                az: AzScope::default(),
             };
             let v = client
                 .send(
@@ -1242,11 +1292,18 @@ pub async fn gate(
     let format = default_format(format);
     let colour = colour_enabled();
     match command {
-        GateCommand::List { fleet, state } => {
+        GateCommand::List {
+            fleet,
+            state,
+            gate_type,
+        } => {
             let query = state.map(|s| format!("?state={s}")).unwrap_or_default();
-            let items = client
+            let mut items = client
                 .list_all(&format!("/v1/fleets/{}/gates{query}", fleet.fleet))
                 .await?;
+            if let Some(kind) = gate_type {
+                items.retain(|g| g["properties"]["gateType"] == kind.as_str());
+            }
             print(format, &Value::Array(items.clone()), || {
                 resource_rows(&items, GATE_COLUMNS, colour)
             })?;
@@ -1350,11 +1407,11 @@ pub enum ProfileCommand {
     Create {
         #[command(flatten)]
         target: Target,
-        #[arg(short = 'c', long, value_parser = ["Rapid", "Stable", "TargetKubernetesVersion", "NodeImage", "SecurityPatch"])]
+        #[arg(short = 'c', long, ignore_case = true, value_parser = choice(&["Rapid", "Stable", "TargetKubernetesVersion", "NodeImage", "SecurityPatch"]))]
         channel: String,
         #[arg(long)]
         update_strategy_id: Option<String>,
-        #[arg(long, value_parser = ["Latest", "Consistent"])]
+        #[arg(long, ignore_case = true, value_parser = choice(&["Latest", "Consistent"]))]
         node_image_selection: Option<String>,
         #[arg(long, alias = "tkv")]
         target_kubernetes_version: Option<String>,

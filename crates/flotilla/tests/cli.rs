@@ -623,7 +623,7 @@ fn flag_checks_and_error_lines() {
             "--cluster-resource-id",
             "x",
             "--labels",
-            "novalue",
+            "=novalue",
         ],
         "key=value",
     );
@@ -885,7 +885,7 @@ fn member_import_from_csv_json_lines_and_json() {
     );
     let bad = env.write(
         "bad.csv",
-        "name,clusterResourceId,labels\nstore-7,aks-x,env=prod\nstore-8,aks-y,prod\n",
+        "name,clusterResourceId,labels\nstore-7,aks-x,env=prod\nstore-8,aks-y,=prod\n",
     );
     env.fails(&["member", "import", "-f", "retail", &bad], "line 3");
     // What does not exist exits 3, as in `az`; other errors 2.
@@ -919,4 +919,104 @@ fn member_import_from_csv_json_lines_and_json() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+/// What a script written for `az fleet` spells differently works unchanged (First hour, "Against
+/// `az fleet`"): `-g` and `--subscription`, `--yes` and `--no-wait`, enum values in any case, a
+/// label given as a key alone, `--gate-name`, and `gate list --gate-type`.
+#[test]
+fn az_spellings_are_accepted() {
+    let env = Env::start("az-spellings");
+    let driver = env.write("driver.json", DRIVER);
+    let az = ["-g", "rg", "--subscription", "sub"];
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    for (name, group) in [("canary", "canary"), ("west-1", "prod")] {
+        let cluster = format!("aks-{name}");
+        let mut args = vec![
+            "member",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            name,
+            "--cluster-resource-id",
+            &cluster,
+            "--update-group",
+            group,
+            "--labels",
+            "env=prod",
+            "pci",
+        ];
+        args.extend(az);
+        env.ok(&args);
+    }
+    let member = env.json(&["member", "show", "-f", "retail", "-n", "canary"]);
+    assert_eq!(
+        member["properties"]["labels"],
+        serde_json::json!({"env": "prod", "pci": ""}),
+        "{member}"
+    );
+    let stages = r#"{"stages": [{"name": "canary", "groups": [{"name": "canary"}]},
+        {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "Go"}], "groups": [{"name": "prod"}]}]}"#;
+    let mut create = vec![
+        "updaterun",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--upgrade-type",
+        "full",
+        "--kubernetes-version",
+        "1.31.1",
+        "--node-image-selection",
+        "LATEST",
+        "--stages",
+        stages,
+        "--no-wait",
+    ];
+    create.extend(az);
+    let run = env.json(&create);
+    let update = &run["properties"]["managedClusterUpdate"];
+    assert_eq!(update["upgrade"]["type"], "Full", "{run}");
+    assert_eq!(update["nodeImageSelection"]["type"], "Latest", "{run}");
+    env.ok(&[
+        "updaterun",
+        "start",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--no-wait",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let gate = loop {
+        let gates = env.json(&[
+            "gate",
+            "list",
+            "-f",
+            "retail",
+            "--state",
+            "pending",
+            "--gate-type",
+            "approval",
+        ]);
+        if let Some(name) = gates[0]["name"].as_str() {
+            break name.to_string();
+        }
+        assert!(Instant::now() < deadline, "no gate became pending");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let none = env.json(&[
+        "gate",
+        "list",
+        "-f",
+        "retail",
+        "--gate-type",
+        "ScheduledStart",
+    ]);
+    assert_eq!(none, serde_json::json!([]), "{none}");
+    let shown = env.json(&["gate", "show", "-f", "retail", "--gate-name", &gate]);
+    assert_eq!(shown["name"], gate.as_str());
+    env.ok(&["updaterun", "stop", "-f", "retail", "-n", "r1", "--yes"]);
 }
