@@ -13,7 +13,15 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
 pub enum Format {
     Table,
     Json,
+    /// JSON, as `az`'s `jsonc` (colour is not added).
+    Jsonc,
     Yaml,
+    /// YAML, as `az`'s `yamlc` (colour is not added).
+    Yamlc,
+    /// As `az`'s `tsv`: a line per item, its scalar values separated by tabs, no header.
+    Tsv,
+    /// Nothing: the exit code says how the command went.
+    None,
 }
 
 /// Settings written by `flotilla login`.
@@ -300,15 +308,46 @@ pub fn print(
     table_text: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
     match format {
-        Format::Json => outln!("{}", serde_json::to_string_pretty(value)?),
-        Format::Yaml => out!(
+        Format::Json | Format::Jsonc => outln!("{}", serde_json::to_string_pretty(value)?),
+        Format::Yaml | Format::Yamlc => out!(
             "{}",
             serde_saphyr::to_string(value)
                 .map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))?
         ),
+        Format::Tsv => out!("{}", tsv(value)),
         Format::Table => out!("{}", table_text()),
+        Format::None => {}
     }
     Ok(())
+}
+
+/// `az`'s `tsv`: a list is a line per item; an item is its scalar values in order, separated by
+/// tabs (nested objects and lists are left out); a scalar is itself.
+pub fn tsv(value: &Value) -> String {
+    fn scalar(v: &Value) -> Option<String> {
+        match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => Some(String::new()),
+            Value::Bool(_) | Value::Number(_) => Some(v.to_string()),
+            Value::Array(_) | Value::Object(_) => None,
+        }
+    }
+    fn line(v: &Value) -> String {
+        match v {
+            Value::Object(m) => m.values().filter_map(scalar).collect::<Vec<_>>().join("\t"),
+            Value::Array(items) => items
+                .iter()
+                .filter_map(scalar)
+                .collect::<Vec<_>>()
+                .join("\t"),
+            other => scalar(other).unwrap_or_default(),
+        }
+    }
+    let lines: Vec<String> = match value {
+        Value::Array(items) => items.iter().map(line).collect(),
+        other => vec![line(other)],
+    };
+    lines.into_iter().map(|l| l + "\n").collect()
 }
 
 pub fn default_format(asked: Option<Format>) -> Format {

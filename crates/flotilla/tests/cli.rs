@@ -923,7 +923,7 @@ fn member_import_from_csv_json_lines_and_json() {
 
 /// What a script written for `az fleet` spells differently works unchanged (First hour, "Against
 /// `az fleet`"): `-g` and `--subscription`, `--yes` and `--no-wait`, enum values in any case, a
-/// label given as a key alone, `--gate-name`, and `gate list --gate-type`.
+/// label given as a key alone, `--gate-name`, `gate list --gate-type`, `-o tsv` and `-o none`.
 #[test]
 fn az_spellings_are_accepted() {
     let env = Env::start("az-spellings");
@@ -955,6 +955,19 @@ fn az_spellings_are_accepted() {
         member["properties"]["labels"],
         serde_json::json!({"env": "prod", "pci": ""}),
         "{member}"
+    );
+    // `-o tsv`: a line per member, its scalar values tab-separated; `-o none`: nothing.
+    let tsv = env.ok(&["member", "list", "-f", "retail", "-o", "tsv"]);
+    let lines: Vec<&str> = tsv.lines().collect();
+    assert_eq!(lines.len(), 2, "{tsv}");
+    assert!(
+        lines.iter().any(|l| l.split('\t').any(|v| v == "canary")),
+        "{tsv}"
+    );
+    assert!(lines.iter().all(|l| !l.contains('{')), "{tsv}");
+    assert_eq!(
+        env.ok(&["member", "list", "-f", "retail", "-o", "none"]),
+        ""
     );
     let stages = r#"{"stages": [{"name": "canary", "groups": [{"name": "canary"}]},
         {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "Go"}], "groups": [{"name": "prod"}]}]}"#;
