@@ -301,8 +301,83 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// Prints a value as the user asked: JSON, YAML, or (for tables) the given text.
+/// The `--query` of this invocation (checked to compile when it is set).
+static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Takes `--query`; a query that is not JMESPath is refused before anything is sent.
+pub fn set_query(text: &str) -> anyhow::Result<()> {
+    jmespath::compile(text).map_err(|e| query_error(text, &e))?;
+    let _ = QUERY.set(text.to_string());
+    Ok(())
+}
+
+/// One line: the parser's message without the picture of where it stopped.
+fn query_error(text: &str, e: &jmespath::JmespathError) -> anyhow::Error {
+    let message = e.to_string();
+    let first = message.lines().next().unwrap_or_default().to_string();
+    anyhow::anyhow!("--query {text:?}: {first}")
+}
+
+/// The answer after `--query`, if one was given.
+fn queried(value: &Value) -> anyhow::Result<Option<Value>> {
+    let Some(text) = QUERY.get() else {
+        return Ok(None);
+    };
+    let failed = |e: jmespath::JmespathError| query_error(text, &e);
+    let found = jmespath::compile(text)
+        .map_err(failed)?
+        .search(value.clone())
+        .map_err(failed)?;
+    Ok(Some(serde_json::to_value(&*found)?))
+}
+
+/// A table of any value, for a `--query` result: a row per item, a column per scalar key.
+fn any_table(value: &Value) -> String {
+    let items = match value {
+        Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    let mut headers: Vec<String> = Vec::new();
+    for item in &items {
+        if let Value::Object(m) = item {
+            for key in m.keys() {
+                if !headers.contains(key) {
+                    headers.push(key.clone());
+                }
+            }
+        }
+    }
+    if headers.is_empty() {
+        return tsv(&Value::Array(items));
+    }
+    let cell = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|item| headers.iter().map(|h| cell(&item[h.as_str()])).collect())
+        .collect();
+    let names: Vec<&str> = headers.iter().map(String::as_str).collect();
+    table(&names, &rows)
+}
+
+/// Prints a value as the user asked: JSON, YAML, or (for tables) the given text; with
+/// `--query`, what the query selects from it.
 pub fn print(
+    format: Format,
+    value: &Value,
+    table_text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if let Some(found) = queried(value)? {
+        let text = any_table(&found);
+        return print_value(format, &found, || text);
+    }
+    print_value(format, value, table_text)
+}
+
+fn print_value(
     format: Format,
     value: &Value,
     table_text: impl FnOnce() -> String,

@@ -72,6 +72,9 @@ struct Cli {
     /// Output format (default: table on a terminal, JSON otherwise).
     #[arg(short = 'o', long, global = true, value_enum)]
     output: Option<client::Format>,
+    /// A JMESPath query applied to the answer before it is printed, as `az --query`.
+    #[arg(long, global = true)]
+    query: Option<String>,
     /// A certificate authority (PEM) to trust for an `https://` server, besides the system's.
     #[arg(long, global = true, env = "FLOTILLA_CA_FILE")]
     ca_file: Option<PathBuf>,
@@ -568,6 +571,10 @@ fn main() -> ExitCode {
         }
     };
     let output = cli.output;
+    if let Some(Err(e)) = cli.query.as_deref().map(client::set_query) {
+        eprintln!("flotilla: {e}");
+        return ExitCode::from(2);
+    }
     let token_flag = cli.token.clone();
     let ca_file = cli.ca_file.clone();
     let outcome = match cli.command {

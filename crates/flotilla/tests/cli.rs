@@ -923,7 +923,7 @@ fn member_import_from_csv_json_lines_and_json() {
 
 /// What a script written for `az fleet` spells differently works unchanged (First hour, "Against
 /// `az fleet`"): `-g` and `--subscription`, `--yes` and `--no-wait`, enum values in any case, a
-/// label given as a key alone, `--gate-name`, `gate list --gate-type`, `-o tsv` and `-o none`.
+/// label given as a key alone, `--gate-name`, `gate list --gate-type`, `-o tsv`, `-o none` and `--query`.
 #[test]
 fn az_spellings_are_accepted() {
     let env = Env::start("az-spellings");
@@ -968,6 +968,27 @@ fn az_spellings_are_accepted() {
     assert_eq!(
         env.ok(&["member", "list", "-f", "retail", "-o", "none"]),
         ""
+    );
+    // `--query`, JMESPath as `az` takes it, before the output format.
+    let names = env.ok(&[
+        "member", "list", "-f", "retail", "--query", "[].name", "-o", "tsv",
+    ]);
+    assert_eq!(names, "canary\nwest-1\n");
+    let prod = env.json(&[
+        "member",
+        "list",
+        "-f",
+        "retail",
+        "--query",
+        "[?properties.group=='prod'].{name: name, cluster: properties.clusterResourceId}",
+    ]);
+    assert_eq!(
+        prod,
+        serde_json::json!([{"name": "west-1", "cluster": "aks-west-1"}])
+    );
+    env.fails(
+        &["member", "list", "-f", "retail", "--query", "[?"],
+        "--query",
     );
     let stages = r#"{"stages": [{"name": "canary", "groups": [{"name": "canary"}]},
         {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "Go"}], "groups": [{"name": "prod"}]}]}"#;
