@@ -1,87 +1,40 @@
-//! Shared pieces of the fuzz targets: the request-body shapes the server reads (mirrored from
-//! `crates/flotilla-server/src/api.rs`, where they are private), the checks every validation
-//! error must pass, and the fixed fleet `run_body` creates runs over.
+//! Shared pieces of the fuzz targets: request bodies read as the server reads them (through
+//! `flotilla_engine::body`), the checks every validation error must pass, and the fixed fleet
+//! `run_body` creates runs over.
 
 use std::sync::OnceLock;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_sim::Scenario;
 
-/// A request body as the server reads it: an empty body is `{}`, anything else must be JSON.
-/// (The server's parser also refuses a key given twice in one object; that parser is private
-/// to the server crate and is not fuzzed here.)
+pub use flotilla_engine::body::{RunProperties, StrategyProperties};
+
+/// A request body as the server reads it: an empty body is `{}`, anything else must be JSON
+/// with no key given twice in one object (`flotilla_engine::body::strict_json`, the server's
+/// own reader).
 pub fn request_json(data: &[u8]) -> Option<Value> {
     if data.is_empty() {
         return Some(Value::Object(Default::default()));
     }
-    serde_json::from_slice(data).ok()
+    flotilla_engine::body::strict_json(data).ok()
 }
 
-/// The resource envelope of a PUT body: only `properties` is read (api.rs `Envelope`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, bound = "P: serde::de::DeserializeOwned")]
-pub struct Envelope<P> {
-    #[serde(default)]
-    pub properties: Option<P>,
-    #[serde(default, rename = "id")]
-    _id: Option<Value>,
-    #[serde(default, rename = "name")]
-    _name: Option<Value>,
-    #[serde(default, rename = "type")]
-    _type: Option<Value>,
-    #[serde(default, rename = "eTag")]
-    _etag: Option<Value>,
-    #[serde(default, rename = "systemData")]
-    _system: Option<Value>,
-}
-
-/// `properties` of an update strategy (api.rs `StrategyProperties`).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct StrategyProperties {
-    pub strategy: Option<Value>,
-    #[serde(default, rename = "provisioningState")]
-    _state: Option<Value>,
-}
-
-/// `properties` of an update run (api.rs `RunProperties`).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RunProperties {
-    #[serde(default)]
-    pub update_strategy_id: Option<String>,
-    #[serde(default)]
-    pub strategy: Option<Value>,
-    pub managed_cluster_update: Option<Value>,
-    #[serde(default, rename = "provisioningState")]
-    _state: Option<Value>,
-    #[serde(default, rename = "status")]
-    _status: Option<Value>,
-    #[serde(default, rename = "autoUpgradeProfileId")]
-    _profile: Option<Value>,
-}
-
-/// The `properties` of a body: read through the envelope when the body has `properties`,
-/// otherwise the body is taken as the properties themselves (so a corpus may hold either).
+/// The `properties` of a body: read through the server's envelope when the body has
+/// `properties`, otherwise the body is taken as the properties themselves (so a corpus may hold
+/// either).
 pub fn properties<P: serde::de::DeserializeOwned>(value: Value) -> Option<P> {
-    if value.get("properties").is_some() {
-        match flotilla_engine::error::from_json_value::<Envelope<P>>(value, "") {
-            Ok(env) => env.properties,
-            Err(e) => {
-                check_error(&e, "");
-                None
-            }
-        }
+    let read = if value.get("properties").is_some() {
+        flotilla_engine::body::properties::<P>(value)
     } else {
-        match flotilla_engine::error::from_json_value::<P>(value, "properties") {
-            Ok(p) => Some(p),
-            Err(e) => {
-                check_error(&e, "properties");
-                None
-            }
+        flotilla_engine::error::from_json_value::<P>(value, "properties")
+    };
+    match read {
+        Ok(p) => Some(p),
+        Err(e) => {
+            check_error(&e, "");
+            None
         }
     }
 }

@@ -4,6 +4,7 @@
 //! Nothing here performs I/O or reads a clock: time is an input ([`time::Time`]). The simulator,
 //! the server and the tests all drive [`engine::Engine`] through the same door.
 
+pub mod body;
 pub mod engine;
 pub mod error;
 pub mod fleet;

@@ -33,6 +33,7 @@ use crate::state::{AppState, BODY_LIMIT, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
     Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
 };
+use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::RunRules;
 use flotilla_engine::profile::{
     ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
@@ -107,82 +108,13 @@ async fn read_json_limited(body: Body, limit: usize) -> HttpResult<Value> {
     if bytes.is_empty() {
         return Ok(Value::Object(Default::default()));
     }
-    strict_json(&bytes).map_err(|e| {
+    flotilla_engine::body::strict_json(&bytes).map_err(|e| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
             format!("the body is not valid JSON: {e}"),
             "",
         ))
     })
-}
-
-/// Parses JSON refusing a key given twice in one object (serde_json keeps the last, so two
-/// readers of one body could see two different requests).
-fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
-    use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
-    struct Strict;
-    impl<'de> DeserializeSeed<'de> for Strict {
-        type Value = Value;
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-            d.deserialize_any(Strict)
-        }
-    }
-    impl<'de> Visitor<'de> for Strict {
-        type Value = Value;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON value")
-        }
-        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-            Ok(Value::Bool(v))
-        }
-        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-            Ok(Value::from(v))
-        }
-        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-            Ok(Value::from(v))
-        }
-        fn visit_f64<E: Error>(self, v: f64) -> Result<Value, E> {
-            serde_json::Number::from_f64(v)
-                .map(Value::Number)
-                .ok_or_else(|| E::custom("a number that is not finite"))
-        }
-        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-            Ok(Value::String(v.to_string()))
-        }
-        fn visit_string<E>(self, v: String) -> Result<Value, E> {
-            Ok(Value::String(v))
-        }
-        fn visit_unit<E>(self) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_none<E>(self) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element_seed(Strict)? {
-                items.push(item);
-            }
-            Ok(Value::Array(items))
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-            let mut object = serde_json::Map::new();
-            while let Some(key) = map.next_key::<String>()? {
-                if object.contains_key(&key) {
-                    return Err(A::Error::custom(format!(
-                        "the key {key:?} is given twice in one object"
-                    )));
-                }
-                let value = map.next_value_seed(Strict)?;
-                object.insert(key, value);
-            }
-            Ok(Value::Object(object))
-        }
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = Strict.deserialize(&mut deserializer)?;
-    deserializer.end()?;
-    Ok(value)
 }
 
 fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
@@ -195,33 +127,8 @@ fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
     })
 }
 
-/// Envelope fields a client may send back unchanged; only `properties` is read.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, bound = "P: serde::de::DeserializeOwned")]
-struct Envelope<P> {
-    #[serde(default)]
-    properties: Option<P>,
-    #[serde(default, rename = "id")]
-    _id: Option<Value>,
-    #[serde(default, rename = "name")]
-    _name: Option<Value>,
-    #[serde(default, rename = "type")]
-    _type: Option<Value>,
-    #[serde(default, rename = "eTag")]
-    _etag: Option<Value>,
-    #[serde(default, rename = "systemData")]
-    _system: Option<Value>,
-}
-
 fn envelope<P: serde::de::DeserializeOwned>(value: Value) -> HttpResult<P> {
-    let env: Envelope<P> = from_json_value(value, "")?;
-    env.properties.ok_or_else(|| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            "properties is required",
-            "properties",
-        ))
-    })
+    Ok(flotilla_engine::body::properties(value)?)
 }
 
 /// A stored resource as the API shows it: the body, its eTag, no internal fields.
@@ -1110,14 +1017,6 @@ async fn observe_member(
 // ---------------------------------------------------------------------------------------------
 // Update strategies.
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct StrategyProperties {
-    strategy: Option<Value>,
-    #[serde(default, rename = "provisioningState")]
-    _state: Option<Value>,
-}
-
 async fn put_strategy(
     State(state): State<Shared>,
     caller: Caller,
@@ -1164,22 +1063,6 @@ async fn put_strategy(
 
 // ---------------------------------------------------------------------------------------------
 // Update runs.
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RunProperties {
-    #[serde(default)]
-    update_strategy_id: Option<String>,
-    #[serde(default)]
-    strategy: Option<Value>,
-    managed_cluster_update: Option<Value>,
-    #[serde(default, rename = "provisioningState")]
-    _state: Option<Value>,
-    #[serde(default, rename = "status")]
-    _status: Option<Value>,
-    #[serde(default, rename = "autoUpgradeProfileId")]
-    _profile: Option<Value>,
-}
 
 fn is_active(body: &Value) -> bool {
     let state = body["properties"]["status"]["status"]["state"]
