@@ -1,4 +1,4 @@
-//! `/openapi.json`: the OpenAPI 3 description of the routes in [`crate::api::ROUTES`], with the
+//! `/openapi.json`: the OpenAPI 3 description of the routes of the route table (`ROUTES` in api.rs), with the
 //! request and response schema of each and every status code it answers with. What a route
 //! takes and answers follows from its method and its path's last segments, decided here once.
 
@@ -53,9 +53,9 @@ fn shape(path: &str) -> Shape {
         "leases" => return Shape::Other("Leases"),
         "releases" => return Shape::Other("Releases"),
         "events" => return Shape::Other("Events"),
-        "importMembers" => return Shape::Other("MemberPage"),
+        "importMembers" => return Shape::Other("ImportResult"),
         "start" | "stop" | "skip" => return Shape::Action("UpdateRun"),
-        "generateUpdateRun" => return Shape::Action("UpdateRun"),
+        "generateUpdateRun" => return Shape::Other("GeneratedRun"),
         _ => {}
     }
     if named {
@@ -91,7 +91,7 @@ fn request_body(method: &str, path: &str, shape: Shape) -> Option<(Value, bool)>
         ("patch", Shape::Resource("Gate")) => Some((reference("GatePatch"), true)),
         ("patch", Shape::Resource("Member")) => Some((reference("MemberPatch"), true)),
         ("post", Shape::List("Token")) => Some((reference("TokenRequest"), true)),
-        ("post", Shape::Other("MemberPage")) => Some((reference("MemberImport"), true)),
+        ("post", Shape::Other("ImportResult")) => Some((reference("MemberImport"), true)),
         // Actions are sent with no body, as the Azure SDK sends them; skip names its targets.
         ("post", Shape::Action(_)) if path.ends_with("/skip") => {
             Some((reference("SkipRequest"), true))
@@ -124,8 +124,10 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
                     ),
                 ),
             );
-            put(400, error("A paging or filter parameter is invalid"));
-            put(404, error("The fleet does not exist"));
+            if schema != "Token" {
+                put(400, error("A paging or filter parameter is invalid"));
+                put(404, error("The fleet does not exist"));
+            }
         }
         ("put", Shape::Resource(schema)) => {
             put(200, answer("Replaced", Some(reference(schema))));
@@ -142,6 +144,10 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(404, error("It does not exist"));
             put(409, error("It conflicts with the state of the run"));
             put(412, error("If-Match does not hold"));
+        }
+        ("delete", Shape::Resource("Token")) => {
+            put(200, answer("Revoked", None));
+            put(404, error("It does not exist"));
         }
         ("delete", Shape::Resource(_)) => {
             put(200, answer("Deleted", None));
@@ -162,11 +168,18 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
         ("post", Shape::List(schema)) => {
             put(201, answer("Created", Some(reference(schema))));
         }
-        ("post", Shape::Other(schema)) => {
-            put(200, answer("Registered", Some(reference(schema))));
-            put(201, answer("Registered", Some(reference(schema))));
+        ("post", Shape::Other("ImportResult")) => {
+            put(200, answer("Registered", Some(reference("ImportResult"))));
             put(404, error("The fleet does not exist"));
             put(409, error("A member or cluster id is taken"));
+        }
+        ("post", Shape::Other(schema)) => {
+            put(
+                200,
+                answer("The run the profile made", Some(reference(schema))),
+            );
+            put(404, error("It does not exist"));
+            put(409, error("The profile cannot make a run now"));
         }
         ("get", Shape::Other("Events")) => {
             put(
@@ -184,6 +197,10 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             );
             put(400, error("A parameter is invalid"));
             put(404, error("The fleet or region does not exist"));
+            put(
+                409,
+                error("The fleet's driver cannot list its releases now"),
+            );
         }
         ("get", Shape::Other(schema)) => {
             put(200, answer("OK", Some(reference(schema))));
@@ -218,12 +235,14 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
         put(401, error("No token, or a token that is not valid"));
         put(403, error("The role is too low"));
     }
-    if matches!(shape, Shape::Other("Releases") | Shape::Text) || role != "none" {
-        put(
-            503,
-            error("The store or the fleet's driver cannot be reached"),
-        );
-    }
+    // Any route, when the server is at its request limit or the store is down (`/readyz` says so
+    // in plain text).
+    put(
+        503,
+        json!({"description": "The server is busy, or the store cannot be reached",
+            "content": {"application/json": {"schema": reference("Error")},
+                "text/plain": {"schema": {"type": "string"}}}}),
+    );
     put(408, error("The request did not arrive in time"));
     put(421, error("The server does not answer to this Host"));
     put(
@@ -251,7 +270,8 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
         })
         .collect();
     let query = |name: &str, schema: Value| json!({"name": name, "in": "query", "schema": schema});
-    if method == "get" && matches!(shape, Shape::List(_)) {
+    // Tokens are few and listed whole.
+    if method == "get" && matches!(shape, Shape::List(_)) && shape != Shape::List("Token") {
         params.push(query(
             "$top",
             json!({"type": "integer", "minimum": 1, "maximum": 1000}),
@@ -261,14 +281,21 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
     if method == "get" && shape == Shape::List("Gate") {
         params.push(query(
             "state",
-            json!({"type": "string", "enum": ["Pending", "Completed"]}),
+            json!({"type": "string", "enum": ["Pending", "Skipped", "Completed"]}),
         ));
         params.push(query("$filter", json!({"type": "string"})));
     }
     if shape == Shape::Other("Releases") {
         params.push(query("region", json!({"type": "string"})));
     }
-    if matches!(method, "put" | "patch" | "delete" | "post") && !matches!(shape, Shape::List(_)) {
+    // Writes to a resource with an eTag take `If-Match`; tokens, imports and profiles' generated
+    // runs have none.
+    let conditional = match shape {
+        Shape::Resource(schema) => schema != "Token",
+        Shape::Action(_) => true,
+        _ => false,
+    };
+    if matches!(method, "put" | "patch" | "delete" | "post") && conditional {
         let header =
             |name: &str| json!({"name": name, "in": "header", "schema": {"type": "string"}});
         params.push(header("If-Match"));
@@ -380,7 +407,7 @@ fn schemas() -> Value {
         "Fleet": envelope(object(json!({
             "provisioningState": state,
             "driver": {"type": "object", "required": ["type"], "properties": {
-                "type": {"type": "string", "enum": ["sim", "exec", "aks"]}}}}))),
+                "type": {"type": "string", "enum": ["sim", "exec"]}}}}))),
         "Member": envelope(object(json!({
             "provisioningState": state,
             "clusterResourceId": text,
@@ -393,7 +420,9 @@ fn schemas() -> Value {
                 "name": text,
                 "properties": {"type": "object", "properties": {"clusterResourceId": text, "group": text, "labels": labels}}}}},
             "mode": text}},
-        "MemberPage": {"type": "object", "properties": {"value": {"type": "array", "items": reference("Member")}}},
+        "ImportResult": {"type": "object", "required": ["created", "updated"], "properties": {
+            "created": {"type": "integer"}, "updated": {"type": "integer"}}},
+        "GeneratedRun": {"type": "object", "required": ["id"], "properties": {"id": text}},
         "UpdateStrategy": envelope(object(json!({
             "provisioningState": state,
             "strategy": strategy}))),
@@ -418,7 +447,7 @@ fn schemas() -> Value {
             "state": {"type": "string", "enum": ["Completed"]}}})),
         "AutoUpgradeProfile": envelope(object(json!({
             "provisioningState": state,
-            "channel": {"type": "string", "enum": ["Stable", "Rapid", "NodeImage", "TargetKubernetesVersion"]},
+            "channel": {"type": "string", "enum": ["Stable", "Rapid", "NodeImage", "TargetKubernetesVersion", "SecurityPatch"]},
             "updateStrategyId": text,
             "disabled": {"type": "boolean"},
             "targetKubernetesVersion": text,

@@ -304,7 +304,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 /// The `--query` of this invocation (checked to compile when it is set).
 static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// Takes `--query`; a query that is not JMESPath is refused before anything is sent.
+/// Takes `--query`; a query that does not parse is refused before anything is sent. (One that
+/// parses and fails on the answer, an unknown function say, fails after it, as with `az`.)
 pub fn set_query(text: &str) -> anyhow::Result<()> {
     jmespath::compile(text).map_err(|e| query_error(text, &e))?;
     let _ = QUERY.set(text.to_string());

@@ -69,15 +69,24 @@ pub enum FleetCommand {
         name: String,
         #[arg(long)]
         driver: String,
+        #[command(flatten)]
+        az: AzScope,
     },
     Show {
         #[arg(short = 'n', long)]
         name: String,
+        #[command(flatten)]
+        az: AzScope,
     },
-    List,
+    List {
+        #[command(flatten)]
+        az: AzScope,
+    },
     Delete {
         #[arg(short = 'n', long)]
         name: String,
+        #[command(flatten)]
+        az: AzScope,
     },
 }
 
@@ -407,7 +416,7 @@ pub async fn fleet(
         ("driver", &["properties", "driver", "type"]),
     ];
     match command {
-        FleetCommand::Create { name, driver } => {
+        FleetCommand::Create { name, driver, .. } => {
             let driver = file_or_json(&driver, "--driver")?;
             let v = client
                 .send(
@@ -418,17 +427,17 @@ pub async fn fleet(
                 .await?;
             print(format, &v, || one_row(&v, columns, colour))?;
         }
-        FleetCommand::Show { name } => {
+        FleetCommand::Show { name, .. } => {
             let v = client.get(&format!("/v1/fleets/{name}")).await?;
             print(format, &v, || one_row(&v, columns, colour))?;
         }
-        FleetCommand::List => {
+        FleetCommand::List { .. } => {
             let items = client.list_all("/v1/fleets").await?;
             print(format, &Value::Array(items.clone()), || {
                 resource_rows(&items, columns, colour)
             })?;
         }
-        FleetCommand::Delete { name } => {
+        FleetCommand::Delete { name, .. } => {
             client
                 .send(reqwest::Method::DELETE, &format!("/v1/fleets/{name}"), None)
                 .await?;
@@ -1348,7 +1357,9 @@ pub async fn server_token(
                 ("created", &["createdAt"]),
                 ("revoked", &["revoked"]),
             ];
-            print(format, &v, || resource_rows(&items, columns, false))?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, columns, false)
+            })?;
         }
         ServerTokenCommand::Revoke { id } => {
             client

@@ -683,10 +683,10 @@ fn flag_checks_and_error_lines() {
         .ok(&["token", "create", "--role", "reader", "--subject", "bob"])
         .trim()
         .to_string();
+    // A list, like every other list command's (so `--query "[].id"` and `-o tsv` work on it).
     let tokens = env.json(&["token", "list"]);
     assert!(
-        tokens["value"].as_array().is_some_and(|t| t.len() == 2)
-            && !tokens.to_string().contains(&reader)
+        tokens.as_array().is_some_and(|t| t.len() == 2) && !tokens.to_string().contains(&reader)
     );
     let refused = env
         .command()
@@ -700,7 +700,7 @@ fn flag_checks_and_error_lines() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let id = tokens["value"]
+    let id = tokens
         .as_array()
         .into_iter()
         .flatten()
