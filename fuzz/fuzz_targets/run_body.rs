@@ -12,7 +12,7 @@ use serde_json::Value;
 use flotilla_engine::engine::{Engine, RunSpec};
 use flotilla_engine::error::from_json_value;
 use flotilla_engine::strategy::{
-    DEFAULT_STAGE_CONCURRENCY_LIMIT, GateKind, ManagedClusterUpdateSpec, StrategySpec,
+    DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec,
     parse_strategy, parse_upgrade,
 };
 use flotilla_fuzz::{RunProperties, check_error, fleet, properties, request_json};
@@ -116,38 +116,22 @@ fuzz_target!(|data: &[u8]| {
         label: "start".into(),
         run: None,
     }];
-    let mut gates = Vec::new();
-    for stage in strategy.iter().flat_map(|s| &s.stages) {
-        let approval = |gs: &[flotilla_engine::strategy::Gate]| {
-            gs.iter().any(|g| g.kind == GateKind::Approval)
-        };
-        for (timing, gs) in [
-            ("Before", &stage.before_gates),
-            ("After", &stage.after_gates),
-        ] {
-            if approval(gs) {
-                gates.push(GateLocator {
-                    stage: stage.name.clone(),
-                    group: None,
-                    timing: timing.into(),
-                });
-            }
-        }
-        for group in &stage.groups {
-            for (timing, gs) in [
-                ("Before", &group.before_gates),
-                ("After", &group.after_gates),
-            ] {
-                if approval(gs) {
-                    gates.push(GateLocator {
-                        stage: stage.name.clone(),
-                        group: Some(group.name.clone()),
-                        timing: timing.into(),
-                    });
-                }
-            }
-        }
-    }
+    // Every Approval gate of the run, as the engine lists them.
+    let gates: Vec<GateLocator> = created
+        .as_ref()
+        .map(|(engine, _)| {
+            engine
+                .gate_views()
+                .into_iter()
+                .filter(|g| g.gate_type == "Approval")
+                .map(|g| GateLocator {
+                    stage: g.stage,
+                    group: g.group,
+                    timing: format!("{:?}", g.timing),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     for hour in 1..=12 {
         for gate in gates.iter().take(16) {
             actions.push(TimedAction {
