@@ -19,7 +19,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::engine::{Command, Engine, Input, OperationProgress, RunSpec, Target, apply_target};
+use crate::engine::{
+    Command, Engine, Input, OperationProgress, RunSpec, StatusText, Target, apply_target,
+};
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet::{Catalog, Cluster, Member, SharedMember};
 use crate::status::Event;
@@ -440,6 +442,14 @@ impl FleetEngine {
             .get(name)
             .and_then(|s| self.runs.get(s))
             .map(|s| &s.engine)
+    }
+
+    /// Tells a rendering of run `name`'s status what changed in the run (see
+    /// [`StatusText::refresh`]); `None` when the fleet has no such run.
+    pub fn refresh_status(&mut self, name: &str, text: &mut StatusText) -> Option<bool> {
+        let seq = self.names.get(name)?;
+        let slot = self.runs.get_mut(seq)?;
+        Some(text.refresh(&mut slot.engine))
     }
 
     /// Run names in creation order.

@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use flotilla_engine::engine::{
-    Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, Target, Timing,
-    apply_target,
+    Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, StatusText, Target,
+    Timing, apply_target,
 };
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
 use flotilla_engine::fleet::{Catalog, Cluster};
@@ -170,7 +170,8 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
 }
 
 /// Like [`simulate`], but recounts the fleet engine's state from scratch after every instant
-/// ([`FleetEngine::check_invariants`]) and stops at the first violation. For tests.
+/// ([`FleetEngine::check_invariants`]), checks each run's status rendered by change against
+/// its whole status, and stops at the first violation. For tests.
 pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, String> {
     match run(scenario, true) {
         (result, None) => Ok(result),
@@ -206,6 +207,46 @@ fn default_behaviour() -> SimBehaviour {
         fail_message: String::new(),
         fail_attempts: None,
     }
+}
+
+/// Checks that each run's status rendered by change ([`StatusText`]) is the status rendered
+/// whole, and that a rendering that reports no change is indeed the same text as before.
+fn check_status_texts(
+    fleet: &mut FleetEngine,
+    texts: &mut BTreeMap<String, StatusText>,
+) -> Result<(), String> {
+    let names: Vec<String> = fleet.run_names().map(String::from).collect();
+    for name in names {
+        let text = texts.entry(name.clone()).or_default();
+        let Some(engine) = fleet.run(&name) else {
+            continue;
+        };
+        let before = text.text(engine).map_err(|e| e.to_string())?;
+        let Some(changed) = fleet.refresh_status(&name, text) else {
+            continue;
+        };
+        let whole = fleet
+            .run(&name)
+            .map(|e| serde_json::to_string(&e.status()))
+            .transpose()
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let rendered = match fleet.run(&name) {
+            Some(engine) => text.text(engine).map_err(|e| e.to_string())?,
+            None => continue,
+        };
+        if rendered != whole {
+            return Err(format!(
+                "run {name}: the status rendered by change differs from the whole status"
+            ));
+        }
+        if !changed && !before.is_empty() && rendered != before {
+            return Err(format!(
+                "run {name}: the status changed but its rendering said it did not"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String>) {
@@ -318,6 +359,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
     };
     let mut feed_events: Vec<Event> = Vec::new();
     let mut violation = None;
+    let mut texts: BTreeMap<String, StatusText> = BTreeMap::new();
     let mut next_action = 0;
     let actions = &scenario.actions;
     let mut now = scenario.start;
@@ -477,9 +519,19 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             }
         }
         // 5. The runs schedule in turn (the fleet engine keeps one operation per cluster);
-        // commands are answered until the fleet has nothing more to say.
+        // commands are answered until the fleet has nothing more to say. (Checked, each run's
+        // status is also rendered before and after each settle, so what a settle alone
+        // changes is checked against what it reported.)
         loop {
+            if check_invariants && let Err(e) = check_status_texts(&mut fleet, &mut texts) {
+                violation = Some(format!("at {now}: {e}"));
+                break;
+            }
             fleet.settle(now);
+            if check_invariants && let Err(e) = check_status_texts(&mut fleet, &mut texts) {
+                violation = Some(format!("at {now}: {e}"));
+                break;
+            }
             let mut answered = false;
             while let Some(FleetCommand { run, command }) = fleet.poll_command() {
                 let Some(index) = index_of(&runs, &run) else {
@@ -517,12 +569,19 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 break;
             }
         }
+        if violation.is_some() {
+            break;
+        }
         while let Some(FleetEvent { run, event }) = fleet.poll_event() {
             if let Some(i) = index_of(&runs, &run) {
                 runs[i].events.push(event);
             }
         }
         if check_invariants && let Err(e) = fleet.check_invariants(now) {
+            violation = Some(format!("at {now}: {e}"));
+            break;
+        }
+        if check_invariants && let Err(e) = check_status_texts(&mut fleet, &mut texts) {
             violation = Some(format!("at {now}: {e}"));
             break;
         }

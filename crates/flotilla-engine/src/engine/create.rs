@@ -82,6 +82,7 @@ impl Engine {
             timers: BTreeSet::new(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
+            touched: Touched::default(),
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

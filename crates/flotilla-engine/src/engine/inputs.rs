@@ -43,6 +43,7 @@ impl Engine {
                 operation_id,
             } => {
                 if let Some(&m) = self.member_index.get(member.as_str()) {
+                    self.touch(m);
                     let member = &mut self.members[m as usize];
                     if member.attempt == attempt {
                         member.operation_id = Some(operation_id.into());
@@ -188,6 +189,7 @@ impl Engine {
             for m in members {
                 match self.members[m as usize].state {
                     State::Stopped => {
+                        self.touch(m);
                         let member = &mut self.members[m as usize];
                         member.state = State::Running;
                         member.reattaching = true;
@@ -235,6 +237,7 @@ impl Engine {
                     continue;
                 }
                 group.stopped = false;
+                self.touched.mark(g);
                 let mut reset = 0;
                 for &m in &group.members {
                     let member = &mut self.members[m as usize];
@@ -333,6 +336,7 @@ impl Engine {
                     match member.state {
                         // Operations already sent are not aborted; the run stops tracking them.
                         State::Running => {
+                            self.touch(m);
                             self.members[m as usize].state = State::Stopped;
                             self.members[m as usize].reattaching = false;
                             self.add_in_flight(g, -1);
@@ -376,6 +380,7 @@ impl Engine {
             return;
         }
         self.members[m as usize].reattaching = false;
+        self.touch(m);
         let member = &self.members[m as usize];
         let g = member.group;
         self.add_in_flight(g, -1);
@@ -409,6 +414,7 @@ impl Engine {
 
     /// Records a member failure and applies the thresholds (SEMANTICS §4).
     pub(super) fn fail_member(&mut self, now: Time, m: u32, code: &str, message: String) {
+        self.touch(m);
         let member = &mut self.members[m as usize];
         member.state = State::Failed;
         member.completed = Some(now);
@@ -530,6 +536,7 @@ impl Engine {
             }
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);
+                self.touch(m);
                 let member = &mut self.members[m as usize];
                 let at_target = member
                     .target

@@ -38,7 +38,7 @@ mod status;
 
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
-pub use status::{apply_target, cluster_at};
+pub use status::{StatusText, apply_target, cluster_at};
 
 /// What a run applies, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -366,6 +366,36 @@ pub struct Engine {
     timers: BTreeSet<(Time, TimerKey)>,
     commands: VecDeque<Command>,
     events: VecDeque<Event>,
+    /// Groups with a member whose status changed since the shell last asked
+    /// ([`Engine::take_touched_groups`]): what a status rendering must redo.
+    touched: Touched,
+}
+
+/// A set of group indices, marked in O(1) and taken in the order marked.
+#[derive(Clone, Debug, Default)]
+struct Touched {
+    marked: Vec<bool>,
+    list: Vec<u32>,
+}
+
+impl Touched {
+    fn mark(&mut self, g: u32) {
+        let i = g as usize;
+        if self.marked.len() <= i {
+            self.marked.resize(i + 1, false);
+        }
+        if !self.marked[i] {
+            self.marked[i] = true;
+            self.list.push(g);
+        }
+    }
+
+    fn take(&mut self) -> Vec<u32> {
+        for &g in &self.list {
+            self.marked[g as usize] = false;
+        }
+        std::mem::take(&mut self.list)
+    }
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
@@ -586,6 +616,12 @@ impl Engine {
     /// Records a refused action in the event log (the simulator's `ActionRejected`).
     pub fn record_rejection(&mut self, now: Time, action: &str, error: ApiError) {
         self.events.push_back(Event::rejected(now, action, error));
+    }
+
+    /// Marks `m`'s group as holding a member whose status (state, times, message, error,
+    /// operation id) is about to change.
+    fn touch(&mut self, m: u32) {
+        self.touched.mark(self.members[m as usize].group);
     }
 
     fn set_member_timer(&mut self, m: u32, at: Option<Time>) {

@@ -13,6 +13,7 @@ impl Engine {
             member.state = State::NotStarted;
             member.message = None;
             self.groups[g].pending -= 1;
+            self.touched.mark(g as u32);
         }
         member.place = Place::Nowhere;
         self.set_member_timer(m, None);
@@ -41,6 +42,9 @@ impl Engine {
         if let Place::Queued(old) = member.place {
             self.groups[g].ready.remove(&(old, m));
         }
+        if member.state == State::Pending || member.message.is_some() {
+            self.touched.mark(g as u32);
+        }
         if member.state == State::Pending {
             member.state = State::NotStarted;
             self.groups[g].pending -= 1;
@@ -61,6 +65,9 @@ impl Engine {
         }
         let newly = member.state != State::Pending;
         let changed = member.message.as_deref() != Some(message.as_str());
+        if newly || changed {
+            self.touched.mark(g as u32);
+        }
         if newly {
             member.state = State::Pending;
             self.groups[g].pending += 1;
