@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::engine::{
-    Command, Engine, Input, OperationProgress, RunSpec, StatusText, Target, apply_target,
+    Command, Engine, Input, OperationProgress, RunSpec, StatusChanges, Target, apply_target,
 };
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet::{Catalog, Cluster, Member, SharedMember};
@@ -445,8 +445,8 @@ impl FleetEngine {
     }
 
     /// Tells a rendering of run `name`'s status what changed in the run (see
-    /// [`StatusText::refresh`]); `None` when the fleet has no such run.
-    pub fn refresh_status(&mut self, name: &str, text: &mut StatusText) -> Option<bool> {
+    /// [`StatusChanges::refresh`]); `None` when the fleet has no such run.
+    pub fn refresh_status(&mut self, name: &str, text: &mut StatusChanges) -> Option<bool> {
         let seq = self.names.get(name)?;
         let slot = self.runs.get_mut(seq)?;
         Some(text.refresh(&mut slot.engine))

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use flotilla_engine::engine::{
-    Command, Engine, Input, OperationProgress, RunSpec, StatusText, Target,
+    Command, Engine, Input, OperationProgress, RunSpec, StatusChanges, Target,
 };
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::fleet::{Catalog, Cluster, Member, MemberRecord, SharedMember};
@@ -1144,8 +1144,8 @@ struct RunMeta {
     outstanding: std::collections::HashSet<u64>,
     /// The status changed since it was last written.
     status_dirty: bool,
-    /// The status as last rendered, kept by group so a write renders what changed.
-    status: StatusText,
+    /// Tells whether what a reader sees of the run changed.
+    status: StatusChanges,
     last_status_write: Option<Instant>,
     /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
     /// the same, so a run replaced or deleted (through any replica) stops being driven.
@@ -1282,7 +1282,7 @@ impl FleetActor {
             return Ok(());
         }
         self.engine.adopt_run(now(), &run, loaded.engine)?;
-        let mut status = StatusText::new();
+        let mut status = StatusChanges::new();
         self.engine.refresh_status(&run, &mut status);
         self.meta.insert(
             run.clone(),
@@ -1550,8 +1550,8 @@ impl FleetActor {
             };
             let mut log = std::mem::take(&mut meta.unwritten);
             log.extend(fresh);
-            // Whether what a reader sees changed: the rendering knows, for a run that was given
-            // anything (news of a lock on a member the run has not reached changes nothing).
+            // Whether what a reader sees changed, for a run that was given anything (news of a
+            // lock on a member the run has not reached changes nothing).
             let given = !log.is_empty() || !step.events.is_empty() || !step.commands.is_empty();
             if given && self.engine.refresh_status(&run, &mut meta.status) != Some(false) {
                 meta.status_dirty = true;
@@ -1596,21 +1596,15 @@ impl FleetActor {
                 meta.status_dirty = false;
                 meta.last_status_write = Some(Instant::now());
             }
-            let rendered = write_status.then(|| {
-                let text = meta.status.text(engine)?;
-                debug_assert!(
-                    serde_json::to_string(&engine.status()).is_ok_and(|whole| whole == text),
-                    "run {run}: the status rendered by change differs from the whole status"
-                );
-                run_document(&meta.base, text)
-            });
-            let (body, head) = match rendered {
+            let (body, head) = match write_status.then(|| engine.status()) {
                 None => (None, None),
-                Some(Ok(body)) => (Some(body), meta.status.tree().map(crate::run_head::head_of)),
-                Some(Err(e)) => {
-                    tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
-                    (None, None)
-                }
+                Some(status) => match run_document(&meta.base, &status) {
+                    Ok(body) => (Some(body), Some(crate::run_head::head_of(&status))),
+                    Err(e) => {
+                        tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
+                        (None, None)
+                    }
+                },
             };
             let gates = if step.gates_changed {
                 gate_resources(&self.fleet, &run, engine)
@@ -2071,12 +2065,13 @@ pub fn member_record(name: &str, body: &Value, cluster: Cluster) -> MemberRecord
 /// A run's document as JSON text: its resource without status (`base`), with `status` as
 /// `properties.status`. Rendered straight to text: a 10,000-member status is never built as a
 /// JSON tree first.
-/// The run resource with its status, given as JSON text ([`StatusText::text`]).
-fn run_document(base: &Value, status: String) -> serde_json::Result<String> {
+fn run_document(
+    base: &Value,
+    status: &flotilla_engine::status::UpdateRunStatus,
+) -> serde_json::Result<String> {
     use serde::ser::{Serialize, SerializeMap, Serializer};
-    let status = serde_json::value::RawValue::from_string(status)?;
-    struct Document<'a>(&'a Value, &'a serde_json::value::RawValue);
-    struct Properties<'a>(&'a Value, &'a serde_json::value::RawValue);
+    struct Document<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
+    struct Properties<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
     impl Serialize for Document<'_> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             let fields = self.0.as_object();
@@ -2106,7 +2101,7 @@ fn run_document(base: &Value, status: String) -> serde_json::Result<String> {
             map.end()
         }
     }
-    serde_json::to_string(&Document(base, &status))
+    serde_json::to_string(&Document(base, status))
 }
 
 /// A member's status: its cluster as last seen, and when.

@@ -38,7 +38,7 @@ mod status;
 
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
-pub use status::{StatusText, apply_target, cluster_at};
+pub use status::{StatusChanges, apply_target, cluster_at};
 
 /// What a run applies, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]

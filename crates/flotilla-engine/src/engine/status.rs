@@ -238,54 +238,28 @@ impl Engine {
     }
 }
 
-/// What an empty member list of a group looks like in the status text. Inside a JSON string
-/// every quote is escaped, so this sequence (a quote, the key, an unescaped closing quote) can
-/// only be the key itself: the one place a group's members go.
-const MEMBERS_HOLE: &str = "\"members\":[]";
-
-/// A run's status as JSON text, rendered again only where it changed (FLEET-DESIGN.md:
-/// a status write costs what changed). Each group's members are held as text and rendered
-/// again when the engine reports the group touched; the rest of the tree (the run, stages,
-/// groups, gates and waits: a few hundred bytes a group) is rendered whole, and the members
-/// spliced into it. The text equals `serde_json::to_string(&engine.status())`.
+/// Whether a run's status changed, without rendering it (FLEET-DESIGN.md: a step costs what
+/// it changed). The engine marks the groups whose members' statuses changed; the rest of the
+/// tree (the run, stages, groups, gates and waits: a few hundred bytes a group) is compared
+/// with the one seen last.
 #[derive(Clone, Debug, Default)]
-pub struct StatusText {
-    /// Each group's members as a JSON array, by group index; `None` when to be rendered.
-    members: Vec<Option<String>>,
-    /// The tree without members, as last rendered, and as text once asked for.
+pub struct StatusChanges {
+    /// The tree without members, as last seen.
     skeleton: Option<UpdateRunStatus>,
-    skeleton_text: Option<String>,
-    /// The groups in the order the status shows them.
-    order: Vec<u32>,
 }
 
-impl StatusText {
-    pub fn new() -> StatusText {
-        StatusText::default()
+impl StatusChanges {
+    pub fn new() -> StatusChanges {
+        StatusChanges::default()
     }
 
     /// Takes in what changed in `engine` (always the same run's engine) since the last call,
-    /// and returns whether its status did: a member of some group, or the rest of the tree.
-    /// Renders no member: that waits for [`StatusText::text`].
+    /// and returns whether its status did: a member's, or the rest of the tree.
     pub fn refresh(&mut self, engine: &mut Engine) -> bool {
-        let touched = engine.take_touched_groups();
-        let mut changed = !touched.is_empty();
-        if self.members.len() != engine.groups.len() {
-            self.members = vec![None; engine.groups.len()];
-            self.order = engine
-                .stages
-                .iter()
-                .flat_map(|s| s.groups.iter().copied())
-                .collect();
-            changed = true;
-        }
-        for g in touched {
-            self.members[g as usize] = None;
-        }
+        let mut changed = !engine.take_touched_groups().is_empty();
         let skeleton = engine.status_tree(false);
         if self.skeleton.as_ref() != Some(&skeleton) {
             self.skeleton = Some(skeleton);
-            self.skeleton_text = None;
             changed = true;
         }
         changed
@@ -294,34 +268,5 @@ impl StatusText {
     /// The status tree without the members' statuses, as of the last refresh.
     pub fn tree(&self) -> Option<&UpdateRunStatus> {
         self.skeleton.as_ref()
-    }
-
-    /// The whole status as JSON text, as of the last refresh: the groups touched since the
-    /// last text are rendered now, from `engine` (the same run's, not changed since).
-    pub fn text(&mut self, engine: &Engine) -> serde_json::Result<String> {
-        for (g, text) in self.members.iter_mut().enumerate() {
-            if text.is_none() {
-                *text = Some(serde_json::to_string(&engine.group_members(g as u32))?);
-            }
-        }
-        let skeleton = match (&self.skeleton_text, &self.skeleton) {
-            (Some(text), _) => text,
-            (None, Some(tree)) => self.skeleton_text.insert(serde_json::to_string(tree)?),
-            (None, None) => return Ok(String::new()),
-        };
-        let members: usize = self.members.iter().flatten().map(String::len).sum();
-        let mut text = String::with_capacity(skeleton.len() + members);
-        let mut rest = skeleton.as_str();
-        for &g in &self.order {
-            let Some(at) = rest.find(MEMBERS_HOLE) else {
-                break;
-            };
-            text.push_str(&rest[..at]);
-            text.push_str("\"members\":");
-            text.push_str(self.members[g as usize].as_deref().unwrap_or("[]"));
-            rest = &rest[at + MEMBERS_HOLE.len()..];
-        }
-        text.push_str(rest);
-        Ok(text)
     }
 }
