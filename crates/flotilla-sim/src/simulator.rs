@@ -229,8 +229,20 @@ fn check_status_changes(
             .map_err(|e| e.to_string())?
             .unwrap_or_default();
         if !changed && now != *before {
+            let at = now
+                .bytes()
+                .zip(before.bytes())
+                .position(|(a, b)| a != b)
+                .unwrap_or(now.len().min(before.len()));
+            let context = |t: &str| {
+                t.get(at.saturating_sub(120)..(at + 60).min(t.len()))
+                    .unwrap_or("")
+                    .to_string()
+            };
             return Err(format!(
-                "run {name}: its status changed but the engine reported no change"
+                "run {name}: its status changed but the engine reported no change: {} → {}",
+                context(before),
+                context(&now)
             ));
         }
         *before = now;

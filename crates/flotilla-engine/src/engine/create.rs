@@ -83,6 +83,8 @@ impl Engine {
             commands: VecDeque::new(),
             events: VecDeque::new(),
             touched: Touched::default(),
+            polled: 0,
+            quiet_changes: 0,
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

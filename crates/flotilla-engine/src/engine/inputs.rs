@@ -6,6 +6,19 @@ impl Engine {
     /// Applies one input at `now` without scheduling. User actions the API would refuse return
     /// the API error and change nothing.
     pub fn handle(&mut self, now: Time, input: Input) -> Result<(), ApiError> {
+        if matches!(
+            input,
+            Input::Start
+                | Input::Stop
+                | Input::Skip(_)
+                | Input::SkipBy { .. }
+                | Input::ApproveGate { .. }
+                | Input::ApproveGateById { .. }
+        ) {
+            // A user's action may change the status without an event (a wait skipped before
+            // it starts, say): the status is looked at again, whatever it did.
+            self.quiet_changes += 1;
+        }
         match input {
             Input::Start => self.start(now),
             Input::Stop => self.stop(now),

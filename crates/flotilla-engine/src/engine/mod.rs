@@ -367,8 +367,13 @@ pub struct Engine {
     commands: VecDeque<Command>,
     events: VecDeque<Event>,
     /// Groups with a member whose status changed since the shell last asked
-    /// ([`Engine::take_touched_groups`]): what a status rendering must redo.
+    /// ([`Engine::take_touched_groups`]).
     touched: Touched,
+    /// Events handed out by [`Engine::poll_event`] so far.
+    polled: u64,
+    /// Changes of the status outside the members that emit no event (a failed run's times
+    /// settled once nothing is in flight).
+    quiet_changes: u64,
 }
 
 /// A set of group indices, marked in O(1) and taken in the order marked.
@@ -429,7 +434,15 @@ impl Engine {
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let event = self.events.pop_front()?;
+        self.polled += 1;
+        Some(event)
+    }
+
+    /// Grows whenever the status outside the members may have changed: with each event the
+    /// run emits, and with the few such changes that emit none.
+    pub fn status_revision(&self) -> u64 {
+        self.polled + self.events.len() as u64 + self.quiet_changes
     }
 
     /// The earliest instant at which the engine must be settled again.

@@ -459,6 +459,7 @@ impl Engine {
     /// The run failed and nothing is in flight any more: settle every state (SEMANTICS §4).
     pub(super) fn finalize_failed(&mut self, now: Time) {
         self.run_completed = Some(now);
+        self.quiet_changes += 1;
         let Some(stage) = self.stages.get(self.current) else {
             return;
         };

@@ -239,13 +239,18 @@ impl Engine {
 }
 
 /// Whether a run's status changed, without rendering it (FLEET-DESIGN.md: a step costs what
-/// it changed). The engine marks the groups whose members' statuses changed; the rest of the
-/// tree (the run, stages, groups, gates and waits: a few hundred bytes a group) is compared
-/// with the one seen last.
+/// it changed). The engine marks the groups whose members' statuses changed. The rest of the
+/// tree (the run, stages, groups, gates and waits: a few hundred bytes a group) changes only
+/// with a member or with the run's status revision (an event: a gate, a wait, a stage or group
+/// starting or ending; or a change that emits none), and is then compared with the one seen
+/// last. The simulator checks the
+/// claim in every scenario it runs checking invariants.
 #[derive(Clone, Debug, Default)]
 pub struct StatusChanges {
     /// The tree without members, as last seen.
     skeleton: Option<UpdateRunStatus>,
+    /// The run's [`Engine::status_revision`] when last seen.
+    revision: u64,
 }
 
 impl StatusChanges {
@@ -257,6 +262,11 @@ impl StatusChanges {
     /// and returns whether its status did: a member's, or the rest of the tree.
     pub fn refresh(&mut self, engine: &mut Engine) -> bool {
         let mut changed = !engine.take_touched_groups().is_empty();
+        let revision = engine.status_revision();
+        if !changed && revision == self.revision && self.skeleton.is_some() {
+            return false;
+        }
+        self.revision = revision;
         let skeleton = engine.status_tree(false);
         if self.skeleton.as_ref() != Some(&skeleton) {
             self.skeleton = Some(skeleton);
