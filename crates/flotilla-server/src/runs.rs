@@ -30,7 +30,7 @@ use flotilla_engine::time::Time;
 
 use crate::driver::{Driver, MemberRef, driver_from_config};
 use crate::metrics::Metrics;
-use crate::store::{Fence, Intent, Kind, Notice, RunBatch, Store, StoreError};
+use crate::store::{Fence, Intent, Kind, Notice, OperationRecord, RunBatch, Store, StoreError};
 
 /// How long a fleet's lease lasts without renewal, unless configured.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -308,6 +308,36 @@ pub struct Runs {
     to_resume: Mutex<std::collections::HashSet<String>>,
     /// Live replicas at the last heartbeat.
     alive: std::sync::atomic::AtomicUsize,
+    /// The writer of operation ids drivers name, started on first use.
+    operation_ids:
+        std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
+}
+
+/// Writes the operation ids drivers name, as many as have arrived to one transaction (one sync
+/// to disk for a step's worth of upgrades, not one each), and tells each caller once its id
+/// is stored.
+async fn write_operation_ids(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::UnboundedReceiver<(OperationRecord, oneshot::Sender<()>)>,
+) {
+    const MOST: usize = 1000;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MOST {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let records: Vec<OperationRecord> = batch.iter().map(|(r, _)| r.clone()).collect();
+        if let Err(e) = store.record_operations(&records).await {
+            // The intents keep no id; a restart asks the driver again by the attempt's key.
+            tracing::warn!(error = %e, count = records.len(), "cannot record operation ids");
+        }
+        for (_, done) in batch {
+            let _ = done.send(());
+        }
+    }
 }
 
 /// What a run is created from, stored with it.
@@ -521,6 +551,7 @@ impl Runs {
             to_reload: Mutex::new(Default::default()),
             to_resume: Mutex::new(Default::default()),
             alive: std::sync::atomic::AtomicUsize::new(1),
+            operation_ids: std::sync::OnceLock::new(),
         })
     }
 
@@ -2009,11 +2040,21 @@ impl crate::operation::SendPermit for LeasePermit {
     }
 
     async fn record(&self, operation_id: &str) {
-        let _ = self
-            .runs
-            .store
-            .record_operation(&self.fleet, &self.run, self.attempt, operation_id)
-            .await;
+        let writer = self.runs.operation_ids.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(write_operation_ids(self.runs.store.clone(), rx));
+            tx
+        });
+        let record = OperationRecord {
+            fleet: self.fleet.clone(),
+            run: self.run.clone(),
+            attempt: self.attempt,
+            operation_id: operation_id.to_string(),
+        };
+        let (done, stored) = oneshot::channel();
+        if writer.send((record, done)).is_ok() {
+            let _ = stored.await;
+        }
     }
 
     fn count_started(&self) {

@@ -472,13 +472,17 @@ pub trait RunLog: Send + Sync {
         limit: usize,
     ) -> StoreResult<Vec<(i64, Value)>>;
     async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>>;
-    async fn record_operation(
-        &self,
-        fleet: &str,
-        run: &str,
-        attempt: u64,
-        operation_id: &str,
-    ) -> StoreResult<()>;
+    /// Records the operation ids drivers named for these attempts, in one transaction.
+    async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()>;
+}
+
+/// The operation a driver named for an attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationRecord {
+    pub fleet: String,
+    pub run: String,
+    pub attempt: u64,
+    pub operation_id: String,
 }
 
 /// API tokens, stored by hash.

@@ -12,9 +12,9 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, PendingAction, Precondition,
-    RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError, StoreResult,
-    TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
+    Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
+    Precondition, RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError,
+    StoreResult, TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
     merge_member, millis, parse_body, same_run, with_status,
 };
 
@@ -634,22 +634,20 @@ impl RunLog for PgStore {
             .collect()
     }
 
-    async fn record_operation(
-        &self,
-        fleet: &str,
-        run: &str,
-        attempt: u64,
-        operation_id: &str,
-    ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE intents SET operation_id = $1 WHERE fleet = $2 AND run = $3 AND attempt = $4",
-        )
-        .bind(operation_id)
-        .bind(fleet)
-        .bind(run)
-        .bind(attempt as i64)
-        .execute(&self.pool)
-        .await?;
+    async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        for op in operations {
+            sqlx::query(
+                "UPDATE intents SET operation_id = $1 WHERE fleet = $2 AND run = $3 AND attempt = $4",
+            )
+            .bind(&op.operation_id)
+            .bind(&op.fleet)
+            .bind(&op.run)
+            .bind(op.attempt as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -600,22 +600,20 @@ impl RunLog for SqliteStore {
             .collect()
     }
 
-    async fn record_operation(
-        &self,
-        fleet: &str,
-        run: &str,
-        attempt: u64,
-        operation_id: &str,
-    ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
-        )
-        .bind(operation_id)
-        .bind(fleet)
-        .bind(run)
-        .bind(attempt as i64)
-        .execute(&self.pool)
-        .await?;
+    async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for op in operations {
+            sqlx::query(
+                "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
+            )
+            .bind(&op.operation_id)
+            .bind(&op.fleet)
+            .bind(&op.run)
+            .bind(op.attempt as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
-    Fence, Intent, Kind, MemberWrite, Notice, Precondition, RegisterMode, RunBatch, SqliteStore,
-    Store, StoreError, TokenRecord,
+    Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
+    RunBatch, SqliteStore, Store, StoreError, TokenRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -561,7 +561,12 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     };
     store.write_run_batch(&batch).await.unwrap();
     store
-        .record_operation("f", "r", 1, "operation-1")
+        .record_operations(&[OperationRecord {
+            fleet: "f".into(),
+            run: "r".into(),
+            attempt: 1,
+            operation_id: "operation-1".into(),
+        }])
         .await
         .unwrap();
     let next = RunBatch {
