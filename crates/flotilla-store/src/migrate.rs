@@ -38,6 +38,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     3 "0003_member_clusters",
     4 "0004_intent_times",
     5 "0005_run_heads",
+    6 "0006_packed_bodies",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -46,6 +47,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     3 "0003_member_clusters",
     4 "0004_intent_times",
     5 "0005_run_heads",
+    6 "0006_packed_bodies",
 );
 
 /// The migrator for a backend's migrations.

@@ -15,7 +15,7 @@ use super::{
     Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
     Precondition, RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError,
     StoreResult, TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
-    merge_member, millis, parse_body, same_run, with_status,
+    merge_member, millis, pack, parse_body, same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -174,16 +174,18 @@ async fn upsert(
     body: &str,
 ) -> StoreResult<(String, bool)> {
     let etag = next_etag(tx).await?;
+    let (body, packed) = pack(kind, body)?;
     // `xmax` is zero on a row this statement inserted, and set on one it updated.
     let inserted: bool = sqlx::query(
-        "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag
+        "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
          RETURNING (xmax = 0)",
     )
     .bind(fleet)
     .bind(kind.as_str())
     .bind(name)
     .bind(body)
+    .bind(packed)
     .bind(&etag)
     .fetch_one(&mut **tx)
     .await?
@@ -250,14 +252,15 @@ impl Resources for PgStore {
         name: &str,
     ) -> StoreResult<Option<(String, String)>> {
         let row = sqlx::query(
-            "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
+            "SELECT body, packed, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
         )
         .bind(fleet)
         .bind(kind.as_str())
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
+        row.map(|r| Ok((unpack(r.col(0)?, r.col(1)?)?, r.col(2)?)))
+            .transpose()
     }
 
     async fn list_raw(
@@ -268,7 +271,7 @@ impl Resources for PgStore {
         limit: usize,
     ) -> StoreResult<Vec<(String, String, String)>> {
         let rows = sqlx::query(
-            "SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name > $3 ORDER BY name LIMIT $4",
+            "SELECT name, body, packed, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name > $3 ORDER BY name LIMIT $4",
         )
         .bind(fleet)
         .bind(kind.as_str())
@@ -277,7 +280,7 @@ impl Resources for PgStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|r| Ok((r.col(0)?, r.col(1)?, r.col(2)?)))
+            .map(|r| Ok((r.col(0)?, unpack(r.col(1)?, r.col(2)?)?, r.col(3)?)))
             .collect()
     }
 
@@ -316,13 +319,16 @@ impl Resources for PgStore {
             // Two creations racing: the row lock above cannot hold a row that does not exist
             // yet, so the insert itself decides.
             let etag = next_etag(&mut tx).await?;
+            let text = body.to_string();
+            let (stored, packed) = pack(kind, &text)?;
             let inserted = sqlx::query(
-                "INSERT INTO resources (fleet, kind, name, body, etag) VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES ($1, $2, $3, $4, $5, $6)",
             )
             .bind(fleet)
             .bind(kind.as_str())
             .bind(name)
-            .bind(body.to_string())
+            .bind(stored)
+            .bind(packed)
             .bind(&etag)
             .execute(&mut *tx)
             .await;
@@ -441,13 +447,13 @@ impl Resources for PgStore {
         }
         let mut tx = self.pool.begin().await?;
         for (name, status) in statuses {
-            let current: Option<String> = sqlx::query("SELECT body FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE")
+            let current: Option<String> = sqlx::query("SELECT body, packed FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE")
                 .bind(fleet)
                 .bind(kind.as_str())
                 .bind(name)
                 .fetch_optional(&mut *tx)
                 .await?
-                .map(|r| r.col(0))
+                .map(|r| unpack(r.col(0)?, r.col(1)?))
                 .transpose()?;
             if let Some(text) = current {
                 upsert(

@@ -218,14 +218,16 @@ async fn upsert(
     body: &str,
 ) -> StoreResult<String> {
     let etag = next_etag(tx).await?;
+    let (body, packed) = pack(kind, body)?;
     sqlx::query(
-        "INSERT INTO resources (fleet, kind, name, body, etag) VALUES (?, ?, ?, ?, ?)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, etag = excluded.etag",
+        "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
     )
     .bind(fleet)
     .bind(kind.as_str())
     .bind(name)
     .bind(body)
+    .bind(packed)
     .bind(&etag)
     .execute(&mut **tx)
     .await?;
@@ -251,14 +253,15 @@ impl Resources for SqliteStore {
         name: &str,
     ) -> StoreResult<Option<(String, String)>> {
         let row = sqlx::query(
-            "SELECT body, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
+            "SELECT body, packed, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
         )
         .bind(fleet)
         .bind(kind.as_str())
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| Ok((r.col(0)?, r.col(1)?))).transpose()
+        row.map(|r| Ok((unpack(r.col(0)?, r.col(1)?)?, r.col(2)?)))
+            .transpose()
     }
 
     async fn list_raw(
@@ -269,7 +272,7 @@ impl Resources for SqliteStore {
         limit: usize,
     ) -> StoreResult<Vec<(String, String, String)>> {
         let rows = sqlx::query(
-            "SELECT name, body, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
+            "SELECT name, body, packed, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
         )
         .bind(fleet)
         .bind(kind.as_str())
@@ -278,7 +281,7 @@ impl Resources for SqliteStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|r| Ok((r.col(0)?, r.col(1)?, r.col(2)?)))
+            .map(|r| Ok((r.col(0)?, unpack(r.col(1)?, r.col(2)?)?, r.col(3)?)))
             .collect()
     }
 
@@ -398,15 +401,16 @@ impl Resources for SqliteStore {
         }
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for (name, status) in statuses {
-            let current: Option<String> =
-                sqlx::query("SELECT body FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
-                    .bind(fleet)
-                    .bind(kind.as_str())
-                    .bind(name)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .map(|r| r.col(0))
-                    .transpose()?;
+            let current: Option<String> = sqlx::query(
+                "SELECT body, packed FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
+            )
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| unpack(r.col(0)?, r.col(1)?))
+            .transpose()?;
             if let Some(text) = current {
                 upsert(
                     &mut tx,

@@ -147,10 +147,155 @@ on_both_backends!(
     statuses_are_set_together_and_only_on_what_exists,
     run_heads_follow_their_runs,
     batches_of_several_runs_land_together,
+    large_runs_and_snapshots_read_back_whole,
 );
 
 // ---------------------------------------------------------------------------------------------
 // The behaviours.
+
+/// A run document or snapshot large enough to be stored compressed, with text that compresses
+/// (members' statuses) and some that does not.
+fn large_body(seed: &str) -> Value {
+    let members: Vec<Value> = (0..1000)
+        .map(|i| json!({"name": format!("m{i:04}"), "status": {"state": "NotStarted"}, "noise": format!("{seed}-{:x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))}))
+        .collect();
+    json!({"properties": {"status": {"members": members}}})
+}
+
+/// Large runs and snapshots (stored compressed) read back as they were written, through every
+/// read; small ones and other kinds are untouched; writing a small body over a large one (or
+/// the reverse) leaves only the new one.
+async fn large_runs_and_snapshots_read_back_whole(store: Arc<dyn Store>) {
+    let run = large_body("run");
+    let snapshot = large_body("snapshot");
+    assert!(run.to_string().len() > 32 * 1024);
+    store
+        .put("f", Kind::Run, "r", &run, &Precondition::IfNoneMatchAny)
+        .await
+        .unwrap();
+    store
+        .put("f", Kind::RunSnapshot, "r", &snapshot, &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .put(
+            "f",
+            Kind::Run,
+            "small",
+            &json!({"n": 1}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    let (text, _) = store.get_raw("f", Kind::Run, "r").await.unwrap().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), run);
+    assert_eq!(
+        store
+            .get("f", Kind::RunSnapshot, "r")
+            .await
+            .unwrap()
+            .unwrap()
+            .body,
+        snapshot
+    );
+    let listed = store.list("f", Kind::Run, None, 10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].body, run);
+    assert_eq!(listed[1].body, json!({"n": 1}));
+    let raw = store.list_raw("f", Kind::Run, None, 10).await.unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&raw[0].1).unwrap(), run);
+    // A batch's run body goes the same way.
+    let bigger = large_body("batch");
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "r".into(),
+            run_body: Some(bigger.to_string()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("f", Kind::Run, "r").await.unwrap().unwrap().body,
+        bigger
+    );
+    // Small over large, and large over small.
+    store
+        .put("f", Kind::Run, "r", &json!({"n": 2}), &Precondition::None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("f", Kind::Run, "r").await.unwrap().unwrap().body,
+        json!({"n": 2})
+    );
+    store
+        .put("f", Kind::Run, "small", &run, &Precondition::None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get("f", Kind::Run, "small")
+            .await
+            .unwrap()
+            .unwrap()
+            .body,
+        run
+    );
+}
+
+/// SQLite stores a large run compressed, and a small one or a member as text.
+#[tokio::test]
+async fn sqlite_stores_large_runs_compressed() {
+    let dir = std::env::temp_dir().join(format!("flotilla-packed-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = TempDir(dir.clone());
+    let path = dir.join("flotilla.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let run = large_body("run");
+    store
+        .put("f", Kind::Run, "large", &run, &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .put(
+            "f",
+            Kind::Run,
+            "small",
+            &json!({"n": 1}),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    store
+        .put(
+            "f",
+            Kind::Member,
+            "m",
+            &large_body("member"),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlite_count(
+            &path,
+            "SELECT count(*) FROM resources WHERE packed IS NOT NULL"
+        )
+        .await,
+        1
+    );
+    let stored = sqlite_count(
+        &path,
+        "SELECT length(packed) FROM resources WHERE name = 'large'",
+    )
+    .await;
+    assert!(
+        (stored as usize) * 4 < run.to_string().len(),
+        "{stored} bytes packed for {}",
+        run.to_string().len()
+    );
+    store.close().await;
+}
 
 /// A run's head is written with its body, cleared when the run is written whole, set only on a
 /// run that exists, and goes with the run and with its fleet.
@@ -1435,7 +1580,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        5
+        6
     );
     assert_eq!(
         sqlite_count(
@@ -1519,7 +1664,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        5
+        6
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
