@@ -568,8 +568,22 @@ fn pack(kind: Kind, body: &str) -> StoreResult<(&str, Option<Vec<u8>>)> {
     if !matches!(kind, Kind::Run | Kind::RunSnapshot) || body.len() < PACK_FROM {
         return Ok((body, None));
     }
-    let packed = zstd::bulk::compress(body.as_bytes(), 1)
-        .map_err(|e| StoreError::Unavailable(format!("cannot compress a resource: {e}")))?;
+    thread_local! {
+        // One context per thread, made once: a context is megabytes, and making one per write
+        // left the allocator holding hundreds of them.
+        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let packed = COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let compressor = match cell.as_mut() {
+            Some(c) => c,
+            None => cell.insert(zstd::bulk::Compressor::new(1)?),
+        };
+        compressor.compress(body.as_bytes())
+    });
+    let packed =
+        packed.map_err(|e| StoreError::Unavailable(format!("cannot compress a resource: {e}")))?;
     Ok((PACKED_BODY, Some(packed)))
 }
 
@@ -578,8 +592,16 @@ fn unpack(body: String, packed: Option<Vec<u8>>) -> StoreResult<String> {
     let Some(packed) = packed else {
         return Ok(body);
     };
-    let bytes = zstd::stream::decode_all(packed.as_slice())
-        .map_err(|e| StoreError::Corrupt(format!("a packed resource cannot be read: {e}")))?;
+    let corrupt = |e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("a packed resource cannot be read: {e}"))
+    };
+    // Written whole by `pack`, so the frame says its size.
+    let size = zstd::decompressed_size(&packed).ok_or_else(|| corrupt(&"no size in its frame"))?;
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|&n| n <= 1 << 30)
+        .ok_or_else(|| corrupt(&format!("a frame claiming {size} bytes")))?;
+    let bytes = zstd::bulk::decompress(&packed, size).map_err(|e| corrupt(&e))?;
     String::from_utf8(bytes)
         .map_err(|e| StoreError::Corrupt(format!("a packed resource is not text: {e}")))
 }
