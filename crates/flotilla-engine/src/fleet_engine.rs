@@ -72,7 +72,7 @@ pub enum Delivered {
 #[derive(Clone, Debug)]
 struct Busy {
     run: u64,
-    run_name: String,
+    run_name: Arc<str>,
     attempt: u64,
     target: Target,
 }
@@ -80,9 +80,11 @@ struct Busy {
 #[derive(Clone, Debug)]
 struct RunSlot {
     name: String,
+    /// The name again, shared by every lock of this run that other runs are told of.
+    shared_name: Arc<str>,
     engine: Engine,
     /// Members this run was told another run holds, and by which.
-    told: BTreeMap<Arc<str>, String>,
+    told: BTreeMap<Arc<str>, Arc<str>>,
     /// Members whose holder changed since this run's last turn.
     news: BTreeSet<Arc<str>>,
     /// Given something since its last settle: a settle of a run given nothing, with no timer
@@ -96,6 +98,7 @@ impl RunSlot {
     fn new(name: &str, engine: Engine) -> RunSlot {
         RunSlot {
             name: name.to_string(),
+            shared_name: Arc::from(name),
             engine,
             told: BTreeMap::new(),
             news: BTreeSet::new(),
@@ -202,8 +205,18 @@ impl FleetEngine {
         let mut engine = engine;
         self.share(&mut engine);
         let mut slot = RunSlot::new(name, engine);
+        let shared_name = slot.shared_name.clone();
+        let mut holders: HashMap<Box<str>, Arc<str>> = HashMap::new();
         for (member, holder) in slot.engine.locked_members() {
-            slot.told.insert(self.key(member), holder.to_string());
+            let holder = match holders.get(holder) {
+                Some(shared) => shared.clone(),
+                None => {
+                    let shared: Arc<str> = Arc::from(holder);
+                    holders.insert(holder.into(), shared.clone());
+                    shared
+                }
+            };
+            slot.told.insert(self.key(member), holder);
         }
         let held: Vec<(Arc<str>, u64, Target)> = slot
             .engine
@@ -230,7 +243,7 @@ impl FleetEngine {
                 member.clone(),
                 Busy {
                     run: seq,
-                    run_name: name.to_string(),
+                    run_name: shared_name.clone(),
                     attempt,
                     target,
                 },
@@ -611,7 +624,7 @@ impl FleetEngine {
         let Some(slot) = self.runs.get_mut(&seq) else {
             return;
         };
-        let run_name = slot.name.clone();
+        let run_name = slot.shared_name.clone();
         let mut started = Vec::new();
         while let Some(command) = slot.engine.poll_command() {
             if let Command::StartUpgrade {

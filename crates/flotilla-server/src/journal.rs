@@ -152,7 +152,7 @@ enum Item {
     Settle,
     Advance,
     Input(Input),
-    Locked(String, String),
+    Locked(String, Arc<str>),
     Unlocked(String),
     Observed(String, usize),
 }

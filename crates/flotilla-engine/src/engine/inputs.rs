@@ -87,7 +87,7 @@ impl Engine {
             }
             Input::MemberLocked { member, by_run } => {
                 if let Some(&m) = self.member_index.get(member.as_str()) {
-                    self.members[m as usize].locked_by = Some(by_run.into());
+                    self.members[m as usize].locked_by = Some(by_run);
                     self.repark(now, m);
                 }
                 Ok(())

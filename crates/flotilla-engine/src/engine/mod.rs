@@ -160,7 +160,8 @@ pub enum Input {
     /// Another active run is upgrading this member (SEMANTICS §3, one operation per cluster).
     MemberLocked {
         member: String,
-        by_run: String,
+        /// Shared: a fleet's runs hear of the same holder for many members.
+        by_run: Arc<str>,
     },
     MemberUnlocked {
         member: String,
@@ -283,7 +284,7 @@ struct MemberRt {
     timer: Option<Time>,
     reattaching: bool,
     removed: bool,
-    locked_by: Option<Box<str>>,
+    locked_by: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug)]
