@@ -153,6 +153,14 @@ on_both_backends!(
 // ---------------------------------------------------------------------------------------------
 // The behaviours.
 
+/// Writes a resource unconditionally.
+async fn put(store: &dyn Store, kind: Kind, name: &str, body: &Value) {
+    store
+        .put("f", kind, name, body, &Precondition::None)
+        .await
+        .unwrap();
+}
+
 /// A run document or snapshot large enough to be stored compressed, with text that compresses
 /// (members' statuses) and some that does not.
 fn large_body(seed: &str) -> Value {
@@ -173,20 +181,8 @@ async fn large_runs_and_snapshots_read_back_whole(store: Arc<dyn Store>) {
         .put("f", Kind::Run, "r", &run, &Precondition::IfNoneMatchAny)
         .await
         .unwrap();
-    store
-        .put("f", Kind::RunSnapshot, "r", &snapshot, &Precondition::None)
-        .await
-        .unwrap();
-    store
-        .put(
-            "f",
-            Kind::Run,
-            "small",
-            &json!({"n": 1}),
-            &Precondition::None,
-        )
-        .await
-        .unwrap();
+    put(&*store, Kind::RunSnapshot, "r", &snapshot).await;
+    put(&*store, Kind::Run, "small", &json!({"n": 1})).await;
     let (text, _) = store.get_raw("f", Kind::Run, "r").await.unwrap().unwrap();
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), run);
     assert_eq!(
@@ -220,18 +216,12 @@ async fn large_runs_and_snapshots_read_back_whole(store: Arc<dyn Store>) {
         bigger
     );
     // Small over large, and large over small.
-    store
-        .put("f", Kind::Run, "r", &json!({"n": 2}), &Precondition::None)
-        .await
-        .unwrap();
+    put(&*store, Kind::Run, "r", &json!({"n": 2})).await;
     assert_eq!(
         store.get("f", Kind::Run, "r").await.unwrap().unwrap().body,
         json!({"n": 2})
     );
-    store
-        .put("f", Kind::Run, "small", &run, &Precondition::None)
-        .await
-        .unwrap();
+    put(&*store, Kind::Run, "small", &run).await;
     assert_eq!(
         store
             .get("f", Kind::Run, "small")
@@ -252,30 +242,9 @@ async fn sqlite_stores_large_runs_compressed() {
     let path = dir.join("flotilla.db");
     let store = SqliteStore::open(&path).await.unwrap();
     let run = large_body("run");
-    store
-        .put("f", Kind::Run, "large", &run, &Precondition::None)
-        .await
-        .unwrap();
-    store
-        .put(
-            "f",
-            Kind::Run,
-            "small",
-            &json!({"n": 1}),
-            &Precondition::None,
-        )
-        .await
-        .unwrap();
-    store
-        .put(
-            "f",
-            Kind::Member,
-            "m",
-            &large_body("member"),
-            &Precondition::None,
-        )
-        .await
-        .unwrap();
+    put(&store, Kind::Run, "large", &run).await;
+    put(&store, Kind::Run, "small", &json!({"n": 1})).await;
+    put(&store, Kind::Member, "m", &large_body("member")).await;
     assert_eq!(
         sqlite_count(
             &path,
