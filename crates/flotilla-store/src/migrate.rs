@@ -39,6 +39,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     4 "0004_intent_times",
     5 "0005_run_heads",
     6 "0006_packed_bodies",
+    7 "0007_events_without_rowid",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":

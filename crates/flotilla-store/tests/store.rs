@@ -1523,13 +1523,19 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     let legacy = format!(
         "{}\n{}\nCREATE TABLE schema_migrations (version INTEGER PRIMARY KEY);
          INSERT INTO schema_migrations VALUES (1), (2);
-         INSERT INTO resources VALUES ('f1', 'members', 'm1', '{LEGACY_MEMBER}', '\"7\"');",
+         INSERT INTO resources VALUES ('f1', 'members', 'm1', '{LEGACY_MEMBER}', '\"7\"');
+         INSERT INTO run_events VALUES ('f1', 'r1', 1, '{{\"e\":1}}'), ('f1', 'r1', 2, '{{\"e\":2}}');",
         LEGACY_SQLITE[0], LEGACY_SQLITE[1]
     );
     sqlite_file(&path, &legacy).await;
     let store = SqliteStore::open(&path)
         .await
         .expect("a legacy database opens");
+    // Its events moved to the table kept by key (migration 7), in order.
+    assert_eq!(
+        store.run_events("f1", "r1", 0, 10).await.unwrap(),
+        vec![(1, json!({"e": 1})), (2, json!({"e": 2}))]
+    );
     // The data is kept, and migration 3 saw it: the member's cluster id is taken.
     let m = store
         .get("f1", Kind::Member, "m1")
@@ -1549,7 +1555,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        6
+        7
     );
     assert_eq!(
         sqlite_count(
