@@ -587,9 +587,11 @@ fn pack(kind: Kind, body: &str) -> StoreResult<(&str, Option<Vec<u8>>)> {
     Ok((PACKED_BODY, Some(packed)))
 }
 
-/// A resource's text from its stored `(body, packed)` columns.
+/// A resource's text from its stored `(body, packed)` columns. A `body` other than the
+/// placeholder wins: a Flotilla from before packing, still running beside this one on a shared
+/// database, writes `body` alone and leaves an older `packed` behind.
 fn unpack(body: String, packed: Option<Vec<u8>>) -> StoreResult<String> {
-    let Some(packed) = packed else {
+    let Some(packed) = packed.filter(|_| body == PACKED_BODY) else {
         return Ok(body);
     };
     let corrupt = |e: &dyn std::fmt::Display| {

@@ -263,6 +263,22 @@ async fn sqlite_stores_large_runs_compressed() {
         "{stored} bytes packed for {}",
         run.to_string().len()
     );
+    // A writer from before packing sets `body` alone: its text is what is read, not the older
+    // packed one it left behind.
+    sqlite_file(
+        &path,
+        "UPDATE resources SET body = '{\"n\": 3}' WHERE name = 'large'",
+    )
+    .await;
+    assert_eq!(
+        store
+            .get("f", Kind::Run, "large")
+            .await
+            .unwrap()
+            .unwrap()
+            .body,
+        json!({"n": 3})
+    );
     store.close().await;
 }
 
