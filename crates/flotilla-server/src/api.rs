@@ -888,24 +888,37 @@ async fn patch_member(
     }
     let patch: Patch = envelope(read_json(body).await?)?;
     check_group_and_labels(&patch.group, &patch.labels)?;
-    let current = get_one(&state, &fleet, Kind::Member, &member, "member").await?;
-    let mut body = current.body.clone();
-    if let Some(g) = patch.group {
-        body["properties"]["group"] = json!(g);
+    // Changed between the read and the write by someone else (the server recording what it
+    // observed of the cluster, say): read and apply again, unless the client named the eTag.
+    let mut tries = 0;
+    loop {
+        let current = get_one(&state, &fleet, Kind::Member, &member, "member").await?;
+        let mut body = current.body.clone();
+        if let Some(g) = &patch.group {
+            body["properties"]["group"] = json!(g);
+        }
+        if let Some(l) = &patch.labels {
+            body["properties"]["labels"] = json!(l);
+        }
+        // Always written under the eTag read (a client's own If-Match is checked first), so a
+        // member deleted and registered again meanwhile is not overwritten with the old cluster.
+        check_if_match(&headers, &current.etag)?;
+        let when = Precondition::IfMatch(current.etag.clone());
+        match state
+            .runs
+            .store
+            .put(&fleet, Kind::Member, &member, &body, &when)
+            .await
+        {
+            Ok((resource, _)) => return Ok(respond(resource, false)),
+            Err(StoreError::Precondition(_))
+                if tries < 5 && !headers.contains_key(header::IF_MATCH) =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    if let Some(l) = patch.labels {
-        body["properties"]["labels"] = json!(l);
-    }
-    // Always written under the eTag read (a client's own If-Match is checked first), so a
-    // member deleted and registered again meanwhile is not overwritten with the old cluster.
-    check_if_match(&headers, &current.etag)?;
-    let when = Precondition::IfMatch(current.etag.clone());
-    let (resource, _) = state
-        .runs
-        .store
-        .put(&fleet, Kind::Member, &member, &body, &when)
-        .await?;
-    Ok(respond(resource, false))
 }
 
 async fn delete_member(

@@ -19,6 +19,8 @@ struct Harness {
     base: String,
     http: reqwest::Client,
     tokens: std::collections::HashMap<&'static str, String>,
+    /// The server's store, for what the server itself writes beside the API.
+    store: Arc<dyn Store>,
     _dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -70,9 +72,14 @@ impl Harness {
             tokens.insert(label, secret);
         }
         let store: Arc<dyn Store> = Arc::new(store);
-        let server = Server::start_with(store, "127.0.0.1:0".parse().expect("addr"), false, timing)
-            .await
-            .expect("server starts");
+        let server = Server::start_with(
+            store.clone(),
+            "127.0.0.1:0".parse().expect("addr"),
+            false,
+            timing,
+        )
+        .await
+        .expect("server starts");
         let addr = server.local_addr().expect("bound");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(server.serve(async move {
@@ -82,6 +89,7 @@ impl Harness {
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
             tokens,
+            store,
             _dir: dir,
             stop: Some(stop),
         }
@@ -1693,6 +1701,66 @@ async fn members_show_their_next_maintenance_opening() {
         &listed["value"][0]["properties"]["status"]["maintenanceOpenings"]["kubernetes"],
         opening
     );
+}
+
+/// A member's PATCH without If-Match lands even while the server keeps rewriting the member's
+/// status (what it observes of the cluster): the read-modify-write is tried again, not answered
+/// 412 for an eTag the client never named. With If-Match, a stale eTag is still refused.
+#[tokio::test]
+async fn a_member_patch_is_not_refused_for_the_servers_own_writes() {
+    let h = Harness::start("patch-race").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("/c/1", cluster("1.30.5"))])),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m1",
+        Some(json!({"properties": {"clusterResourceId": "/c/1"}})),
+    )
+    .await;
+    let store = h.store.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0..400 {
+            let status = json!({"lastObservedAt": format!("2026-03-02T00:00:{:02}Z", i % 60)});
+            store
+                .set_statuses(
+                    "f1",
+                    flotilla_server::store::Kind::Member,
+                    &[("m1".to_string(), status)],
+                )
+                .await
+                .expect("status written");
+            tokio::task::yield_now().await;
+        }
+    });
+    for i in 0..40 {
+        let (status, body, _) = h
+            .call(
+                "operator",
+                Method::PATCH,
+                "/v1/fleets/f1/members/m1",
+                Some(json!({"properties": {"group": format!("g{i}")}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "patch {i}: {body}");
+        assert_eq!(body["properties"]["group"], format!("g{i}"));
+    }
+    writer.await.expect("writer");
+    let stale = h
+        .http
+        .patch(format!("{}/v1/fleets/f1/members/m1", h.base))
+        .bearer_auth(&h.tokens["operator"])
+        .header("If-Match", "\"1\"")
+        .json(&json!({"properties": {"group": "late"}}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(stale.status(), StatusCode::PRECONDITION_FAILED);
 }
 
 /// SQLite serves one replica, which drives every fleet: after a crash its successor takes every
