@@ -457,12 +457,10 @@ impl FleetEngine {
             .map(|s| &s.engine)
     }
 
-    /// Tells a rendering of run `name`'s status what changed in the run (see
+    /// Whether run `name`'s status changed since `changes` last looked (see
     /// [`StatusChanges::refresh`]); `None` when the fleet has no such run.
-    pub fn refresh_status(&mut self, name: &str, text: &mut StatusChanges) -> Option<bool> {
-        let seq = self.names.get(name)?;
-        let slot = self.runs.get_mut(seq)?;
-        Some(text.refresh(&mut slot.engine))
+    pub fn refresh_status(&self, name: &str, changes: &mut StatusChanges) -> Option<bool> {
+        Some(changes.refresh(self.run(name)?))
     }
 
     /// Run names in creation order.

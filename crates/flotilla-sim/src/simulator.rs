@@ -213,7 +213,7 @@ fn default_behaviour() -> SimBehaviour {
 /// when it was last asked: so the server, which writes a status only on a change, never
 /// leaves a stale one.
 fn check_status_changes(
-    fleet: &mut FleetEngine,
+    fleet: &FleetEngine,
     seen: &mut BTreeMap<String, (StatusChanges, String)>,
 ) -> Result<(), String> {
     let names: Vec<String> = fleet.run_names().map(String::from).collect();
@@ -360,7 +360,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
     };
     let mut feed_events: Vec<Event> = Vec::new();
     let mut violation = None;
-    let mut texts: BTreeMap<String, (StatusChanges, String)> = BTreeMap::new();
+    let mut seen: BTreeMap<String, (StatusChanges, String)> = BTreeMap::new();
     let mut next_action = 0;
     let actions = &scenario.actions;
     let mut now = scenario.start;
@@ -524,12 +524,12 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         // status changes are also taken before and after each settle, so what a settle alone
         // changes is checked against what it reported.)
         loop {
-            if check_invariants && let Err(e) = check_status_changes(&mut fleet, &mut texts) {
+            if check_invariants && let Err(e) = check_status_changes(&fleet, &mut seen) {
                 violation = Some(format!("at {now}: {e}"));
                 break;
             }
             fleet.settle(now);
-            if check_invariants && let Err(e) = check_status_changes(&mut fleet, &mut texts) {
+            if check_invariants && let Err(e) = check_status_changes(&fleet, &mut seen) {
                 violation = Some(format!("at {now}: {e}"));
                 break;
             }
@@ -582,7 +582,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             violation = Some(format!("at {now}: {e}"));
             break;
         }
-        if check_invariants && let Err(e) = check_status_changes(&mut fleet, &mut texts) {
+        if check_invariants && let Err(e) = check_status_changes(&fleet, &mut seen) {
             violation = Some(format!("at {now}: {e}"));
             break;
         }

@@ -82,7 +82,7 @@ impl Engine {
             timers: BTreeSet::new(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
-            touched: Touched::default(),
+            member_changes: 0,
             polled: 0,
             quiet_changes: 0,
         };

@@ -367,41 +367,13 @@ pub struct Engine {
     timers: BTreeSet<(Time, TimerKey)>,
     commands: VecDeque<Command>,
     events: VecDeque<Event>,
-    /// Groups with a member whose status changed since the shell last asked
-    /// ([`Engine::take_touched_groups`]).
-    touched: Touched,
+    /// Changes of a member's status so far (see [`Engine::status_revision`]).
+    member_changes: u64,
     /// Events handed out by [`Engine::poll_event`] so far.
     polled: u64,
     /// Changes of the status outside the members that emit no event (a failed run's times
     /// settled once nothing is in flight).
     quiet_changes: u64,
-}
-
-/// A set of group indices, marked in O(1) and taken in the order marked.
-#[derive(Clone, Debug, Default)]
-struct Touched {
-    marked: Vec<bool>,
-    list: Vec<u32>,
-}
-
-impl Touched {
-    fn mark(&mut self, g: u32) {
-        let i = g as usize;
-        if self.marked.len() <= i {
-            self.marked.resize(i + 1, false);
-        }
-        if !self.marked[i] {
-            self.marked[i] = true;
-            self.list.push(g);
-        }
-    }
-
-    fn take(&mut self) -> Vec<u32> {
-        for &g in &self.list {
-            self.marked[g as usize] = false;
-        }
-        std::mem::take(&mut self.list)
-    }
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
@@ -440,10 +412,14 @@ impl Engine {
         Some(event)
     }
 
-    /// Grows whenever the status outside the members may have changed: with each event the
-    /// run emits, and with the few such changes that emit none.
-    pub fn status_revision(&self) -> u64 {
-        self.polled + self.events.len() as u64 + self.quiet_changes
+    /// The status's revisions: the members' (grows with every change of a member's status)
+    /// and the rest of the tree's (grows with each event the run emits, and with the few
+    /// changes outside the members that emit none, when that rest may have changed).
+    pub fn status_revision(&self) -> (u64, u64) {
+        (
+            self.member_changes,
+            self.polled + self.events.len() as u64 + self.quiet_changes,
+        )
     }
 
     /// The earliest instant at which the engine must be settled again.
@@ -632,10 +608,10 @@ impl Engine {
         self.events.push_back(Event::rejected(now, action, error));
     }
 
-    /// Marks `m`'s group as holding a member whose status (state, times, message, error,
-    /// operation id) is about to change.
-    fn touch(&mut self, m: u32) {
-        self.touched.mark(self.members[m as usize].group);
+    /// Counts that a member's status (state, times, message, error, operation id) is about
+    /// to change.
+    fn touch(&mut self) {
+        self.member_changes += 1;
     }
 
     fn set_member_timer(&mut self, m: u32, at: Option<Time>) {

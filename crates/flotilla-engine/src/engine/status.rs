@@ -118,14 +118,14 @@ impl Engine {
             .collect()
     }
 
-    /// The run's status tree as the API shows it. O(members): call it to render, not per event;
-    /// [`StatusText`] renders again only the groups that changed.
+    /// The run's status tree as the API shows it. O(members): call it to render, not per event
+    /// ([`StatusChanges`] tells whether it changed without rendering it).
     pub fn status(&self) -> UpdateRunStatus {
         self.status_tree(true)
     }
 
     /// The statuses of group `g`'s members, in the order the status shows them.
-    pub fn group_members(&self, g: u32) -> Vec<MemberStatus> {
+    fn group_members(&self, g: u32) -> Vec<MemberStatus> {
         self.groups[g as usize]
             .members
             .iter()
@@ -145,12 +145,6 @@ impl Engine {
                 }
             })
             .collect()
-    }
-
-    /// Groups (by index, stages' groups in order) with a member whose status changed since the
-    /// last call.
-    pub fn take_touched_groups(&mut self) -> Vec<u32> {
-        self.touched.take()
     }
 
     fn status_tree(&self, with_members: bool) -> UpdateRunStatus {
@@ -239,18 +233,17 @@ impl Engine {
 }
 
 /// Whether a run's status changed, without rendering it (FLEET-DESIGN.md: a step costs what
-/// it changed). The engine marks the groups whose members' statuses changed. The rest of the
-/// tree (the run, stages, groups, gates and waits: a few hundred bytes a group) changes only
-/// with a member or with the run's status revision (an event: a gate, a wait, a stage or group
-/// starting or ending; or a change that emits none), and is then compared with the one seen
-/// last. The simulator checks the
-/// claim in every scenario it runs checking invariants.
+/// it changed). Any change of a member's status shows in the engine's member revision. The rest
+/// of the tree (the run, stages, groups, gates and waits: a few hundred bytes a group) changes
+/// only with its own revision (an event, or one of the few changes that emit none), and is then
+/// compared with the one seen last. The simulator checks the claim in every scenario it runs
+/// checking invariants.
 #[derive(Clone, Debug, Default)]
 pub struct StatusChanges {
     /// The tree without members, as last seen.
     skeleton: Option<UpdateRunStatus>,
     /// The run's [`Engine::status_revision`] when last seen.
-    revision: u64,
+    revision: (u64, u64),
 }
 
 impl StatusChanges {
@@ -258,25 +251,23 @@ impl StatusChanges {
         StatusChanges::default()
     }
 
-    /// Takes in what changed in `engine` (always the same run's engine) since the last call,
-    /// and returns whether its status did: a member's, or the rest of the tree.
-    pub fn refresh(&mut self, engine: &mut Engine) -> bool {
-        let mut changed = !engine.take_touched_groups().is_empty();
-        let revision = engine.status_revision();
-        if !changed && revision == self.revision && self.skeleton.is_some() {
+    /// Whether `engine`'s status (always the same run's engine) changed since the last call:
+    /// a member's, or the rest of the tree.
+    pub fn refresh(&mut self, engine: &Engine) -> bool {
+        let (members, rest) = engine.status_revision();
+        let seen_members = self.revision.0;
+        if self.skeleton.is_some() && (members, rest) == self.revision {
             return false;
         }
-        self.revision = revision;
+        self.revision = (members, rest);
+        // Taken again after a member's change too: a group's state follows its members, and
+        // the tree kept must be the one last written.
         let skeleton = engine.status_tree(false);
+        let mut changed = members != seen_members;
         if self.skeleton.as_ref() != Some(&skeleton) {
             self.skeleton = Some(skeleton);
             changed = true;
         }
         changed
-    }
-
-    /// The status tree without the members' statuses, as of the last refresh.
-    pub fn tree(&self) -> Option<&UpdateRunStatus> {
-        self.skeleton.as_ref()
     }
 }
