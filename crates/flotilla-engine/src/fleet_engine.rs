@@ -161,14 +161,17 @@ fn no_run(run: &str) -> ApiError {
 impl FleetEngine {
     /// A fleet with these members and this catalog, and no runs yet.
     pub fn new(members: &[Member], catalog: Catalog) -> FleetEngine {
+        FleetEngine::from_shared(members.iter().map(SharedMember::from), catalog)
+    }
+
+    /// A fleet whose members' clusters are already shared (equal clusters held once, as a
+    /// shell reading many members interns them).
+    pub fn from_shared(
+        members: impl IntoIterator<Item = SharedMember>,
+        catalog: Catalog,
+    ) -> FleetEngine {
         FleetEngine {
-            members: members
-                .iter()
-                .map(|m| {
-                    let shared = SharedMember::from(m);
-                    (shared.name.clone(), shared)
-                })
-                .collect(),
+            members: members.into_iter().map(|m| (m.name.clone(), m)).collect(),
             catalog,
             ..FleetEngine::default()
         }

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
-use flotilla_engine::fleet::{Cluster, Member, SharedMember};
+use flotilla_engine::fleet::Cluster;
 use flotilla_engine::selector::{validate_label_key, validate_label_value};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, check_name,
@@ -430,14 +430,24 @@ async fn get_child(
     // Members get computed fields (their next maintenance openings); everything else is shown
     // as stored, so it is answered from the stored text without parsing it.
     if kind != Kind::Member {
+        // A large document read before and unchanged since is answered as it was.
+        if state.answers.holds(&fleet, kind, &name)
+            && let Some(etag) = state.runs.store.etag(&fleet, kind, &name).await?
+            && let Some(body) = state.answers.get(&fleet, kind, &name, &etag)
+        {
+            return Ok(json_answer(body, &etag));
+        }
         let (text, etag) = state
             .runs
             .store
             .get_raw(&fleet, kind, &name)
             .await?
             .ok_or_else(|| not_found(kind_name(kind), &name))?;
-        if let Some(response) = stored_response(&text, &etag) {
-            return Ok(response);
+        if let Some(body) = with_etag(&text, &etag) {
+            drop(text);
+            let body = axum::body::Bytes::from(body);
+            state.answers.put(&fleet, kind, &name, &etag, &body);
+            return Ok(json_answer(body, &etag));
         }
     }
     Ok(respond(
@@ -449,19 +459,23 @@ async fn get_child(
 /// A stored resource answered as it is stored, with its eTag, without parsing it; `None` when
 /// it needs more than that ([`with_etag`]).
 fn stored_response(text: &str, etag: &str) -> Option<Response> {
-    let body = with_etag(text, etag)?;
+    Some(json_answer(with_etag(text, etag)?, etag))
+}
+
+/// A JSON document already written as text (its `eTag` in it), with its eTag header.
+fn json_answer(body: impl Into<Body>, etag: &str) -> Response {
     let mut response = (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        body,
+        body.into(),
     )
         .into_response();
     if let Ok(v) = HeaderValue::from_str(etag) {
         response.headers_mut().insert(header::ETAG, v);
     }
-    Some(response)
+    response
 }
 
 /// A stored JSON object with `eTag` added, as text; `None` when it needs more than that (not an
@@ -857,11 +871,11 @@ async fn import_members(
         .iter()
         .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
         .collect();
-    // Observed one after another in the background, not all at once: an import is large.
+    // Observed in the background, a few at a time and recorded in batches: an import is large.
     let observer = state.clone();
     tokio::spawn(async move {
-        for (name, id) in members {
-            let _ = observe_member(&observer, &fleet, &name, &id).await;
+        if let Err(e) = observe_members(&observer, &fleet, members).await {
+            tracing::warn!(fleet, error = %e.message, "cannot observe the imported members");
         }
     });
     Ok(
@@ -974,57 +988,131 @@ async fn observe_member(
     member: &str,
     id: &str,
 ) -> Result<Cluster, ApiError> {
+    let asked = vec![(member.to_string(), id.to_string())];
+    observe_members(state, fleet, asked)
+        .await?
+        .pop()
+        .map(|(_, result)| result)
+        .unwrap_or_else(|| {
+            Err(ApiError::conflict(format!(
+                "member {member:?} was not observed"
+            )))
+        })
+}
+
+/// How many members' clusters are asked of the driver at once.
+const OBSERVE_AT_ONCE: usize = 16;
+
+/// Observes members' clusters through the fleet's driver, [`OBSERVE_AT_ONCE`] at a time, and
+/// records each answer in its member's `status` (`cluster` and `lastObservedAt`, or
+/// `lastObservationError` beside a cluster observed before). Answers, in the order asked; the
+/// clusters observed are recorded many to a transaction, so a fleet registered in a batch is
+/// observed in seconds, not one sync to disk a member.
+async fn observe_members(
+    state: &AppState,
+    fleet: &str,
+    members: Vec<(String, String)>,
+) -> Result<Vec<(String, Result<Cluster, ApiError>)>, ApiError> {
     let driver = state
         .runs
         .drivers
         .for_fleet(state.runs.store.as_ref(), fleet)
         .await?;
-    let observed = driver
-        .observe(&MemberRef {
-            name: member.to_string(),
-            cluster_resource_id: id.to_string(),
-        })
-        .await;
-    let (status, result) = match observed {
-        Ok(spec) => match Cluster::parse(&spec, "cluster") {
-            Ok(cluster) => (
-                json!({"cluster": spec, "lastObservedAt": now()}),
-                Ok(cluster),
-            ),
-            Err(e) => (
-                json!({"lastObservationError": {"code": "InvalidObservation", "message": e.message}, "lastObservedAt": now()}),
-                Err(e),
-            ),
-        },
-        Err(e) => (
-            json!({"lastObservationError": {"code": "ObservationFailed", "message": e.message}, "lastObservedAt": now()}),
-            Err(ApiError::conflict(format!(
-                "member {member:?} cannot be observed: {}",
-                e.message
-            ))),
-        ),
-    };
-    if let Ok(Some(current)) = state.runs.store.get(fleet, Kind::Member, member).await {
-        let mut body = current.body.clone();
-        if result.is_ok() || body["properties"]["status"].get("cluster").is_none() {
-            body["properties"]["status"] = status;
-        } else {
-            body["properties"]["status"]["lastObservationError"] =
-                status["lastObservationError"].clone();
+    let mut answers = Vec::with_capacity(members.len());
+    for chunk in members.chunks(1000) {
+        let mut asking = tokio::task::JoinSet::new();
+        let mut specs = Vec::with_capacity(chunk.len());
+        for (i, (name, id)) in chunk.iter().enumerate() {
+            if asking.len() >= OBSERVE_AT_ONCE
+                && let Some(Ok(done)) = asking.join_next().await
+            {
+                specs.push(done);
+            }
+            let (driver, member) = (
+                driver.clone(),
+                MemberRef {
+                    name: name.clone(),
+                    cluster_resource_id: id.clone(),
+                },
+            );
+            asking.spawn(async move { (i, driver.observe(&member).await) });
         }
-        let _ = state
+        while let Some(done) = asking.join_next().await {
+            specs.extend(done.ok());
+        }
+        specs.sort_by_key(|(i, _)| *i);
+        let at = now();
+        let mut observed = Vec::new();
+        let mut failed = Vec::new();
+        for (i, spec) in specs {
+            let name = &chunk[i].0;
+            let (error, result) = match spec {
+                Ok(spec) => match Cluster::parse(&spec, "cluster") {
+                    Ok(cluster) => {
+                        observed
+                            .push((name.clone(), json!({"cluster": spec, "lastObservedAt": at})));
+                        answers.push((name.clone(), Ok(cluster)));
+                        continue;
+                    }
+                    Err(e) => (
+                        json!({"code": "InvalidObservation", "message": e.message}),
+                        Err(e),
+                    ),
+                },
+                Err(e) => (
+                    json!({"code": "ObservationFailed", "message": e.message}),
+                    Err(ApiError::conflict(format!(
+                        "member {name:?} cannot be observed: {}",
+                        e.message
+                    ))),
+                ),
+            };
+            failed.push((name.clone(), error));
+            answers.push((name.clone(), result));
+        }
+        if let Err(e) = state
             .runs
             .store
-            .put(
-                fleet,
-                Kind::Member,
-                member,
-                &body,
-                &Precondition::IfMatch(current.etag),
-            )
-            .await;
+            .set_statuses(fleet, Kind::Member, &observed)
+            .await
+        {
+            tracing::warn!(fleet, error = %e, "cannot record the members' clusters");
+        }
+        for (name, error) in failed {
+            record_observation_error(state, fleet, &name, error, at).await;
+        }
     }
-    result
+    Ok(answers)
+}
+
+/// Records why a member could not be observed, keeping the cluster observed before if any.
+async fn record_observation_error(
+    state: &AppState,
+    fleet: &str,
+    member: &str,
+    error: Value,
+    at: flotilla_engine::time::Time,
+) {
+    let Ok(Some(current)) = state.runs.store.get(fleet, Kind::Member, member).await else {
+        return;
+    };
+    let mut body = current.body;
+    if body["properties"]["status"].get("cluster").is_none() {
+        body["properties"]["status"] = json!({"lastObservationError": error, "lastObservedAt": at});
+    } else {
+        body["properties"]["status"]["lastObservationError"] = error;
+    }
+    let _ = state
+        .runs
+        .store
+        .put(
+            fleet,
+            Kind::Member,
+            member,
+            &body,
+            &Precondition::IfMatch(current.etag),
+        )
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1169,7 +1257,7 @@ async fn put_run(
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
     }
     parse_upgrade(&update, "properties.managedClusterUpdate")?;
-    let (resource, created, warnings) = create_run(
+    let made = create_run(
         &state,
         &fleet,
         &run,
@@ -1183,9 +1271,14 @@ async fn put_run(
         precondition(&headers),
     )
     .await?;
-    let mut response = respond(resource, created);
-    if !warnings.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&warnings.join("; ").replace(['\n', '\r'], " "))
+    let Some(mut response) = stored_response(&made.text, &made.etag) else {
+        return Err(ApiError::conflict("the run's document cannot be answered").into());
+    };
+    if made.created {
+        *response.status_mut() = StatusCode::CREATED;
+    }
+    if !made.warnings.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&made.warnings.join("; ").replace(['\n', '\r'], " "))
     {
         response.headers_mut().insert("x-flotilla-warning", v);
     }
@@ -1209,12 +1302,11 @@ async fn create_run(
     run: &str,
     new: NewRun,
     when: Precondition,
-) -> HttpResult<(Resource, bool, Vec<String>)> {
+) -> HttpResult<CreatedRun> {
     let (strategy, strategy_id, update) = (new.strategy, new.strategy_id, new.update);
-    if let Some(existing) = state.runs.store.get(fleet, Kind::Run, run).await? {
-        let current = existing.body["properties"]["status"]["status"]["state"]
-            .as_str()
-            .unwrap_or("NotStarted");
+    if let Some((existing, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? {
+        let head = crate::run_head::RunHead::parse(&existing);
+        let current = head.state();
         if current != "NotStarted" {
             return Err(ApiError::conflict(format!(
                 "update run {run:?} is {current}; a run can be changed only before it starts"
@@ -1231,37 +1323,32 @@ async fn create_run(
     // Members the driver could not observe now, with why: they refuse only a run that selects
     // them (an unobservable member affects only itself).
     let mut unobserved: Vec<(String, ApiError)> = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = state
-            .runs
-            .store
-            .list(fleet, Kind::Member, after.as_deref(), 1000)
-            .await?;
-        if page.is_empty() {
-            break;
+    let mut never_observed = Vec::new();
+    for stored in crate::runs::stored_members(&state.runs.store, fleet).await? {
+        match stored.cluster.clone() {
+            Some(c) => members.push(stored.with_cluster(c)),
+            None => never_observed.push(stored),
         }
-        for m in &page {
-            let cluster = match crate::runs::observed_cluster(&m.body) {
-                Some(c) => c,
-                None => {
-                    let id = m.body["properties"]["clusterResourceId"]
-                        .as_str()
-                        .unwrap_or_default();
-                    match observe_member(state, fleet, &m.name, id).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            unobserved.push((m.name.clone(), e));
-                            // Stands in only to learn whether the run selects the member.
-                            Cluster::unknown()
-                        }
-                    }
+    }
+    if !never_observed.is_empty() {
+        let asked = never_observed
+            .iter()
+            .map(|m| (m.name.to_string(), m.cluster_resource_id.to_string()))
+            .collect();
+        let answers = observe_members(state, fleet, asked).await?;
+        for (stored, (_, answer)) in never_observed.into_iter().zip(answers) {
+            let cluster = match answer {
+                Ok(c) => std::sync::Arc::new(c),
+                Err(e) => {
+                    unobserved.push((stored.name.to_string(), e));
+                    // Stands in only to learn whether the run selects the member.
+                    std::sync::Arc::new(Cluster::unknown())
                 }
             };
-            let record = crate::runs::member_record(&m.name, &m.body, cluster);
-            members.push(SharedMember::from(&Member::from(record)));
+            members.push(stored.with_cluster(cluster));
         }
-        after = page.last().map(|r| r.name.clone());
+        // The engine orders members by name; the snapshot keeps the order they were read in.
+        members.sort_by(|a, b| a.name.cmp(&b.name));
     }
     let catalog = driver.catalog().await.map_err(|e| {
         ApiError::conflict(format!(
@@ -1292,7 +1379,6 @@ async fn create_run(
     let mut properties = json!({
         "provisioningState": "Succeeded",
         "managedClusterUpdate": update,
-        "status": status,
     });
     if let Some(s) = &strategy {
         properties["strategy"] = json!(s);
@@ -1303,17 +1389,30 @@ async fn create_run(
     if let Some(id) = new.profile_id {
         properties["autoUpgradeProfileId"] = json!(id);
     }
-    let body = json!({
+    let base = json!({
         "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
         "name": run,
         "type": "Microsoft.ContainerService/fleets/updateRuns",
         "properties": properties,
     });
-    let internal = crate::runs::snapshot_document(&snapshot, now());
+    // Rendered straight to text, as the run's task writes it: a large run's status is never
+    // built as a JSON tree.
+    let unwritable =
+        |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
+    let text = crate::runs::run_document(&base, &status).map_err(unwritable)?;
+    drop(status);
+    let internal = crate::runs::snapshot_document(&snapshot, now()).map_err(unwritable)?;
+    drop((engine, snapshot));
     state.runs.retire(fleet, run);
     // A run replaced before it started starts from a clean log.
     let mut when = when;
-    if state.runs.store.get(fleet, Kind::Run, run).await?.is_some() {
+    if state
+        .runs
+        .store
+        .get_raw(fleet, Kind::Run, run)
+        .await?
+        .is_some()
+    {
         state
             .runs
             .store
@@ -1324,7 +1423,7 @@ async fn create_run(
     state
         .runs
         .store
-        .put(
+        .put_raw(
             fleet,
             Kind::RunSnapshot,
             run,
@@ -1332,14 +1431,28 @@ async fn create_run(
             &Precondition::None,
         )
         .await?;
-    let (resource, created) = state
+    drop(internal);
+    let (etag, created) = state
         .runs
         .store
-        .put(fleet, Kind::Run, run, &body, &when)
+        .put_raw(fleet, Kind::Run, run, &text, &when)
         .await?;
     // Were this lost (a crash between the two writes), the run's document is read instead.
     state.runs.store.init_run_head(fleet, run, &head).await?;
-    Ok((resource, created, warnings))
+    Ok(CreatedRun {
+        text,
+        etag,
+        created,
+        warnings,
+    })
+}
+
+/// A run just created or replaced: its document as stored, and its eTag.
+pub struct CreatedRun {
+    pub text: String,
+    pub etag: String,
+    pub created: bool,
+    pub warnings: Vec<String>,
 }
 
 async fn delete_run(

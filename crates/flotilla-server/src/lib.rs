@@ -1,6 +1,7 @@
 //! The Flotilla server: the HTTP API over an embedded store, a reconciler task per active run
 //! driving the engine, and the drivers that observe and upgrade clusters.
 
+pub mod answers;
 pub mod api;
 pub mod auth;
 pub mod dashboard;
@@ -182,6 +183,7 @@ impl Server {
             insecure,
             body_timeout_ms: (http::Limits::default().body_timeout.as_millis() as u64).into(),
             catalogs: Default::default(),
+            answers: Default::default(),
         });
         let feed = state.clone();
         tokio::spawn(async move {

@@ -1,5 +1,5 @@
 //! What every request handler shares: the runs and their store, the server's mode, the
-//! release feed's last reading, and the limits on request bodies.
+//! release feed's last reading, the large answers kept, and the limits on request bodies.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ pub struct AppState {
     pub body_timeout_ms: std::sync::atomic::AtomicU64,
     /// The release feed: each fleet's catalog as last read, to tell runs when it changes.
     pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
+    /// Large documents as last answered, by eTag.
+    pub answers: crate::answers::Answers,
 }
 
 pub type Shared = Arc<AppState>;

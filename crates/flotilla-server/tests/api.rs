@@ -2388,3 +2388,119 @@ fn check_dispatch_histogram(metrics: &str, started: u64) {
         "{total} of {started}: {metrics}"
     );
 }
+
+/// A run created right after an import, before the server's own observation of the imported
+/// members is done, observes the rest itself (many at once, recorded in batches) and selects
+/// every member; a large run's answer is kept by eTag, and a read after any change sees the new
+/// document, never the kept one.
+#[tokio::test]
+async fn a_run_made_right_after_an_import_selects_every_member_and_reads_stay_current() {
+    let h = Harness::start("import-run").await;
+    let mut fleet = sim_fleet(&[]);
+    fleet["properties"]["driver"]["defaultCluster"] = cluster("1.30.5");
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    let members = 3000;
+    let batch: Vec<Value> = (0..members)
+        .map(|i| json!({"name": format!("m{i:04}"), "properties": {"clusterResourceId": format!("/sub/rg/c{i}"), "group": format!("g{}", i % 3)}}))
+        .collect();
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/importMembers",
+        Some(json!({"value": batch})),
+    )
+    .await;
+    let groups: Vec<Value> = (0..3)
+        .map(|g| json!({"name": format!("g{g}"), "maxConcurrency": "50%"}))
+        .collect();
+    let run = json!({"properties": {
+        "strategy": {"stages": [{"name": "s", "groups": groups}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+    }});
+    let (status, created, headers) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r",
+            Some(run),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let selected: usize = created["properties"]["status"]["stages"][0]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["members"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(selected, members, "every imported member is selected");
+    // Every member's cluster is recorded, whoever observed it.
+    for name in ["m0000", "m1500", "m2999"] {
+        let member = h
+            .ok(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/members/{name}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            member["properties"]["status"]["cluster"]["kubernetesVersion"], "1.30.5",
+            "{name}: {member}"
+        );
+    }
+    // The answer to the creation is the stored document; reads of it, unchanged, are the same.
+    let etag = headers["etag"].to_str().expect("eTag").to_string();
+    let path = "/v1/fleets/f1/updateRuns/r";
+    for _ in 0..2 {
+        let (status, read, headers) = h.call("reader", Method::GET, path, None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["etag"].to_str().expect("eTag"), etag);
+        assert_eq!(read, created);
+    }
+    // Every later read shows the run as stored at that moment: a kept answer is never served
+    // once the run changed.
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r/start",
+        None,
+    )
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, read, headers) = h.call("reader", Method::GET, path, None).await;
+        let read_etag = headers["etag"].to_str().expect("eTag").to_string();
+        let (text, stored_etag) = h
+            .store
+            .get_raw("f1", flotilla_server::store::Kind::Run, "r")
+            .await
+            .expect("store")
+            .expect("run");
+        if stored_etag == read_etag {
+            let mut stored: Value = serde_json::from_str(&text).expect("JSON");
+            stored["eTag"] = json!(stored_etag);
+            assert_eq!(
+                read, stored,
+                "the read at eTag {read_etag} is the stored document"
+            );
+        } else {
+            // Written between the two reads: the store's is newer.
+            let number = |e: &str| e.trim_matches('"').parse::<u64>().expect("a numbered eTag");
+            assert!(number(&read_etag) < number(&stored_etag));
+        }
+        seen.insert(read_etag);
+        let state = read["properties"]["status"]["status"]["state"].clone();
+        if state == "Completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not complete: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.len() > 1, "the run's reads followed its changes");
+    assert!(!seen.contains(&etag));
+}

@@ -384,6 +384,8 @@ pub trait Resources: Send + Sync {
         kind: Kind,
         name: &str,
     ) -> StoreResult<Option<(String, String)>>;
+    /// A resource's eTag alone, its body not read: whether a copy of it is still current.
+    async fn etag(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<String>>;
     /// Like [`Resources::list`], bodies as stored (JSON text), unparsed: (name, body, eTag).
     async fn list_raw(
         &self,
@@ -408,7 +410,28 @@ pub trait Resources: Send + Sync {
         name: &str,
         body: &Value,
         when: &Precondition,
-    ) -> StoreResult<(Resource, bool)>;
+    ) -> StoreResult<(Resource, bool)> {
+        let (etag, created) = self
+            .put_raw(fleet, kind, name, &body.to_string(), when)
+            .await?;
+        let resource = Resource {
+            name: name.to_string(),
+            body: body.clone(),
+            etag,
+        };
+        Ok((resource, created))
+    }
+    /// Creates or replaces with a body given as JSON text (a large run's document is rendered
+    /// straight to text, never built as a tree); returns the new eTag and whether it was
+    /// created.
+    async fn put_raw(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        text: &str,
+        when: &Precondition,
+    ) -> StoreResult<(String, bool)>;
     /// Deletes; returns whether it existed. A run's log, intents, events and gates go with it; a
     /// fleet's children go with the fleet.
     async fn delete(

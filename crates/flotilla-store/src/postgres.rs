@@ -245,6 +245,17 @@ fn unique_violation(e: &sqlx::Error) -> bool {
 
 #[async_trait]
 impl Resources for PgStore {
+    async fn etag(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<String>> {
+        sqlx::query("SELECT etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3")
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.col(0))
+            .transpose()
+    }
+
     async fn get_raw(
         &self,
         fleet: &str,
@@ -304,14 +315,14 @@ impl Resources for PgStore {
             .collect()
     }
 
-    async fn put(
+    async fn put_raw(
         &self,
         fleet: &str,
         kind: Kind,
         name: &str,
-        body: &Value,
+        text: &str,
         when: &Precondition,
-    ) -> StoreResult<(Resource, bool)> {
+    ) -> StoreResult<(String, bool)> {
         let mut tx = self.pool.begin().await?;
         let current = current_etag(&mut tx, fleet, kind, name).await?;
         check(current.as_deref(), when)?;
@@ -319,8 +330,7 @@ impl Resources for PgStore {
             // Two creations racing: the row lock above cannot hold a row that does not exist
             // yet, so the insert itself decides.
             let etag = next_etag(&mut tx).await?;
-            let text = body.to_string();
-            let (stored, packed) = pack(kind, &text)?;
+            let (stored, packed) = pack(kind, text)?;
             let inserted = sqlx::query(
                 "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES ($1, $2, $3, $4, $5, $6)",
             )
@@ -335,14 +345,7 @@ impl Resources for PgStore {
             return match inserted {
                 Ok(_) => {
                     tx.commit().await?;
-                    Ok((
-                        Resource {
-                            name: name.to_string(),
-                            body: body.clone(),
-                            etag,
-                        },
-                        true,
-                    ))
+                    Ok((etag, true))
                 }
                 Err(e) if unique_violation(&e) => Err(StoreError::Precondition(
                     "If-None-Match *: the resource already exists".into(),
@@ -350,7 +353,7 @@ impl Resources for PgStore {
                 Err(e) => Err(e.into()),
             };
         }
-        let (etag, created) = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
+        let (etag, created) = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
             // A run written whole (created or replaced) has no head until one is set.
             sqlx::query("DELETE FROM run_heads WHERE fleet = $1 AND run = $2")
@@ -360,14 +363,7 @@ impl Resources for PgStore {
                 .await?;
         }
         tx.commit().await?;
-        Ok((
-            Resource {
-                name: name.to_string(),
-                body: body.clone(),
-                etag,
-            },
-            created,
-        ))
+        Ok((etag, created))
     }
 
     async fn register_members(

@@ -246,6 +246,17 @@ impl Resources for SqliteStore {
         self.pool.close().await;
     }
 
+    async fn etag(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<String>> {
+        sqlx::query("SELECT etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?")
+            .bind(fleet)
+            .bind(kind.as_str())
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.col(0))
+            .transpose()
+    }
+
     async fn get_raw(
         &self,
         fleet: &str,
@@ -305,18 +316,18 @@ impl Resources for SqliteStore {
             .collect()
     }
 
-    async fn put(
+    async fn put_raw(
         &self,
         fleet: &str,
         kind: Kind,
         name: &str,
-        body: &Value,
+        text: &str,
         when: &Precondition,
-    ) -> StoreResult<(Resource, bool)> {
+    ) -> StoreResult<(String, bool)> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let current = current_etag(&mut tx, fleet, kind, name).await?;
         check(current.as_deref(), when)?;
-        let etag = upsert(&mut tx, fleet, kind, name, &body.to_string()).await?;
+        let etag = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
             // A run written whole (created or replaced) has no head until one is set.
             sqlx::query("DELETE FROM run_heads WHERE fleet = ? AND run = ?")
@@ -326,14 +337,7 @@ impl Resources for SqliteStore {
                 .await?;
         }
         tx.commit().await?;
-        Ok((
-            Resource {
-                name: name.to_string(),
-                body: body.clone(),
-                etag,
-            },
-            current.is_none(),
-        ))
+        Ok((etag, current.is_none()))
     }
 
     async fn register_members(

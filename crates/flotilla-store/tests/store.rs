@@ -510,6 +510,54 @@ async fn etag_conditions(store: Arc<dyn Store>) {
             .unwrap()
             .is_none()
     );
+    // The eTag alone, without the body.
+    assert_eq!(
+        store.etag("f", Kind::Member, "m").await.unwrap(),
+        Some(updated.etag.clone())
+    );
+    assert_eq!(store.etag("f", Kind::Member, "nobody").await.unwrap(), None);
+    assert_eq!(store.etag("g", Kind::Member, "m").await.unwrap(), None);
+    // A body written as text is read back as that text, under the same conditions.
+    let text = r#"{"properties":{"a":3}}"#;
+    assert!(precondition_failed(
+        store
+            .put_raw("f", Kind::Member, "m", text, &Precondition::IfNoneMatchAny)
+            .await
+    ));
+    let (raw_etag, new) = store
+        .put_raw(
+            "f",
+            Kind::Member,
+            "m",
+            text,
+            &Precondition::IfMatch(updated.etag.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(!new);
+    assert_ne!(raw_etag, updated.etag);
+    let (read, etag) = store
+        .get_raw("f", Kind::Member, "m")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((read.as_str(), &etag), (text, &raw_etag));
+    assert_eq!(
+        store.etag("f", Kind::Member, "m").await.unwrap(),
+        Some(raw_etag.clone())
+    );
+    // Back to `changed` for what follows.
+    let (updated, new) = store
+        .put(
+            "f",
+            Kind::Member,
+            "m",
+            &changed,
+            &Precondition::IfMatch(raw_etag),
+        )
+        .await
+        .unwrap();
+    assert!(!new);
     // The old eTag no longer matches, for a write or a delete.
     assert!(precondition_failed(
         store
