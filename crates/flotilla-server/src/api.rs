@@ -1021,12 +1021,14 @@ async fn observe_members(
     let mut answers = Vec::with_capacity(members.len());
     for chunk in members.chunks(1000) {
         let mut asking = tokio::task::JoinSet::new();
-        let mut specs = Vec::with_capacity(chunk.len());
+        // By position, so every member asked gets an answer in its place, even one whose call
+        // ended without one (a panic in the driver).
+        let mut specs: Vec<Option<_>> = (0..chunk.len()).map(|_| None).collect();
         for (i, (name, id)) in chunk.iter().enumerate() {
             if asking.len() >= OBSERVE_AT_ONCE
-                && let Some(Ok(done)) = asking.join_next().await
+                && let Some(Ok((k, spec))) = asking.join_next().await
             {
-                specs.push(done);
+                specs[k] = Some(spec);
             }
             let (driver, member) = (
                 driver.clone(),
@@ -1038,14 +1040,20 @@ async fn observe_members(
             asking.spawn(async move { (i, driver.observe(&member).await) });
         }
         while let Some(done) = asking.join_next().await {
-            specs.extend(done.ok());
+            if let Ok((k, spec)) = done {
+                specs[k] = Some(spec);
+            }
         }
-        specs.sort_by_key(|(i, _)| *i);
         let at = now();
         let mut observed = Vec::new();
         let mut failed = Vec::new();
-        for (i, spec) in specs {
+        for (i, spec) in specs.into_iter().enumerate() {
             let name = &chunk[i].0;
+            let spec = spec.unwrap_or_else(|| {
+                Err(crate::driver::DriverError::transient(
+                    "the driver's call ended without an answer",
+                ))
+            });
             let (error, result) = match spec {
                 Ok(spec) => match Cluster::parse(&spec, "cluster") {
                     Ok(cluster) => {
