@@ -23,6 +23,7 @@ pub mod prelude {
     pub use crate::{Coordination, Resources, RunLog, Store, Tokens};
 }
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use flotilla_engine::time::Time;
@@ -164,6 +165,70 @@ fn merge_member(
     }
     body["properties"]["status"] = stored["properties"]["status"].clone();
     Ok(body)
+}
+
+/// A registration decided against what the store holds of the members and cluster ids it
+/// touches, item by item in order (an item sees the items before it): one rule for both
+/// backends, which read what it needs in a few statements and write what it decides.
+#[derive(Debug, Default)]
+struct RegistrationPlan {
+    /// Per item: the member's name, the body to store, and whether it creates the member.
+    items: Vec<(String, String, bool)>,
+    /// Cluster ids the registration claims: `(cluster key, member, item)`.
+    claims: Vec<(String, String, usize)>,
+}
+
+impl RegistrationPlan {
+    /// The cluster keys of the items, to read their holders with.
+    fn keys(writes: &[MemberWrite]) -> Vec<String> {
+        writes
+            .iter()
+            .map(|w| cluster_key(member_cluster_id(&w.body)))
+            .collect()
+    }
+
+    /// `stored`: each existing member among the items' names, as `(body, eTag)`; `holders`:
+    /// the member holding each cluster key among the items'.
+    fn decide(
+        writes: &[MemberWrite],
+        mode: RegisterMode,
+        stored: &HashMap<String, (String, String)>,
+        holders: &HashMap<String, String>,
+    ) -> StoreResult<RegistrationPlan> {
+        let mut plan = RegistrationPlan::default();
+        // What earlier items of this registration wrote: their eTag is not made yet, so it
+        // matches no `If-Match` but the wildcard.
+        let mut written: HashMap<&str, usize> = Default::default();
+        let mut claimed: HashMap<String, &str> = Default::default();
+        for (item, write) in writes.iter().enumerate() {
+            let current = match written.get(write.name.as_str()) {
+                Some(&earlier) => Some((plan.items[earlier].1.as_str(), "")),
+                None => stored
+                    .get(&write.name)
+                    .map(|(body, etag)| (body.as_str(), etag.as_str())),
+            };
+            check(current.map(|c| c.1), &write.when)?;
+            let body = merge_member(item, write, current.map(|c| c.0), mode)?;
+            let id = member_cluster_id(&body);
+            let key = cluster_key(id);
+            let holder = claimed
+                .get(&key)
+                .copied()
+                .or_else(|| holders.get(&key).map(String::as_str));
+            match holder {
+                Some(other) if other != write.name => return Err(cluster_taken(item, id, other)),
+                Some(_) => {}
+                None => {
+                    claimed.insert(key.clone(), &write.name);
+                    plan.claims.push((key, write.name.clone(), item));
+                }
+            }
+            written.insert(&write.name, item);
+            plan.items
+                .push((write.name.clone(), body.to_string(), current.is_none()));
+        }
+        Ok(plan)
+    }
 }
 
 /// The refusal of a cluster id another member already has.

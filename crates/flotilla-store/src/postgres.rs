@@ -3,6 +3,7 @@
 //! travel between replicas with LISTEN/NOTIFY, sent inside the writing transaction so they are
 //! delivered only once it commits.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,9 +14,9 @@ use tokio::sync::broadcast;
 
 use super::{
     Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
-    Precondition, RegisterMode, Registered, Resource, Resources, RunBatch, RunLog, StoreError,
-    StoreResult, TokenRecord, Tokens, check, cluster_key, cluster_taken, fenced, member_cluster_id,
-    merge_member, millis, pack, parse_body, same_run, unpack, with_status,
+    Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources, RunBatch,
+    RunLog, StoreError, StoreResult, TokenRecord, Tokens, check, fenced, millis, pack, parse_body,
+    same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -154,6 +155,20 @@ async fn current_etag(
     .await?
     .map(|r| r.col(0))
     .transpose()
+}
+
+/// `n` new eTags in one statement.
+async fn next_etags(tx: &mut Transaction<'_, Postgres>, n: usize) -> StoreResult<Vec<String>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    sqlx::query("SELECT nextval('etag_seq') FROM generate_series(1, $1)")
+        .bind(i64::try_from(n).unwrap_or(i64::MAX))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.col::<i64>(0).map(|n| format!("\"{n}\"")))
+        .collect()
 }
 
 async fn next_etag(tx: &mut Transaction<'_, Postgres>) -> StoreResult<String> {
@@ -372,61 +387,108 @@ impl Resources for PgStore {
         writes: &[MemberWrite],
         mode: RegisterMode,
     ) -> StoreResult<Registered> {
+        // A few statements whatever the number of members, each binding arrays: over a
+        // network a statement per member costs a round trip each. Rows are read through a
+        // lateral lookup per name, by key, whatever the table's statistics say: a plan made
+        // while a fleet grows faster than they follow would otherwise scan the whole fleet.
         let mut tx = self.pool.begin().await?;
-        let mut registered = Registered::default();
-        for (item, write) in writes.iter().enumerate() {
-            let current = sqlx::query(
-                "SELECT body, etag FROM resources WHERE fleet = $1 AND kind = 'members' AND name = $2 FOR UPDATE",
+        let mut names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut stored = HashMap::new();
+        for r in sqlx::query(
+            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = 'members' AND name = u.n FOR UPDATE) r",
+        )
+        .bind(fleet)
+        .bind(&names)
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            stored.insert(r.col(0)?, (r.col(1)?, r.col(2)?));
+        }
+        let mut holders = HashMap::new();
+        for r in sqlx::query(
+            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT cluster_key, member FROM member_clusters WHERE fleet = $1 AND cluster_key = u.n) r",
+        )
+        .bind(fleet)
+        .bind(RegistrationPlan::keys(writes))
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            holders.insert(r.col(0)?, r.col(1)?);
+        }
+        let plan = RegistrationPlan::decide(writes, mode, &stored, &holders)?;
+        if !plan.claims.is_empty() {
+            // Two registrations racing for one id: the primary key decides, and the loser is
+            // told to send again.
+            let (keys, members): (Vec<&str>, Vec<&str>) = plan
+                .claims
+                .iter()
+                .map(|(k, m, _)| (k.as_str(), m.as_str()))
+                .unzip();
+            let won: HashSet<String> = sqlx::query(
+                "INSERT INTO member_clusters (fleet, cluster_key, member)
+                 SELECT $1, k, m FROM UNNEST($2::text[], $3::text[]) AS u(k, m)
+                 ON CONFLICT DO NOTHING RETURNING cluster_key",
             )
             .bind(fleet)
-            .bind(&write.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let (text, etag): (Option<String>, Option<String>) = match current {
-                Some(r) => (Some(r.col(0)?), Some(r.col(1)?)),
-                None => (None, None),
-            };
-            check(etag.as_deref(), &write.when)?;
-            let body = merge_member(item, write, text.as_deref(), mode)?;
-            let id = member_cluster_id(&body);
-            let holder: Option<String> = sqlx::query(
-                "SELECT member FROM member_clusters WHERE fleet = $1 AND cluster_key = $2",
-            )
-            .bind(fleet)
-            .bind(cluster_key(id))
-            .fetch_optional(&mut *tx)
+            .bind(&keys)
+            .bind(&members)
+            .fetch_all(&mut *tx)
             .await?
+            .iter()
             .map(|r| r.col(0))
-            .transpose()?;
-            match holder {
-                Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
-                Some(_) => {}
-                None => {
-                    // Two registrations racing for one id: the primary key decides.
-                    let inserted = sqlx::query(
-                        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES ($1, $2, $3)",
-                    )
-                    .bind(fleet)
-                    .bind(cluster_key(id))
-                    .bind(&write.name)
-                    .execute(&mut *tx)
-                    .await;
-                    match inserted {
-                        Ok(_) => {}
-                        Err(e) if unique_violation(&e) => {
-                            return Err(racing(item, &write.name));
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+            .collect::<StoreResult<_>>()?;
+            if let Some((_, member, item)) = plan.claims.iter().find(|c| !won.contains(&c.0)) {
+                return Err(racing(*item, member));
             }
-            let (etag_new, created) =
-                upsert(&mut tx, fleet, Kind::Member, &write.name, &body.to_string()).await?;
-            if text.is_none() && !created {
+        }
+        let etags = next_etags(&mut tx, plan.items.len()).await?;
+        // One row per member, its last item's body (an item sees the ones before it): a
+        // statement may not touch a row twice.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, (name, _, _)) in plan.items.iter().enumerate() {
+            last.insert(name, i);
+        }
+        let mut rows: Vec<usize> = last.into_values().collect();
+        rows.sort_unstable();
+        let mut row_names = Vec::with_capacity(rows.len());
+        let mut bodies = Vec::with_capacity(rows.len());
+        let mut packs = Vec::with_capacity(rows.len());
+        let mut tags = Vec::with_capacity(rows.len());
+        for &i in &rows {
+            let (name, body, _) = &plan.items[i];
+            let (body, packed) = pack(Kind::Member, body)?;
+            row_names.push(name.as_str());
+            bodies.push(body);
+            packs.push(packed);
+            tags.push(etags[i].as_str());
+        }
+        // `xmax` is zero on a row this statement inserted, and set on one it updated.
+        let mut inserted: HashMap<String, bool> = HashMap::new();
+        for r in sqlx::query(
+            "INSERT INTO resources (fleet, kind, name, body, packed, etag)
+             SELECT $1, 'members', n, b, p, e FROM UNNEST($2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(n, b, p, e)
+             ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
+             RETURNING name, (xmax = 0)",
+        )
+        .bind(fleet)
+        .bind(&row_names)
+        .bind(&bodies)
+        .bind(&packs)
+        .bind(&tags)
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            inserted.insert(r.col(0)?, r.col(1)?);
+        }
+        let mut registered = Registered::default();
+        for (item, ((name, _, created), etag)) in plan.items.iter().zip(etags).enumerate() {
+            if *created && !stored.contains_key(name) && inserted.get(name) != Some(&true) {
                 // Created by another transaction since it was read: nothing is written.
-                return Err(racing(item, &write.name));
+                return Err(racing(item, name));
             }
-            registered.written.push((etag_new, created));
+            registered.written.push((etag, *created));
         }
         tx.commit().await?;
         Ok(registered)
@@ -441,27 +503,53 @@ impl Resources for PgStore {
         if statuses.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        // The last status given for a name is the one that stays.
+        let mut latest: HashMap<&str, &Value> = HashMap::new();
         for (name, status) in statuses {
-            let current: Option<String> = sqlx::query("SELECT body, packed FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3 FOR UPDATE")
-                .bind(fleet)
-                .bind(kind.as_str())
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| unpack(r.col(0)?, r.col(1)?))
-                .transpose()?;
-            if let Some(text) = current {
-                upsert(
-                    &mut tx,
-                    fleet,
-                    kind,
-                    name,
-                    &with_status(&text, status)?.to_string(),
-                )
-                .await?;
-            }
+            latest.insert(name, status);
         }
+        let mut names: Vec<&str> = latest.keys().copied().collect();
+        names.sort_unstable();
+        let mut tx = self.pool.begin().await?;
+        let current = sqlx::query(
+            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT name, body, packed FROM resources WHERE fleet = $1 AND kind = $3 AND name = u.n FOR UPDATE) r",
+        )
+        .bind(fleet)
+        .bind(&names)
+        .bind(kind.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        let etags = next_etags(&mut tx, current.len()).await?;
+        let mut row_names = Vec::with_capacity(current.len());
+        let mut texts = Vec::with_capacity(current.len());
+        for r in current {
+            let name: String = r.col(0)?;
+            let text = unpack(r.col(1)?, r.col(2)?)?;
+            let status = latest.get(name.as_str()).copied().unwrap_or(&Value::Null);
+            texts.push(with_status(&text, status)?.to_string());
+            row_names.push(name);
+        }
+        let mut bodies = Vec::with_capacity(texts.len());
+        let mut packs = Vec::with_capacity(texts.len());
+        for text in &texts {
+            let (body, packed) = pack(kind, text)?;
+            bodies.push(body);
+            packs.push(packed);
+        }
+        // Every row exists and is locked: the insert replaces each, found by its key.
+        sqlx::query(
+            "INSERT INTO resources (fleet, kind, name, body, packed, etag)
+             SELECT $1, $2, n, b, p, e FROM UNNEST($3::text[], $4::text[], $5::bytea[], $6::text[]) AS u(n, b, p, e)
+             ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
+        )
+        .bind(fleet)
+        .bind(kind.as_str())
+        .bind(&row_names)
+        .bind(&bodies)
+        .bind(&packs)
+        .bind(&etags)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }

@@ -154,6 +154,91 @@ impl SqliteStore {
     }
 }
 
+/// `n` new eTags in one statement.
+async fn next_etags(tx: &mut Transaction<'_, Sqlite>, n: usize) -> StoreResult<Vec<String>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let count = i64::try_from(n).unwrap_or(i64::MAX);
+    let last: i64 =
+        sqlx::query("UPDATE etag_seq SET value = value + ? WHERE id = 1 RETURNING value")
+            .bind(count)
+            .fetch_one(&mut **tx)
+            .await?
+            .col(0)?;
+    Ok((last - count + 1..=last)
+        .map(|n| format!("\"{n}\""))
+        .collect())
+}
+
+/// The rows `select` (ending in `fleet = `), then `column` (ending in `IN `) finds for `keys`,
+/// a few hundred keys to a statement; with `kind`, of that kind only.
+async fn select_in(
+    tx: &mut Transaction<'_, Sqlite>,
+    select: &'static str,
+    fleet: &str,
+    kind: Option<Kind>,
+    column: &'static str,
+    keys: &[&str],
+) -> StoreResult<Vec<sqlx::sqlite::SqliteRow>> {
+    let mut rows = Vec::new();
+    for chunk in keys.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(select);
+        q.push_bind(fleet);
+        if let Some(kind) = kind {
+            q.push(" AND kind = ").push_bind(kind.as_str());
+        }
+        q.push(column).push("(");
+        let mut list = q.separated(", ");
+        for key in chunk {
+            list.push_bind(*key);
+        }
+        q.push(")");
+        rows.extend(q.build().fetch_all(&mut **tx).await?);
+    }
+    Ok(rows)
+}
+
+/// Creates or replaces resources, `(name, body)` each with its eTag, in order, a few hundred
+/// to a statement.
+async fn put_rows(
+    tx: &mut Transaction<'_, Sqlite>,
+    fleet: &str,
+    kind: Kind,
+    rows: &[(&str, &str)],
+    etags: &[String],
+) -> StoreResult<()> {
+    for (chunk, tags) in rows
+        .chunks(crate::ROWS_PER_INSERT)
+        .zip(etags.chunks(crate::ROWS_PER_INSERT))
+    {
+        let mut packed = Vec::with_capacity(chunk.len());
+        for (name, body) in chunk {
+            let (body, pack) = pack(kind, body)?;
+            packed.push((*name, body, pack));
+        }
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO resources (fleet, kind, name, body, packed, etag) ",
+        );
+        q.push_values(
+            packed.into_iter().zip(tags),
+            |mut row, ((name, body, pack), tag)| {
+                row.push_bind(fleet)
+                    .push_bind(kind.as_str())
+                    .push_bind(name)
+                    .push_bind(body)
+                    .push_bind(pack)
+                    .push_bind(tag);
+            },
+        );
+        q.push(
+            " ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
+        );
+        q.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
 async fn next_etag(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<String> {
     let row = sqlx::query("UPDATE etag_seq SET value = value + 1 WHERE id = 1 RETURNING value")
         .fetch_one(&mut **tx)
@@ -347,51 +432,59 @@ impl Resources for SqliteStore {
         mode: RegisterMode,
     ) -> StoreResult<Registered> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut registered = Registered::default();
-        for (item, write) in writes.iter().enumerate() {
-            let current = sqlx::query(
-                "SELECT body, etag FROM resources WHERE fleet = ? AND kind = 'members' AND name = ?",
-            )
-            .bind(fleet)
-            .bind(&write.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let (text, etag): (Option<String>, Option<String>) = match current {
-                Some(r) => (Some(r.col(0)?), Some(r.col(1)?)),
-                None => (None, None),
-            };
-            check(etag.as_deref(), &write.when)?;
-            let body = merge_member(item, write, text.as_deref(), mode)?;
-            let id = member_cluster_id(&body);
-            let holder: Option<String> = sqlx::query(
-                "SELECT member FROM member_clusters WHERE fleet = ? AND cluster_key = ?",
-            )
-            .bind(fleet)
-            .bind(cluster_key(id))
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.col(0))
-            .transpose()?;
-            match holder {
-                Some(other) if other != write.name => return Err(cluster_taken(item, id, &other)),
-                Some(_) => {}
-                None => {
-                    sqlx::query(
-                        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES (?, ?, ?)",
-                    )
-                    .bind(fleet)
-                    .bind(cluster_key(id))
-                    .bind(&write.name)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-            let etag_new =
-                upsert(&mut tx, fleet, Kind::Member, &write.name, &body.to_string()).await?;
-            registered.written.push((etag_new, text.is_none()));
+        // Hundreds of rows to a statement: each statement crosses to SQLite's own thread.
+        let names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
+        let mut stored = HashMap::new();
+        for r in select_in(
+            &mut tx,
+            "SELECT name, body, etag FROM resources WHERE fleet = ",
+            fleet,
+            Some(Kind::Member),
+            " AND name IN ",
+            &names,
+        )
+        .await?
+        {
+            stored.insert(r.col(0)?, (r.col(1)?, r.col(2)?));
         }
+        let keys = RegistrationPlan::keys(writes);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut holders = HashMap::new();
+        for r in select_in(
+            &mut tx,
+            "SELECT cluster_key, member FROM member_clusters WHERE fleet = ",
+            fleet,
+            None,
+            " AND cluster_key IN ",
+            &keys,
+        )
+        .await?
+        {
+            holders.insert(r.col(0)?, r.col(1)?);
+        }
+        let plan = RegistrationPlan::decide(writes, mode, &stored, &holders)?;
+        for chunk in plan.claims.chunks(crate::ROWS_PER_INSERT) {
+            let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO member_clusters (fleet, cluster_key, member) ",
+            );
+            q.push_values(chunk, |mut row, (key, member, _)| {
+                row.push_bind(fleet).push_bind(key).push_bind(member);
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        let etags = next_etags(&mut tx, plan.items.len()).await?;
+        // In item order: a name given twice is created, then replaced.
+        let rows: Vec<(&str, &str)> = plan
+            .items
+            .iter()
+            .map(|(name, body, _)| (name.as_str(), body.as_str()))
+            .collect();
+        put_rows(&mut tx, fleet, Kind::Member, &rows, &etags).await?;
         tx.commit().await?;
-        Ok(registered)
+        let created = plan.items.iter().map(|(_, _, created)| *created);
+        Ok(Registered {
+            written: etags.into_iter().zip(created).collect(),
+        })
     }
 
     async fn set_statuses(
@@ -403,29 +496,35 @@ impl Resources for SqliteStore {
         if statuses.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // The last status given for a name is the one that stays.
+        let mut latest: HashMap<&str, &Value> = HashMap::new();
         for (name, status) in statuses {
-            let current: Option<String> = sqlx::query(
-                "SELECT body, packed FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
-            )
-            .bind(fleet)
-            .bind(kind.as_str())
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| unpack(r.col(0)?, r.col(1)?))
-            .transpose()?;
-            if let Some(text) = current {
-                upsert(
-                    &mut tx,
-                    fleet,
-                    kind,
-                    name,
-                    &with_status(&text, status)?.to_string(),
-                )
-                .await?;
-            }
+            latest.insert(name, status);
         }
+        let names: Vec<&str> = latest.keys().copied().collect();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut texts = Vec::new();
+        for r in select_in(
+            &mut tx,
+            "SELECT name, body, packed FROM resources WHERE fleet = ",
+            fleet,
+            Some(kind),
+            " AND name IN ",
+            &names,
+        )
+        .await?
+        {
+            let name: String = r.col(0)?;
+            let text = unpack(r.col(1)?, r.col(2)?)?;
+            let status = latest.get(name.as_str()).copied().unwrap_or(&Value::Null);
+            texts.push((name, with_status(&text, status)?.to_string()));
+        }
+        let etags = next_etags(&mut tx, texts.len()).await?;
+        let rows: Vec<(&str, &str)> = texts
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect();
+        put_rows(&mut tx, fleet, kind, &rows, &etags).await?;
         tx.commit().await?;
         Ok(())
     }

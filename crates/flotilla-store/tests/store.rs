@@ -415,6 +415,7 @@ async fn statuses_are_set_together_and_only_on_what_exists(store: Arc<dyn Store>
                 ("a".into(), json!({"cluster": {"v": 2}})),
                 ("b".into(), json!({"cluster": {"v": 3}})),
                 ("gone".into(), json!({"cluster": {"v": 4}})),
+                ("b".into(), json!({"cluster": {"v": 5}})),
             ],
         )
         .await
@@ -430,7 +431,10 @@ async fn statuses_are_set_together_and_only_on_what_exists(store: Arc<dyn Store>
     );
     assert_ne!(a2.etag, a.etag, "a new eTag");
     let b = store.get("f", Kind::Member, "b").await.unwrap().unwrap();
-    assert_eq!(b.body["properties"]["status"]["cluster"]["v"], 3);
+    assert_eq!(
+        b.body["properties"]["status"]["cluster"]["v"], 5,
+        "the last status given for a name stays"
+    );
     assert!(
         store
             .get("f", Kind::Member, "gone")
@@ -1400,6 +1404,51 @@ async fn member_registration_keeps_cluster_ids_unique(store: Arc<dyn Store>) {
         other => panic!("expected a clash: {other:?}"),
     }
     assert!(store.get("f", Kind::Member, "n1").await.unwrap().is_none());
+    // Items of one batch see the items before them: a name twice is created once and then
+    // replaced (Upsert) or refused (Create); one new cluster under two names is refused.
+    let twice = vec![
+        member("d1", "/sub/rg/dup"),
+        MemberWrite {
+            body: json!({"name": "d1", "properties": {"clusterResourceId": "/SUB/rg/dup", "group": "g2", "status": {}}}),
+            ..member("d1", "/sub/rg/dup")
+        },
+    ];
+    let done = store
+        .register_members("f", &twice, RegisterMode::Upsert)
+        .await
+        .unwrap();
+    assert_eq!(
+        done.written.iter().map(|w| w.1).collect::<Vec<_>>(),
+        [true, false]
+    );
+    assert_ne!(
+        done.written[0].0, done.written[1].0,
+        "each item has its eTag"
+    );
+    let d1 = store.get("f", Kind::Member, "d1").await.unwrap().unwrap();
+    assert_eq!(d1.body["properties"]["group"], "g2", "the last item stays");
+    assert_eq!(d1.etag, done.written[1].0);
+    for (batch, field) in [
+        (
+            vec![member("e1", "/sub/rg/e"), member("e1", "/sub/rg/e")],
+            "name",
+        ),
+        (
+            vec![member("e1", "/sub/rg/e"), member("e2", "/Sub/rg/E")],
+            "properties.clusterResourceId",
+        ),
+    ] {
+        match store
+            .register_members("f", &batch, RegisterMode::Create)
+            .await
+        {
+            Err(StoreError::Refused {
+                item: 1, field: f, ..
+            }) => assert_eq!(f, field),
+            other => panic!("expected item 1 refused on {field}: {other:?}"),
+        }
+        assert!(store.get("f", Kind::Member, "e1").await.unwrap().is_none());
+    }
     // Another fleet may hold the same id.
     store
         .register_members("g", &[member("m07", "/sub/rg/c7")], RegisterMode::Create)
