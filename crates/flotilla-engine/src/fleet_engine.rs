@@ -747,7 +747,9 @@ impl FleetEngine {
     }
 
     pub fn poll_command(&mut self) -> Option<FleetCommand> {
-        self.commands.pop_front()
+        let command = self.commands.pop_front();
+        crate::engine::release_drained(&mut self.commands);
+        command
     }
 
     /// The next event of any run, runs in creation order.

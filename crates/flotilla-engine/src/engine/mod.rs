@@ -344,6 +344,16 @@ struct StageRt {
     error: Option<ErrorDetail>,
 }
 
+/// A drained queue keeps at most this many slots: a burst (a stage's start parks thousands of
+/// members, each an event) would otherwise leave every run holding megabytes of empty queue.
+const QUEUE_KEPT: usize = 256;
+
+pub(crate) fn release_drained<T>(queue: &mut VecDeque<T>) {
+    if queue.is_empty() && queue.capacity() > QUEUE_KEPT {
+        *queue = VecDeque::new();
+    }
+}
+
 /// One update run's engine.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -403,13 +413,16 @@ impl Engine {
     }
 
     pub fn poll_command(&mut self) -> Option<Command> {
-        self.commands.pop_front()
+        let command = self.commands.pop_front();
+        release_drained(&mut self.commands);
+        command
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
-        let event = self.events.pop_front()?;
-        self.polled += 1;
-        Some(event)
+        let event = self.events.pop_front();
+        release_drained(&mut self.events);
+        self.polled += u64::from(event.is_some());
+        event
     }
 
     /// The status's revisions: the members' (grows with every change of a member's status)
