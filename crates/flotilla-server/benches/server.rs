@@ -19,6 +19,10 @@ use flotilla_server::store::SqliteStore;
 use flotilla_server::store::postgres::PgStore;
 use flotilla_server::store::prelude::*;
 
+/// The allocator the `flotilla` binary uses, so memory is measured as it ships.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 struct Bench {
     http: reqwest::Client,
     base: String,

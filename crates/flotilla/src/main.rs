@@ -12,6 +12,12 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::stdout_write(format_args!($($arg)*), false) };
 }
 
+/// The allocator: jemalloc returns what a burst freed and serves the server's threads with
+/// less contention than glibc's malloc (BENCHMARKS.md, "The allocator").
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod client;
 mod commands;
 mod demo;
