@@ -303,6 +303,43 @@ pub struct GeneratedRun {
     pub rules: RunRules,
 }
 
+/// Why a profile generates no run now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoRun {
+    /// A disabled profile generates nothing.
+    Disabled,
+    /// Its channel selects nothing from the catalog yet: not a failure, a trigger waits.
+    NothingSelected(Channel),
+}
+
+impl NoRun {
+    /// What `generateUpdateRun` answers (409): a trigger records neither.
+    pub fn error(self, profile_name: &str) -> ApiError {
+        ApiError::conflict(match self {
+            NoRun::Disabled => format!(
+                "auto-upgrade profile {profile_name:?} is disabled; a disabled profile generates nothing"
+            ),
+            NoRun::NothingSelected(channel) => {
+                format!("the {channel:?} channel selects nothing from the fleet's releases yet")
+            }
+        })
+    }
+}
+
+/// The run `profile` generates from `catalog` at `now`, or why none: the rule both shells
+/// follow. A run that already exists under the name is the one generated before.
+pub fn plan_generation(
+    profile_name: &str,
+    profile: &Profile,
+    catalog: &Catalog,
+    now: Time,
+) -> Result<GeneratedRun, NoRun> {
+    if profile.disabled {
+        return Err(NoRun::Disabled);
+    }
+    plan_run(profile_name, profile, catalog, now).ok_or(NoRun::NothingSelected(profile.channel))
+}
+
 /// What `profile` would generate from `catalog` at `now` (SEMANTICS §8): `None` when its channel
 /// selects nothing yet. Whether to create it is the shell's decision: a disabled profile
 /// generates nothing, and a run that already exists under the name is the one generated before.

@@ -36,7 +36,7 @@ use crate::store::{
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::RunRules;
 use flotilla_engine::profile::{
-    ProfileSpec, TriggerOutcome, parse_profile, plan_run, trigger_status,
+    NoRun, ProfileSpec, TriggerOutcome, parse_profile, plan_generation, trigger_status,
 };
 
 /// The most members one import may carry (API.md, "Batch registration").
@@ -1813,8 +1813,13 @@ pub struct Generated {
 }
 
 /// Creates, without starting it, the run for the profile's current target; generating again
-/// with nothing new finds the same run (SEMANTICS §8).
-pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Generated> {
+/// with nothing new finds the same run (SEMANTICS §8). `Ok(Err(_))` says why the profile
+/// generates nothing now.
+pub async fn generate(
+    state: &Shared,
+    fleet: &str,
+    name: &str,
+) -> HttpResult<Result<Generated, NoRun>> {
     let (fleet, name) = (fleet.to_string(), name.to_string());
     let resource = get_one(state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
     let spec: ProfileSpec = from_json_value(
@@ -1829,12 +1834,6 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         "properties",
     )?;
     let profile = parse_profile(&spec)?;
-    if profile.disabled {
-        return Err(ApiError::conflict(format!(
-            "auto-upgrade profile {name:?} is disabled; a disabled profile generates nothing"
-        ))
-        .into());
-    }
     let driver = state
         .runs
         .drivers
@@ -1846,12 +1845,10 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
             e.message
         ))
     })?;
-    let planned = plan_run(&name, &profile, &catalog, now()).ok_or_else(|| {
-        ApiError::conflict(format!(
-            "the {:?} channel selects nothing from the fleet's releases yet",
-            profile.channel
-        ))
-    })?;
+    let planned = match plan_generation(&name, &profile, &catalog, now()) {
+        Ok(planned) => planned,
+        Err(no_run) => return Ok(Err(no_run)),
+    };
     let run = planned.name.clone();
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
     let versions = planned.target.versions();
@@ -1862,12 +1859,12 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         .await?
         .is_some()
     {
-        return Ok(Generated {
+        return Ok(Ok(Generated {
             run,
             run_id,
             created: false,
             versions,
-        });
+        }));
     }
     let strategy = match &profile.update_strategy_id {
         Some(id) => {
@@ -1897,12 +1894,12 @@ pub async fn generate(state: &Shared, fleet: &str, name: &str) -> HttpResult<Gen
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
     };
     create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
-    Ok(Generated {
+    Ok(Ok(Generated {
         run,
         run_id,
         created: true,
         versions,
-    })
+    }))
 }
 
 async fn generate_update_run(
@@ -1911,7 +1908,9 @@ async fn generate_update_run(
     Path((fleet, name)): Path<(String, String)>,
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
-    let generated = generate(&state, &fleet, &name).await?;
+    let generated = generate(&state, &fleet, &name)
+        .await?
+        .map_err(|no_run| no_run.error(&name))?;
     Ok(axum::Json(json!({"id": generated.run_id})).into_response())
 }
 
@@ -1983,8 +1982,10 @@ pub async fn trigger_profiles(state: &Shared) {
             }
             let outcome = generate(state, &fleet.name, &profile.name).await;
             let outcome = match outcome {
-                Ok(g) if !g.created => continue,
-                Ok(g) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
+                // Nothing selected yet (or disabled since it was listed) is not a failure.
+                Ok(Err(_no_run)) => continue,
+                Ok(Ok(g)) if !g.created => continue,
+                Ok(Ok(g)) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
                     Ok(()) => TriggerOutcome::Started {
                         run: g.run,
                         versions: g.versions,
@@ -1995,13 +1996,6 @@ pub async fn trigger_profiles(state: &Shared) {
                         message: e.message,
                     },
                 },
-                // Nothing selected yet is not a failure; anything else is recorded.
-                Err(e)
-                    if e.status == StatusCode::CONFLICT
-                        && e.message.contains("selects nothing") =>
-                {
-                    continue;
-                }
                 Err(e) => TriggerOutcome::Failed {
                     versions: Vec::new(),
                     code: e.code,

@@ -1351,6 +1351,37 @@ async fn auto_upgrade_profiles_generate_runs_for_their_channel() {
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
+    // A channel that selects nothing from the fleet's releases generates nothing either.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/future",
+        Some(json!({"properties": {"channel": "TargetKubernetesVersion", "targetKubernetesVersion": "1.99"}})),
+    )
+    .await;
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/future/generateUpdateRun",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("selects nothing"),
+        "{body}"
+    );
+    h.ok(
+        "admin",
+        Method::DELETE,
+        "/v1/fleets/f1/autoUpgradeProfiles/future",
+        None,
+    )
+    .await;
     h.ok(
         "admin",
         Method::PUT,

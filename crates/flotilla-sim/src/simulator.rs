@@ -19,7 +19,9 @@ use flotilla_engine::engine::{
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
 use flotilla_engine::fleet::{Catalog, Cluster};
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
-use flotilla_engine::profile::{Profile, ProfileSpec, TriggerOutcome, plan_run, trigger_status};
+use flotilla_engine::profile::{
+    NoRun, Profile, ProfileSpec, TriggerOutcome, plan_generation, trigger_status,
+};
 use flotilla_engine::release;
 use flotilla_engine::status::{Event, UpdateRunStatus};
 use flotilla_engine::strategy::{
@@ -444,7 +446,11 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                 Action::GenerateUpdateRun(name) => {
                     match profiles.iter().find(|p| &p.name == name) {
                         Some(p) => {
-                            generate(scenario, &mut fleet, &mut runs, p, &catalog, now).map(|_| ())
+                            match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
+                                Ok(Err(no_run)) => Err(no_run.error(&p.name)),
+                                Ok(Ok(_)) => Ok(()),
+                                Err(e) => Err(e),
+                            }
                         }
                         None => Err(not_found("profile", name)),
                     }
@@ -487,8 +493,9 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         if check_profiles {
             for p in profiles.iter_mut().filter(|p| !p.profile.disabled) {
                 let outcome = match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
-                    Ok(None) => continue,
-                    Ok(Some(i)) => {
+                    // Nothing selected yet is not a failure.
+                    Ok(Err(_) | Ok(None)) => continue,
+                    Ok(Ok(Some(i))) => {
                         let versions = runs[i].versions.clone();
                         let started = fleet.handle(
                             now,
@@ -509,7 +516,6 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                             },
                         }
                     }
-                    Err(e) if e.message.contains("selects nothing") => continue,
                     Err(e) => TriggerOutcome::Failed {
                         versions: Vec::new(),
                         code: format!("{:?}", e.code),
@@ -668,8 +674,9 @@ fn profile_resource(p: &SimProfile) -> Value {
 }
 
 /// Creates (does not start) the run for the profile's current target, as `generateUpdateRun`
-/// does: `Ok(None)` when that run already exists, `Ok(Some(index))` for a new one. The name,
-/// upgrade and rules come from the engine's `plan_run`, as in the server.
+/// does: `Ok(Ok(None))` when that run already exists, `Ok(Ok(Some(index)))` for a new one,
+/// `Ok(Err(_))` when the profile generates nothing now. The name, upgrade and rules come from
+/// the engine's `plan_generation`, as in the server.
 fn generate(
     scenario: &Scenario,
     fleet: &mut FleetEngine,
@@ -677,21 +684,13 @@ fn generate(
     p: &SimProfile,
     catalog: &Catalog,
     now: Time,
-) -> Result<Option<usize>, ApiError> {
-    if p.profile.disabled {
-        return Err(ApiError::conflict(format!(
-            "auto-upgrade profile {:?} is disabled; a disabled profile generates nothing",
-            p.name
-        )));
-    }
-    let planned = plan_run(&p.name, &p.profile, catalog, now).ok_or_else(|| {
-        ApiError::conflict(format!(
-            "the {:?} channel selects nothing from the fleet's releases yet",
-            p.profile.channel
-        ))
-    })?;
+) -> Result<Result<Option<usize>, NoRun>, ApiError> {
+    let planned = match plan_generation(&p.name, &p.profile, catalog, now) {
+        Ok(planned) => planned,
+        Err(no_run) => return Ok(Err(no_run)),
+    };
     if runs.iter().any(|r| r.name == planned.name) {
-        return Ok(None);
+        return Ok(Ok(None));
     }
     // The strategy is copied into the run at this moment (SEMANTICS §8).
     let strategy_spec = p
@@ -723,7 +722,7 @@ fn generate(
         created_at: now,
         events: Vec::new(),
     });
-    Ok(Some(runs.len() - 1))
+    Ok(Ok(Some(runs.len() - 1)))
 }
 
 /// A user action on one run.
