@@ -23,6 +23,10 @@ use flotilla_server::store::prelude::*;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: flotilla_server::CConf =
+    flotilla_server::CConf(flotilla_server::JEMALLOC_CONF.as_ptr());
+
 struct Bench {
     http: reqwest::Client,
     base: String,

@@ -2,6 +2,19 @@
 //! driving the engine, and the drivers that observe and upgrade clusters.
 
 pub mod answers;
+
+/// The options of jemalloc, where a binary uses it (the `flotilla` binary, the benches), exported
+/// by each as `_rjem_malloc_conf`. `oversize_threshold:0`: by default every allocation of 8 MiB
+/// or more (a run over 100,000 members is 8.6 MB) gets fresh pages from an arena of its own
+/// that gives them back at once, which halved the rate of large reads (BENCHMARKS.md).
+pub const JEMALLOC_CONF: &std::ffi::CStr = c"oversize_threshold:0";
+
+/// A C string pointer that may be a `static` (jemalloc reads `const char *malloc_conf`).
+#[repr(transparent)]
+pub struct CConf(pub *const std::ffi::c_char);
+
+// SAFETY: it points at a string constant, never written.
+unsafe impl Sync for CConf {}
 pub mod api;
 pub mod auth;
 pub mod dashboard;

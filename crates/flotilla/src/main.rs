@@ -18,6 +18,12 @@ macro_rules! out {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Its options ([`flotilla_server::JEMALLOC_CONF`]), read by jemalloc at its start.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: flotilla_server::CConf =
+    flotilla_server::CConf(flotilla_server::JEMALLOC_CONF.as_ptr());
+
 mod client;
 mod commands;
 mod demo;
