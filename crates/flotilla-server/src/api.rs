@@ -925,10 +925,13 @@ async fn patch_member(
             .await
         {
             Ok((resource, _)) => return Ok(respond(resource, false)),
+            // The server's own writes never fail a client's patch: tried again, a little later
+            // each time (at most about 1.3 s in all), while they keep coming.
             Err(StoreError::Precondition(_))
-                if tries < 5 && !headers.contains_key(header::IF_MATCH) =>
+                if tries < 50 && !headers.contains_key(header::IF_MATCH) =>
             {
                 tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(tries)).await;
             }
             Err(e) => return Err(e.into()),
         }
