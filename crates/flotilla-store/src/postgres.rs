@@ -157,6 +157,48 @@ async fn current_etag(
     .transpose()
 }
 
+/// Creates or replaces resources, `(name, body, eTag)` each, in one statement (a name at most
+/// once); returns the names it created (`xmax` is zero on a row the statement inserted).
+async fn put_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    fleet: &str,
+    kind: Kind,
+    rows: &[(&str, &str, &str)],
+) -> StoreResult<HashSet<String>> {
+    let mut names = Vec::with_capacity(rows.len());
+    let mut bodies = Vec::with_capacity(rows.len());
+    let mut packs = Vec::with_capacity(rows.len());
+    let mut etags = Vec::with_capacity(rows.len());
+    for (name, body, etag) in rows {
+        let (body, packed) = pack(kind, body)?;
+        names.push(*name);
+        bodies.push(body);
+        packs.push(packed);
+        etags.push(*etag);
+    }
+    let mut created = HashSet::new();
+    for r in sqlx::query(
+        "INSERT INTO resources (fleet, kind, name, body, packed, etag)
+         SELECT $1, $2, n, b, p, e FROM UNNEST($3::text[], $4::text[], $5::bytea[], $6::text[]) AS u(n, b, p, e)
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
+         RETURNING name, (xmax = 0)",
+    )
+    .bind(fleet)
+    .bind(kind.as_str())
+    .bind(&names)
+    .bind(&bodies)
+    .bind(&packs)
+    .bind(&etags)
+    .fetch_all(&mut **tx)
+    .await?
+    {
+        if r.col::<bool>(1)? {
+            created.insert(r.col(0)?);
+        }
+    }
+    Ok(created)
+}
+
 /// `n` new eTags in one statement.
 async fn next_etags(tx: &mut Transaction<'_, Postgres>, n: usize) -> StoreResult<Vec<String>> {
     if n == 0 {
@@ -172,11 +214,7 @@ async fn next_etags(tx: &mut Transaction<'_, Postgres>, n: usize) -> StoreResult
 }
 
 async fn next_etag(tx: &mut Transaction<'_, Postgres>) -> StoreResult<String> {
-    let n: i64 = sqlx::query("SELECT nextval('etag_seq')")
-        .fetch_one(&mut **tx)
-        .await?
-        .col(0)?;
-    Ok(format!("\"{n}\""))
+    Ok(next_etags(tx, 1).await?.remove(0))
 }
 
 /// Creates or replaces a resource; returns its new eTag and whether this created it (decided by
@@ -189,23 +227,8 @@ async fn upsert(
     body: &str,
 ) -> StoreResult<(String, bool)> {
     let etag = next_etag(tx).await?;
-    let (body, packed) = pack(kind, body)?;
-    // `xmax` is zero on a row this statement inserted, and set on one it updated.
-    let inserted: bool = sqlx::query(
-        "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
-         RETURNING (xmax = 0)",
-    )
-    .bind(fleet)
-    .bind(kind.as_str())
-    .bind(name)
-    .bind(body)
-    .bind(packed)
-    .bind(&etag)
-    .fetch_one(&mut **tx)
-    .await?
-    .col(0)?;
-    Ok((etag, inserted))
+    let created = put_rows(tx, fleet, kind, &[(name, body, &etag)]).await?;
+    Ok((etag, created.contains(name)))
 }
 
 /// Appends entries to one of a run's numbered logs. Only the fleet's lease holder writes a run's
@@ -452,39 +475,17 @@ impl Resources for PgStore {
         }
         let mut rows: Vec<usize> = last.into_values().collect();
         rows.sort_unstable();
-        let mut row_names = Vec::with_capacity(rows.len());
-        let mut bodies = Vec::with_capacity(rows.len());
-        let mut packs = Vec::with_capacity(rows.len());
-        let mut tags = Vec::with_capacity(rows.len());
-        for &i in &rows {
-            let (name, body, _) = &plan.items[i];
-            let (body, packed) = pack(Kind::Member, body)?;
-            row_names.push(name.as_str());
-            bodies.push(body);
-            packs.push(packed);
-            tags.push(etags[i].as_str());
-        }
-        // `xmax` is zero on a row this statement inserted, and set on one it updated.
-        let mut inserted: HashMap<String, bool> = HashMap::new();
-        for r in sqlx::query(
-            "INSERT INTO resources (fleet, kind, name, body, packed, etag)
-             SELECT $1, 'members', n, b, p, e FROM UNNEST($2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(n, b, p, e)
-             ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
-             RETURNING name, (xmax = 0)",
-        )
-        .bind(fleet)
-        .bind(&row_names)
-        .bind(&bodies)
-        .bind(&packs)
-        .bind(&tags)
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            inserted.insert(r.col(0)?, r.col(1)?);
-        }
+        let rows: Vec<(&str, &str, &str)> = rows
+            .into_iter()
+            .map(|i| {
+                let (name, body, _) = &plan.items[i];
+                (name.as_str(), body.as_str(), etags[i].as_str())
+            })
+            .collect();
+        let inserted = put_rows(&mut tx, fleet, Kind::Member, &rows).await?;
         let mut registered = Registered::default();
         for (item, ((name, _, created), etag)) in plan.items.iter().zip(etags).enumerate() {
-            if *created && !stored.contains_key(name) && inserted.get(name) != Some(&true) {
+            if *created && !inserted.contains(name.as_str()) {
                 // Created by another transaction since it was read: nothing is written.
                 return Err(racing(item, name));
             }
@@ -520,36 +521,20 @@ impl Resources for PgStore {
         .fetch_all(&mut *tx)
         .await?;
         let etags = next_etags(&mut tx, current.len()).await?;
-        let mut row_names = Vec::with_capacity(current.len());
         let mut texts = Vec::with_capacity(current.len());
         for r in current {
             let name: String = r.col(0)?;
             let text = unpack(r.col(1)?, r.col(2)?)?;
             let status = latest.get(name.as_str()).copied().unwrap_or(&Value::Null);
-            texts.push(with_status(&text, status)?.to_string());
-            row_names.push(name);
+            texts.push((name, with_status(&text, status)?.to_string()));
         }
-        let mut bodies = Vec::with_capacity(texts.len());
-        let mut packs = Vec::with_capacity(texts.len());
-        for text in &texts {
-            let (body, packed) = pack(kind, text)?;
-            bodies.push(body);
-            packs.push(packed);
-        }
-        // Every row exists and is locked: the insert replaces each, found by its key.
-        sqlx::query(
-            "INSERT INTO resources (fleet, kind, name, body, packed, etag)
-             SELECT $1, $2, n, b, p, e FROM UNNEST($3::text[], $4::text[], $5::bytea[], $6::text[]) AS u(n, b, p, e)
-             ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
-        )
-        .bind(fleet)
-        .bind(kind.as_str())
-        .bind(&row_names)
-        .bind(&bodies)
-        .bind(&packs)
-        .bind(&etags)
-        .execute(&mut *tx)
-        .await?;
+        // Every row exists and is locked: each is replaced, found by its key.
+        let rows: Vec<(&str, &str, &str)> = texts
+            .iter()
+            .zip(&etags)
+            .map(|((name, text), etag)| (name.as_str(), text.as_str(), etag.as_str()))
+            .collect();
+        put_rows(&mut tx, fleet, kind, &rows).await?;
         tx.commit().await?;
         Ok(())
     }

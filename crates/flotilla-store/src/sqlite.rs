@@ -240,11 +240,7 @@ async fn put_rows(
 }
 
 async fn next_etag(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<String> {
-    let row = sqlx::query("UPDATE etag_seq SET value = value + 1 WHERE id = 1 RETURNING value")
-        .fetch_one(&mut **tx)
-        .await?;
-    let n: i64 = row.col(0)?;
-    Ok(format!("\"{n}\""))
+    Ok(next_etags(tx, 1).await?.remove(0))
 }
 
 async fn current_etag(
@@ -303,18 +299,13 @@ async fn upsert(
     body: &str,
 ) -> StoreResult<String> {
     let etag = next_etag(tx).await?;
-    let (body, packed) = pack(kind, body)?;
-    sqlx::query(
-        "INSERT INTO resources (fleet, kind, name, body, packed, etag) VALUES (?, ?, ?, ?, ?, ?)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
+    put_rows(
+        tx,
+        fleet,
+        kind,
+        &[(name, body)],
+        std::slice::from_ref(&etag),
     )
-    .bind(fleet)
-    .bind(kind.as_str())
-    .bind(name)
-    .bind(body)
-    .bind(packed)
-    .bind(&etag)
-    .execute(&mut **tx)
     .await?;
     Ok(etag)
 }
