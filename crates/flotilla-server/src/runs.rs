@@ -1195,8 +1195,11 @@ struct RunMeta {
     /// Tells whether what a reader sees of the run changed.
     status: StatusChanges,
     last_status_write: Option<Instant>,
-    /// The size of the status last written, in bytes.
+    /// The bytes the last status write stored (its frame and the chunks that changed).
     status_bytes: usize,
+    /// Each chunk of the run's members ([`Engine::status_chunks`]) at its revision when last
+    /// written; empty until the task first writes them all.
+    chunks_written: Vec<u64>,
     /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
     /// the same, so a run replaced or deleted (through any replica) stops being driven.
     snapshot_etag: String,
@@ -1353,6 +1356,7 @@ impl FleetActor {
                 status,
                 last_status_write: None,
                 status_bytes: 0,
+                chunks_written: Vec::new(),
                 snapshot_etag: loaded.snapshot_etag,
                 unwritten: Vec::new(),
             },
@@ -1655,18 +1659,16 @@ impl FleetActor {
                 meta.status_dirty = false;
                 meta.last_status_write = Some(Instant::now());
             }
-            let (body, head) = match write_status.then(|| engine.status()) {
+            let (body, head) = match write_status.then(|| status_document(meta, engine)) {
                 None => (None, None),
-                Some(status) => match run_document(&meta.base, &status) {
-                    Ok(body) => {
-                        meta.status_bytes = body.len();
-                        (Some(body), Some(crate::run_head::head_of(&status)))
-                    }
-                    Err(e) => {
-                        tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
-                        (None, None)
-                    }
-                },
+                Some(Ok((document, head))) => {
+                    meta.status_bytes = document.written_bytes();
+                    (Some(document), Some(head))
+                }
+                Some(Err(e)) => {
+                    tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
+                    (None, None)
+                }
             };
             let gates = if step.gates_changed {
                 gate_resources(&self.fleet, &run, engine)
@@ -2239,14 +2241,11 @@ impl MemberReader {
 /// A run's document as JSON text: its resource without status (`base`), with `status` as
 /// `properties.status`. Rendered straight to text: a 10,000-member status is never built as a
 /// JSON tree first.
-pub fn run_document(
-    base: &Value,
-    status: &flotilla_engine::status::UpdateRunStatus,
-) -> serde_json::Result<String> {
+pub fn run_document<T: serde::Serialize>(base: &Value, status: &T) -> serde_json::Result<String> {
     use serde::ser::{Serialize, SerializeMap, Serializer};
-    struct Document<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
-    struct Properties<'a>(&'a Value, &'a flotilla_engine::status::UpdateRunStatus);
-    impl Serialize for Document<'_> {
+    struct Document<'a, T>(&'a Value, &'a T);
+    struct Properties<'a, T>(&'a Value, &'a T);
+    impl<T: Serialize> Serialize for Document<'_, T> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             let fields = self.0.as_object();
             let mut map = s.serialize_map(None)?;
@@ -2263,7 +2262,7 @@ pub fn run_document(
             map.end()
         }
     }
-    impl Serialize for Properties<'_> {
+    impl<T: Serialize> Serialize for Properties<'_, T> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             let mut map = s.serialize_map(None)?;
             for (key, value) in self.0.as_object().into_iter().flatten() {
@@ -2276,6 +2275,81 @@ pub fn run_document(
         }
     }
     serde_json::to_string(&Document(base, status))
+}
+
+/// What a status write stores of a run (FLEET-DESIGN.md, persistence by change): the frame
+/// around its members' lists, small whatever the run's size, and the chunks of its members
+/// that changed since `meta` last wrote them (all of them the first time); and the run's head.
+fn status_document(
+    meta: &mut RunMeta,
+    engine: &Engine,
+) -> serde_json::Result<(flotilla_store::RunDocument, String)> {
+    let skeleton = engine.status_skeleton();
+    let frame = run_frame(&meta.base, &skeleton)?;
+    let chunks = engine.status_chunks();
+    let all = meta.chunks_written.len() != chunks.len();
+    let mut changed = Vec::new();
+    for (c, chunk) in chunks.iter().enumerate() {
+        if !all && meta.chunks_written[c] == chunk.revision {
+            continue;
+        }
+        let mut text = Vec::new();
+        engine.write_status_chunk(c, &mut text)?;
+        let text = String::from_utf8(text).map_err(serde::ser::Error::custom)?;
+        changed.push(flotilla_store::Chunk {
+            index: c as u32,
+            slot: chunk.slot,
+            text,
+        });
+    }
+    meta.chunks_written = chunks.iter().map(|c| c.revision).collect();
+    let document = flotilla_store::RunDocument {
+        frame,
+        chunks: chunks.len() as u32,
+        changed,
+    };
+    Ok((document, crate::run_head::head_of(&skeleton)))
+}
+
+/// The run's document (as [`run_document`] renders it) with `skeleton` as its status, cut
+/// right after the `[` of every group's empty `members` list: the frame of a
+/// [`flotilla_store::RunDocument`]. Every key of a status is the engine's and a user's text is
+/// only ever a string value, in which a `"` is escaped, so `"members":[]` in the status's text
+/// is a group's list and nothing else; the count is checked all the same.
+pub fn run_frame(
+    base: &Value,
+    skeleton: &flotilla_engine::status::UpdateRunStatus,
+) -> serde_json::Result<Vec<String>> {
+    const LIST: &str = r#""members":[]"#;
+    let status = serde_json::to_string(skeleton)?;
+    // Where the status sits in the document: two renderings that differ only in it.
+    let zero = run_document(base, &0u8)?;
+    let one = run_document(base, &1u8)?;
+    let at = zero
+        .bytes()
+        .zip(one.bytes())
+        .position(|(a, b)| a != b)
+        .ok_or_else(|| serde::ser::Error::custom("a run's document does not show its status"))?;
+    let mut frame = Vec::new();
+    let mut piece = zero[..at].to_string();
+    let mut from = 0;
+    for (i, _) in status.match_indices(LIST) {
+        let cut = i + LIST.len() - 1;
+        piece.push_str(&status[from..cut]);
+        frame.push(std::mem::take(&mut piece));
+        from = cut;
+    }
+    piece.push_str(&status[from..]);
+    piece.push_str(&zero[at + 1..]);
+    frame.push(piece);
+    let groups: usize = skeleton.stages.iter().map(|s| s.groups.len()).sum();
+    if frame.len() != groups + 1 {
+        return Err(serde::ser::Error::custom(format!(
+            "a status of {groups} groups shows {} member lists",
+            frame.len() - 1
+        )));
+    }
+    Ok(frame)
 }
 
 /// A member's status: its cluster as last seen, and when.
@@ -2403,6 +2477,107 @@ mod tests {
                 .map(Vec::len),
             Some(30)
         );
+    }
+
+    /// What a status write stores, put together as the store does, is the run's document
+    /// rendered whole, at every step of a run: with groups of several chunks, an empty group,
+    /// and writes that carry only the chunks that changed.
+    #[test]
+    fn a_status_written_by_change_reads_as_the_whole_document() {
+        let mut base = base();
+        base["properties"]["strategy"] = json!({"stages": [
+            {"name": "one", "groups": [
+                {"name": "a", "maxConcurrency": "300", "maxAllowedFailures": "10%"},
+                {"name": "none"}],
+             "maxConcurrency": "300", "maxAllowedFailures": "10%"},
+            {"name": "two", "groups": [{"name": "b", "maxConcurrency": "300"}],
+             "maxAllowedFailures": "10%"},
+        ]});
+        let members: Vec<Value> = (0..1_300)
+            .map(|i| {
+                let group = if i < 1_100 { "a" } else { "b" };
+                json!({"name": format!("m{i:04}"), "clusterResourceId": format!("/c/{i}"),
+                    "group": group, "cluster": cluster("1.30.5")})
+            })
+            .collect();
+        let text = json!({"members": members, "catalog": catalog()}).to_string();
+        let snapshot = read_snapshot(&base, &text).expect("snapshot");
+        let (mut engine, _) = engine_from_snapshot("r", &snapshot).expect("engine");
+        let mut meta = RunMeta {
+            base: base.clone(),
+            operations: HashMap::new(),
+            outstanding: Default::default(),
+            status_dirty: false,
+            status: StatusChanges::new(),
+            last_status_write: None,
+            status_bytes: 0,
+            chunks_written: Vec::new(),
+            snapshot_etag: String::new(),
+            unwritten: Vec::new(),
+        };
+        // The store's rows: each chunk's list and text, by index.
+        let mut stored: std::collections::BTreeMap<u32, (u32, String)> = Default::default();
+        let mut written = Vec::new();
+        let mut check = |engine: &Engine, meta: &mut RunMeta| {
+            let (document, _) = status_document(meta, engine).expect("rendered");
+            written.push(document.changed.len());
+            for chunk in document.changed {
+                stored.insert(chunk.index, (chunk.slot, chunk.text));
+            }
+            let rows = stored
+                .iter()
+                .take(document.chunks as usize)
+                .map(|(&i, (slot, text))| (i, *slot, text.clone()));
+            let read = flotilla_store::assemble(&document.frame, document.chunks, rows)
+                .expect("assembled");
+            assert_eq!(read, run_document(&base, &engine.status()).expect("whole"));
+        };
+        let mut now = Time::from_unix(1_000);
+        check(&engine, &mut meta);
+        engine.handle(now, Input::Start).expect("started");
+        engine.settle(now);
+        check(&engine, &mut meta);
+        while !engine.is_finished() {
+            assert!(now.unix() < 100_000, "the run never ended");
+            now = Time::from_unix(now.unix() + 60);
+            let mut finished = Vec::new();
+            while let Some(command) = engine.poll_command() {
+                if let Command::StartUpgrade {
+                    member, attempt, ..
+                } = command
+                {
+                    finished.push((member, attempt));
+                }
+            }
+            for (i, (member, attempt)) in finished.into_iter().enumerate() {
+                let outcome = if i % 97 == 3 {
+                    Err("boom".into())
+                } else {
+                    Ok(())
+                };
+                let _ = engine.handle(
+                    now,
+                    Input::OperationFinished {
+                        member,
+                        attempt,
+                        outcome,
+                    },
+                );
+            }
+            engine.settle(now);
+            check(&engine, &mut meta);
+        }
+        // The first write carries every chunk (1,100 members of a in three, 200 of b in one);
+        // the steps after carry those that changed: the start touches a's first chunk alone,
+        // 300 members at a time span one or two of a's, and b's start comes with a's end.
+        assert_eq!(written[0], 4);
+        assert_eq!(written[1], 1);
+        assert!(written[1..].iter().all(|&n| n < 4), "{written:?}");
+        assert!(written.contains(&2), "{written:?}");
+        // Both stages ran, and some members failed.
+        let status = engine.status();
+        assert_ne!(status.stages[1].status.state, State::NotStarted);
+        assert!(status.failure_count > 0);
     }
 
     #[test]

@@ -211,16 +211,42 @@ fn default_behaviour() -> SimBehaviour {
     }
 }
 
+/// What [`check_status_changes`] saw of a run last: its tracker, its status, and each chunk
+/// of its members' statuses with the chunk's revision.
+type SeenStatus = (StatusChanges, String, Vec<(u64, Vec<u8>)>);
+
 /// Checks that a run whose [`StatusChanges`] reports no change shows the same status as
-/// when it was last asked: so the server, which writes a status only on a change, never
-/// leaves a stale one.
+/// when it was last asked, and that a chunk of its members ([`Engine::status_chunks`]) whose
+/// revision did not move shows the same text: so the server, which writes a status only on a
+/// change and then only the chunks that changed, never leaves a stale one.
 fn check_status_changes(
     fleet: &FleetEngine,
-    seen: &mut BTreeMap<String, (StatusChanges, String)>,
+    seen: &mut BTreeMap<String, SeenStatus>,
 ) -> Result<(), String> {
     let names: Vec<String> = fleet.run_names().map(String::from).collect();
     for name in names {
-        let (changes, before) = seen.entry(name.clone()).or_default();
+        let (changes, before, chunks) = seen.entry(name.clone()).or_default();
+        if let Some(engine) = fleet.run(&name) {
+            let mut now = Vec::with_capacity(engine.status_chunks().len());
+            for (c, chunk) in engine.status_chunks().iter().enumerate() {
+                let mut text = Vec::new();
+                engine
+                    .write_status_chunk(c, &mut text)
+                    .map_err(|e| e.to_string())?;
+                if let Some((revision, old)) = chunks.get(c)
+                    && *revision == chunk.revision
+                    && *old != text
+                {
+                    return Err(format!(
+                        "run {name}: chunk {c} of its members changed but its revision did not: {} → {}",
+                        String::from_utf8_lossy(old),
+                        String::from_utf8_lossy(&text)
+                    ));
+                }
+                now.push((chunk.revision, text));
+            }
+            *chunks = now;
+        }
         let Some(changed) = fleet.refresh_status(&name, changes) else {
             continue;
         };
@@ -362,7 +388,7 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
     };
     let mut feed_events: Vec<Event> = Vec::new();
     let mut violation = None;
-    let mut seen: BTreeMap<String, (StatusChanges, String)> = BTreeMap::new();
+    let mut seen: BTreeMap<String, SeenStatus> = BTreeMap::new();
     let mut next_action = 0;
     let actions = &scenario.actions;
     let mut now = scenario.start;

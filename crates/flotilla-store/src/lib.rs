@@ -283,9 +283,9 @@ pub struct RunBatch {
     pub intents: Vec<Intent>,
     pub finished_attempts: Vec<u64>,
     pub events: Vec<Value>,
-    /// The run resource's new body (its status), if it changed, as JSON text: a large run's
-    /// document is rendered once, straight to text.
-    pub run_body: Option<String>,
+    /// The run resource's new document (its status), if it changed: its frame and the chunks
+    /// of its members that changed ([`RunDocument`]).
+    pub run_body: Option<RunDocument>,
     /// The run's head (a small text the server reads instead of the whole document), written
     /// with its body.
     pub run_head: Option<String>,
@@ -298,6 +298,140 @@ pub struct RunBatch {
     /// Written only if the run's snapshot still has this eTag (the run was not replaced or
     /// deleted since its writer loaded it).
     pub snapshot_etag: Option<String>,
+}
+
+/// A run's document as a status write stores it (FLEET-DESIGN.md, persistence by change): the
+/// frame, which is the document with every group's `members` list empty, cut where those lists
+/// go, and the members' statuses in chunks, of which a write carries only those that changed.
+/// A run of 100,000 members is about 200 chunks; a step that changes a few members writes the
+/// frame and a chunk or two. The stored document reads as [`assemble`] puts it together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunDocument {
+    /// The document around the members' lists: one piece more than the lists (the status's
+    /// groups), each list going between two pieces.
+    pub frame: Vec<String>,
+    /// How many chunks the document has in all; stored chunks from this index on are dropped.
+    pub chunks: u32,
+    /// The chunks written now: those that changed, or all of them.
+    pub changed: Vec<Chunk>,
+}
+
+/// A part of one group's `members` list: member statuses as JSON, separated by commas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Its place among the document's chunks, which follow the document's order.
+    pub index: u32,
+    /// The list it belongs to: between `frame[slot]` and `frame[slot + 1]`.
+    pub slot: u32,
+    pub text: String,
+}
+
+impl RunDocument {
+    /// The bytes this write stores, before compression.
+    pub fn written_bytes(&self) -> usize {
+        self.frame.iter().map(String::len).sum::<usize>()
+            + self.changed.iter().map(|c| c.text.len()).sum::<usize>()
+    }
+}
+
+/// A run's document from its frame and all its chunks, in index order: each list's chunks
+/// joined by commas between its two pieces of the frame. Anything but chunks `0..count`, each
+/// in a list of the frame and in the frame's order, is an error naming what is wrong.
+pub fn assemble(
+    frame: &[String],
+    count: u32,
+    chunks: impl IntoIterator<Item = (u32, u32, String)>,
+) -> StoreResult<String> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("a run's stored document: {what}"));
+    let lists = frame
+        .len()
+        .checked_sub(1)
+        .ok_or_else(|| corrupt("an empty frame".into()))?;
+    let mut out = String::with_capacity(frame.iter().map(String::len).sum());
+    out.push_str(&frame[0]);
+    let mut list = 0usize;
+    let mut in_list = 0usize;
+    let mut expected = 0u32;
+    for (index, slot, text) in chunks {
+        if index != expected {
+            return Err(corrupt(format!(
+                "chunk {expected} is missing (found {index})"
+            )));
+        }
+        expected += 1;
+        let slot = slot as usize;
+        if slot < list || slot >= lists {
+            return Err(corrupt(format!(
+                "chunk {index} is in list {slot}, out of order or past the frame's {lists}"
+            )));
+        }
+        while list < slot {
+            list += 1;
+            in_list = 0;
+            out.push_str(&frame[list]);
+        }
+        if in_list > 0 {
+            out.push(',');
+        }
+        out.push_str(&text);
+        in_list += 1;
+    }
+    if expected != count {
+        return Err(corrupt(format!("{expected} chunks of {count}")));
+    }
+    for piece in &frame[list + 1..] {
+        out.push_str(piece);
+    }
+    Ok(out)
+}
+
+/// One row of a read of runs with their chunks: the resource's name, body, packed body, eTag
+/// and chunk count, then one chunk's index, list, body and packed body (all `None` when the
+/// document is stored whole).
+type PartRow = (
+    String,
+    String,
+    Option<Vec<u8>>,
+    String,
+    Option<i64>,
+    Option<(i64, i64, String, Option<Vec<u8>>)>,
+);
+
+/// Runs' `(name, text, etag)` from rows of [`PartRow`], ordered by name then chunk.
+fn assemble_rows(rows: Vec<PartRow>) -> StoreResult<Vec<(String, String, String)>> {
+    let mut out = Vec::new();
+    let mut rows = rows.into_iter().peekable();
+    while let Some((name, body, packed, etag, count, first)) = rows.next() {
+        let text = unpack(body, packed)?;
+        let Some(count) = count else {
+            out.push((name, text, etag));
+            continue;
+        };
+        let frame: Vec<String> = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("run {name}: its frame: {e}")))?;
+        let mut chunks = Vec::new();
+        let mut next = first;
+        loop {
+            if let Some((index, slot, body, packed)) = next {
+                let number = |v: i64| {
+                    u32::try_from(v).map_err(|_| {
+                        StoreError::Corrupt(format!("run {name}: a chunk numbered {v}"))
+                    })
+                };
+                chunks.push((number(index)?, number(slot)?, unpack(body, packed)?));
+            }
+            match rows.peek() {
+                Some(row) if row.0 == name => next = rows.next().and_then(|r| r.5),
+                _ => break,
+            }
+        }
+        let count = u32::try_from(count)
+            .map_err(|_| StoreError::Corrupt(format!("run {name}: {count} chunks")))?;
+        let text = assemble(&frame, count, chunks)
+            .map_err(|e| StoreError::Corrupt(format!("run {name}: {e}")))?;
+        out.push((name, text, etag));
+    }
+    Ok(out)
 }
 
 /// A fleet lease as its holder knows it.
@@ -714,5 +848,72 @@ fn check(current: Option<&str>, when: &Precondition) -> StoreResult<()> {
             "If-None-Match *: the resource already exists".into(),
         )),
         (Precondition::IfNoneMatchAny, None) => Ok(()),
+    }
+}
+
+/// A [`PartRow`] from a row of `name, body, packed, etag, chunks, chunk, slot, chunk body,
+/// chunk packed`, as both backends read runs.
+fn part_row<R: Row>(r: &R) -> StoreResult<PartRow>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let chunk: Option<i64> = r.col(5)?;
+    let chunk = match chunk {
+        None => None,
+        Some(index) => Some((index, r.col(6)?, r.col(7)?, r.col(8)?)),
+    };
+    Ok((r.col(0)?, r.col(1)?, r.col(2)?, r.col(3)?, r.col(4)?, chunk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame() -> Vec<String> {
+        ["[", "],[", "]"].map(String::from).to_vec()
+    }
+
+    fn chunks(parts: &[(u32, u32, &str)]) -> Vec<(u32, u32, String)> {
+        parts
+            .iter()
+            .map(|&(i, s, t)| (i, s, t.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_document_is_its_frame_with_each_list_joined_in() {
+        let text = assemble(
+            &frame(),
+            3,
+            chunks(&[(0, 0, "1,2"), (1, 0, "3"), (2, 1, "4")]),
+        );
+        assert_eq!(text.unwrap(), "[1,2,3],[4]");
+        assert_eq!(
+            assemble(&frame(), 1, chunks(&[(0, 1, "4")])).unwrap(),
+            "[],[4]"
+        );
+        assert_eq!(assemble(&frame(), 0, Vec::new()).unwrap(), "[],[]");
+    }
+
+    #[test]
+    fn chunks_missing_out_of_order_or_past_the_frame_are_refused() {
+        let refused = |count: u32, parts: &[(u32, u32, &str)], says: &str| {
+            let Err(StoreError::Corrupt(why)) = assemble(&frame(), count, chunks(parts)) else {
+                panic!("{parts:?} of {count} was put together");
+            };
+            assert!(why.contains(says), "{why}");
+        };
+        refused(2, &[(1, 0, "1")], "chunk 0 is missing");
+        refused(2, &[(0, 0, "1")], "1 chunks of 2");
+        refused(2, &[(0, 1, "1"), (1, 0, "2")], "out of order");
+        refused(1, &[(0, 2, "1")], "past the frame");
+        assert!(matches!(
+            assemble(&[], 0, Vec::new()),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 }

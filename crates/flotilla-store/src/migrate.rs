@@ -40,6 +40,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     5 "0005_run_heads",
     6 "0006_packed_bodies",
     7 "0007_events_without_rowid",
+    8 "0008_run_chunks",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -49,6 +50,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     4 "0004_intent_times",
     5 "0005_run_heads",
     6 "0006_packed_bodies",
+    7 "0007_run_chunks",
 );
 
 /// The migrator for a backend's migrations.

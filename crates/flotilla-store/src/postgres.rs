@@ -15,8 +15,8 @@ use tokio::sync::broadcast;
 use super::{
     Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
     Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources, RunBatch,
-    RunLog, StoreError, StoreResult, TokenRecord, Tokens, check, fenced, millis, pack, parse_body,
-    same_run, unpack, with_status,
+    RunDocument, RunLog, StoreError, StoreResult, TokenRecord, Tokens, assemble_rows, check,
+    fenced, millis, pack, parse_body, part_row, same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -180,7 +180,7 @@ async fn put_rows(
     for r in sqlx::query(
         "INSERT INTO resources (fleet, kind, name, body, packed, etag)
          SELECT $1, $2, n, b, p, e FROM UNNEST($3::text[], $4::text[], $5::bytea[], $6::text[]) AS u(n, b, p, e)
-         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag, chunks = NULL
          RETURNING name, (xmax = 0)",
     )
     .bind(fleet)
@@ -197,6 +197,66 @@ async fn put_rows(
         }
     }
     Ok(created)
+}
+
+/// Writes a run's document as a status write stores it: its frame in the run's resource, the
+/// chunks that changed, and none past its count ([`RunDocument`]).
+async fn put_document(
+    tx: &mut Transaction<'_, Postgres>,
+    fleet: &str,
+    run: &str,
+    document: &RunDocument,
+) -> StoreResult<()> {
+    let etag = next_etag(tx).await?;
+    let frame = serde_json::to_string(&document.frame)
+        .map_err(|e| StoreError::Unavailable(format!("cannot write a run's frame: {e}")))?;
+    let (body, packed) = pack(Kind::Run, &frame)?;
+    sqlx::query(
+        "INSERT INTO resources (fleet, kind, name, body, packed, etag, chunks) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag, chunks = excluded.chunks",
+    )
+    .bind(fleet)
+    .bind(Kind::Run.as_str())
+    .bind(run)
+    .bind(body)
+    .bind(packed)
+    .bind(&etag)
+    .bind(i64::from(document.chunks))
+    .execute(&mut **tx)
+    .await?;
+    if !document.changed.is_empty() {
+        let mut indices = Vec::with_capacity(document.changed.len());
+        let mut slots = Vec::with_capacity(document.changed.len());
+        let mut bodies = Vec::with_capacity(document.changed.len());
+        let mut packs = Vec::with_capacity(document.changed.len());
+        for chunk in &document.changed {
+            let (body, packed) = pack(Kind::Run, &chunk.text)?;
+            indices.push(i64::from(chunk.index));
+            slots.push(i64::from(chunk.slot));
+            bodies.push(body);
+            packs.push(packed);
+        }
+        sqlx::query(
+            "INSERT INTO run_chunks (fleet, run, chunk, slot, body, packed) \
+             SELECT $1, $2, c, s, b, p FROM UNNEST($3::bigint[], $4::bigint[], $5::text[], $6::bytea[]) AS u(c, s, b, p) \
+             ON CONFLICT (fleet, run, chunk) DO UPDATE SET slot = excluded.slot, body = excluded.body, packed = excluded.packed",
+        )
+        .bind(fleet)
+        .bind(run)
+        .bind(&indices)
+        .bind(&slots)
+        .bind(&bodies)
+        .bind(&packs)
+        .execute(&mut **tx)
+        .await?;
+    }
+    sqlx::query("DELETE FROM run_chunks WHERE fleet = $1 AND run = $2 AND chunk >= $3")
+        .bind(fleet)
+        .bind(run)
+        .bind(i64::from(document.chunks))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// `n` new eTags in one statement.
@@ -300,6 +360,22 @@ impl Resources for PgStore {
         kind: Kind,
         name: &str,
     ) -> StoreResult<Option<(String, String)>> {
+        if kind == Kind::Run {
+            // One statement: one snapshot of the frame and its chunks.
+            let rows = sqlx::query(
+                "SELECT r.name, r.body, r.packed, r.etag, r.chunks, c.chunk, c.slot, c.body, c.packed \
+                 FROM resources r LEFT JOIN run_chunks c ON c.fleet = r.fleet AND c.run = r.name AND c.chunk < r.chunks \
+                 WHERE r.fleet = $1 AND r.kind = 'updateRuns' AND r.name = $2 ORDER BY c.chunk",
+            )
+            .bind(fleet)
+            .bind(name)
+            .fetch_all(&self.pool)
+            .await?;
+            let rows = rows.iter().map(part_row).collect::<StoreResult<_>>()?;
+            return Ok(assemble_rows(rows)?
+                .pop()
+                .map(|(_, text, etag)| (text, etag)));
+        }
         let row = sqlx::query(
             "SELECT body, packed, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name = $3",
         )
@@ -319,6 +395,22 @@ impl Resources for PgStore {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<Vec<(String, String, String)>> {
+        if kind == Kind::Run {
+            let rows = sqlx::query(
+                "SELECT r.name, r.body, r.packed, r.etag, r.chunks, c.chunk, c.slot, c.body, c.packed \
+                 FROM (SELECT fleet, name, body, packed, etag, chunks FROM resources \
+                       WHERE fleet = $1 AND kind = 'updateRuns' AND name > $2 ORDER BY name LIMIT $3) r \
+                 LEFT JOIN run_chunks c ON c.fleet = r.fleet AND c.run = r.name AND c.chunk < r.chunks \
+                 ORDER BY r.name, c.chunk",
+            )
+            .bind(fleet)
+            .bind(after.unwrap_or(""))
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+            let rows = rows.iter().map(part_row).collect::<StoreResult<_>>()?;
+            return assemble_rows(rows);
+        }
         let rows = sqlx::query(
             "SELECT name, body, packed, etag FROM resources WHERE fleet = $1 AND kind = $2 AND name > $3 ORDER BY name LIMIT $4",
         )
@@ -393,12 +485,18 @@ impl Resources for PgStore {
         }
         let (etag, created) = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
-            // A run written whole (created or replaced) has no head until one is set.
-            sqlx::query("DELETE FROM run_heads WHERE fleet = $1 AND run = $2")
-                .bind(fleet)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
+            // A run written whole (created or replaced) has no head until one is set, and no
+            // chunks.
+            for statement in [
+                "DELETE FROM run_heads WHERE fleet = $1 AND run = $2",
+                "DELETE FROM run_chunks WHERE fleet = $1 AND run = $2",
+            ] {
+                sqlx::query(statement)
+                    .bind(fleet)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok((etag, created))
@@ -571,6 +669,7 @@ impl Resources for PgStore {
                     "DELETE FROM run_events WHERE fleet = $1 AND run = $2",
                     "DELETE FROM intents WHERE fleet = $1 AND run = $2",
                     "DELETE FROM run_heads WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM run_chunks WHERE fleet = $1 AND run = $2",
                     "DELETE FROM resources WHERE fleet = $1 AND kind = 'gates' AND body::jsonb #>> '{properties,target,updateRunProperties,name}' = $2",
                 ] {
                     sqlx::query(statement)
@@ -595,6 +694,7 @@ impl Resources for PgStore {
                     "DELETE FROM run_events WHERE fleet = $1",
                     "DELETE FROM intents WHERE fleet = $1",
                     "DELETE FROM run_heads WHERE fleet = $1",
+                    "DELETE FROM run_chunks WHERE fleet = $1",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -1065,8 +1165,8 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
         q.push(")");
         q.build().execute(&mut **tx).await?;
     }
-    if let Some(body) = &batch.run_body {
-        upsert(tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
+    if let Some(document) = &batch.run_body {
+        put_document(tx, &batch.fleet, &batch.run, document).await?;
     }
     if let Some(head) = &batch.run_head {
         put_head(tx, &batch.fleet, &batch.run, head).await?;

@@ -232,10 +232,66 @@ async fn put_rows(
             },
         );
         q.push(
-            " ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag",
+            " ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag, chunks = NULL",
         );
         q.build().execute(&mut **tx).await?;
     }
+    Ok(())
+}
+
+/// Writes a run's document as a status write stores it: its frame in the run's resource, the
+/// chunks that changed, and none past its count ([`RunDocument`]).
+async fn put_document(
+    tx: &mut Transaction<'_, Sqlite>,
+    fleet: &str,
+    run: &str,
+    document: &RunDocument,
+) -> StoreResult<()> {
+    let etag = next_etag(tx).await?;
+    let frame = serde_json::to_string(&document.frame)
+        .map_err(|e| StoreError::Unavailable(format!("cannot write a run's frame: {e}")))?;
+    let (body, packed) = pack(Kind::Run, &frame)?;
+    sqlx::query(
+        "INSERT INTO resources (fleet, kind, name, body, packed, etag, chunks) VALUES (?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (fleet, kind, name) DO UPDATE SET body = excluded.body, packed = excluded.packed, etag = excluded.etag, chunks = excluded.chunks",
+    )
+    .bind(fleet)
+    .bind(Kind::Run.as_str())
+    .bind(run)
+    .bind(body)
+    .bind(packed)
+    .bind(&etag)
+    .bind(i64::from(document.chunks))
+    .execute(&mut **tx)
+    .await?;
+    for rows in document.changed.chunks(crate::ROWS_PER_INSERT) {
+        let mut packed = Vec::with_capacity(rows.len());
+        for chunk in rows {
+            let (body, pack) = pack(Kind::Run, &chunk.text)?;
+            packed.push((chunk, body, pack));
+        }
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO run_chunks (fleet, run, chunk, slot, body, packed) ",
+        );
+        q.push_values(packed, |mut row, (chunk, body, pack)| {
+            row.push_bind(fleet)
+                .push_bind(run)
+                .push_bind(i64::from(chunk.index))
+                .push_bind(i64::from(chunk.slot))
+                .push_bind(body)
+                .push_bind(pack);
+        });
+        q.push(
+            " ON CONFLICT (fleet, run, chunk) DO UPDATE SET slot = excluded.slot, body = excluded.body, packed = excluded.packed",
+        );
+        q.build().execute(&mut **tx).await?;
+    }
+    sqlx::query("DELETE FROM run_chunks WHERE fleet = ? AND run = ? AND chunk >= ?")
+        .bind(fleet)
+        .bind(run)
+        .bind(i64::from(document.chunks))
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -339,6 +395,21 @@ impl Resources for SqliteStore {
         kind: Kind,
         name: &str,
     ) -> StoreResult<Option<(String, String)>> {
+        if kind == Kind::Run {
+            let rows = sqlx::query(
+                "SELECT r.name, r.body, r.packed, r.etag, r.chunks, c.chunk, c.slot, c.body, c.packed \
+                 FROM resources r LEFT JOIN run_chunks c ON c.fleet = r.fleet AND c.run = r.name AND c.chunk < r.chunks \
+                 WHERE r.fleet = ? AND r.kind = 'updateRuns' AND r.name = ? ORDER BY c.chunk",
+            )
+            .bind(fleet)
+            .bind(name)
+            .fetch_all(&self.pool)
+            .await?;
+            let rows = rows.iter().map(part_row).collect::<StoreResult<_>>()?;
+            return Ok(assemble_rows(rows)?
+                .pop()
+                .map(|(_, text, etag)| (text, etag)));
+        }
         let row = sqlx::query(
             "SELECT body, packed, etag FROM resources WHERE fleet = ? AND kind = ? AND name = ?",
         )
@@ -358,6 +429,22 @@ impl Resources for SqliteStore {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<Vec<(String, String, String)>> {
+        if kind == Kind::Run {
+            let rows = sqlx::query(
+                "SELECT r.name, r.body, r.packed, r.etag, r.chunks, c.chunk, c.slot, c.body, c.packed \
+                 FROM (SELECT fleet, name, body, packed, etag, chunks FROM resources \
+                       WHERE fleet = ? AND kind = 'updateRuns' AND name > ? ORDER BY name LIMIT ?) r \
+                 LEFT JOIN run_chunks c ON c.fleet = r.fleet AND c.run = r.name AND c.chunk < r.chunks \
+                 ORDER BY r.name, c.chunk",
+            )
+            .bind(fleet)
+            .bind(after.unwrap_or(""))
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+            let rows = rows.iter().map(part_row).collect::<StoreResult<_>>()?;
+            return assemble_rows(rows);
+        }
         let rows = sqlx::query(
             "SELECT name, body, packed, etag FROM resources WHERE fleet = ? AND kind = ? AND name > ? ORDER BY name LIMIT ?",
         )
@@ -405,12 +492,18 @@ impl Resources for SqliteStore {
         check(current.as_deref(), when)?;
         let etag = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
-            // A run written whole (created or replaced) has no head until one is set.
-            sqlx::query("DELETE FROM run_heads WHERE fleet = ? AND run = ?")
-                .bind(fleet)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
+            // A run written whole (created or replaced) has no head until one is set, and no
+            // chunks.
+            for statement in [
+                "DELETE FROM run_heads WHERE fleet = ? AND run = ?",
+                "DELETE FROM run_chunks WHERE fleet = ? AND run = ?",
+            ] {
+                sqlx::query(statement)
+                    .bind(fleet)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok((etag, current.is_none()))
@@ -547,6 +640,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM run_events WHERE fleet = ? AND run = ?",
                     "DELETE FROM intents WHERE fleet = ? AND run = ?",
                     "DELETE FROM run_heads WHERE fleet = ? AND run = ?",
+                    "DELETE FROM run_chunks WHERE fleet = ? AND run = ?",
                 ] {
                     sqlx::query(statement)
                         .bind(fleet)
@@ -578,6 +672,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM run_events WHERE fleet = ?",
                     "DELETE FROM intents WHERE fleet = ?",
                     "DELETE FROM run_heads WHERE fleet = ?",
+                    "DELETE FROM run_chunks WHERE fleet = ?",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -1004,8 +1099,8 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
         q.push(")");
         q.build().execute(&mut **tx).await?;
     }
-    if let Some(body) = &batch.run_body {
-        upsert(tx, &batch.fleet, Kind::Run, &batch.run, body).await?;
+    if let Some(document) = &batch.run_body {
+        put_document(tx, &batch.fleet, &batch.run, document).await?;
     }
     if let Some(head) = &batch.run_head {
         put_head(tx, &batch.fleet, &batch.run, head).await?;

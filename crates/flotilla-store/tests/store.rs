@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
-    Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
-    RunBatch, SqliteStore, Store, StoreError, TokenRecord,
+    Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
+    RunBatch, RunDocument, SqliteStore, Store, StoreError, TokenRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -148,10 +148,199 @@ on_both_backends!(
     run_heads_follow_their_runs,
     batches_of_several_runs_land_together,
     large_runs_and_snapshots_read_back_whole,
+    run_documents_are_stored_by_change,
 );
 
 // ---------------------------------------------------------------------------------------------
 // The behaviours.
+
+/// A run document written in one piece: a frame without member lists.
+fn whole(body: &Value) -> Option<RunDocument> {
+    Some(RunDocument {
+        frame: vec![body.to_string()],
+        chunks: 0,
+        changed: Vec::new(),
+    })
+}
+
+fn chunk(index: u32, slot: u32, text: &str) -> Chunk {
+    Chunk {
+        index,
+        slot,
+        text: text.into(),
+    }
+}
+
+async fn write_document(store: &dyn Store, run: &str, document: RunDocument) {
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: run.into(),
+            run_body: Some(document),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn read_run(store: &dyn Store, run: &str) -> Value {
+    store.get("f", Kind::Run, run).await.unwrap().unwrap().body
+}
+
+/// A status write stores its frame and the chunks that changed; a read puts the document
+/// together from them, alone or in a page; a run written whole, replaced or deleted leaves no
+/// chunk behind.
+async fn run_documents_are_stored_by_change(store: Arc<dyn Store>) {
+    let member = |n: usize, state: &str| json!({"name": format!("m{n}"), "state": state});
+    let members = |range: std::ops::Range<usize>, state: &str| {
+        range
+            .map(|n| member(n, state).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // Two groups: a, whose members are in two chunks (one large enough to be compressed),
+    // and b, empty; then c with one chunk.
+    let frame = vec![
+        r#"{"name":"r","groups":[{"g":"a","members":["#.to_string(),
+        r#"]},{"g":"b","members":["#.to_string(),
+        r#"]},{"g":"c","members":["#.to_string(),
+        r#"]}]}"#.to_string(),
+    ];
+    write_document(
+        &*store,
+        "r",
+        RunDocument {
+            frame: frame.clone(),
+            chunks: 3,
+            changed: vec![
+                chunk(0, 0, &members(0..400, "NotStarted")),
+                chunk(1, 0, &members(400..402, "NotStarted")),
+                chunk(2, 2, &members(402..403, "NotStarted")),
+            ],
+        },
+    )
+    .await;
+    let expect = |states: [&str; 3]| {
+        let a: Vec<Value> = (0..400)
+            .map(|n| member(n, states[0]))
+            .chain((400..402).map(|n| member(n, states[1])))
+            .collect();
+        json!({"name": "r", "groups": [
+            {"g": "a", "members": a},
+            {"g": "b", "members": []},
+            {"g": "c", "members": [member(402, states[2])]},
+        ]})
+    };
+    assert_eq!(
+        read_run(&*store, "r").await,
+        expect(["NotStarted", "NotStarted", "NotStarted"])
+    );
+    // Only the second chunk changes: the others stay as stored.
+    write_document(
+        &*store,
+        "r",
+        RunDocument {
+            frame: frame.clone(),
+            chunks: 3,
+            changed: vec![chunk(1, 0, &members(400..402, "Running"))],
+        },
+    )
+    .await;
+    assert_eq!(
+        read_run(&*store, "r").await,
+        expect(["NotStarted", "Running", "NotStarted"])
+    );
+    // A page reads each run whole, the chunked beside one stored whole.
+    put(&*store, Kind::Run, "s", &json!({"n": 1})).await;
+    let page = store.list("f", Kind::Run, None, 10).await.unwrap();
+    let bodies: Vec<&Value> = page.iter().map(|r| &r.body).collect();
+    assert_eq!(
+        bodies,
+        [
+            &expect(["NotStarted", "Running", "NotStarted"]),
+            &json!({"n": 1})
+        ]
+    );
+    let raw = store.list_raw("f", Kind::Run, Some("r"), 10).await.unwrap();
+    assert_eq!(raw.len(), 1);
+    assert_eq!(raw[0].0, "s");
+    // Fewer chunks: those past the count are gone.
+    write_document(
+        &*store,
+        "r",
+        RunDocument {
+            frame: frame.clone(),
+            chunks: 1,
+            changed: vec![],
+        },
+    )
+    .await;
+    let a: Vec<Value> = (0..400).map(|n| member(n, "NotStarted")).collect();
+    assert_eq!(
+        read_run(&*store, "r").await,
+        json!({"name": "r", "groups": [
+            {"g": "a", "members": a}, {"g": "b", "members": []}, {"g": "c", "members": []}]})
+    );
+    // A run written whole, then by change again: its old chunks do not come back. A write
+    // that names chunks it does not carry reads as an error, not as old text.
+    put(&*store, Kind::Run, "r", &json!({"n": 2})).await;
+    assert_eq!(read_run(&*store, "r").await, json!({"n": 2}));
+    let partial = RunDocument {
+        frame: frame.clone(),
+        chunks: 2,
+        changed: vec![chunk(1, 0, &members(400..402, "Running"))],
+    };
+    write_document(&*store, "r", partial.clone()).await;
+    let Err(StoreError::Corrupt(why)) = store.get_raw("f", Kind::Run, "r").await else {
+        panic!("a run missing a chunk was read");
+    };
+    assert!(why.contains("chunk 0 is missing"), "{why}");
+    // Deleted and written again: nothing of the deleted run is read.
+    assert!(
+        store
+            .delete("f", Kind::Run, "r", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    write_document(&*store, "r", partial).await;
+    assert!(matches!(
+        store.get_raw("f", Kind::Run, "r").await,
+        Err(StoreError::Corrupt(_))
+    ));
+    // So is a fleet's deletion.
+    write_document(
+        &*store,
+        "t",
+        RunDocument {
+            frame: frame.clone(),
+            chunks: 1,
+            changed: vec![chunk(0, 2, &members(0..1, "Running"))],
+        },
+    )
+    .await;
+    store
+        .put("", Kind::Fleet, "f", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .delete("", Kind::Fleet, "f", &Precondition::None)
+        .await
+        .unwrap();
+    write_document(
+        &*store,
+        "t",
+        RunDocument {
+            frame,
+            chunks: 1,
+            changed: vec![],
+        },
+    )
+    .await;
+    assert!(matches!(
+        store.get_raw("f", Kind::Run, "t").await,
+        Err(StoreError::Corrupt(_))
+    ));
+}
 
 /// Writes a resource unconditionally.
 async fn put(store: &dyn Store, kind: Kind, name: &str, body: &Value) {
@@ -206,7 +395,7 @@ async fn large_runs_and_snapshots_read_back_whole(store: Arc<dyn Store>) {
         .write_run_batch(&RunBatch {
             fleet: "f".into(),
             run: "r".into(),
-            run_body: Some(bigger.to_string()),
+            run_body: whole(&bigger),
             ..Default::default()
         })
         .await
@@ -305,7 +494,7 @@ async fn run_heads_follow_their_runs(store: Arc<dyn Store>) {
         .write_run_batch(&RunBatch {
             fleet: "f".into(),
             run: "b".into(),
-            run_body: Some(json!({"n": "b", "status": 1}).to_string()),
+            run_body: whole(&json!({"n": "b", "status": 1})),
             run_head: Some("head-b1".into()),
             ..Default::default()
         })
@@ -737,7 +926,7 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
         ],
         intents: vec![intent(1, "m1"), intent(2, "m2")],
         events: vec![json!({"e": "a"}), json!({"e": "b"})],
-        run_body: Some(json!({"properties": {"status": {"state": "Running"}}}).to_string()),
+        run_body: whole(&json!({"properties": {"status": {"state": "Running"}}})),
         gates: vec![("g1".into(), gate_body("r"))],
         ..Default::default()
     };
@@ -826,7 +1015,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
                 log: vec![json!(1).to_string()],
                 intents: vec![intent(1, "m")],
                 events: vec![json!(1)],
-                run_body: Some(json!({}).to_string()),
+                run_body: whole(&json!({})),
                 gates: vec![(format!("gate-{run}"), gate_body(run))],
                 ..Default::default()
             })
@@ -898,7 +1087,7 @@ async fn batches_of_several_runs_land_together(store: Arc<dyn Store>) {
         run: run.into(),
         log: vec![json!({"run": run}).to_string()],
         events: vec![json!({"type": "E", "run": run})],
-        run_body: Some(json!({"name": run}).to_string()),
+        run_body: whole(&json!({"name": run})),
         fence: Some(Fence {
             owner: "a".into(),
             epoch,
@@ -1668,7 +1857,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        7
+        8
     );
     assert_eq!(
         sqlite_count(
@@ -1752,7 +1941,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        6
+        7
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,

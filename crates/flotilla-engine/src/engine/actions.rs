@@ -100,7 +100,7 @@ impl Engine {
 
     pub(super) fn skip_member(&mut self, now: Time, m: u32, why: &str) {
         self.unplace(m);
-        self.touch();
+        self.touch(m);
         let member = &mut self.members[m as usize];
         member.state = State::Skipped;
         member.completed = Some(now);

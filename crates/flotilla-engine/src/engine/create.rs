@@ -82,7 +82,7 @@ impl Engine {
             timers: BTreeSet::new(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
-            member_changes: 0,
+            revisions: StatusRevisions::default(),
             polled: 0,
             quiet_changes: 0,
         };
@@ -272,6 +272,7 @@ impl Engine {
         // A run holds every member it selected for its whole life: no growth slack.
         engine.members.shrink_to_fit();
         engine.member_index.shrink_to_fit();
+        engine.revisions = StatusRevisions::lay_out(&engine);
         Ok((engine, warnings))
     }
 }

@@ -56,7 +56,7 @@ impl Engine {
                 operation_id,
             } => {
                 if let Some(&m) = self.member_index.get(member.as_str()) {
-                    self.touch();
+                    self.touch(m);
                     let member = &mut self.members[m as usize];
                     if member.attempt == attempt {
                         member.operation_id = Some(operation_id.into());
@@ -202,7 +202,7 @@ impl Engine {
             for m in members {
                 match self.members[m as usize].state {
                     State::Stopped => {
-                        self.touch();
+                        self.touch(m);
                         let member = &mut self.members[m as usize];
                         member.state = State::Running;
                         member.reattaching = true;
@@ -250,10 +250,12 @@ impl Engine {
                     continue;
                 }
                 group.stopped = false;
-                self.member_changes += 1;
                 let mut reset = 0;
                 for &m in &group.members {
                     let member = &mut self.members[m as usize];
+                    if member.state == State::Failed {
+                        self.revisions.touch(m);
+                    }
                     if member.state == State::Failed && member.removed {
                         // Deleted since it failed: nothing is sent to it again (SEMANTICS §2).
                         member.state = State::Skipped;
@@ -349,7 +351,7 @@ impl Engine {
                     match member.state {
                         // Operations already sent are not aborted; the run stops tracking them.
                         State::Running => {
-                            self.touch();
+                            self.touch(m);
                             self.members[m as usize].state = State::Stopped;
                             self.members[m as usize].reattaching = false;
                             self.add_in_flight(g, -1);
@@ -393,7 +395,7 @@ impl Engine {
             return;
         }
         self.members[m as usize].reattaching = false;
-        self.touch();
+        self.touch(m);
         let member = &self.members[m as usize];
         let g = member.group;
         self.add_in_flight(g, -1);
@@ -427,7 +429,7 @@ impl Engine {
 
     /// Records a member failure and applies the thresholds (SEMANTICS §4).
     pub(super) fn fail_member(&mut self, now: Time, m: u32, code: &str, message: String) {
-        self.touch();
+        self.touch(m);
         let member = &mut self.members[m as usize];
         member.state = State::Failed;
         member.completed = Some(now);
@@ -549,7 +551,7 @@ impl Engine {
             }
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);
-                self.touch();
+                self.touch(m);
                 let member = &mut self.members[m as usize];
                 let at_target = member
                     .target

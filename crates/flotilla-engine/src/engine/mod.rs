@@ -38,7 +38,8 @@ mod status;
 
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
-pub use status::{StatusChanges, apply_target, cluster_at};
+use status::StatusRevisions;
+pub use status::{STATUS_CHUNK, StatusChanges, StatusChunk, apply_target, cluster_at};
 
 /// What a run applies, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -377,8 +378,9 @@ pub struct Engine {
     timers: BTreeSet<(Time, TimerKey)>,
     commands: VecDeque<Command>,
     events: VecDeque<Event>,
-    /// Changes of a member's status so far (see [`Engine::status_revision`]).
-    member_changes: u64,
+    /// Changes of a member's status so far, in all and per chunk of the status (see
+    /// [`Engine::status_revision`], [`Engine::status_chunks`]).
+    revisions: StatusRevisions,
     /// Events handed out by [`Engine::poll_event`] so far.
     polled: u64,
     /// Changes of the status outside the members that emit no event (a failed run's times
@@ -430,7 +432,7 @@ impl Engine {
     /// changes outside the members that emit none, when that rest may have changed).
     pub fn status_revision(&self) -> (u64, u64) {
         (
-            self.member_changes,
+            self.revisions.members,
             self.polled + self.events.len() as u64 + self.quiet_changes,
         )
     }
@@ -621,10 +623,10 @@ impl Engine {
         self.events.push_back(Event::rejected(now, action, error));
     }
 
-    /// Counts that a member's status (state, times, message, error, operation id) is about
+    /// Counts that member `m`'s status (state, times, message, error, operation id) is about
     /// to change.
-    fn touch(&mut self) {
-        self.member_changes += 1;
+    fn touch(&mut self, m: u32) {
+        self.revisions.touch(m);
     }
 
     fn set_member_timer(&mut self, m: u32, at: Option<Time>) {

@@ -13,7 +13,7 @@ impl Engine {
             member.state = State::NotStarted;
             member.message = None;
             self.groups[g].pending -= 1;
-            self.member_changes += 1;
+            self.revisions.touch(m);
         }
         member.place = Place::Nowhere;
         self.set_member_timer(m, None);
@@ -43,7 +43,7 @@ impl Engine {
             self.groups[g].ready.remove(&(old, m));
         }
         if member.state == State::Pending || member.message.is_some() {
-            self.member_changes += 1;
+            self.revisions.touch(m);
         }
         if member.state == State::Pending {
             member.state = State::NotStarted;
@@ -66,7 +66,7 @@ impl Engine {
         let newly = member.state != State::Pending;
         let changed = member.message.as_deref() != Some(message.as_str());
         if newly || changed {
-            self.member_changes += 1;
+            self.revisions.touch(m);
         }
         if newly {
             member.state = State::Pending;

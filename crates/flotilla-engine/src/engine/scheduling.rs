@@ -410,7 +410,7 @@ impl Engine {
                 },
                 Decision::Skip(why) => {
                     self.unplace(m);
-                    self.touch();
+                    self.touch(m);
                     let member = &mut self.members[m as usize];
                     member.state = State::Skipped;
                     member.completed = Some(now);
@@ -435,7 +435,7 @@ impl Engine {
     pub(super) fn start_member(&mut self, now: Time, m: u32, target: Target) {
         let attempt = self.next_attempt;
         self.next_attempt += 1;
-        self.touch();
+        self.touch(m);
         let member = &mut self.members[m as usize];
         member.state = State::Running;
         member.attempt = attempt;

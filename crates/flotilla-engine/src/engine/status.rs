@@ -129,22 +129,55 @@ impl Engine {
         self.groups[g as usize]
             .members
             .iter()
-            .map(|&m| {
-                let member = &self.members[m as usize];
-                MemberStatus {
-                    status: UpdateStatus {
-                        start_time: member.start,
-                        completed_time: member.completed,
-                        state: member.state,
-                        error: member.error.as_deref().cloned(),
-                    },
-                    name: member.name.to_string(),
-                    cluster_resource_id: member.cluster_resource_id.to_string(),
-                    operation_id: member.operation_id.as_deref().map(String::from),
-                    message: member.message.as_deref().map(String::from),
-                }
-            })
+            .map(|&m| self.member_status(m))
             .collect()
+    }
+
+    fn member_status(&self, m: u32) -> MemberStatus {
+        let member = &self.members[m as usize];
+        MemberStatus {
+            status: UpdateStatus {
+                start_time: member.start,
+                completed_time: member.completed,
+                state: member.state,
+                error: member.error.as_deref().cloned(),
+            },
+            name: member.name.to_string(),
+            cluster_resource_id: member.cluster_resource_id.to_string(),
+            operation_id: member.operation_id.as_deref().map(String::from),
+            message: member.message.as_deref().map(String::from),
+        }
+    }
+
+    /// The status tree without its members: every group's `members` is empty. A few hundred
+    /// bytes a group, whatever the run's size.
+    pub fn status_skeleton(&self) -> UpdateRunStatus {
+        self.status_tree(false)
+    }
+
+    /// The chunks of the status's members, in the order the status shows them: the members of
+    /// the status's `slot`-th group (stages in order, each stage's groups in order), at most
+    /// [`STATUS_CHUNK`] to a chunk. Each carries the revision of its last change, so a writer
+    /// renders and stores only the chunks that changed since it last wrote them.
+    pub fn status_chunks(&self) -> &[StatusChunk] {
+        &self.revisions.chunks
+    }
+
+    /// Appends chunk `c`'s members' statuses to `out` as JSON, separated by commas (the text
+    /// between a group's `[` and `]`, or a part of it).
+    pub fn write_status_chunk(&self, c: usize, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        let Some(chunk) = self.revisions.chunks.get(c) else {
+            return Ok(());
+        };
+        let members = &self.groups[chunk.group as usize].members;
+        let range = chunk.first as usize..(chunk.first + chunk.len) as usize;
+        for (i, &m) in members[range].iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, &self.member_status(m))?;
+        }
+        Ok(())
     }
 
     fn status_tree(&self, with_members: bool) -> UpdateRunStatus {
@@ -228,6 +261,73 @@ impl Engine {
                         .collect(),
                 }),
             failure_count: self.failure_count,
+        }
+    }
+}
+
+/// How many members' statuses a chunk holds: a 100,000-member run's members are about 200
+/// chunks of 40 KB, so a step that changes a few members writes a few chunks, not 8 MB.
+pub const STATUS_CHUNK: usize = 512;
+
+/// One chunk of a run's member statuses (see [`Engine::status_chunks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusChunk {
+    /// The place of the chunk's group in the status tree (stages in order, each stage's groups
+    /// in order): the `slot`-th `members` list.
+    pub slot: u32,
+    group: u32,
+    first: u32,
+    len: u32,
+    /// The member revision ([`Engine::status_revision`]) at the last change of one of its
+    /// members' statuses; 0 when none changed since the run was created.
+    pub revision: u64,
+}
+
+/// Counts the changes of members' statuses: in all, and per chunk of the status.
+#[derive(Clone, Debug, Default)]
+pub(super) struct StatusRevisions {
+    /// Changes of a member's status so far.
+    pub(super) members: u64,
+    /// The chunk that holds each member's status.
+    chunk_of: Vec<u32>,
+    chunks: Vec<StatusChunk>,
+}
+
+impl StatusRevisions {
+    /// The chunks of a run just created, in the order its status shows its members.
+    pub(super) fn lay_out(engine: &Engine) -> StatusRevisions {
+        let mut chunk_of = vec![0; engine.members.len()];
+        let mut chunks = Vec::new();
+        let groups = engine.stages.iter().flat_map(|stage| &stage.groups);
+        for (slot, &g) in groups.enumerate() {
+            let members = &engine.groups[g as usize].members;
+            for (k, part) in members.chunks(STATUS_CHUNK).enumerate() {
+                for &m in part {
+                    chunk_of[m as usize] = chunks.len() as u32;
+                }
+                chunks.push(StatusChunk {
+                    slot: slot as u32,
+                    group: g,
+                    first: (k * STATUS_CHUNK) as u32,
+                    len: part.len() as u32,
+                    revision: 0,
+                });
+            }
+        }
+        StatusRevisions {
+            members: engine.revisions.members,
+            chunk_of,
+            chunks,
+        }
+    }
+
+    /// Counts that member `m`'s status is about to change.
+    pub(super) fn touch(&mut self, m: u32) {
+        self.members += 1;
+        if let Some(&c) = self.chunk_of.get(m as usize)
+            && let Some(chunk) = self.chunks.get_mut(c as usize)
+        {
+            chunk.revision = self.members;
         }
     }
 }
