@@ -1195,11 +1195,12 @@ struct RunMeta {
     /// Tells whether what a reader sees of the run changed.
     status: StatusChanges,
     last_status_write: Option<Instant>,
-    /// The bytes the last status write stored (its frame and the chunks that changed).
+    /// The size of the run's document as last written, in bytes: what a reader of each new
+    /// version of it puts together and sends.
     status_bytes: usize,
-    /// Each chunk of the run's members ([`Engine::status_chunks`]) at its revision when last
-    /// written; empty until the task first writes them all.
-    chunks_written: Vec<u64>,
+    /// Each chunk of the run's members ([`Engine::status_chunks`]) at its revision and size
+    /// when last written; empty until the task first writes them all.
+    chunks_written: Vec<(u64, usize)>,
     /// The eTag of the run's snapshot when it was loaded: a batch is written only while it is
     /// the same, so a run replaced or deleted (through any replica) stops being driven.
     snapshot_etag: String,
@@ -1209,7 +1210,9 @@ struct RunMeta {
 }
 
 impl RunMeta {
-    /// How often a status nobody waits for is written: [`STATUS_EVERY`] per started MiB.
+    /// How often a status nobody waits for is written: [`STATUS_EVERY`] per started MiB of the
+    /// document. A write stores only what changed, but every reader of a new version reads the
+    /// whole document (the answer cache keeps one version), so the pace follows its size.
     fn status_every(&self) -> Duration {
         let mib = u32::try_from(self.status_bytes >> 20).unwrap_or(u32::MAX);
         STATUS_EVERY.saturating_mul(mib.saturating_add(1))
@@ -1662,7 +1665,6 @@ impl FleetActor {
             let (body, head) = match write_status.then(|| status_document(meta, engine)) {
                 None => (None, None),
                 Some(Ok((document, head))) => {
-                    meta.status_bytes = document.written_bytes();
                     (Some(document), Some(head))
                 }
                 Some(Err(e)) => {
@@ -2290,7 +2292,7 @@ fn status_document(
     let all = meta.chunks_written.len() != chunks.len();
     let mut changed = Vec::new();
     for (c, chunk) in chunks.iter().enumerate() {
-        if !all && meta.chunks_written[c] == chunk.revision {
+        if !all && meta.chunks_written[c].0 == chunk.revision {
             continue;
         }
         let mut text = Vec::new();
@@ -2302,7 +2304,15 @@ fn status_document(
             text,
         });
     }
-    meta.chunks_written = chunks.iter().map(|c| c.revision).collect();
+    if all {
+        meta.chunks_written = vec![(0, 0); chunks.len()];
+    }
+    for chunk in &changed {
+        meta.chunks_written[chunk.index as usize] =
+            (chunks[chunk.index as usize].revision, chunk.text.len());
+    }
+    meta.status_bytes = frame.iter().map(String::len).sum::<usize>()
+        + meta.chunks_written.iter().map(|&(_, n)| n).sum::<usize>();
     let document = flotilla_store::RunDocument {
         frame,
         chunks: chunks.len() as u32,

@@ -326,14 +326,6 @@ pub struct Chunk {
     pub text: String,
 }
 
-impl RunDocument {
-    /// The bytes this write stores, before compression.
-    pub fn written_bytes(&self) -> usize {
-        self.frame.iter().map(String::len).sum::<usize>()
-            + self.changed.iter().map(|c| c.text.len()).sum::<usize>()
-    }
-}
-
 /// A run's document from its frame and all its chunks, in index order: each list's chunks
 /// joined by commas between its two pieces of the frame. Anything but chunks `0..count`, each
 /// in a list of the frame and in the frame's order, is an error naming what is wrong.
