@@ -327,27 +327,29 @@ async fn list_stored(
         .await?;
     let more = page.len() > top;
     page.truncate(top);
-    let mut text = String::from("{\"value\":[");
+    let size: usize = page
+        .iter()
+        .map(|(_, body, etag)| body.len() + etag.len() + 12)
+        .sum();
+    let mut text = String::with_capacity(size + 64);
+    text.push_str("{\"value\":[");
     for (i, (name, body, etag)) in page.iter().enumerate() {
         if i > 0 {
             text.push(',');
         }
-        match with_etag(body, etag) {
-            Some(item) => text.push_str(&item),
-            None => {
-                let parsed = serde_json::from_str::<Value>(body).map_err(|e| {
-                    ApiError::conflict(format!(
-                        "stored {} {name:?} is unreadable: {e}",
-                        kind_name(kind)
-                    ))
-                })?;
-                let item = present(Resource {
-                    name: name.clone(),
-                    body: parsed,
-                    etag: etag.clone(),
-                });
-                text.push_str(&item.to_string());
-            }
+        if !push_with_etag(&mut text, body, etag) {
+            let parsed = serde_json::from_str::<Value>(body).map_err(|e| {
+                ApiError::conflict(format!(
+                    "stored {} {name:?} is unreadable: {e}",
+                    kind_name(kind)
+                ))
+            })?;
+            let item = present(Resource {
+                name: name.clone(),
+                body: parsed,
+                etag: etag.clone(),
+            });
+            text.push_str(&item.to_string());
         }
     }
     text.push(']');
@@ -481,14 +483,34 @@ fn json_answer(body: impl Into<Body>, etag: &str) -> Response {
 /// A stored JSON object with `eTag` added, as text; `None` when it needs more than that (not an
 /// object, or an older run carrying its snapshot inline).
 fn with_etag(text: &str, etag: &str) -> Option<String> {
-    let inner = text.trim().strip_prefix('{')?.strip_suffix('}')?;
+    let mut out = String::new();
+    push_with_etag(&mut out, text, etag).then_some(out)
+}
+
+/// Appends [`with_etag`]'s answer to `out`, written straight into it (a page of runs is tens
+/// of megabytes: no copy per item); false, with `out` unchanged, where it has none.
+fn push_with_etag(out: &mut String, text: &str, etag: &str) -> bool {
+    let Some(inner) = text
+        .trim()
+        .strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+    else {
+        return false;
+    };
     if text.contains(&format!("\"{SNAPSHOT}\"")) || text.contains("\"eTag\"") {
-        return None;
+        return false;
     }
-    let tag = serde_json::to_string(etag).ok()?;
+    let Ok(tag) = serde_json::to_string(etag) else {
+        return false;
+    };
     // Last, as in lists, where it is added to the parsed body.
     let separator = if inner.trim().is_empty() { "" } else { "," };
-    Some(format!("{{{inner}{separator}\"eTag\":{tag}}}"))
+    // Sized once: a run's answer is megabytes, and growing it step by step copies it again.
+    out.reserve(inner.len() + tag.len() + 10);
+    for part in ["{", inner, separator, "\"eTag\":", &tag, "}"] {
+        out.push_str(part);
+    }
+    true
 }
 
 /// Deletes one resource of a fleet (strategies, profiles: nothing else depends on them; runs a

@@ -1664,9 +1664,7 @@ impl FleetActor {
             }
             let (body, head) = match write_status.then(|| status_document(meta, engine)) {
                 None => (None, None),
-                Some(Ok((document, head))) => {
-                    (Some(document), Some(head))
-                }
+                Some(Ok((document, head))) => (Some(document), Some(head)),
                 Some(Err(e)) => {
                     tracing::error!(fleet = %self.fleet, run, error = %e, "cannot render the run's status");
                     (None, None)

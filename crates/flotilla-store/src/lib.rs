@@ -339,7 +339,14 @@ pub fn assemble(
         .len()
         .checked_sub(1)
         .ok_or_else(|| corrupt("an empty frame".into()))?;
-    let mut out = String::with_capacity(frame.iter().map(String::len).sum());
+    let chunks: Vec<(u32, u32, String)> = chunks.into_iter().collect();
+    // Sized once: the document is megabytes, and growing it step by step copies it again.
+    let size = frame.iter().map(String::len).sum::<usize>()
+        + chunks
+            .iter()
+            .map(|(_, _, text)| text.len() + 1)
+            .sum::<usize>();
+    let mut out = String::with_capacity(size);
     out.push_str(&frame[0]);
     let mut list = 0usize;
     let mut in_list = 0usize;
@@ -817,7 +824,21 @@ fn unpack(body: String, packed: Option<Vec<u8>>) -> StoreResult<String> {
         .ok()
         .filter(|&n| n <= 1 << 30)
         .ok_or_else(|| corrupt(&format!("a frame claiming {size} bytes")))?;
-    let bytes = zstd::bulk::decompress(&packed, size).map_err(|e| corrupt(&e))?;
+    thread_local! {
+        // One context per thread, as for packing: a run read in chunks is hundreds of frames.
+        static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let bytes = DECOMPRESSOR
+        .with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let decompressor = match cell.as_mut() {
+                Some(d) => d,
+                None => cell.insert(zstd::bulk::Decompressor::new()?),
+            };
+            decompressor.decompress(&packed, size)
+        })
+        .map_err(|e| corrupt(&e))?;
     String::from_utf8(bytes)
         .map_err(|e| StoreError::Corrupt(format!("a packed resource is not text: {e}")))
 }
