@@ -264,6 +264,20 @@ async fn run_documents_are_stored_by_change(store: Arc<dyn Store>) {
     let raw = store.list_raw("f", Kind::Run, Some("r"), 10).await.unwrap();
     assert_eq!(raw.len(), 1);
     assert_eq!(raw[0].0, "s");
+    // A page shorter than the runs left ends at its last run, with all of its chunks.
+    let first = store.list_raw("f", Kind::Run, None, 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        serde_json::from_str::<Value>(&first[0].1).unwrap(),
+        expect(["NotStarted", "Running", "NotStarted"])
+    );
+    assert!(
+        store
+            .list_raw("f", Kind::Run, None, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // Fewer chunks: those past the count are gone.
     write_document(
         &*store,
