@@ -789,6 +789,17 @@ fn pack(kind: Kind, body: &str) -> StoreResult<(&str, Option<Vec<u8>>)> {
     if !matches!(kind, Kind::Run | Kind::RunSnapshot) || body.len() < PACK_FROM {
         return Ok((body, None));
     }
+    Ok((PACKED_BODY, Some(compress(body)?)))
+}
+
+/// The `(body, packed)` columns of a chunk of a run's members: always compressed, so that a
+/// chunk's row stays small as its members' statuses grow and shrink (a row stored as text at
+/// first and packed later left SQLite a page per row).
+fn pack_chunk(text: &str) -> StoreResult<(&'static str, Option<Vec<u8>>)> {
+    Ok((PACKED_BODY, Some(compress(text)?)))
+}
+
+fn compress(body: &str) -> StoreResult<Vec<u8>> {
     thread_local! {
         // One context per thread, made once: a context is megabytes, and making one per write
         // left the allocator holding hundreds of them.
@@ -803,9 +814,7 @@ fn pack(kind: Kind, body: &str) -> StoreResult<(&str, Option<Vec<u8>>)> {
         };
         compressor.compress(body.as_bytes())
     });
-    let packed =
-        packed.map_err(|e| StoreError::Unavailable(format!("cannot compress a resource: {e}")))?;
-    Ok((PACKED_BODY, Some(packed)))
+    packed.map_err(|e| StoreError::Unavailable(format!("cannot compress a resource: {e}")))
 }
 
 /// A resource's text from its stored `(body, packed)` columns. A `body` other than the

@@ -16,7 +16,7 @@ use super::{
     Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
     Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources, RunBatch,
     RunDocument, RunLog, StoreError, StoreResult, TokenRecord, Tokens, assemble_rows, check,
-    fenced, millis, pack, parse_body, part_row, same_run, unpack, with_status,
+    fenced, millis, pack, pack_chunk, parse_body, part_row, same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -230,7 +230,7 @@ async fn put_document(
         let mut bodies = Vec::with_capacity(document.changed.len());
         let mut packs = Vec::with_capacity(document.changed.len());
         for chunk in &document.changed {
-            let (body, packed) = pack(Kind::Run, &chunk.text)?;
+            let (body, packed) = pack_chunk(&chunk.text)?;
             indices.push(i64::from(chunk.index));
             slots.push(i64::from(chunk.slot));
             bodies.push(body);

@@ -267,7 +267,7 @@ async fn put_document(
     for rows in document.changed.chunks(crate::ROWS_PER_INSERT) {
         let mut packed = Vec::with_capacity(rows.len());
         for chunk in rows {
-            let (body, pack) = pack(Kind::Run, &chunk.text)?;
+            let (body, pack) = pack_chunk(&chunk.text)?;
             packed.push((chunk, body, pack));
         }
         let mut q = sqlx::QueryBuilder::<Sqlite>::new(
