@@ -1186,6 +1186,8 @@ impl Runs {
 struct RunMeta {
     /// The run resource without its status.
     base: Value,
+    /// Where the status sits in the run's document, found at the first status write.
+    around: Option<StatusPlace>,
     /// Attempt → operation id, once the driver named it.
     operations: HashMap<u64, String>,
     /// Attempts a driver task is still following.
@@ -1360,6 +1362,7 @@ impl FleetActor {
                 last_status_write: None,
                 status_bytes: 0,
                 chunks_written: Vec::new(),
+                around: None,
                 snapshot_etag: loaded.snapshot_etag,
                 unwritten: Vec::new(),
             },
@@ -2285,7 +2288,11 @@ fn status_document(
     engine: &Engine,
 ) -> serde_json::Result<(flotilla_store::RunDocument, String)> {
     let skeleton = engine.status_skeleton();
-    let frame = run_frame(&meta.base, &skeleton)?;
+    let around = match &meta.around {
+        Some(around) => around,
+        None => meta.around.insert(StatusPlace::of(&meta.base)?),
+    };
+    let frame = run_frame(around, &skeleton)?;
     let chunks = engine.status_chunks();
     let all = meta.chunks_written.len() != chunks.len();
     let mut changed = Vec::new();
@@ -2319,27 +2326,46 @@ fn status_document(
     Ok((document, crate::run_head::head_of(&skeleton)))
 }
 
+/// A run's document (as [`run_document`] renders it) around its status: the text before the
+/// status's value and after it. The resource without its status never changes while a task
+/// drives the run, so this is found once per run, not per write.
+pub struct StatusPlace {
+    before: String,
+    after: String,
+}
+
+impl StatusPlace {
+    pub fn of(base: &Value) -> serde_json::Result<StatusPlace> {
+        // Two renderings that differ only in the status: where they part is where it sits.
+        let zero = run_document(base, &0u8)?;
+        let one = run_document(base, &1u8)?;
+        let at = zero
+            .bytes()
+            .zip(one.bytes())
+            .position(|(a, b)| a != b)
+            .ok_or_else(|| {
+                serde::ser::Error::custom("a run's document does not show its status")
+            })?;
+        Ok(StatusPlace {
+            before: zero[..at].to_string(),
+            after: zero[at + 1..].to_string(),
+        })
+    }
+}
+
 /// The run's document (as [`run_document`] renders it) with `skeleton` as its status, cut
 /// right after the `[` of every group's empty `members` list: the frame of a
 /// [`flotilla_store::RunDocument`]. Every key of a status is the engine's and a user's text is
 /// only ever a string value, in which a `"` is escaped, so `"members":[]` in the status's text
 /// is a group's list and nothing else; the count is checked all the same.
 pub fn run_frame(
-    base: &Value,
+    around: &StatusPlace,
     skeleton: &flotilla_engine::status::UpdateRunStatus,
 ) -> serde_json::Result<Vec<String>> {
     const LIST: &str = r#""members":[]"#;
     let status = serde_json::to_string(skeleton)?;
-    // Where the status sits in the document: two renderings that differ only in it.
-    let zero = run_document(base, &0u8)?;
-    let one = run_document(base, &1u8)?;
-    let at = zero
-        .bytes()
-        .zip(one.bytes())
-        .position(|(a, b)| a != b)
-        .ok_or_else(|| serde::ser::Error::custom("a run's document does not show its status"))?;
     let mut frame = Vec::new();
-    let mut piece = zero[..at].to_string();
+    let mut piece = around.before.clone();
     let mut from = 0;
     for (i, _) in status.match_indices(LIST) {
         let cut = i + LIST.len() - 1;
@@ -2348,7 +2374,7 @@ pub fn run_frame(
         from = cut;
     }
     piece.push_str(&status[from..]);
-    piece.push_str(&zero[at + 1..]);
+    piece.push_str(&around.after);
     frame.push(piece);
     let groups: usize = skeleton.stages.iter().map(|s| s.groups.len()).sum();
     if frame.len() != groups + 1 {
@@ -2520,6 +2546,7 @@ mod tests {
             last_status_write: None,
             status_bytes: 0,
             chunks_written: Vec::new(),
+            around: None,
             snapshot_etag: String::new(),
             unwritten: Vec::new(),
         };
