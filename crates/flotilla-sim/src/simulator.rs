@@ -278,6 +278,34 @@ fn check_status_changes(
     Ok(())
 }
 
+fn keep_created(fleet: &FleetEngine, run: &str, created: &mut BTreeMap<String, Engine>) {
+    if let Some(engine) = fleet.run(run) {
+        created.insert(run.to_string(), engine.clone());
+    }
+}
+
+/// Checks that every run's checkpoint, laid over the run's engine as created, gives back the
+/// same engine, field by field: so a server that rebuilds a run from its checkpoint and the
+/// log's tail drives the same run as one that replays the whole log.
+fn check_checkpoints(
+    fleet: &FleetEngine,
+    created: &BTreeMap<String, Engine>,
+    now: Time,
+) -> Result<(), String> {
+    for name in fleet.run_names() {
+        let (Some(engine), Some(fresh)) = (fleet.run(name), created.get(name)) else {
+            return Err(format!("run {name}: no engine as created to restore onto"));
+        };
+        let text = engine.checkpoint(now)?;
+        let mut restored = fresh.clone();
+        restored.restore(&text)?;
+        if let Some(difference) = restored.differences(engine) {
+            return Err(format!("restored from its checkpoint, {difference}"));
+        }
+    }
+    Ok(())
+}
+
 fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
@@ -307,10 +335,19 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
     };
     let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
     let mut runs: Vec<SimRun> = Vec::new();
+    // Checking: each run's engine as created, to restore its checkpoints onto.
+    let mut created: BTreeMap<String, Engine> = BTreeMap::new();
     let mut warnings = Vec::new();
     if scenario.update.is_some() {
         let created = run_spec(scenario).and_then(|(spec, strategy, update)| {
             let w = fleet.create_run(&scenario.name, &spec, scenario.catalog.clone())?;
+            if check_invariants {
+                created.extend(
+                    fleet
+                        .run(&scenario.name)
+                        .map(|e| (scenario.name.clone(), e.clone())),
+                );
+            }
             Ok((w, strategy, update))
         });
         match created {
@@ -474,7 +511,13 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                         Some(p) => {
                             match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
                                 Ok(Err(no_run)) => Err(no_run.error(&p.name)),
-                                Ok(Ok(_)) => Ok(()),
+                                Ok(Ok(Some(i))) => {
+                                    if check_invariants {
+                                        keep_created(&fleet, &runs[i].name, &mut created);
+                                    }
+                                    Ok(())
+                                }
+                                Ok(Ok(None)) => Ok(()),
                                 Err(e) => Err(e),
                             }
                         }
@@ -522,6 +565,9 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                     // Nothing selected yet is not a failure.
                     Ok(Err(_) | Ok(None)) => continue,
                     Ok(Ok(Some(i))) => {
+                        if check_invariants {
+                            keep_created(&fleet, &runs[i].name, &mut created);
+                        }
                         let versions = runs[i].versions.clone();
                         let started = fleet.handle(
                             now,
@@ -611,6 +657,10 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
             }
         }
         if check_invariants && let Err(e) = fleet.check_invariants(now) {
+            violation = Some(format!("at {now}: {e}"));
+            break;
+        }
+        if check_invariants && let Err(e) = check_checkpoints(&fleet, &created, now) {
             violation = Some(format!("at {now}: {e}"));
             break;
         }

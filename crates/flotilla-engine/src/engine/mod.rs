@@ -28,6 +28,7 @@ use crate::version::{ImageVersion, KubeVersion};
 use crate::window::MaintenanceWindow;
 
 mod actions;
+mod checkpoint;
 mod create;
 mod gates;
 mod inputs;
@@ -36,6 +37,7 @@ mod readiness;
 mod scheduling;
 mod status;
 
+pub use checkpoint::CHECKPOINT_FORMAT;
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
 use status::StatusRevisions;

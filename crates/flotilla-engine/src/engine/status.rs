@@ -321,6 +321,23 @@ impl StatusRevisions {
         }
     }
 
+    /// Each chunk's revision, in order (for a checkpoint).
+    pub(super) fn chunk_revisions(&self) -> Vec<u64> {
+        self.chunks.iter().map(|c| c.revision).collect()
+    }
+
+    /// Sets each chunk's revision from a checkpoint; `Err` with the number of chunks the run
+    /// has when the checkpoint's count differs.
+    pub(super) fn set_chunk_revisions(&mut self, revisions: Vec<u64>) -> Result<(), usize> {
+        if revisions.len() != self.chunks.len() {
+            return Err(self.chunks.len());
+        }
+        for (chunk, r) in self.chunks.iter_mut().zip(revisions) {
+            chunk.revision = r;
+        }
+        Ok(())
+    }
+
     /// Counts that member `m`'s status is about to change.
     pub(super) fn touch(&mut self, m: u32) {
         self.members += 1;

@@ -1,0 +1,779 @@
+//! A run's checkpoint: everything about it that changes after its creation, as text, so a shell
+//! can rebuild the run from its creation (the snapshot) and the checkpoint instead of
+//! replaying its whole input log (FLEET-DESIGN.md, "snapshots so a restart replays a bounded
+//! tail").
+//!
+//! What creation decides (membership, groups, thresholds, gates and their ids, the upgrade) is
+//! not in it: [`Engine::restore`] lays a checkpoint over an engine just created from the same
+//! snapshot, and refuses one whose shape (members, groups, stages, gates) differs. What can be
+//! recomputed from the rest is not in it either: a group's queue is its members queued under
+//! their class, the timers of members are their own timers. A checkpoint names its format
+//! (`v`); any other format, an unknown field, or an index out of range is an error naming it,
+//! and the restored engine is recounted ([`Engine::check_invariants`]) before it is used.
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// The format this engine writes, and the only one it reads.
+pub const CHECKPOINT_FORMAT: u64 = 1;
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Checkpoint {
+    v: u64,
+    /// The instant of the last settle: invariants are checked as of it.
+    at: Time,
+    /// Each distinct cluster the run holds, once; members point at them by index.
+    clusters: Vec<Arc<Cluster>>,
+    /// Runs that hold members of this one, once; members point at them by index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    holders: Vec<Arc<str>>,
+    members: Vec<MemberCk>,
+    groups: Vec<GroupCk>,
+    stages: Vec<StageCk>,
+    catalog: Catalog,
+    phase: PhaseCk,
+    current: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    run_start: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    run_completed: Option<Time>,
+    in_flight: u64,
+    failure_count: u64,
+    group_failures: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    selected_images: Option<BTreeMap<String, String>>,
+    next_attempt: u64,
+    /// Timers of gates and waits (members' timers are in the members).
+    timers: Vec<(Time, TimerCk)>,
+    revision: u64,
+    /// Each status chunk's revision, in order.
+    chunk_revisions: Vec<u64>,
+    polled: u64,
+    quiet_changes: u64,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+enum PhaseCk {
+    NotStarted,
+    Running,
+    Stopped,
+    Failed,
+    Completed,
+    Skipped,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum StepCk {
+    NotStarted,
+    BeforeGates,
+    Active,
+    AfterGates,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+enum PlaceCk {
+    #[default]
+    Nowhere,
+    Queued(u8),
+    Parked,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+enum TimerCk {
+    Gate(GateRef),
+    Wait(u32),
+}
+
+/// One member, short keys: a run of 100,000 members writes 100,000 of these.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberCk {
+    #[serde(rename = "c")]
+    cluster: u32,
+    #[serde(rename = "s")]
+    state: State,
+    #[serde(rename = "a", default, skip_serializing_if = "is_default")]
+    attempt: u64,
+    #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
+    target: Option<TargetCk>,
+    #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
+    operation_id: Option<Box<str>>,
+    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
+    start: Option<Time>,
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    completed: Option<Time>,
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    message: Option<Box<str>>,
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorDetail>,
+    #[serde(rename = "p", default, skip_serializing_if = "is_default")]
+    place: PlaceCk,
+    #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
+    timer: Option<Time>,
+    #[serde(rename = "r", default, skip_serializing_if = "is_default")]
+    reattaching: bool,
+    #[serde(rename = "d", default, skip_serializing_if = "is_default")]
+    removed: bool,
+    /// Index into the checkpoint's `holders`.
+    #[serde(rename = "l", default, skip_serializing_if = "Option::is_none")]
+    locked_by: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetCk {
+    #[serde(rename = "u")]
+    upgrade_type: UpgradeType,
+    #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
+    kubernetes_version: Option<String>,
+    /// `[pool, family, image]`.
+    #[serde(rename = "n", default, skip_serializing_if = "Vec::is_empty")]
+    node_images: Vec<(String, String, String)>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateCk {
+    state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    start: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    completed: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    absolute_start: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approved_by: Option<String>,
+}
+
+/// What a group and a stage have in common that changes.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Progress {
+    phase: StepCk,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<State>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    user_skipped: bool,
+    #[serde(default, skip_serializing_if = "is_default")]
+    stopped: bool,
+    before: Vec<GateCk>,
+    after: Vec<GateCk>,
+    in_flight: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    start: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    completed: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorDetail>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupCk {
+    #[serde(flatten)]
+    progress: Progress,
+    unfinished: u64,
+    pending: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StageCk {
+    #[serde(flatten)]
+    progress: Progress,
+    failure_count: u64,
+    last_served: usize,
+    wait: WaitCk,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitCk {
+    state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    start: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    end: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    completed: Option<Time>,
+}
+
+fn gate_ck(gate: &GateRt) -> GateCk {
+    GateCk {
+        state: gate.state,
+        start: gate.start,
+        completed: gate.completed,
+        absolute_start: gate.absolute_start,
+        approved_by: gate.approved_by.clone(),
+    }
+}
+
+fn step_ck(phase: Phase) -> StepCk {
+    match phase {
+        Phase::NotStarted => StepCk::NotStarted,
+        Phase::BeforeGates => StepCk::BeforeGates,
+        Phase::Active => StepCk::Active,
+        Phase::AfterGates => StepCk::AfterGates,
+    }
+}
+
+fn step_rt(phase: StepCk) -> Phase {
+    match phase {
+        StepCk::NotStarted => Phase::NotStarted,
+        StepCk::BeforeGates => Phase::BeforeGates,
+        StepCk::Active => Phase::Active,
+        StepCk::AfterGates => Phase::AfterGates,
+    }
+}
+
+fn target_ck(target: &Target) -> TargetCk {
+    TargetCk {
+        upgrade_type: target.upgrade_type,
+        kubernetes_version: target.kubernetes_version.map(|v| v.to_string()),
+        node_images: target
+            .node_images
+            .iter()
+            .map(|p| (p.pool.clone(), p.family.clone(), p.image.to_string()))
+            .collect(),
+    }
+}
+
+fn target_rt(target: TargetCk, at: &str) -> Result<Target, String> {
+    let kubernetes_version = target
+        .kubernetes_version
+        .map(|v| KubeVersion::parse(&v).ok_or_else(|| format!("{at}: version {v:?}")))
+        .transpose()?;
+    let node_images = target
+        .node_images
+        .into_iter()
+        .map(|(pool, family, image)| {
+            let image = ImageVersion::parse(&image)
+                .ok_or_else(|| format!("{at}: node image version {image:?}"))?;
+            Ok(PoolTarget {
+                pool,
+                family,
+                image,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Target {
+        upgrade_type: target.upgrade_type,
+        kubernetes_version,
+        node_images,
+    })
+}
+
+/// A group's or a stage's progress (both have these fields).
+macro_rules! progress_ck {
+    ($x:expr) => {
+        Progress {
+            phase: step_ck($x.phase),
+            outcome: $x.outcome,
+            user_skipped: $x.user_skipped,
+            stopped: $x.stopped,
+            before: $x.before.iter().map(gate_ck).collect(),
+            after: $x.after.iter().map(gate_ck).collect(),
+            in_flight: $x.in_flight,
+            start: $x.start,
+            completed: $x.completed,
+            message: $x.message.clone(),
+            error: $x.error.clone(),
+        }
+    };
+}
+
+/// Lays a saved progress over a group or a stage.
+macro_rules! restore_progress {
+    ($x:expr, $p:expr, $at:expr) => {{
+        let p = $p;
+        restore_gates(&mut $x.before, p.before, $at)?;
+        restore_gates(&mut $x.after, p.after, $at)?;
+        $x.phase = step_rt(p.phase);
+        $x.outcome = p.outcome;
+        $x.user_skipped = p.user_skipped;
+        $x.stopped = p.stopped;
+        $x.in_flight = p.in_flight;
+        $x.start = p.start;
+        $x.completed = p.completed;
+        $x.message = p.message;
+        $x.error = p.error;
+    }};
+}
+
+/// Lays the gates' states over gates created from the same snapshot.
+fn restore_gates(gates: &mut [GateRt], saved: Vec<GateCk>, at: &str) -> Result<(), String> {
+    if gates.len() != saved.len() {
+        return Err(format!(
+            "{at}: {} gates in the checkpoint, {} in the run",
+            saved.len(),
+            gates.len()
+        ));
+    }
+    for (gate, s) in gates.iter_mut().zip(saved) {
+        gate.state = s.state;
+        gate.start = s.start;
+        gate.completed = s.completed;
+        gate.absolute_start = s.absolute_start;
+        gate.approved_by = s.approved_by;
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// The run's checkpoint as of `at`, the instant of its last settle. Commands and events
+    /// not yet taken are not part of it: a shell checkpoints a run whose queues it drained.
+    pub fn checkpoint(&self, at: Time) -> Result<String, String> {
+        if !self.commands.is_empty() || !self.events.is_empty() {
+            return Err(format!(
+                "run {:?} has commands or events not yet taken",
+                self.run_name
+            ));
+        }
+        let mut clusters: Vec<Arc<Cluster>> = Vec::new();
+        let mut cluster_at: HashMap<*const Cluster, u32> = HashMap::new();
+        let mut holders: Vec<Arc<str>> = Vec::new();
+        let mut holder_at: HashMap<Arc<str>, u32> = HashMap::new();
+        let members = self
+            .members
+            .iter()
+            .map(|m| {
+                let cluster = *cluster_at
+                    .entry(Arc::as_ptr(&m.cluster))
+                    .or_insert_with(|| {
+                        clusters.push(m.cluster.clone());
+                        clusters.len() as u32 - 1
+                    });
+                let locked_by = m.locked_by.as_ref().map(|h| {
+                    *holder_at.entry(h.clone()).or_insert_with(|| {
+                        holders.push(h.clone());
+                        holders.len() as u32 - 1
+                    })
+                });
+                MemberCk {
+                    cluster,
+                    state: m.state,
+                    attempt: m.attempt,
+                    target: m.target.as_deref().map(target_ck),
+                    operation_id: m.operation_id.clone(),
+                    start: m.start,
+                    completed: m.completed,
+                    message: m.message.clone(),
+                    error: m.error.as_deref().cloned(),
+                    place: match m.place {
+                        Place::Nowhere => PlaceCk::Nowhere,
+                        Place::Queued(class) => PlaceCk::Queued(class),
+                        Place::Parked => PlaceCk::Parked,
+                    },
+                    timer: m.timer,
+                    reattaching: m.reattaching,
+                    removed: m.removed,
+                    locked_by,
+                }
+            })
+            .collect();
+        let checkpoint = Checkpoint {
+            v: CHECKPOINT_FORMAT,
+            at,
+            clusters,
+            holders,
+            members,
+            groups: self
+                .groups
+                .iter()
+                .map(|g| GroupCk {
+                    progress: progress_ck!(g),
+                    unfinished: g.unfinished,
+                    pending: g.pending,
+                })
+                .collect(),
+            stages: self
+                .stages
+                .iter()
+                .map(|s| StageCk {
+                    progress: progress_ck!(s),
+                    failure_count: s.failure_count,
+                    last_served: s.last_served,
+                    wait: WaitCk {
+                        state: s.wait.state,
+                        start: s.wait.start,
+                        end: s.wait.end,
+                        completed: s.wait.completed,
+                    },
+                })
+                .collect(),
+            catalog: self.catalog.clone(),
+            phase: match self.phase {
+                RunPhase::NotStarted => PhaseCk::NotStarted,
+                RunPhase::Running => PhaseCk::Running,
+                RunPhase::Stopped => PhaseCk::Stopped,
+                RunPhase::Failed => PhaseCk::Failed,
+                RunPhase::Completed => PhaseCk::Completed,
+                RunPhase::Skipped => PhaseCk::Skipped,
+            },
+            current: self.current,
+            run_start: self.run_start,
+            run_completed: self.run_completed,
+            in_flight: self.in_flight,
+            failure_count: self.failure_count,
+            group_failures: self.group_failures.clone(),
+            selected_images: self.selected_images.as_ref().map(|images| {
+                images
+                    .iter()
+                    .map(|(family, v)| (family.clone(), v.to_string()))
+                    .collect()
+            }),
+            next_attempt: self.next_attempt,
+            timers: self
+                .timers
+                .iter()
+                .filter_map(|&(t, key)| match key {
+                    TimerKey::Gate(g) => Some((t, TimerCk::Gate(g))),
+                    TimerKey::Wait(s) => Some((t, TimerCk::Wait(s))),
+                    TimerKey::Member(_) => None,
+                })
+                .collect(),
+            revision: self.revisions.members,
+            chunk_revisions: self.revisions.chunk_revisions(),
+            polled: self.polled,
+            quiet_changes: self.quiet_changes,
+        };
+        serde_json::to_string(&checkpoint).map_err(|e| e.to_string())
+    }
+
+    /// Lays a checkpoint over this engine, which must have just been created from the run's
+    /// snapshot. On an error the engine is left as it was.
+    pub fn restore(&mut self, text: &str) -> Result<(), String> {
+        let mut restored = self.clone();
+        restored.restore_into(text)?;
+        *self = restored;
+        Ok(())
+    }
+
+    fn restore_into(&mut self, text: &str) -> Result<(), String> {
+        #[derive(Deserialize)]
+        struct Version {
+            v: Option<u64>,
+        }
+        let version: Version =
+            serde_json::from_str(text).map_err(|e| format!("checkpoint: {e}"))?;
+        if version.v != Some(CHECKPOINT_FORMAT) {
+            return Err(format!(
+                "checkpoint of format {:?}; this server reads format {CHECKPOINT_FORMAT}",
+                version.v
+            ));
+        }
+        let ck: Checkpoint = serde_json::from_str(text).map_err(|e| format!("checkpoint: {e}"))?;
+        let shape = |what: &str, saved: usize, here: usize| {
+            if saved == here {
+                Ok(())
+            } else {
+                Err(format!(
+                    "checkpoint holds {saved} {what}, the run {here}: not this run's checkpoint"
+                ))
+            }
+        };
+        shape("members", ck.members.len(), self.members.len())?;
+        shape("groups", ck.groups.len(), self.groups.len())?;
+        shape("stages", ck.stages.len(), self.stages.len())?;
+        shape(
+            "group failure counts",
+            ck.group_failures.len(),
+            self.groups.len(),
+        )?;
+        if ck.current > self.stages.len() {
+            return Err(format!(
+                "checkpoint: current stage {} out of range",
+                ck.current
+            ));
+        }
+        let chunks = ck.chunk_revisions.len();
+        self.revisions
+            .set_chunk_revisions(ck.chunk_revisions)
+            .map_err(|here| format!("checkpoint holds {chunks} status chunks, the run {here}"))?;
+        self.revisions.members = ck.revision;
+        self.timers.clear();
+        for (t, key) in ck.timers {
+            let key = match key {
+                TimerCk::Gate(g) => {
+                    if self.gate_mut(g).is_none() {
+                        return Err(format!(
+                            "checkpoint: a timer names gate {g:?}, not in the run"
+                        ));
+                    }
+                    TimerKey::Gate(g)
+                }
+                TimerCk::Wait(s) => {
+                    if s as usize >= self.stages.len() {
+                        return Err(format!(
+                            "checkpoint: a timer names stage {s}, not in the run"
+                        ));
+                    }
+                    TimerKey::Wait(s)
+                }
+            };
+            self.timers.insert((t, key));
+        }
+        for group in &mut self.groups {
+            group.ready.clear();
+        }
+        for (i, (m, s)) in self.members.iter_mut().zip(ck.members).enumerate() {
+            let at = format!("checkpoint: member {}", m.name);
+            m.cluster = ck
+                .clusters
+                .get(s.cluster as usize)
+                .ok_or_else(|| format!("{at}: cluster {} out of range", s.cluster))?
+                .clone();
+            m.locked_by = s
+                .locked_by
+                .map(|h| {
+                    ck.holders
+                        .get(h as usize)
+                        .cloned()
+                        .ok_or_else(|| format!("{at}: holder {h} out of range"))
+                })
+                .transpose()?;
+            m.target = s
+                .target
+                .map(|t| target_rt(t, &at).map(Box::new))
+                .transpose()?;
+            m.state = s.state;
+            m.attempt = s.attempt;
+            m.operation_id = s.operation_id;
+            m.start = s.start;
+            m.completed = s.completed;
+            m.message = s.message;
+            m.error = s.error.map(Box::new);
+            m.place = match s.place {
+                PlaceCk::Nowhere => Place::Nowhere,
+                PlaceCk::Queued(class) => {
+                    self.groups[m.group as usize]
+                        .ready
+                        .insert((class, i as u32));
+                    Place::Queued(class)
+                }
+                PlaceCk::Parked => Place::Parked,
+            };
+            m.timer = s.timer;
+            if let Some(t) = s.timer {
+                self.timers.insert((t, TimerKey::Member(i as u32)));
+            }
+            m.reattaching = s.reattaching;
+            m.removed = s.removed;
+        }
+        for (g, (group, s)) in self.groups.iter_mut().zip(ck.groups).enumerate() {
+            let at = format!("checkpoint: group {}", group.name);
+            restore_progress!(group, s.progress, &at);
+            group.unfinished = s.unfinished;
+            group.pending = s.pending;
+            self.group_failures[g] = ck.group_failures[g];
+        }
+        for (stage, s) in self.stages.iter_mut().zip(ck.stages) {
+            let at = format!("checkpoint: stage {}", stage.name);
+            if s.last_served >= stage.groups.len().max(1) {
+                return Err(format!("{at}: group {} out of range", s.last_served));
+            }
+            restore_progress!(stage, s.progress, &at);
+            stage.failure_count = s.failure_count;
+            stage.last_served = s.last_served;
+            stage.wait.state = s.wait.state;
+            stage.wait.start = s.wait.start;
+            stage.wait.end = s.wait.end;
+            stage.wait.completed = s.wait.completed;
+        }
+        self.catalog = ck.catalog;
+        self.phase = match ck.phase {
+            PhaseCk::NotStarted => RunPhase::NotStarted,
+            PhaseCk::Running => RunPhase::Running,
+            PhaseCk::Stopped => RunPhase::Stopped,
+            PhaseCk::Failed => RunPhase::Failed,
+            PhaseCk::Completed => RunPhase::Completed,
+            PhaseCk::Skipped => RunPhase::Skipped,
+        };
+        self.current = ck.current;
+        self.run_start = ck.run_start;
+        self.run_completed = ck.run_completed;
+        self.in_flight = ck.in_flight;
+        self.failure_count = ck.failure_count;
+        self.selected_images = ck
+            .selected_images
+            .map(|images| {
+                images
+                    .into_iter()
+                    .map(|(family, v)| {
+                        ImageVersion::parse(&v)
+                            .map(|v| (family.clone(), v))
+                            .ok_or_else(|| {
+                                format!("checkpoint: selected image {family}-{v} is not a version")
+                            })
+                    })
+                    .collect()
+            })
+            .transpose()?;
+        self.next_attempt = ck.next_attempt;
+        self.commands.clear();
+        self.events.clear();
+        self.polled = ck.polled;
+        self.quiet_changes = ck.quiet_changes;
+        self.check_invariants(ck.at)
+            .map_err(|why| format!("checkpoint does not hold together: {why}"))
+    }
+
+    /// Where this engine differs from `other`, field by field (for tests of checkpoints and
+    /// replays): `None` when they are the same run in the same state.
+    pub fn differences(&self, other: &Engine) -> Option<String> {
+        // Every field is named, so a field added later must be decided on here.
+        let Engine {
+            run_name,
+            upgrade,
+            rules,
+            catalog,
+            members,
+            member_index,
+            groups,
+            group_failures,
+            stages,
+            phase,
+            current,
+            run_start,
+            run_completed,
+            in_flight,
+            failure_count,
+            selected_images,
+            next_attempt,
+            timers,
+            commands,
+            events,
+            revisions,
+            polled,
+            quiet_changes,
+        } = self;
+        let mut index: Vec<_> = member_index.iter().collect();
+        index.sort();
+        let mut other_index: Vec<_> = other.member_index.iter().collect();
+        other_index.sort();
+        let fields = [
+            (
+                "run_name",
+                format!("{run_name:?}"),
+                format!("{:?}", other.run_name),
+            ),
+            (
+                "upgrade",
+                format!("{upgrade:?}"),
+                format!("{:?}", other.upgrade),
+            ),
+            ("rules", format!("{rules:?}"), format!("{:?}", other.rules)),
+            (
+                "catalog",
+                format!("{catalog:?}"),
+                format!("{:?}", other.catalog),
+            ),
+            (
+                "member_index",
+                format!("{index:?}"),
+                format!("{other_index:?}"),
+            ),
+            (
+                "groups",
+                format!("{groups:?}"),
+                format!("{:?}", other.groups),
+            ),
+            (
+                "group_failures",
+                format!("{group_failures:?}"),
+                format!("{:?}", other.group_failures),
+            ),
+            (
+                "stages",
+                format!("{stages:?}"),
+                format!("{:?}", other.stages),
+            ),
+            ("phase", format!("{phase:?}"), format!("{:?}", other.phase)),
+            (
+                "current",
+                format!("{current:?}"),
+                format!("{:?}", other.current),
+            ),
+            (
+                "run_start",
+                format!("{run_start:?}"),
+                format!("{:?}", other.run_start),
+            ),
+            (
+                "run_completed",
+                format!("{run_completed:?}"),
+                format!("{:?}", other.run_completed),
+            ),
+            (
+                "in_flight",
+                format!("{in_flight:?}"),
+                format!("{:?}", other.in_flight),
+            ),
+            (
+                "failure_count",
+                format!("{failure_count:?}"),
+                format!("{:?}", other.failure_count),
+            ),
+            (
+                "selected_images",
+                format!("{selected_images:?}"),
+                format!("{:?}", other.selected_images),
+            ),
+            (
+                "next_attempt",
+                format!("{next_attempt:?}"),
+                format!("{:?}", other.next_attempt),
+            ),
+            (
+                "timers",
+                format!("{timers:?}"),
+                format!("{:?}", other.timers),
+            ),
+            (
+                "commands",
+                format!("{commands:?}"),
+                format!("{:?}", other.commands),
+            ),
+            (
+                "events",
+                format!("{events:?}"),
+                format!("{:?}", other.events),
+            ),
+            (
+                "revisions",
+                format!("{revisions:?}"),
+                format!("{:?}", other.revisions),
+            ),
+            (
+                "polled",
+                format!("{polled:?}"),
+                format!("{:?}", other.polled),
+            ),
+            (
+                "quiet_changes",
+                format!("{quiet_changes:?}"),
+                format!("{:?}", other.quiet_changes),
+            ),
+        ];
+        if let Some((field, _, _)) = fields.iter().find(|(_, a, b)| a != b) {
+            return Some(format!("run {run_name:?}: {field} differs"));
+        }
+        // Members one by one, so a difference names the member.
+        for (a, b) in members.iter().zip(&other.members) {
+            let (a, b) = (format!("{a:?}"), format!("{b:?}"));
+            if a != b {
+                return Some(format!("run {run_name:?}: member differs:\n  {a}\n  {b}"));
+            }
+        }
+        (members.len() != other.members.len())
+            .then(|| format!("run {run_name:?}: member counts differ"))
+    }
+}
