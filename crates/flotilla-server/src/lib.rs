@@ -53,6 +53,8 @@ pub struct Timing {
     /// wait before another takes them over, and how long a slow replica may go without
     /// reaching the database before it stops sending upgrades.
     pub lease_ttl: std::time::Duration,
+    /// Bytes of log a run writes before it is checkpointed (at least its checkpoint's size).
+    pub checkpoint_after: u64,
 }
 
 impl Default for Timing {
@@ -61,6 +63,7 @@ impl Default for Timing {
             observe_every: OBSERVE_EVERY,
             profiles_every: PROFILES_EVERY,
             lease_ttl: runs::LEASE_TTL,
+            checkpoint_after: runs::CHECKPOINT_AFTER,
         }
     }
 }
@@ -175,6 +178,10 @@ impl Server {
             timing.lease_ttl,
         );
         let runs = Runs::with_replica(store, Arc::new(Metrics::default()), replica);
+        runs.checkpoint_after.store(
+            timing.checkpoint_after,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if let Ok(mut allow) = runs.drivers.exec_allow.write() {
             *allow = exec_allow;
         }

@@ -41,6 +41,8 @@ pub struct Metrics {
     succeeded: Family<Labels, Counter>,
     failed: Family<Labels, Counter>,
     dispatch: Delays,
+    checkpoints: Counter,
+    rebuilt: Family<Labels, Counter>,
     /// Recent dispatch delays per trigger, seconds: read by the benchmarks, not exported.
     samples: Mutex<BTreeMap<&'static str, VecDeque<f64>>>,
 }
@@ -52,6 +54,19 @@ impl Default for Metrics {
         let succeeded = Family::<Labels, Counter>::default();
         let failed = Family::<Labels, Counter>::default();
         let dispatch = Delays::new_with_constructor(delay_histogram);
+        let checkpoints = Counter::default();
+        let rebuilt = Family::<Labels, Counter>::default();
+        registry.register(
+            "flotilla_run_checkpoints",
+            "Checkpoints of runs written (each replaces the run's log before it)",
+            checkpoints.clone(),
+        );
+        registry.register(
+            "flotilla_runs_rebuilt",
+            "Runs rebuilt from the store (from: checkpoint, a checkpoint and the log after it; \
+             log, the whole log)",
+            rebuilt.clone(),
+        );
         registry.register(
             "flotilla_member_upgrades_started",
             "Member upgrades sent to the driver",
@@ -80,6 +95,8 @@ impl Default for Metrics {
             succeeded,
             failed,
             dispatch,
+            checkpoints,
+            rebuilt,
             samples: Mutex::default(),
         }
     }
@@ -90,6 +107,18 @@ fn fleet(fleet: &str) -> Labels {
 }
 
 impl Metrics {
+    pub fn count_checkpoint(&self) {
+        self.checkpoints.inc();
+    }
+
+    /// A run rebuilt from the store, from its checkpoint or from its whole log.
+    pub fn count_rebuilt(&self, from_checkpoint: bool) {
+        let from = if from_checkpoint { "checkpoint" } else { "log" };
+        self.rebuilt
+            .get_or_create(&vec![("from", from.into())])
+            .inc();
+    }
+
     pub fn count_started(&self, name: &str) {
         self.started.get_or_create(&fleet(name)).inc();
     }

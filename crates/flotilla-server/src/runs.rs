@@ -198,6 +198,26 @@ struct LoadedRun {
     base: Value,
     snapshot_etag: String,
     intents: Vec<Intent>,
+    /// What the log replayed after the run's checkpoint cost ([`log_cost`]), and the
+    /// checkpoint's size: when to write the next one.
+    log_cost: u64,
+    checkpoint_bytes: u64,
+}
+
+/// A run is checkpointed when the log written since its last checkpoint costs more to replay
+/// than the checkpoint costs to read, and at least this much: a restart then reads a
+/// checkpoint and a tail of bounded size, never the run's whole history (FLEET-DESIGN.md).
+pub const CHECKPOINT_AFTER: u64 = 1 << 20;
+
+/// What replaying a log entry costs beyond its bytes, in bytes: each entry is a settle.
+const ENTRY_COST: u64 = 256;
+
+/// The cost of replaying these log entries, in bytes.
+fn log_cost<'a>(entries: impl IntoIterator<Item = &'a String>) -> u64 {
+    entries
+        .into_iter()
+        .map(|e| e.len() as u64 + ENTRY_COST)
+        .sum()
 }
 
 /// How stale a running run's stored status may get while steps come fast, per started MiB of
@@ -310,6 +330,10 @@ pub struct Runs {
     to_resume: Mutex<std::collections::HashSet<String>>,
     /// Live replicas at the last heartbeat.
     alive: std::sync::atomic::AtomicUsize,
+    /// A run is checkpointed once the log written since its last checkpoint costs this much
+    /// to replay, in bytes, or the checkpoint's own size if larger ([`CHECKPOINT_AFTER`] unless
+    /// the server was told otherwise).
+    pub checkpoint_after: std::sync::atomic::AtomicU64,
     /// The writer of operation ids drivers name, started on first use.
     operation_ids:
         std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
@@ -568,6 +592,7 @@ impl Runs {
             to_reload: Mutex::new(Default::default()),
             to_resume: Mutex::new(Default::default()),
             alive: std::sync::atomic::AtomicUsize::new(1),
+            checkpoint_after: std::sync::atomic::AtomicU64::new(CHECKPOINT_AFTER),
             operation_ids: std::sync::OnceLock::new(),
         })
     }
@@ -1154,13 +1179,22 @@ impl Runs {
         let snapshot = read_snapshot(&base, &internal)?;
         drop(internal);
         let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
-        for entry in self
+        let log = self
             .store
             .run_log(fleet, run)
             .await
-            .map_err(|e| ApiError::conflict(e.to_string()))?
-        {
-            crate::journal::replay(&mut engine, &entry).map_err(|why| {
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        // The checkpoint, laid over the run as created, then the log written after it.
+        if let Some(checkpoint) = &log.checkpoint {
+            engine.restore(checkpoint).map_err(|why| {
+                ApiError::conflict(format!(
+                    "update run {run:?} cannot be rebuilt from its checkpoint: {why}"
+                ))
+            })?;
+        }
+        self.metrics.count_rebuilt(log.checkpoint.is_some());
+        for entry in &log.entries {
+            crate::journal::replay(&mut engine, entry).map_err(|why| {
                 ApiError::conflict(format!(
                     "update run {run:?} cannot be rebuilt from its log: {why}"
                 ))
@@ -1178,6 +1212,8 @@ impl Runs {
             base,
             snapshot_etag,
             intents,
+            log_cost: log_cost(&log.entries),
+            checkpoint_bytes: log.checkpoint.map_or(0, |c| c.len() as u64),
         })
     }
 }
@@ -1209,9 +1245,19 @@ struct RunMeta {
     /// Log entries of steps that showed nothing, written with the run's next batch; held as the
     /// engine was given them (a cluster is a shared pointer, not a JSON tree) until written.
     unwritten: Vec<Delivered>,
+    /// What the log written since the run's last checkpoint costs to replay ([`log_cost`]),
+    /// and that checkpoint's size.
+    log_cost: u64,
+    checkpoint_bytes: u64,
 }
 
 impl RunMeta {
+    /// Counts log entries written, and whether the run is due a checkpoint after them.
+    fn checkpoint_due(&mut self, entries: &[String], after: u64) -> bool {
+        self.log_cost += log_cost(entries);
+        !entries.is_empty() && self.log_cost >= after.max(self.checkpoint_bytes)
+    }
+
     /// How often a status nobody waits for is written: [`STATUS_EVERY`] per started MiB of the
     /// document. A write stores only what changed, but every reader of a new version reads the
     /// whole document (the answer cache keeps one version), so the pace follows its size.
@@ -1365,6 +1411,8 @@ impl FleetActor {
                 around: None,
                 snapshot_etag: loaded.snapshot_etag,
                 unwritten: Vec::new(),
+                log_cost: loaded.log_cost,
+                checkpoint_bytes: loaded.checkpoint_bytes,
             },
         );
         if let Ok(mut driving) = self.driving.lock() {
@@ -1678,10 +1726,33 @@ impl FleetActor {
             } else {
                 Vec::new()
             };
+            let log = crate::journal::encode(log);
+            // A checkpoint after this batch's entries replaces the log before them.
+            let after = self
+                .runs
+                .checkpoint_after
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let checkpoint = if meta.checkpoint_due(&log, after) {
+                match engine.checkpoint(now) {
+                    Ok(text) => {
+                        meta.log_cost = 0;
+                        meta.checkpoint_bytes = text.len() as u64;
+                        self.runs.metrics.count_checkpoint();
+                        Some(text)
+                    }
+                    Err(e) => {
+                        tracing::warn!(fleet = %self.fleet, run, error = %e, "cannot checkpoint the run");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             let mut batch = RunBatch {
                 fleet: self.fleet.clone(),
                 run: run.clone(),
-                log: crate::journal::encode(log),
+                log,
+                checkpoint,
                 intents: std::mem::take(&mut step.intents),
                 finished_attempts: std::mem::take(&mut step.finished_attempts),
                 events: std::mem::take(&mut step.events),
@@ -2549,6 +2620,8 @@ mod tests {
             around: None,
             snapshot_etag: String::new(),
             unwritten: Vec::new(),
+            log_cost: 0,
+            checkpoint_bytes: 0,
         };
         // The store's rows: each chunk's list and text, by index.
         let mut stored: std::collections::BTreeMap<u32, (u32, String)> = Default::default();

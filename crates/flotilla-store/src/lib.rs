@@ -280,6 +280,9 @@ pub struct RunBatch {
     pub run: String,
     /// Input-log entries, in order, as JSON text.
     pub log: Vec<String>,
+    /// The run's checkpoint after this batch's last log entry, which replaces the log before
+    /// it (a batch with a checkpoint carries log entries).
+    pub checkpoint: Option<String>,
     pub intents: Vec<Intent>,
     pub finished_attempts: Vec<u64>,
     pub events: Vec<Value>,
@@ -298,6 +301,25 @@ pub struct RunBatch {
     /// Written only if the run's snapshot still has this eTag (the run was not replaced or
     /// deleted since its writer loaded it).
     pub snapshot_etag: Option<String>,
+}
+
+/// A run's input log as read: the checkpoint and the entries after it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredLog {
+    pub checkpoint: Option<String>,
+    pub entries: Vec<String>,
+}
+
+/// Refuses a batch whose checkpoint covers no entry of its own: a checkpoint is taken after
+/// the entries it is written with.
+fn checkpoint_needs_entries(batch: &RunBatch) -> StoreResult<()> {
+    if batch.checkpoint.is_some() && batch.log.is_empty() {
+        return Err(StoreError::Unavailable(format!(
+            "run {:?}: a checkpoint is written with the log entries it follows",
+            batch.run
+        )));
+    }
+    Ok(())
 }
 
 /// A run's document as a status write stores it (FLEET-DESIGN.md, persistence by change): the
@@ -682,9 +704,10 @@ pub trait RunLog: Send + Sync {
     /// Sets a run's head if the run exists and has none: a head written with a batch is newer
     /// than one made from a document read earlier.
     async fn init_run_head(&self, fleet: &str, run: &str, head: &str) -> StoreResult<()>;
-    /// A run's input log, the entries as written, in order (the server's journal codec reads
-    /// them without building JSON trees).
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>>;
+    /// A run's input log as stored: its last checkpoint, if one was written, and the entries
+    /// written after it, in order (the server's journal codec reads them without building
+    /// JSON trees). Both are read in one snapshot.
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<StoredLog>;
     async fn run_events(
         &self,
         fleet: &str,

@@ -41,6 +41,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     6 "0006_packed_bodies",
     7 "0007_events_without_rowid",
     8 "0008_run_chunks",
+    9 "0009_run_checkpoints",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -51,6 +52,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     5 "0005_run_heads",
     6 "0006_packed_bodies",
     7 "0007_run_chunks",
+    8 "0008_run_checkpoints",
 );
 
 /// The migrator for a backend's migrations.

@@ -13,10 +13,11 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PendingAction,
-    Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources, RunBatch,
-    RunDocument, RunLog, StoreError, StoreResult, TokenRecord, Tokens, assemble_rows, check,
-    fenced, millis, pack, pack_chunk, parse_body, part_row, same_run, unpack, with_status,
+    Col, Coordination, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PACKED_BODY,
+    PendingAction, Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources,
+    RunBatch, RunDocument, RunLog, StoreError, StoreResult, StoredLog, TokenRecord, Tokens,
+    assemble_rows, check, checkpoint_needs_entries, fenced, millis, pack, pack_chunk, parse_body,
+    part_row, same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -514,11 +515,12 @@ impl Resources for PgStore {
         }
         let (etag, created) = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
-            // A run written whole (created or replaced) has no head until one is set, and no
-            // chunks.
+            // A run written whole (created or replaced) has no head until one is set, no
+            // chunks and no checkpoint.
             for statement in [
                 "DELETE FROM run_heads WHERE fleet = $1 AND run = $2",
                 "DELETE FROM run_chunks WHERE fleet = $1 AND run = $2",
+                "DELETE FROM run_checkpoints WHERE fleet = $1 AND run = $2",
             ] {
                 sqlx::query(statement)
                     .bind(fleet)
@@ -699,6 +701,7 @@ impl Resources for PgStore {
                     "DELETE FROM intents WHERE fleet = $1 AND run = $2",
                     "DELETE FROM run_heads WHERE fleet = $1 AND run = $2",
                     "DELETE FROM run_chunks WHERE fleet = $1 AND run = $2",
+                    "DELETE FROM run_checkpoints WHERE fleet = $1 AND run = $2",
                     "DELETE FROM resources WHERE fleet = $1 AND kind = 'gates' AND body::jsonb #>> '{properties,target,updateRunProperties,name}' = $2",
                 ] {
                     sqlx::query(statement)
@@ -724,6 +727,7 @@ impl Resources for PgStore {
                     "DELETE FROM intents WHERE fleet = $1",
                     "DELETE FROM run_heads WHERE fleet = $1",
                     "DELETE FROM run_chunks WHERE fleet = $1",
+                    "DELETE FROM run_checkpoints WHERE fleet = $1",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -789,14 +793,38 @@ impl RunLog for PgStore {
         Ok(())
     }
 
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>> {
-        let rows =
-            sqlx::query("SELECT entry FROM run_log WHERE fleet = $1 AND run = $2 ORDER BY seq")
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<StoredLog> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let checkpoint =
+            sqlx::query("SELECT seq, packed FROM run_checkpoints WHERE fleet = $1 AND run = $2")
                 .bind(fleet)
                 .bind(run)
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter().map(|r| r.col::<String>(0)).collect()
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| StoreResult::Ok((r.col::<i64>(0)?, r.col::<Vec<u8>>(1)?)))
+                .transpose()?;
+        let after = checkpoint.as_ref().map_or(0, |(seq, _)| *seq);
+        let rows = sqlx::query(
+            "SELECT entry FROM run_log WHERE fleet = $1 AND run = $2 AND seq > $3 ORDER BY seq",
+        )
+        .bind(fleet)
+        .bind(run)
+        .bind(after)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(StoredLog {
+            checkpoint: checkpoint
+                .map(|(_, packed)| unpack(PACKED_BODY.to_string(), Some(packed)))
+                .transpose()?,
+            entries: rows
+                .iter()
+                .map(|r| r.col::<String>(0))
+                .collect::<StoreResult<_>>()?,
+        })
     }
 
     async fn run_events(
@@ -1155,6 +1183,29 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
         &batch.log,
     )
     .await?;
+    if let Some(checkpoint) = &batch.checkpoint {
+        checkpoint_needs_entries(batch)?;
+        let (_, packed) = pack_chunk(checkpoint)?;
+        // It follows the batch's last entry: the log before that entry goes.
+        sqlx::query(
+            "INSERT INTO run_checkpoints (fleet, run, seq, packed) \
+             SELECT $1, $2, MAX(seq), $3 FROM run_log WHERE fleet = $1 AND run = $2 \
+             ON CONFLICT (fleet, run) DO UPDATE SET seq = excluded.seq, packed = excluded.packed",
+        )
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .bind(packed)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM run_log WHERE fleet = $1 AND run = $2 \
+             AND seq < (SELECT seq FROM run_checkpoints WHERE fleet = $1 AND run = $2)",
+        )
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .execute(&mut **tx)
+        .await?;
+    }
     append(
         tx,
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",

@@ -518,11 +518,12 @@ impl Resources for SqliteStore {
         check(current.as_deref(), when)?;
         let etag = upsert(&mut tx, fleet, kind, name, text).await?;
         if kind == Kind::Run {
-            // A run written whole (created or replaced) has no head until one is set, and no
-            // chunks.
+            // A run written whole (created or replaced) has no head until one is set, no
+            // chunks and no checkpoint.
             for statement in [
                 "DELETE FROM run_heads WHERE fleet = ? AND run = ?",
                 "DELETE FROM run_chunks WHERE fleet = ? AND run = ?",
+                "DELETE FROM run_checkpoints WHERE fleet = ? AND run = ?",
             ] {
                 sqlx::query(statement)
                     .bind(fleet)
@@ -667,6 +668,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM intents WHERE fleet = ? AND run = ?",
                     "DELETE FROM run_heads WHERE fleet = ? AND run = ?",
                     "DELETE FROM run_chunks WHERE fleet = ? AND run = ?",
+                    "DELETE FROM run_checkpoints WHERE fleet = ? AND run = ?",
                 ] {
                     sqlx::query(statement)
                         .bind(fleet)
@@ -699,6 +701,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM intents WHERE fleet = ?",
                     "DELETE FROM run_heads WHERE fleet = ?",
                     "DELETE FROM run_chunks WHERE fleet = ?",
+                    "DELETE FROM run_checkpoints WHERE fleet = ?",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -770,14 +773,36 @@ impl RunLog for SqliteStore {
         Ok(())
     }
 
-    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<Vec<String>> {
-        let rows =
-            sqlx::query("SELECT entry FROM run_log WHERE fleet = ? AND run = ? ORDER BY seq")
+    async fn run_log(&self, fleet: &str, run: &str) -> StoreResult<StoredLog> {
+        // A deferred transaction: both reads see one snapshot of the WAL.
+        let mut tx = self.pool.begin().await?;
+        let checkpoint =
+            sqlx::query("SELECT seq, packed FROM run_checkpoints WHERE fleet = ? AND run = ?")
                 .bind(fleet)
                 .bind(run)
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter().map(|r| r.col::<String>(0)).collect()
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| StoreResult::Ok((r.col::<i64>(0)?, r.col::<Vec<u8>>(1)?)))
+                .transpose()?;
+        let after = checkpoint.as_ref().map_or(0, |(seq, _)| *seq);
+        let rows = sqlx::query(
+            "SELECT entry FROM run_log WHERE fleet = ? AND run = ? AND seq > ? ORDER BY seq",
+        )
+        .bind(fleet)
+        .bind(run)
+        .bind(after)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(StoredLog {
+            checkpoint: checkpoint
+                .map(|(_, packed)| unpack(PACKED_BODY.to_string(), Some(packed)))
+                .transpose()?,
+            entries: rows
+                .iter()
+                .map(|r| r.col::<String>(0))
+                .collect::<StoreResult<_>>()?,
+        })
     }
 
     async fn run_events(
@@ -1087,6 +1112,29 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
         &batch.log,
     )
     .await?;
+    if let Some(checkpoint) = &batch.checkpoint {
+        checkpoint_needs_entries(batch)?;
+        let (_, packed) = pack_chunk(checkpoint)?;
+        // It follows the batch's last entry: the log before that entry goes.
+        sqlx::query(
+            "INSERT INTO run_checkpoints (fleet, run, seq, packed) \
+             SELECT ?1, ?2, MAX(seq), ?3 FROM run_log WHERE fleet = ?1 AND run = ?2 \
+             ON CONFLICT (fleet, run) DO UPDATE SET seq = excluded.seq, packed = excluded.packed",
+        )
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .bind(packed)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM run_log WHERE fleet = ?1 AND run = ?2 \
+             AND seq < (SELECT seq FROM run_checkpoints WHERE fleet = ?1 AND run = ?2)",
+        )
+        .bind(&batch.fleet)
+        .bind(&batch.run)
+        .execute(&mut **tx)
+        .await?;
+    }
     append(
         tx,
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",

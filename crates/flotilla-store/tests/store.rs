@@ -13,7 +13,7 @@ use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
     Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
-    RunBatch, RunDocument, SqliteStore, Store, StoreError, TokenRecord,
+    RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -149,6 +149,7 @@ on_both_backends!(
     batches_of_several_runs_land_together,
     large_runs_and_snapshots_read_back_whole,
     run_documents_are_stored_by_change,
+    run_logs_are_cut_at_their_checkpoints,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -964,7 +965,7 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     };
     store.write_run_batch(&next).await.unwrap();
     assert_eq!(
-        parsed(store.run_log("f", "r").await.unwrap()),
+        parsed(store.run_log("f", "r").await.unwrap().entries),
         vec![
             json!({"input": 1}),
             json!({"input": 2}),
@@ -1001,7 +1002,14 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     assert_eq!(run.body["properties"]["status"]["state"], "Running");
     assert!(store.get("f", Kind::Gate, "g1").await.unwrap().is_some());
     // Another run's logs are its own.
-    assert!(store.run_log("f", "other").await.unwrap().is_empty());
+    assert!(
+        store
+            .run_log("f", "other")
+            .await
+            .unwrap()
+            .entries
+            .is_empty()
+    );
     // A batch repeating an intent's attempt fails as a whole: nothing of it lands.
     let clash = RunBatch {
         fleet: "f".into(),
@@ -1012,8 +1020,130 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
         ..Default::default()
     };
     assert!(store.write_run_batch(&clash).await.is_err());
-    assert_eq!(store.run_log("f", "r").await.unwrap().len(), 3);
+    assert_eq!(store.run_log("f", "r").await.unwrap().entries.len(), 3);
     assert_eq!(store.run_events("f", "r", 0, 100).await.unwrap().len(), 3);
+}
+
+fn log_batch(run: &str, entries: &[i64], checkpoint: Option<&str>) -> RunBatch {
+    RunBatch {
+        fleet: "f".into(),
+        run: run.into(),
+        log: entries
+            .iter()
+            .map(|e| json!({"input": e}).to_string())
+            .collect(),
+        checkpoint: checkpoint.map(String::from),
+        ..Default::default()
+    }
+}
+
+/// A checkpoint replaces the log up to the batch it is written with: a read gives the last
+/// checkpoint and the entries after it, whatever was written before, on both backends.
+async fn run_logs_are_cut_at_their_checkpoints(store: Arc<dyn Store>) {
+    let entries = |log: &StoredLog| parsed(log.entries.clone());
+    store
+        .write_run_batch(&log_batch("r", &[1, 2], None))
+        .await
+        .unwrap();
+    let log = store.run_log("f", "r").await.unwrap();
+    assert_eq!(log.checkpoint, None);
+    assert_eq!(
+        entries(&log),
+        vec![json!({"input": 1}), json!({"input": 2})]
+    );
+    // A large checkpoint (stored compressed) covering entries 1 to 4.
+    let big = format!("{{\"state\":\"{}\"}}", "x".repeat(100_000));
+    store
+        .write_run_batch(&log_batch("r", &[3, 4], Some(&big)))
+        .await
+        .unwrap();
+    let log = store.run_log("f", "r").await.unwrap();
+    assert_eq!(log.checkpoint.as_deref(), Some(big.as_str()));
+    assert!(log.entries.is_empty(), "{:?}", log.entries);
+    // The log goes on after it, numbered on.
+    store
+        .write_run_batch(&log_batch("r", &[5], None))
+        .await
+        .unwrap();
+    store
+        .write_run_batch(&log_batch("r", &[6, 7], None))
+        .await
+        .unwrap();
+    let log = store.run_log("f", "r").await.unwrap();
+    assert_eq!(log.checkpoint.as_deref(), Some(big.as_str()));
+    assert_eq!(
+        entries(&log),
+        vec![
+            json!({"input": 5}),
+            json!({"input": 6}),
+            json!({"input": 7})
+        ]
+    );
+    // A later checkpoint replaces the first and cuts the log again.
+    store
+        .write_run_batch(&log_batch("r", &[8], Some("second")))
+        .await
+        .unwrap();
+    store
+        .write_run_batch(&log_batch("r", &[9], None))
+        .await
+        .unwrap();
+    let log = store.run_log("f", "r").await.unwrap();
+    assert_eq!(log.checkpoint.as_deref(), Some("second"));
+    assert_eq!(entries(&log), vec![json!({"input": 9})]);
+    // A checkpoint with no entry of its own is refused, and changes nothing.
+    assert!(
+        store
+            .write_run_batch(&log_batch("r", &[], Some("third")))
+            .await
+            .is_err()
+    );
+    assert_eq!(store.run_log("f", "r").await.unwrap(), log);
+    // Another run's log is its own.
+    store
+        .write_run_batch(&log_batch("other", &[1], None))
+        .await
+        .unwrap();
+    assert_eq!(store.run_log("f", "other").await.unwrap().checkpoint, None);
+    // A run deleted, or written whole, leaves no checkpoint behind; nor does a deleted fleet.
+    store
+        .put("f", Kind::Run, "r", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("f", Kind::Run, "r", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.run_log("f", "r").await.unwrap(), StoredLog::default());
+    store
+        .write_run_batch(&log_batch("r", &[1], Some("again")))
+        .await
+        .unwrap();
+    store
+        .put_raw("f", Kind::Run, "r", "{}", &Precondition::None)
+        .await
+        .unwrap();
+    assert_eq!(store.run_log("f", "r").await.unwrap().checkpoint, None);
+    store
+        .write_run_batch(&log_batch("other", &[2], Some("kept")))
+        .await
+        .unwrap();
+    store
+        .put("", Kind::Fleet, "f", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("", Kind::Fleet, "f", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.run_log("f", "other").await.unwrap(),
+        StoredLog::default()
+    );
 }
 
 async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>) {
@@ -1042,7 +1172,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
             .await
             .unwrap()
     );
-    assert!(store.run_log("f", "r").await.unwrap().is_empty());
+    assert!(store.run_log("f", "r").await.unwrap().entries.is_empty());
     assert!(store.run_events("f", "r", 0, 10).await.unwrap().is_empty());
     assert!(store.intents("f", "r").await.unwrap().is_empty());
     assert!(
@@ -1060,7 +1190,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
             .is_none()
     );
     // The other run is untouched.
-    assert_eq!(store.run_log("f", "keep").await.unwrap().len(), 1);
+    assert_eq!(store.run_log("f", "keep").await.unwrap().entries.len(), 1);
     assert!(
         store
             .get("f", Kind::Gate, "gate-keep")
@@ -1079,7 +1209,7 @@ async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>)
             .unwrap()
     );
     assert!(store.get("f", Kind::Run, "keep").await.unwrap().is_none());
-    assert!(store.run_log("f", "keep").await.unwrap().is_empty());
+    assert!(store.run_log("f", "keep").await.unwrap().entries.is_empty());
     assert!(store.intents("f", "keep").await.unwrap().is_empty());
 }
 
@@ -1125,7 +1255,7 @@ async fn batches_of_several_runs_land_together(store: Arc<dyn Store>) {
     );
     for (run, written) in [("r1", 1), ("r2", 0), ("r3", 1)] {
         assert_eq!(
-            store.run_log("f", run).await.unwrap().len(),
+            store.run_log("f", run).await.unwrap().entries.len(),
             written,
             "{run}"
         );
@@ -1155,8 +1285,8 @@ async fn batches_of_several_runs_land_together(store: Arc<dyn Store>) {
         .write_run_batches(&[batch("r1", &etags[0], 1), batch("r3", &etags[2], 7)])
         .await;
     assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
-    assert_eq!(store.run_log("f", "r1").await.unwrap().len(), 1);
-    assert_eq!(store.run_log("f", "r3").await.unwrap().len(), 1);
+    assert_eq!(store.run_log("f", "r1").await.unwrap().entries.len(), 1);
+    assert_eq!(store.run_log("f", "r3").await.unwrap().entries.len(), 1);
 }
 
 fn fenced_batch(owner: &str, epoch: i64) -> RunBatch {
@@ -1201,7 +1331,7 @@ async fn leases_and_fencing(store: Arc<dyn Store>) {
     store.write_run_batch(&fenced_batch("b", 2)).await.unwrap();
     // Only the holder's batches landed.
     assert_eq!(
-        parsed(store.run_log("f", "r").await.unwrap()),
+        parsed(store.run_log("f", "r").await.unwrap().entries),
         vec![
             json!({"by": "a", "epoch": 1}),
             json!({"by": "b", "epoch": 2})
@@ -1498,7 +1628,7 @@ async fn batches_race_a_takeover(store: Arc<dyn Store>) {
         landed > 0,
         "the old holder wrote nothing before the takeover"
     );
-    let log = parsed(store.run_log("f", "r").await.unwrap());
+    let log = parsed(store.run_log("f", "r").await.unwrap().entries);
     assert_eq!(log.len(), landed + 1);
     assert_eq!(log.last(), Some(&json!({"by": "b", "epoch": 2})));
 }
@@ -1871,7 +2001,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        8
+        9
     );
     assert_eq!(
         sqlite_count(
@@ -1955,7 +2085,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        7
+        8
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,

@@ -124,6 +124,10 @@ enum Command {
         /// runs wait before another replica takes them over.
         #[arg(long, default_value_t = 10.0, env = "FLOTILLA_LEASE_TTL")]
         lease_ttl: f64,
+        /// Bytes of input log a run writes before it is checkpointed (at least its
+        /// checkpoint's size): a restart replays at most about this much of each run's log.
+        #[arg(long, default_value_t = flotilla_server::runs::CHECKPOINT_AFTER, value_name = "BYTES")]
+        checkpoint_after: u64,
         #[command(flatten)]
         limits: ServeLimits,
     },
@@ -471,15 +475,28 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
+/// How `serve` paces its replicas and runs.
+struct ServeTiming {
+    lease_ttl: f64,
+    checkpoint_after: u64,
+}
+
 async fn serve_command(
     listen: SocketAddr,
     database: Option<String>,
     insecure: bool,
-    lease_ttl: f64,
+    timing: ServeTiming,
     limits: ServeLimits,
 ) -> anyhow::Result<ExitCode> {
+    let ServeTiming {
+        lease_ttl,
+        checkpoint_after,
+    } = timing;
     if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
         bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
+    }
+    if !(1..=1 << 30).contains(&checkpoint_after) {
+        bail!("--checkpoint-after {checkpoint_after}: must be between 1 and 1073741824 bytes");
     }
     let limits_flags = limits;
     let limits = limits_flags.parse()?;
@@ -494,6 +511,7 @@ async fn serve_command(
     }
     let timing = flotilla_server::Timing {
         lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
+        checkpoint_after,
         ..Default::default()
     };
     let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
@@ -624,10 +642,14 @@ fn main() -> ExitCode {
                             database,
                             insecure_no_auth,
                             lease_ttl,
+                            checkpoint_after,
                             limits,
                         } => {
-                            serve_command(listen, database, insecure_no_auth, lease_ttl, limits)
-                                .await
+                            let timing = ServeTiming {
+                                lease_ttl,
+                                checkpoint_after,
+                            };
+                            serve_command(listen, database, insecure_no_auth, timing, limits).await
                         }
                         Command::Token { command } => token_command(&client, output, command).await,
                         Command::Backup { database, copy } => {

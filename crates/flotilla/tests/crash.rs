@@ -16,8 +16,26 @@ use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, se
 
 const MEMBERS: usize = 16;
 
+/// Started to checkpoint its runs every few batches, so that restarts rebuild the run from a
+/// checkpoint and the log after it, as a long run's restart does.
 fn start_server(db: &Path, port: u16, log: &Path) -> Child {
-    serve(&db.display().to_string(), port, log, &[])
+    serve(
+        &db.display().to_string(),
+        port,
+        log,
+        &["--checkpoint-after", "1"],
+    )
+}
+
+/// How many runs this server rebuilt from a checkpoint, from its metrics.
+fn rebuilt_from_checkpoints(api: &Api) -> u64 {
+    let Ok((200, Value::String(text))) = api.call(reqwest::Method::GET, "/metrics", None) else {
+        return 0;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix("flotilla_runs_rebuilt_total{from=\"checkpoint\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -53,6 +71,7 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     let mut rng = Lcg(seed);
     let mut acknowledged: Vec<String> = Vec::new();
     let mut kills = 0;
+    let mut from_checkpoints = 0;
     let deadline = Instant::now() + Duration::from_secs(150);
     let final_state = loop {
         // Writes during the run: each acknowledged one must survive the kills.
@@ -82,6 +101,7 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
             "the run did not finish; last state {state:?}; see {}",
             server_log.display()
         );
+        from_checkpoints += rebuilt_from_checkpoints(&api);
         // SIGKILL (Child::kill on Unix), then start again on the same file.
         server.kill().expect("kill");
         let _ = server.wait();
@@ -94,6 +114,10 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     assert!(
         kills >= 5,
         "only {kills} kills happened before the run ended; the test proves little"
+    );
+    assert!(
+        from_checkpoints >= 1,
+        "no restart rebuilt the run from a checkpoint; the test proves nothing of them"
     );
     assert_eq!(
         final_state["properties"]["status"]["status"]["state"], "Completed",
@@ -138,7 +162,10 @@ fn killing_the_server_at_random_moments_loses_nothing_and_upgrades_nothing_twice
     assert_eq!(run["properties"]["status"]["status"]["state"], "Completed");
     let _ = server.kill();
     let _ = server.wait();
-    eprintln!("{kills} kills, {} acknowledged writes", acknowledged.len());
+    eprintln!(
+        "{kills} kills ({from_checkpoints} rebuilt the run from a checkpoint), {} acknowledged writes",
+        acknowledged.len()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
