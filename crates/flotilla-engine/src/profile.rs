@@ -441,6 +441,30 @@ pub enum TriggerOutcome {
     },
 }
 
+impl TriggerOutcome {
+    /// A trigger created run `run` for `versions` and then started it, with this result: a
+    /// start refused leaves the run created and the trigger failed (`StartFailed`).
+    pub fn started(run: String, versions: Vec<String>, start: Result<(), String>) -> Self {
+        match start {
+            Ok(()) => TriggerOutcome::Started { run, versions },
+            Err(message) => TriggerOutcome::Failed {
+                versions,
+                code: "StartFailed".into(),
+                message,
+            },
+        }
+    }
+
+    /// A trigger that could not create its run: the error's code and message.
+    pub fn not_created(code: String, message: String) -> Self {
+        TriggerOutcome::Failed {
+            versions: Vec::new(),
+            code,
+            message,
+        }
+    }
+}
+
 /// The profile's `autoUpgradeProfileStatus` after a trigger at `at`.
 pub fn trigger_status(at: Time, outcome: &TriggerOutcome) -> Value {
     match outcome {

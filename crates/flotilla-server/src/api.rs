@@ -2010,22 +2010,11 @@ pub async fn trigger_profiles(state: &Shared) {
                 // Nothing selected yet (or disabled since it was listed) is not a failure.
                 Ok(Err(_no_run)) => continue,
                 Ok(Ok(g)) if !g.created => continue,
-                Ok(Ok(g)) => match state.runs.act(&fleet.name, &g.run, Input::Start).await {
-                    Ok(()) => TriggerOutcome::Started {
-                        run: g.run,
-                        versions: g.versions,
-                    },
-                    Err(e) => TriggerOutcome::Failed {
-                        versions: g.versions,
-                        code: "StartFailed".into(),
-                        message: e.message,
-                    },
-                },
-                Err(e) => TriggerOutcome::Failed {
-                    versions: Vec::new(),
-                    code: e.code,
-                    message: e.message,
-                },
+                Ok(Ok(g)) => {
+                    let start = state.runs.act(&fleet.name, &g.run, Input::Start).await;
+                    TriggerOutcome::started(g.run, g.versions, start.map_err(|e| e.message))
+                }
+                Err(e) => TriggerOutcome::not_created(e.code, e.message),
             };
             let Ok(Some(current)) = state
                 .runs

@@ -198,6 +198,9 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
     }
     let created = t.elapsed().as_secs_f64();
     let after_create = rss_mib() - before;
+    // The first run as created, to restore its checkpoint onto midway.
+    let fresh = fleet.run(&names[0]).expect("created").clone();
+    let mut checkpoint: Option<String> = None;
     let mut now = scenario.start;
     for name in &names {
         fleet
@@ -253,6 +256,31 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
             events += 1;
         }
         steps.push(step.elapsed().as_secs_f64() * 1000.0);
+        // Midway through the first run (half its members' upgrades sent): what a checkpoint of
+        // it costs to write and to restore.
+        if checkpoint.is_none()
+            && let Some(run) = fleet.run(&names[0])
+            && upgrades as usize * 2 >= scenario.members.len()
+        {
+            let t = Instant::now();
+            let text = run.checkpoint(now).expect("drained run");
+            let written = t.elapsed().as_secs_f64() * 1000.0;
+            let t = Instant::now();
+            let mut restored = fresh.clone();
+            restored.restore(&text).expect("restores");
+            let restored_ms = t.elapsed().as_secs_f64() * 1000.0;
+            assert_eq!(restored.differences(run), None);
+            let t = Instant::now();
+            let packed = zstd::bulk::compress(text.as_bytes(), 1).expect("compresses");
+            let packed_ms = t.elapsed().as_secs_f64() * 1000.0;
+            println!(
+                "  checkpoint of {} midway: {:.1} MB ({:.2} MB compressed), written in {written:.0} ms (+{packed_ms:.0} ms compressing), restored in {restored_ms:.0} ms (over the run as created; recount included)",
+                names[0],
+                text.len() as f64 / 1e6,
+                packed.len() as f64 / 1e6,
+            );
+            checkpoint = Some(text);
+        }
         let next = [
             finishing.peek().map(|Reverse((t, ..))| Time(*t)),
             fleet.next_wakeup(),

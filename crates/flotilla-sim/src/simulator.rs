@@ -569,30 +569,17 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
                             keep_created(&fleet, &runs[i].name, &mut created);
                         }
                         let versions = runs[i].versions.clone();
-                        let started = fleet.handle(
+                        let start = fleet.handle(
                             now,
                             FleetInput::Run {
                                 run: runs[i].name.clone(),
                                 input: Input::Start,
                             },
                         );
-                        match started {
-                            Ok(()) => TriggerOutcome::Started {
-                                run: runs[i].name.clone(),
-                                versions,
-                            },
-                            Err(e) => TriggerOutcome::Failed {
-                                versions,
-                                code: "StartFailed".into(),
-                                message: e.message,
-                            },
-                        }
+                        let start = start.map_err(|e| e.message);
+                        TriggerOutcome::started(runs[i].name.clone(), versions, start)
                     }
-                    Err(e) => TriggerOutcome::Failed {
-                        versions: Vec::new(),
-                        code: format!("{:?}", e.code),
-                        message: e.message,
-                    },
+                    Err(e) => TriggerOutcome::not_created(format!("{:?}", e.code), e.message),
                 };
                 p.status = Some(trigger_status(now, &outcome));
             }

@@ -12,6 +12,7 @@
 //! and the restored engine is recounted ([`Engine::check_invariants`]) before it is used.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::*;
 
@@ -28,8 +29,9 @@ struct Checkpoint {
     v: u64,
     /// The instant of the last settle: invariants are checked as of it.
     at: Time,
-    /// Each distinct cluster the run holds, once; members point at them by index.
-    clusters: Vec<Arc<Cluster>>,
+    /// Each distinct cluster the run holds, once (equal clusters are one entry, whether or not
+    /// the run shares them); members point at them by index.
+    clusters: Vec<Box<RawValue>>,
     /// Runs that hold members of this one, once; members point at them by index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     holders: Vec<Arc<str>>,
@@ -337,27 +339,42 @@ impl Engine {
                 self.run_name
             ));
         }
-        let mut clusters: Vec<Arc<Cluster>> = Vec::new();
+        let mut clusters: Vec<Box<RawValue>> = Vec::new();
+        // By pointer first (a cluster shared is written once), then by text.
         let mut cluster_at: HashMap<*const Cluster, u32> = HashMap::new();
+        let mut text_at: HashMap<String, u32> = HashMap::new();
         let mut holders: Vec<Arc<str>> = Vec::new();
         let mut holder_at: HashMap<Arc<str>, u32> = HashMap::new();
         let members = self
             .members
             .iter()
             .map(|m| {
-                let cluster = *cluster_at
-                    .entry(Arc::as_ptr(&m.cluster))
-                    .or_insert_with(|| {
-                        clusters.push(m.cluster.clone());
-                        clusters.len() as u32 - 1
-                    });
+                let cluster = match cluster_at.get(&Arc::as_ptr(&m.cluster)) {
+                    Some(&i) => i,
+                    None => {
+                        let text = serde_json::to_string(&*m.cluster).map_err(|e| e.to_string())?;
+                        let i = match text_at.get(&text) {
+                            Some(&i) => i,
+                            None => {
+                                let raw = RawValue::from_string(text.clone())
+                                    .map_err(|e| e.to_string())?;
+                                clusters.push(raw);
+                                let i = clusters.len() as u32 - 1;
+                                text_at.insert(text, i);
+                                i
+                            }
+                        };
+                        cluster_at.insert(Arc::as_ptr(&m.cluster), i);
+                        i
+                    }
+                };
                 let locked_by = m.locked_by.as_ref().map(|h| {
                     *holder_at.entry(h.clone()).or_insert_with(|| {
                         holders.push(h.clone());
                         holders.len() as u32 - 1
                     })
                 });
-                MemberCk {
+                Ok(MemberCk {
                     cluster,
                     state: m.state,
                     attempt: m.attempt,
@@ -376,9 +393,9 @@ impl Engine {
                     reattaching: m.reattaching,
                     removed: m.removed,
                     locked_by,
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, String>>()?;
         let checkpoint = Checkpoint {
             v: CHECKPOINT_FORMAT,
             at,
@@ -524,10 +541,18 @@ impl Engine {
         for group in &mut self.groups {
             group.ready.clear();
         }
+        let clusters = ck
+            .clusters
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| {
+                serde_json::from_str::<Arc<Cluster>>(raw.get())
+                    .map_err(|e| format!("checkpoint: cluster {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         for (i, (m, s)) in self.members.iter_mut().zip(ck.members).enumerate() {
             let at = format!("checkpoint: member {}", m.name);
-            m.cluster = ck
-                .clusters
+            m.cluster = clusters
                 .get(s.cluster as usize)
                 .ok_or_else(|| format!("{at}: cluster {} out of range", s.cluster))?
                 .clone();
