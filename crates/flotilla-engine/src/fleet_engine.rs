@@ -183,6 +183,15 @@ impl FleetEngine {
         self
     }
 
+    /// The same fleet keeping no journal (a forecast's copy: nothing it does is persisted).
+    pub fn without_journal(mut self) -> FleetEngine {
+        self.record = false;
+        for slot in self.runs.values_mut() {
+            slot.journal = Vec::new();
+        }
+        self
+    }
+
     /// What a run's engine was given since the last call, to persist as its input log.
     pub fn take_journal(&mut self, run: &str) -> Vec<Delivered> {
         self.names

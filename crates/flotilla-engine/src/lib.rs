@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod fleet_engine;
+pub mod forecast;
 pub mod profile;
 pub mod release;
 pub mod selector;

@@ -7,4 +7,4 @@ pub mod scenario;
 pub mod simulator;
 
 pub use scenario::{Scenario, ScenarioError};
-pub use simulator::{SimResult, simulate};
+pub use simulator::{SimResult, forecast_scenario, simulate};

@@ -19,6 +19,7 @@ use flotilla_engine::engine::{
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
 use flotilla_engine::fleet::{Catalog, Cluster};
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
+use flotilla_engine::forecast::{Forecast, ForecastParams, forecast};
 use flotilla_engine::profile::{
     NoRun, Profile, ProfileSpec, TriggerOutcome, plan_generation, trigger_status,
 };
@@ -167,6 +168,25 @@ pub fn run_spec(
 }
 
 /// Runs a scenario to its end in virtual time.
+/// Forecasts the scenario's hand-made run from the scenario's start (SEMANTICS §11), as the
+/// server forecasts a run over the `sim` driver: each member's upgrade takes its behaviour's
+/// duration (the duration the `sim` driver expects). The scenario's actions are not played.
+pub fn forecast_scenario(
+    scenario: &Scenario,
+    params: &ForecastParams,
+) -> Result<Forecast, ApiError> {
+    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
+    let (spec, _, _) = run_spec(scenario)?;
+    fleet.create_run(&scenario.name, &spec, scenario.catalog.clone())?;
+    let duration = |_: &str, member: &str| {
+        scenario
+            .behaviour
+            .get(member)
+            .map_or(default_behaviour().duration_seconds, |b| b.duration_seconds)
+    };
+    forecast(&fleet, &scenario.name, scenario.start, params, &duration)
+}
+
 pub fn simulate(scenario: &Scenario) -> SimResult {
     run(scenario, false).0
 }

@@ -11,12 +11,13 @@ use serde_json::{Value, json};
 use flotilla_engine::fleet::{
     Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
 };
+use flotilla_engine::forecast::ForecastParams;
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 use flotilla_sim::scenario::{Action, GateLocator, SimBehaviour, TargetSpec, TimedAction};
 use flotilla_sim::simulator::simulate_checking_invariants;
-use flotilla_sim::{Scenario, simulate};
+use flotilla_sim::{Scenario, forecast_scenario, simulate};
 
 const START: i64 = 1_772_409_600; // 2026-03-02T00:00:00Z
 
@@ -411,6 +412,80 @@ proptest! {
     fn random_runs_keep_every_invariant(plan in plan()) {
         keeps_every_invariant(&plan)?;
     }
+
+    #[test]
+    fn a_forecast_before_the_start_matches_the_run(plan in plan()) {
+        forecast_matches_the_run(plan)?;
+    }
+}
+
+/// SEMANTICS §11 on `sim` fleets with fixed durations and no failures (no actions but the
+/// start, no approvals): the forecast made before the start predicts the run's completion
+/// within 1 % of its duration, and each member's start and end.
+fn forecast_matches_the_run(mut plan: Plan) -> Result<(), TestCaseError> {
+    for m in &mut plan.members {
+        m.fails = false;
+    }
+    for s in &mut plan.stages {
+        s.approval_before = false;
+    }
+    plan.stop_at = None;
+    plan.skip_member = None;
+    let scenario = scenario(&plan);
+    let params = ForecastParams::default();
+    let actual = simulate(&scenario);
+    // A plan the API refuses (a member in two groups) has no run to forecast.
+    let Some(status) = actual.status.as_ref() else {
+        prop_assert!(forecast_scenario(&scenario, &params).is_err());
+        return Ok(());
+    };
+    let forecast =
+        forecast_scenario(&scenario, &params).map_err(|e| TestCaseError::fail(e.message))?;
+    match status.status.completed_time {
+        Some(end) => {
+            let predicted = forecast.completed.ok_or_else(|| {
+                TestCaseError::fail(format!("the run ended at {end}; the forecast says never"))
+            })?;
+            let duration = (end.unix() - scenario.start.unix()).max(1) as f64;
+            let error = (predicted.unix() - end.unix()).abs() as f64 / duration;
+            prop_assert!(
+                error <= 0.01,
+                "predicted {predicted}, actual {end}: {:.2} %",
+                error * 100.0
+            );
+        }
+        // Not ended within the scenario's 30 days: the forecast does not end before then.
+        None => prop_assert!(
+            forecast.completed.is_none_or(|t| t > scenario.until),
+            "the run had not ended by {}; the forecast says {:?}",
+            scenario.until,
+            forecast.completed
+        ),
+    }
+    // Member by member, the predicted times are the run's.
+    let times = |s: &flotilla_engine::status::UpdateRunStatus| -> Vec<(String, Option<Time>, Option<Time>)> {
+        s.stages
+            .iter()
+            .flat_map(|st| &st.groups)
+            .flat_map(|g| &g.members)
+            .map(|m| (m.name.clone(), m.status.start_time, m.status.completed_time))
+            .collect()
+    };
+    if status.status.completed_time.is_some() {
+        prop_assert_eq!(times(&forecast.status), times(status));
+    }
+    // The critical path ends at the predicted end and runs forward in time.
+    if let (Some(end), Some(last)) = (forecast.completed, forecast.critical_path.last()) {
+        prop_assert!(last.to <= end);
+        for pair in forecast.critical_path.windows(2) {
+            prop_assert!(
+                pair[0].to <= pair[1].from || pair[0].from <= pair[1].from,
+                "{:?}",
+                pair
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The property: the run keeps every invariant, ends, and is the same when simulated again.

@@ -52,9 +52,28 @@ fn send_long(api: &Api, method: reqwest::Method, path: &str, body: Option<&Value
     );
 }
 
+/// A counter's value from `/metrics`, summed over its labels that contain `labels`.
+fn counter(api: &Api, name: &str, labels: &str) -> u64 {
+    let Ok((200, Value::String(text))) = api.call(reqwest::Method::GET, "/metrics", None) else {
+        return 0;
+    };
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
+    // Numbers are the sizes; what follows the first flag is given to `flotilla serve`
+    // (`-- 10000 100 --checkpoint-after 1073741824`).
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let flags_at = all
+        .iter()
+        .position(|a| a.starts_with("--") && a.len() > 2)
+        .unwrap_or(all.len());
+    let serve_args: Vec<&str> = all[flags_at..].iter().map(String::as_str).collect();
+    let args: Vec<usize> = all[..flags_at]
+        .iter()
         .filter_map(|a| a.parse().ok())
         .collect();
     let members = args.first().copied().unwrap_or(10_000);
@@ -71,7 +90,7 @@ fn main() {
         base: format!("http://127.0.0.1:{port}"),
         token,
     };
-    let mut server = serve(&db, port, &log, &[]);
+    let mut server = serve(&db, port, &log, &serve_args);
     api.wait_ready();
     // Upgrades of 6,000 simulated seconds at 10x: ten minutes each, so many are in flight at the
     // kill.
@@ -149,15 +168,16 @@ fn main() {
             .count() as u64;
     }
     let sent_before = started(&api);
+    let checkpoints = counter(&api, "flotilla_run_checkpoints_total", "");
     server.kill().expect("killed");
     let _ = server.wait();
     let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
         + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0);
     println!(
-        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; database {db_mib:.0} MiB; server RSS {rss:.0} MiB (peak {peak:.0} MiB) with every run active"
+        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; {checkpoints} checkpoints written; database {db_mib:.0} MiB; server RSS {rss:.0} MiB (peak {peak:.0} MiB) with every run active"
     );
     let spawned = Instant::now();
-    let mut server = serve(&db, port, &log, &[]);
+    let mut server = serve(&db, port, &log, &serve_args);
     let ready_by = Instant::now() + Duration::from_secs(600);
     while api
         .call(reqwest::Method::GET, "/readyz", None)
@@ -182,10 +202,12 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let from_checkpoint = counter(&api, "flotilla_runs_rebuilt_total", "checkpoint");
+    let from_log = counter(&api, "flotilla_runs_rebuilt_total", "\"log\"");
     let _ = server.kill();
     let _ = server.wait();
     println!(
-        "after SIGKILL and a restart: ready in {ready:.2} s, first upgrade sent at {}, all {in_flight} in flight sent again at {}",
+        "after SIGKILL and a restart: ready in {ready:.2} s, first upgrade sent at {}, all {in_flight} in flight sent again at {} ({from_checkpoint} runs rebuilt from a checkpoint, {from_log} from their whole log)",
         first.map_or("never".to_string(), |t| format!("{t:.2} s")),
         resumed.map_or("never (300 s)".to_string(), |t| format!("{t:.2} s"))
     );

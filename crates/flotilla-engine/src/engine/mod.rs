@@ -402,7 +402,30 @@ const CLASS_CLOSED: u8 = 4;
 
 enum Readiness {
     Ready,
-    Wait { wake: Option<Time>, message: String },
+    Wait {
+        wake: Option<Time>,
+        message: String,
+        reason: WaitReason,
+    },
+}
+
+/// What a member waits for before it starts (SEMANTICS §11, a forecast's `waitsFor`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum WaitReason {
+    /// Its maintenance window.
+    Window,
+    /// Its target's arrival in its region.
+    Version,
+    /// Another run's operation on it.
+    Lock,
+    /// A free slot in its group and stage.
+    Slot,
+    /// A gate before its stage or group.
+    Gate,
+    /// The wait after an earlier stage.
+    Wait,
 }
 
 enum Decision {
@@ -466,6 +489,24 @@ impl Engine {
         let m = *self.member_index.get(name)?;
         let member = &self.members[m as usize];
         Some((member.state, member.attempt))
+    }
+
+    /// Why a Pending member cannot start at `now`, if it is Pending.
+    pub fn waiting_for(&self, name: &str, now: Time) -> Option<WaitReason> {
+        let m = *self.member_index.get(name)?;
+        if self.members[m as usize].state != State::Pending {
+            return None;
+        }
+        match self.readiness(m, now) {
+            Readiness::Wait { reason, .. } => Some(reason),
+            Readiness::Ready => None,
+        }
+    }
+
+    /// When a member's current attempt started, if it did.
+    pub fn member_started(&self, name: &str) -> Option<Time> {
+        let m = *self.member_index.get(name)?;
+        self.members[m as usize].start
     }
 
     /// A member's cluster resource id, if the run selected it.

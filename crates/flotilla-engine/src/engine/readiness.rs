@@ -88,7 +88,7 @@ impl Engine {
         }
         match self.readiness(m, now) {
             Readiness::Ready => self.enqueue(now, m),
-            Readiness::Wait { wake, message } => self.park(now, m, wake, message),
+            Readiness::Wait { wake, message, .. } => self.park(now, m, wake, message),
         }
     }
 
@@ -108,6 +108,7 @@ impl Engine {
             return Readiness::Wait {
                 wake: None,
                 message: format!("waiting: update run {run:?} is upgrading this member"),
+                reason: WaitReason::Lock,
             };
         }
         let cluster = &member.cluster;
@@ -167,6 +168,7 @@ impl Engine {
                 return Readiness::Wait {
                     wake: None,
                     message: format!("{what}; waiting for it to be released there"),
+                    reason: WaitReason::Version,
                 };
             }
         };
@@ -175,6 +177,7 @@ impl Engine {
                 return Readiness::Wait {
                     wake: Some(earliest),
                     message: format!("{what}; expected at {earliest}"),
+                    reason: WaitReason::Version,
                 };
             }
             return Readiness::Ready;
@@ -183,6 +186,7 @@ impl Engine {
             None => Readiness::Wait {
                 wake: None,
                 message: "the maintenance window never opens again".into(),
+                reason: WaitReason::Window,
             },
             Some(o) if o.from == now => Readiness::Ready,
             Some(o) => {
@@ -199,6 +203,12 @@ impl Engine {
                 Readiness::Wait {
                     wake: Some(o.from),
                     message,
+                    // A target not yet in the region is waited for first.
+                    reason: if earliest > now {
+                        WaitReason::Version
+                    } else {
+                        WaitReason::Window
+                    },
                 }
             }
         }

@@ -406,7 +406,7 @@ impl Engine {
                         self.set_member_timer(m, None);
                         return (Some((m, target)), true);
                     }
-                    Readiness::Wait { wake, message } => self.park(now, m, wake, message),
+                    Readiness::Wait { wake, message, .. } => self.park(now, m, wake, message),
                 },
                 Decision::Skip(why) => {
                     self.unplace(m);

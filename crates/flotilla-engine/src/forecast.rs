@@ -1,0 +1,543 @@
+//! Forecasts (SEMANTICS §11): a fleet's runs simulated forward from their current state by the
+//! same engine, with no cluster touched, to predict when each member of one run is upgraded and
+//! when the run ends.
+//!
+//! The forecast runs a copy of the fleet engine (every run of the fleet, so other runs' locks,
+//! gates and waits play out as they will) in virtual time: an upgrade sent finishes after the
+//! member's expected duration and succeeds; an upgrade in flight finishes after its expected
+//! duration counted from its start (never before now); an Approval gate is approved a fixed
+//! delay after it is reached; windows, scheduled gates, waits and versions known to arrive
+//! later are the engine's own. Pure and deterministic: same fleet, parameters and durations,
+//! same forecast.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::engine::{Command, Input, OperationProgress, WaitReason, apply_target};
+use crate::error::{ApiError, ErrorCode};
+use crate::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
+use crate::status::{EventType, State, UpdateRunStatus, UpdateStatus};
+use crate::time::{SECONDS_PER_DAY, Time};
+
+/// A forecast's parameters (API.md, "Health checks and forecasts").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForecastParams {
+    /// How long after it is reached an Approval gate is taken to be approved.
+    pub approval_delay_seconds: i64,
+    /// The duration of an upgrade with nothing better to go on.
+    pub default_duration_seconds: i64,
+}
+
+impl Default for ForecastParams {
+    fn default() -> Self {
+        ForecastParams {
+            approval_delay_seconds: 0,
+            default_duration_seconds: 1800,
+        }
+    }
+}
+
+/// Where a forecast stops looking: a run that has not ended a year on never ends, as far as
+/// the forecast can tell (it waits for something that does not come).
+const HORIZON_SECONDS: i64 = 366 * SECONDS_PER_DAY;
+
+/// What the critical path goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum PathKind {
+    Member,
+    Gate,
+    Wait,
+    Window,
+    Version,
+    Lock,
+}
+
+/// One step of the critical path.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PathStep {
+    pub kind: PathKind,
+    pub name: String,
+    pub from: Time,
+    pub to: Time,
+}
+
+/// A forecast of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Forecast {
+    pub computed_at: Time,
+    /// When the run ends; `None` when it does not within a year (it waits for a version that
+    /// never arrives, a window that never opens, another run that never lets go).
+    pub completed: Option<Time>,
+    /// The run's status at the end of the forecast: predicted times of every stage, group,
+    /// gate, wait and member (members already finished keep their actual times).
+    pub status: UpdateRunStatus,
+    /// What each member waited for before it started, from now on.
+    pub waits_for: BTreeMap<String, BTreeSet<WaitReason>>,
+    /// The chain of members, waits, gates, windows and versions that decides the end, first
+    /// to last.
+    pub critical_path: Vec<PathStep>,
+}
+
+/// A member's waits for a reason, from when to when.
+type Waited = Vec<(WaitReason, Time, Time)>;
+
+/// Things that happen at an instant in the forecast, in the order they are applied.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// An upgrade finishes (run, member, attempt).
+    Finish(String, String, u64),
+    /// A member re-attaching after a stop is observed once its operation has ended.
+    Reattached(String, String, u64),
+    /// An Approval gate is approved (run, gate id).
+    Approve(String, String),
+}
+
+/// Forecasts run `run` of `fleet` from `now`. `duration(run, member)` is the expected duration
+/// of the member's upgrade in that run, in seconds (the shell's history, the driver's
+/// expectation, or the default). A run that has not started is started at `now`.
+pub fn forecast(
+    fleet: &FleetEngine,
+    run: &str,
+    now: Time,
+    params: &ForecastParams,
+    duration: &dyn Fn(&str, &str) -> i64,
+) -> Result<Forecast, ApiError> {
+    let Some(engine) = fleet.run(run) else {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("update run {run:?} does not exist"),
+            "updateRun",
+        ));
+    };
+    if engine.is_finished() {
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} has ended ({:?}); there is nothing to forecast",
+            engine.state()
+        )));
+    }
+    let mut sim = fleet.clone().without_journal();
+    let mut due: BinaryHeap<Reverse<(Time, u64, Due)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |due: &mut BinaryHeap<Reverse<(Time, u64, Due)>>, at: Time, what: Due| {
+        seq += 1;
+        due.push(Reverse((at, seq, what)));
+    };
+    // What is in flight now finishes after its expected duration, counted from its start.
+    let names: Vec<String> = sim.run_names().map(String::from).collect();
+    for name in &names {
+        let Some(e) = sim.run(name) else { continue };
+        let reattaching: BTreeSet<(String, u64)> = e.pending_observations().into_iter().collect();
+        for (member, attempt, _) in e.operations_in_flight() {
+            let started = e.member_started(member).unwrap_or(now);
+            let end = Time(started.unix() + duration(name, member).max(0)).max(now);
+            let what = if reattaching.contains(&(member.to_string(), attempt)) {
+                Due::Reattached(name.clone(), member.to_string(), attempt)
+            } else {
+                Due::Finish(name.clone(), member.to_string(), attempt)
+            };
+            push(&mut due, end, what);
+        }
+        for gate in e.gate_views() {
+            if gate.gate_type == "Approval" && gate.state == State::Pending {
+                let at = Time(now.unix() + params.approval_delay_seconds.max(0));
+                push(&mut due, at, Due::Approve(name.clone(), gate.id));
+            }
+        }
+    }
+    if engine.state() == State::NotStarted {
+        let input = FleetInput::Run {
+            run: run.to_string(),
+            input: Input::Start,
+        };
+        sim.handle(now, input)?;
+    }
+    let horizon = Time(now.unix() + HORIZON_SECONDS);
+    let mut pending: BTreeMap<String, (WaitReason, Time)> = BTreeMap::new();
+    let mut waited: BTreeMap<String, Waited> = BTreeMap::new();
+    let mut t = now;
+    loop {
+        while let Some(Reverse((at, _, _))) = due.peek() {
+            if *at > t {
+                break;
+            }
+            let Some(Reverse((_, _, what))) = due.pop() else {
+                break;
+            };
+            let (run_name, input) = match what {
+                Due::Finish(r, member, attempt) => (
+                    r,
+                    Input::OperationFinished {
+                        member,
+                        attempt,
+                        outcome: Ok(()),
+                    },
+                ),
+                Due::Reattached(r, member, attempt) => {
+                    let Some(e) = sim.run(&r) else { continue };
+                    let (Some(target), Some(cluster)) =
+                        (e.member_target(&member), e.cluster_of(&member))
+                    else {
+                        continue;
+                    };
+                    let mut cluster = (**cluster).clone();
+                    apply_target(&mut cluster, &target);
+                    let input = Input::Observed {
+                        member,
+                        cluster: Arc::new(cluster),
+                        operation: Some((attempt, OperationProgress::NotRunning)),
+                    };
+                    (r, input)
+                }
+                Due::Approve(r, id) => (
+                    r,
+                    Input::ApproveGateById {
+                        id,
+                        by: "forecast".into(),
+                    },
+                ),
+            };
+            // An input the run no longer takes (a gate skipped meanwhile) changes nothing.
+            let _ = sim.handle(
+                t,
+                FleetInput::Run {
+                    run: run_name,
+                    input,
+                },
+            );
+        }
+        sim.advance_clock(t);
+        sim.settle(t);
+        loop {
+            let mut answered = false;
+            while let Some(FleetCommand { run: r, command }) = sim.poll_command() {
+                let input = match command {
+                    Command::StartUpgrade {
+                        member, attempt, ..
+                    } => {
+                        let end = Time(t.unix() + duration(&r, &member).max(0));
+                        push(
+                            &mut due,
+                            end,
+                            Due::Finish(r.clone(), member.clone(), attempt),
+                        );
+                        Input::OperationAccepted {
+                            member,
+                            attempt,
+                            operation_id: format!("forecast-{attempt}"),
+                        }
+                    }
+                    // A stopped run started again: nothing is running on its members.
+                    Command::Observe { member, attempt } => {
+                        let Some(cluster) = sim.cluster(&member).cloned() else {
+                            continue;
+                        };
+                        answered = true;
+                        Input::Observed {
+                            member,
+                            cluster: Arc::new(cluster),
+                            operation: Some((attempt, OperationProgress::NotRunning)),
+                        }
+                    }
+                };
+                let _ = sim.handle(t, FleetInput::Run { run: r, input });
+            }
+            if !answered {
+                break;
+            }
+            sim.settle(t);
+        }
+        while let Some(FleetEvent { run: r, event }) = sim.poll_event() {
+            match event.kind {
+                EventType::GatePending => {
+                    let Some(id) = event.gate else { continue };
+                    let approval = sim.run(&r).is_some_and(|e| {
+                        e.gate_views()
+                            .iter()
+                            .any(|g| g.id == id && g.gate_type == "Approval")
+                    });
+                    if approval {
+                        let at = Time(t.unix() + params.approval_delay_seconds.max(0));
+                        push(&mut due, at, Due::Approve(r, id));
+                    }
+                }
+                EventType::MemberPending if r == run => {
+                    let Some(member) = event.member else { continue };
+                    let reason = sim.run(&r).and_then(|e| e.waiting_for(&member, t));
+                    if let Some(reason) = reason {
+                        close(&mut pending, &mut waited, &member, t);
+                        pending.insert(member, (reason, t));
+                    }
+                }
+                EventType::MemberStarted
+                | EventType::MemberSkipped
+                | EventType::MemberFailed
+                | EventType::MemberSucceeded
+                    if r == run =>
+                {
+                    if let Some(member) = event.member {
+                        close(&mut pending, &mut waited, &member, t);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let finished = sim.run(run).is_none_or(|e| e.is_finished());
+        let next = [due.peek().map(|Reverse((at, ..))| *at), sim.next_wakeup()]
+            .into_iter()
+            .flatten()
+            .min();
+        match next {
+            Some(next) if !finished && next <= horizon => t = next.max(t),
+            _ => break,
+        }
+    }
+    let engine = sim
+        .run(run)
+        .ok_or_else(|| ApiError::conflict("the run left the forecast"))?;
+    let status = engine.status();
+    let completed = engine
+        .is_finished()
+        .then_some(status.status.completed_time)
+        .flatten();
+    let waits_for = waits_for(&status, &waited, now);
+    let critical_path = critical_path(&status, &waited, now);
+    Ok(Forecast {
+        computed_at: now,
+        completed,
+        status,
+        waits_for,
+        critical_path,
+    })
+}
+
+/// Ends a member's open wait at `t`.
+fn close(
+    pending: &mut BTreeMap<String, (WaitReason, Time)>,
+    waited: &mut BTreeMap<String, Waited>,
+    member: &str,
+    t: Time,
+) {
+    if let Some((reason, from)) = pending.remove(member) {
+        waited
+            .entry(member.to_string())
+            .or_default()
+            .push((reason, from, t));
+    }
+}
+
+fn started_after(status: &UpdateStatus, now: Time, by: Time) -> bool {
+    status.completed_time.is_some_and(|c| c > now && c <= by)
+}
+
+/// What each member that had not started at `now` waited for: its own waits (window,
+/// version, lock), a gate or a stage's wait that ended after `now` and by its start, and a
+/// slot when it started after its group did with nothing else holding it at that instant.
+fn waits_for(
+    status: &UpdateRunStatus,
+    waited: &BTreeMap<String, Waited>,
+    now: Time,
+) -> BTreeMap<String, BTreeSet<WaitReason>> {
+    let mut out = BTreeMap::new();
+    let mut previous_wait: Option<&UpdateStatus> = None;
+    for stage in &status.stages {
+        for group in &stage.groups {
+            for m in &group.members {
+                let mut reasons: BTreeSet<WaitReason> = BTreeSet::new();
+                let Some(start) = m.status.start_time.filter(|s| *s > now) else {
+                    out.insert(m.name.clone(), reasons);
+                    continue;
+                };
+                let own = waited.get(&m.name).map(Vec::as_slice).unwrap_or_default();
+                reasons.extend(own.iter().map(|(r, ..)| *r));
+                let gates = stage.before_gates.iter().chain(&group.before_gates);
+                if gates
+                    .into_iter()
+                    .any(|g| started_after(&g.status, now, start))
+                {
+                    reasons.insert(WaitReason::Gate);
+                }
+                if previous_wait.is_some_and(|w| started_after(w, now, start)) {
+                    reasons.insert(WaitReason::Wait);
+                }
+                let held_until_start = own.iter().any(|(_, _, to)| *to == start);
+                if group.status.start_time.is_some_and(|g| start > g) && !held_until_start {
+                    reasons.insert(WaitReason::Slot);
+                }
+                out.insert(m.name.clone(), reasons);
+            }
+        }
+        previous_wait = stage.after_stage_wait_status.as_ref().map(|w| &w.status);
+    }
+    out
+}
+
+/// The chain that decides the run's end, walked back from it: the stage's wait and after-gates
+/// ending last, the member finishing last, what held that member until it started (its own
+/// wait, the member whose end gave it its slot), the gates before its group or stage, and so
+/// on to the previous stage, until `now`.
+fn critical_path(
+    status: &UpdateRunStatus,
+    waited: &BTreeMap<String, Waited>,
+    now: Time,
+) -> Vec<PathStep> {
+    let mut path = Vec::new();
+    let Some(mut cursor) = status.status.completed_time else {
+        return path;
+    };
+    let step = |kind, name: &str, from: Option<Time>, to: Option<Time>| {
+        Some(PathStep {
+            kind,
+            name: name.to_string(),
+            from: from?,
+            to: to?,
+        })
+    };
+    for stage in status.stages.iter().rev() {
+        if cursor <= now {
+            break;
+        }
+        if let Some(w) = &stage.after_stage_wait_status
+            && w.status.completed_time == Some(cursor)
+            && let Some(s) = step(
+                PathKind::Wait,
+                &stage.name,
+                w.status.start_time,
+                Some(cursor),
+            )
+        {
+            cursor = s.from;
+            path.push(s);
+        }
+        for g in stage.after_gates.iter().rev() {
+            if g.status.completed_time == Some(cursor)
+                && let Some(s) = step(
+                    PathKind::Gate,
+                    &g.gate_id,
+                    g.status.start_time,
+                    Some(cursor),
+                )
+            {
+                cursor = s.from;
+                path.push(s);
+            }
+        }
+        let members: Vec<_> = stage.groups.iter().flat_map(|g| &g.members).collect();
+        // The member of the stage that ends last, by the cursor.
+        let mut current = members
+            .iter()
+            .filter(|m| m.status.completed_time.is_some_and(|c| c <= cursor))
+            .filter(|m| m.status.start_time.is_some())
+            .max_by_key(|m| m.status.completed_time);
+        while let Some(m) = current {
+            if cursor <= now {
+                break;
+            }
+            let (Some(start), Some(end)) = (m.status.start_time, m.status.completed_time) else {
+                break;
+            };
+            path.push(PathStep {
+                kind: PathKind::Member,
+                name: m.name.clone(),
+                from: start,
+                to: end,
+            });
+            cursor = start;
+            if let Some((reason, from, _)) = waited
+                .get(&m.name)
+                .and_then(|w| w.iter().rev().find(|(_, _, to)| *to == start))
+            {
+                let kind = match reason {
+                    WaitReason::Version => PathKind::Version,
+                    WaitReason::Lock => PathKind::Lock,
+                    _ => PathKind::Window,
+                };
+                path.push(PathStep {
+                    kind,
+                    name: m.name.clone(),
+                    from: *from,
+                    to: start,
+                });
+                cursor = *from;
+            }
+            // The member whose end freed the slot it took.
+            current = members
+                .iter()
+                .filter(|o| o.name != m.name && o.status.completed_time == Some(cursor))
+                .filter(|o| o.status.start_time.is_some_and(|s| s < cursor))
+                .max_by_key(|o| o.status.start_time);
+        }
+        let gates = stage
+            .groups
+            .iter()
+            .flat_map(|g| g.before_gates.iter().rev())
+            .chain(stage.before_gates.iter().rev());
+        for g in gates {
+            if g.status.completed_time == Some(cursor)
+                && cursor > now
+                && let Some(s) = step(
+                    PathKind::Gate,
+                    &g.gate_id,
+                    g.status.start_time,
+                    Some(cursor),
+                )
+            {
+                cursor = s.from;
+                path.push(s);
+            }
+        }
+    }
+    path.reverse();
+    path
+}
+
+impl Forecast {
+    /// The forecast in the API's shape (API.md, "Health checks and forecasts").
+    pub fn to_json(&self, params: &ForecastParams, durations: Value) -> Value {
+        let times = |s: &UpdateStatus| (s.start_time, s.completed_time);
+        let stages: Vec<Value> = self
+            .status
+            .stages
+            .iter()
+            .map(|stage| {
+                let (start, end) = times(&stage.status);
+                let groups: Vec<Value> = stage
+                    .groups
+                    .iter()
+                    .map(|group| {
+                        let (start, end) = times(&group.status);
+                        let members: Vec<Value> = group
+                            .members
+                            .iter()
+                            .map(|m| {
+                                let (start, end) = times(&m.status);
+                                json!({
+                                    "name": m.name,
+                                    "state": m.status.state,
+                                    "startTime": start,
+                                    "completedTime": end,
+                                    "waitsFor": self.waits_for.get(&m.name).cloned().unwrap_or_default(),
+                                })
+                            })
+                            .collect();
+                        json!({"name": group.name, "startTime": start, "completedTime": end, "members": members})
+                    })
+                    .collect();
+                json!({"name": stage.name, "startTime": start, "completedTime": end, "groups": groups})
+            })
+            .collect();
+        json!({
+            "completedTime": self.completed,
+            "computedAt": self.computed_at,
+            "stages": stages,
+            "criticalPath": self.critical_path,
+            "assumptions": {
+                "durations": durations,
+                "approvalDelaySeconds": params.approval_delay_seconds,
+                "defaultDurationSeconds": params.default_duration_seconds,
+            },
+        })
+    }
+}
