@@ -66,7 +66,11 @@ fn counter(api: &Api, name: &str, labels: &str) -> u64 {
 fn main() {
     // Numbers are the sizes; what follows the first flag is given to `flotilla serve`
     // (`-- 10000 100 --checkpoint-after 1073741824`).
-    let all: Vec<String> = std::env::args().skip(1).collect();
+    // (`cargo bench` adds `--bench`, which is not for the server.)
+    let all: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let flags_at = all
         .iter()
         .position(|a| a.starts_with("--") && a.len() > 2)
