@@ -139,6 +139,12 @@ pub trait Driver: Send + Sync {
     fn poll_after(&self, _operation_id: &str) -> Duration {
         self.poll_interval()
     }
+
+    /// How long an upgrade of this member is expected to take, where the driver knows (the
+    /// simulator's configured durations): a forecast's duration when no history says more.
+    fn expected_duration(&self, _member: &MemberRef) -> Option<Duration> {
+        None
+    }
 }
 
 /// The directories `exec` commands may come from (`flotilla serve --exec-allow DIR`): a token
@@ -609,6 +615,16 @@ impl SimDriver {
 
 #[async_trait]
 impl Driver for SimDriver {
+    fn expected_duration(&self, member: &MemberRef) -> Option<Duration> {
+        let state = self.state.lock().ok()?;
+        let cluster = [&member.cluster_resource_id, &member.name]
+            .into_iter()
+            .find_map(|k| state.0.get(k))
+            .or(self.default.as_ref())?;
+        let seconds = cluster.knobs.duration_seconds.unwrap_or(600.0).max(0.0) / self.scale;
+        Some(Duration::from_secs_f64(seconds))
+    }
+
     async fn observe(&self, member: &MemberRef) -> Result<ClusterSpec, DriverError> {
         let mut state = self
             .state

@@ -35,6 +35,7 @@ use crate::store::{
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::RunRules;
+use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
     NoRun, ProfileSpec, TriggerOutcome, parse_profile, plan_generation, trigger_status,
 };
@@ -1327,6 +1328,118 @@ pub struct NewRun {
     pub profile_id: Option<String>,
 }
 
+/// The longest delay or duration a forecast takes: a year.
+const FORECAST_SECONDS_MAX: i64 = 366 * 86_400;
+
+/// A forecast's parameters as sent (API.md, "Health checks and forecasts"); all optional.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ForecastBody {
+    approval_delay_seconds: Option<i64>,
+    default_duration_seconds: Option<i64>,
+}
+
+fn forecast_params(body: Value) -> HttpResult<ForecastParams> {
+    let body: ForecastBody = from_json_value(body, "")?;
+    let mut params = ForecastParams::default();
+    for (field, value, min, into) in [
+        (
+            "approvalDelaySeconds",
+            body.approval_delay_seconds,
+            0,
+            &mut params.approval_delay_seconds,
+        ),
+        (
+            "defaultDurationSeconds",
+            body.default_duration_seconds,
+            1,
+            &mut params.default_duration_seconds,
+        ),
+    ] {
+        match value {
+            None => {}
+            Some(v) if (min..=FORECAST_SECONDS_MAX).contains(&v) => *into = v,
+            Some(v) => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("{field} {v}: must be from {min} to {FORECAST_SECONDS_MAX} seconds"),
+                    field,
+                )
+                .into());
+            }
+        }
+    }
+    Ok(params)
+}
+
+/// `POST …/updateRuns/{run}/forecast` (SEMANTICS §11): the fleet's engine copied and run
+/// forward off the fleet's task. Durations: what the fleet's driver expects for each member
+/// (the `sim` driver's configured durations), else `defaultDurationSeconds`.
+async fn forecast_run(
+    state: &Shared,
+    caller: &Caller,
+    fleet: &str,
+    run: &str,
+    body: Body,
+) -> HttpResult<Response> {
+    require(caller, Role::Reader)?;
+    let params = forecast_params(read_json(body).await?)?;
+    if state
+        .runs
+        .store
+        .get_raw(fleet, Kind::Run, run)
+        .await?
+        .is_none()
+    {
+        return Err(not_found("updateRun", run));
+    }
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await?;
+    let copy = state.runs.fleet_copy(fleet, run).await?;
+    let run = run.to_string();
+    let answer = tokio::task::spawn_blocking(move || {
+        // Each member's duration, asked of the driver once; true where the driver knew it.
+        let known: std::cell::RefCell<std::collections::HashMap<(String, String), (i64, bool)>> =
+            Default::default();
+        let duration = |r: &str, m: &str| {
+            let key = (r.to_string(), m.to_string());
+            if let Some((d, _)) = known.borrow().get(&key) {
+                return *d;
+            }
+            let member = MemberRef {
+                name: m.to_string(),
+                cluster_resource_id: copy
+                    .run(r)
+                    .and_then(|e| e.cluster_resource_id(m))
+                    .unwrap_or(m)
+                    .to_string(),
+            };
+            let found = driver
+                .expected_duration(&member)
+                .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            let d = found.unwrap_or(params.default_duration_seconds);
+            known.borrow_mut().insert(key, (d, found.is_some()));
+            d
+        };
+        let forecast = forecast(&copy, &run, now(), &params, &duration)?;
+        let known = known.into_inner();
+        let by_driver = known.values().filter(|(_, driver)| *driver).count();
+        let durations = json!({
+            "history": 0,
+            "fleetMedian": 0,
+            "driver": by_driver,
+            "default": known.len() - by_driver,
+        });
+        Ok::<_, ApiError>(forecast.to_json(&params, durations))
+    })
+    .await
+    .map_err(|e| ApiError::conflict(format!("the forecast did not finish: {e}")))??;
+    Ok(axum::Json(answer).into_response())
+}
+
 /// Creates (or replaces, before it starts) a run: resolves membership from each member's latest
 /// observation, takes the catalog from the driver, and stores the run and its snapshot.
 async fn create_run(
@@ -1532,6 +1645,9 @@ async fn run_action(
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult<Response> {
+    if action == "forecast" {
+        return forecast_run(&state, &caller, &fleet, &run, body).await;
+    }
     require(&caller, Role::Operator)?;
     // Only the eTag is needed: a large run's document is not parsed, before or after.
     let (_, etag) = state
@@ -2384,6 +2500,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "/v1/fleets/{fleet}/updateRuns/{run}/skip",
         "Skip members, groups, stages or waits",
         "operator",
+    ),
+    (
+        "post",
+        "/v1/fleets/{fleet}/updateRuns/{run}/forecast",
+        "Forecast the run from now (SEMANTICS §11): {\"approvalDelaySeconds\": 0, \"defaultDurationSeconds\": 1800}",
+        "reader",
     ),
     (
         "get",

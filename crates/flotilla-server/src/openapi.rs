@@ -56,6 +56,7 @@ fn shape(path: &str) -> Shape {
         "importMembers" => return Shape::Other("ImportResult"),
         "start" | "stop" | "skip" => return Shape::Action("UpdateRun"),
         "generateUpdateRun" => return Shape::Other("GeneratedRun"),
+        "forecast" => return Shape::Other("Forecast"),
         _ => {}
     }
     if named {
@@ -92,6 +93,7 @@ fn request_body(method: &str, path: &str, shape: Shape) -> Option<(Value, bool)>
         ("patch", Shape::Resource("Member")) => Some((reference("MemberPatch"), true)),
         ("post", Shape::List("Token")) => Some((reference("TokenRequest"), true)),
         ("post", Shape::Other("ImportResult")) => Some((reference("MemberImport"), true)),
+        ("post", Shape::Other("Forecast")) => Some((reference("ForecastRequest"), false)),
         // Actions are sent with no body, as the Azure SDK sends them; skip names its targets.
         ("post", Shape::Action(_)) if path.ends_with("/skip") => {
             Some((reference("SkipRequest"), true))
@@ -172,6 +174,12 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(200, answer("Registered", Some(reference("ImportResult"))));
             put(404, error("The fleet does not exist"));
             put(409, error("A member or cluster id is taken"));
+        }
+        ("post", Shape::Other("Forecast")) => {
+            put(200, answer("The forecast", Some(reference("Forecast"))));
+            put(400, error("A parameter is out of range or unknown"));
+            put(404, error("The run does not exist"));
+            put(409, error("The run has ended"));
         }
         ("post", Shape::Other(schema)) => {
             put(
@@ -423,6 +431,16 @@ fn schemas() -> Value {
         "ImportResult": {"type": "object", "required": ["created", "updated"], "properties": {
             "created": {"type": "integer"}, "updated": {"type": "integer"}}},
         "GeneratedRun": {"type": "object", "required": ["id"], "properties": {"id": text}},
+        "ForecastRequest": {"type": "object", "additionalProperties": false, "properties": {
+            "approvalDelaySeconds": {"type": "integer", "minimum": 0, "maximum": 31_622_400},
+            "defaultDurationSeconds": {"type": "integer", "minimum": 1, "maximum": 31_622_400}}},
+        "Forecast": {"type": "object", "required": ["computedAt", "stages", "criticalPath", "assumptions"], "properties": {
+            "completedTime": {"type": "string", "nullable": true},
+            "computedAt": text,
+            "stages": {"type": "array", "items": {"type": "object"}},
+            "criticalPath": {"type": "array", "items": {"type": "object", "properties": {
+                "kind": text, "name": text, "from": text, "to": text}}},
+            "assumptions": {"type": "object"}}},
         "UpdateStrategy": envelope(object(json!({
             "provisioningState": state,
             "strategy": strategy}))),

@@ -178,6 +178,10 @@ enum Msg {
     /// A member's cluster as the background observer found it: news for every run of the
     /// fleet that selected it, when it changed.
     Observed { member: String, cluster: Cluster },
+    /// A copy of the fleet's engine, for a forecast made off the task.
+    Copy {
+        reply: oneshot::Sender<Box<FleetEngine>>,
+    },
 }
 
 /// Where the answer to a user action goes.
@@ -638,6 +642,43 @@ impl Runs {
         Err(ApiError::conflict(
             "the run's reconciler is not available; try again",
         ))
+    }
+
+    /// A copy of the fleet's engine holding `run` and every other unfinished run, for a
+    /// forecast: the driving task's own when this replica drives the fleet (taken between two
+    /// of its steps), otherwise rebuilt from the store as a takeover would.
+    pub async fn fleet_copy(
+        self: &Arc<Self>,
+        fleet: &str,
+        run: &str,
+    ) -> Result<FleetEngine, ApiError> {
+        let stopped = || ApiError::conflict("the fleet's reconciler stopped; try again");
+        if self.own(fleet).await {
+            let tx = self.handle(fleet, run).await?;
+            let (reply, answer) = oneshot::channel();
+            tx.send(Msg::Copy { reply }).map_err(|_| stopped())?;
+            return answer.await.map(|engine| *engine).map_err(|_| stopped());
+        }
+        let mut engine = FleetEngine::from_shared(member_table(&self.store, fleet).await?, {
+            let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
+            driver.catalog().await.map_err(|e| {
+                ApiError::conflict(format!(
+                    "the fleet's driver cannot list releases: {}",
+                    e.message
+                ))
+            })?
+        });
+        let heads = crate::run_head::heads(self.store.as_ref(), fleet)
+            .await
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        for (name, head) in heads {
+            let active = !head.is_over() && head.state() != "NotStarted";
+            if active || name == run {
+                let loaded = self.load(fleet, &name).await?;
+                engine.adopt_run(now(), &name, loaded.engine)?;
+            }
+        }
+        Ok(engine)
     }
 
     /// Hands an action to the fleet's owner through the store and waits for its result.
@@ -1496,6 +1537,9 @@ impl FleetActor {
                 }
                 Msg::Adopt { run, loaded, reply } => {
                     let _ = reply.send(self.adopt(run, *loaded));
+                }
+                Msg::Copy { reply } => {
+                    let _ = reply.send(Box::new(self.engine.clone().without_journal()));
                 }
                 Msg::Retire { run } => self.drop_run(&run),
                 Msg::Remote { run, id, input } => {

@@ -2535,3 +2535,137 @@ async fn a_run_made_right_after_an_import_selects_every_member_and_reads_stay_cu
     assert!(seen.len() > 1, "the run's reads followed its changes");
     assert!(!seen.contains(&etag));
 }
+
+/// SEMANTICS §11 through the API: a run that has not started is forecast from now with the
+/// durations the `sim` driver expects, an Approval gate approved `approvalDelaySeconds` after
+/// it is reached, one member at a time in the second stage; the answer gives every time, what
+/// each member waits for and the critical path. Bad parameters are refused by name.
+#[tokio::test]
+async fn a_run_is_forecast_before_it_starts() {
+    let h = Harness::start("forecast").await;
+    let sim = |version: &str, seconds: u64| {
+        let mut c = cluster(version);
+        c["sim"] = json!({"durationSeconds": seconds});
+        c
+    };
+    let mut fleet = sim_fleet(&[
+        ("c-a1", sim("1.30.5", 600)),
+        ("c-b1", sim("1.30.5", 1200)),
+        ("c-b2", sim("1.30.5", 300)),
+    ]);
+    fleet["properties"]["driver"]["timeScale"] = json!(1);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    for (name, group) in [("a1", "canary"), ("b1", "prod"), ("b2", "prod")] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let strategy = json!({"stages": [
+        {"name": "canary", "groups": [{"name": "canary"}]},
+        {"name": "prod", "beforeGates": [{"type": "Approval"}], "groups": [{"name": "prod", "maxConcurrency": "1"}]},
+    ]});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(json!({"properties": {"strategy": strategy,
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    let path = "/v1/fleets/f1/updateRuns/r1/forecast";
+    let forecast = h
+        .ok(
+            "reader",
+            Method::POST,
+            path,
+            Some(json!({"approvalDelaySeconds": 900})),
+        )
+        .await;
+    let at = |v: &Value| {
+        flotilla_engine::time::Time::parse(v.as_str().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{v}: {e} in {forecast}"))
+            .unix()
+    };
+    let t0 = at(&forecast["computedAt"]);
+    assert_eq!(at(&forecast["completedTime"]) - t0, 3000, "{forecast}");
+    let member = |stage: usize, i: usize| &forecast["stages"][stage]["groups"][0]["members"][i];
+    let times = |m: &Value| (at(&m["startTime"]) - t0, at(&m["completedTime"]) - t0);
+    assert_eq!(times(member(0, 0)), (0, 600));
+    assert_eq!(
+        times(member(1, 0)),
+        (1500, 2700),
+        "approved 900 s after 600"
+    );
+    assert_eq!(times(member(1, 1)), (2700, 3000), "one at a time");
+    assert_eq!(member(0, 0)["waitsFor"], json!([]));
+    assert_eq!(member(1, 0)["waitsFor"], json!(["Gate"]));
+    assert_eq!(member(1, 1)["waitsFor"], json!(["Slot", "Gate"]));
+    let path_kinds: Vec<(&str, i64, i64)> = forecast["criticalPath"]
+        .as_array()
+        .expect("a critical path")
+        .iter()
+        .map(|s| {
+            (
+                s["kind"].as_str().unwrap_or_default(),
+                at(&s["from"]) - t0,
+                at(&s["to"]) - t0,
+            )
+        })
+        .collect();
+    assert_eq!(
+        path_kinds,
+        [
+            ("Member", 0, 600),
+            ("Gate", 600, 1500),
+            ("Member", 1500, 2700),
+            ("Member", 2700, 3000)
+        ]
+    );
+    assert_eq!(forecast["assumptions"]["durations"]["driver"], 3);
+    assert_eq!(forecast["assumptions"]["approvalDelaySeconds"], 900);
+    // Nothing was started: the forecast touched no cluster.
+    let run = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns/r1", None)
+        .await;
+    assert_eq!(run["properties"]["status"]["status"]["state"], "NotStarted");
+    // Bad parameters and unknown runs.
+    for (body, field) in [
+        (
+            json!({"defaultDurationSeconds": 0}),
+            "defaultDurationSeconds 0",
+        ),
+        (
+            json!({"approvalDelaySeconds": -1}),
+            "approvalDelaySeconds -1",
+        ),
+        (
+            json!({"approvalDelaySeconds": 99_999_999}),
+            "approvalDelaySeconds 99999999",
+        ),
+        (json!({"horizon": 1}), "horizon"),
+    ] {
+        let (status, answer, _) = h.call("reader", Method::POST, path, Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(field),
+            "{answer}"
+        );
+    }
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/nope/forecast",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
