@@ -9,6 +9,9 @@
 //! memory, and the cost of each instant's step (results in, settle, commands out).
 //!
 //! `cargo bench -p flotilla-sim --bench scale -- --runs 10 100000`
+//!
+//! With `--forecast`, the time to forecast the fleet's run before its start, and how far the
+//! forecast is from the run simulated (`-- --forecast 10000 100000`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -21,12 +24,13 @@ use flotilla_engine::fleet::{
     Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
 };
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetInput};
+use flotilla_engine::forecast::ForecastParams;
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 use flotilla_sim::scenario::{Action, SimBehaviour, TimedAction};
 use flotilla_sim::simulator::run_spec;
-use flotilla_sim::{Scenario, simulate};
+use flotilla_sim::{Scenario, forecast_scenario, simulate};
 
 const GROUPS_PER_STAGE: usize = 50;
 const STAGES: [&str; 3] = ["canary", "wave-1", "wave-2"];
@@ -314,8 +318,47 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
     );
 }
 
+/// A forecast of the fleet's run before its start (SEMANTICS §11), timed, and compared with the
+/// run simulated (which has its 0.5 % of failures; the forecast assumes none).
+fn forecast_bench(scenario: &Scenario) {
+    let params = ForecastParams::default();
+    let t = Instant::now();
+    let forecast = forecast_scenario(scenario, &params).expect("forecast");
+    let took = t.elapsed().as_secs_f64();
+    let actual = simulate(scenario);
+    let end = actual.status.as_ref().and_then(|s| s.status.completed_time);
+    let (Some(predicted), Some(end)) = (forecast.completed, end) else {
+        println!(
+            "{} members: forecast in {took:.2} s; predicted {:?}, actual {end:?}",
+            scenario.members.len(),
+            forecast.completed
+        );
+        return;
+    };
+    let span = (end.unix() - scenario.start.unix()) as f64;
+    println!(
+        "{} members: forecast in {took:.2} s (peak RSS {:.0} MiB); predicted end {predicted}, actual {end}: off by {:.3} % of the run's {:.1} days; critical path of {} steps",
+        scenario.members.len(),
+        peak_rss_mib(),
+        (predicted.unix() - end.unix()).abs() as f64 * 100.0 / span,
+        span / 86_400.0,
+        forecast.critical_path.len()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--forecast") {
+        let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+        for size in if sizes.is_empty() {
+            vec![10_000]
+        } else {
+            sizes
+        } {
+            forecast_bench(&fleet(size));
+        }
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--runs") {
         let runs = args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or(10);
         let sizes: Vec<usize> = args[i + 2..]

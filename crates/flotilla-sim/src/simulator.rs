@@ -188,14 +188,23 @@ pub fn forecast_scenario(
 }
 
 pub fn simulate(scenario: &Scenario) -> SimResult {
-    run(scenario, false).0
+    run(scenario, false, None).0
+}
+
+/// Like [`simulate`], calling `observe` with the fleet engine after every instant (its
+/// commands answered and events taken): a forecast made midway, say.
+pub fn simulate_observing(
+    scenario: &Scenario,
+    observe: &mut dyn FnMut(&FleetEngine, Time),
+) -> SimResult {
+    run(scenario, false, Some(observe)).0
 }
 
 /// Like [`simulate`], but recounts the fleet engine's state from scratch after every instant
 /// ([`FleetEngine::check_invariants`]), checks that every change of a run's status is
 /// reported ([`StatusChanges`]), and stops at the first violation. For tests.
 pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, String> {
-    match run(scenario, true) {
+    match run(scenario, true, None) {
         (result, None) => Ok(result),
         (_, Some(violation)) => Err(violation),
     }
@@ -326,7 +335,11 @@ fn check_checkpoints(
     Ok(())
 }
 
-fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String>) {
+fn run(
+    scenario: &Scenario,
+    check_invariants: bool,
+    mut observe: Option<&mut dyn FnMut(&FleetEngine, Time)>,
+) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
         .iter()
@@ -674,6 +687,9 @@ fn run(scenario: &Scenario, check_invariants: bool) -> (SimResult, Option<String
         if check_invariants && let Err(e) = check_status_changes(&fleet, &mut seen) {
             violation = Some(format!("at {now}: {e}"));
             break;
+        }
+        if let Some(observe) = observe.as_mut() {
+            observe(&fleet, now);
         }
         if fleet.is_finished() && next_action >= actions.len() && next_change >= changes.len() {
             break;
