@@ -191,11 +191,14 @@ pub fn simulate(scenario: &Scenario) -> SimResult {
     run(scenario, false, None).0
 }
 
+/// What [`simulate_observing`] calls after every instant.
+pub type Observer<'a> = dyn FnMut(&FleetEngine, Time) + 'a;
+
 /// Like [`simulate`], calling `observe` with the fleet engine after every instant (its
 /// commands answered and events taken): a forecast made midway, say.
 pub fn simulate_observing(
     scenario: &Scenario,
-    observe: &mut dyn FnMut(&FleetEngine, Time),
+    observe: &mut Observer<'_>,
 ) -> SimResult {
     run(scenario, false, Some(observe)).0
 }
@@ -338,7 +341,7 @@ fn check_checkpoints(
 fn run(
     scenario: &Scenario,
     check_invariants: bool,
-    mut observe: Option<&mut dyn FnMut(&FleetEngine, Time)>,
+    mut observe: Option<&mut Observer<'_>>,
 ) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
