@@ -24,6 +24,8 @@ use flotilla_engine::strategy::{
     parse_strategy, parse_upgrade,
 };
 
+use std::collections::HashMap;
+
 use crate::auth::{Caller, Role, authenticate};
 use crate::clock::now;
 use crate::driver::{MemberRef, validate_driver_config};
@@ -31,7 +33,8 @@ use crate::error::{HttpError, HttpResult};
 use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
 use crate::state::{AppState, BODY_LIMIT, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
-    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
+    DurationHistory, Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError,
+    member_cluster_id,
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::RunRules;
@@ -1372,9 +1375,62 @@ fn forecast_params(body: Value) -> HttpResult<ForecastParams> {
     Ok(params)
 }
 
+/// Where a forecast took a member's duration from (SEMANTICS §11, in this order).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DurationSource {
+    /// The median of the member's last five upgrades of the type.
+    History,
+    /// The median of the fleet's last fifty.
+    FleetMedian,
+    /// What the fleet's driver expects.
+    Driver,
+    Default,
+}
+
+/// The median of some durations (the upper one of an even count).
+fn median(values: &[i64]) -> Option<i64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// A member's expected duration for a forecast, and where it came from.
+fn expected_duration(
+    history: Option<&DurationHistory>,
+    member: &MemberRef,
+    driver: &dyn crate::driver::Driver,
+    params: &ForecastParams,
+) -> (i64, DurationSource) {
+    if let Some(d) = history
+        .and_then(|h| h.members.get(&member.name))
+        .and_then(|own| median(own))
+    {
+        return (d, DurationSource::History);
+    }
+    if let Some(d) = history.and_then(|h| median(&h.fleet)) {
+        return (d, DurationSource::FleetMedian);
+    }
+    match driver.expected_duration(member) {
+        Some(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            DurationSource::Driver,
+        ),
+        None => (params.default_duration_seconds, DurationSource::Default),
+    }
+}
+
+/// The API's name of a run's upgrade type (`Full`, `ControlPlaneOnly`, `NodeImageOnly`).
+fn upgrade_type_name(upgrade: &flotilla_engine::strategy::Upgrade) -> Option<String> {
+    serde_json::to_value(upgrade.upgrade_type)
+        .ok()?
+        .as_str()
+        .map(String::from)
+}
+
 /// `POST …/updateRuns/{run}/forecast` (SEMANTICS §11): the fleet's engine copied and run
-/// forward off the fleet's task. Durations: what the fleet's driver expects for each member
-/// (the `sim` driver's configured durations), else `defaultDurationSeconds`.
+/// forward off the fleet's task. Durations: the median of the member's last five upgrades of
+/// the run's type, else of the fleet's last fifty, else what the fleet's driver expects (the
+/// `sim` driver's configured durations), else `defaultDurationSeconds`.
 async fn forecast_run(
     state: &Shared,
     caller: &Caller,
@@ -1384,14 +1440,17 @@ async fn forecast_run(
 ) -> HttpResult<Response> {
     require(caller, Role::Reader)?;
     let params = forecast_params(read_json(body).await?)?;
-    if state
-        .runs
-        .store
-        .get_raw(fleet, Kind::Run, run)
-        .await?
-        .is_none()
-    {
+    let Some((text, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? else {
         return Err(not_found("updateRun", run));
+    };
+    let head = crate::run_head::RunHead::parse(&text);
+    drop(text);
+    if head.is_over() {
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} has ended ({}); there is nothing to forecast",
+            head.state()
+        ))
+        .into());
     }
     let driver = state
         .runs
@@ -1399,39 +1458,56 @@ async fn forecast_run(
         .for_fleet(state.runs.store.as_ref(), fleet)
         .await?;
     let copy = state.runs.fleet_copy(fleet, run).await?;
+    if copy.run(run).is_none() {
+        // It ended between the look at its head and the copy.
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} has ended; there is nothing to forecast"
+        ))
+        .into());
+    }
+    // The recorded durations of each upgrade type the fleet's runs apply.
+    let kinds: std::collections::BTreeSet<String> = copy
+        .run_names()
+        .filter_map(|name| upgrade_type_name(copy.run(name)?.upgrade()))
+        .collect();
+    let mut histories: HashMap<String, DurationHistory> = HashMap::new();
+    for kind in kinds {
+        let history = state.runs.store.upgrade_durations(fleet, &kind).await?;
+        histories.insert(kind, history);
+    }
     let run = run.to_string();
     let answer = tokio::task::spawn_blocking(move || {
-        // Each member's duration, asked of the driver once; true where the driver knew it.
-        let known: std::cell::RefCell<std::collections::HashMap<(String, String), (i64, bool)>> =
+        // Each member's duration, decided once, and where it came from.
+        let known: std::cell::RefCell<HashMap<(String, String), (i64, DurationSource)>> =
             Default::default();
         let duration = |r: &str, m: &str| {
             let key = (r.to_string(), m.to_string());
             if let Some((d, _)) = known.borrow().get(&key) {
                 return *d;
             }
+            let engine = copy.run(r);
+            let history = engine
+                .and_then(|e| upgrade_type_name(e.upgrade()))
+                .and_then(|kind| histories.get(&kind));
             let member = MemberRef {
                 name: m.to_string(),
-                cluster_resource_id: copy
-                    .run(r)
+                cluster_resource_id: engine
                     .and_then(|e| e.cluster_resource_id(m))
                     .unwrap_or(m)
                     .to_string(),
             };
-            let found = driver
-                .expected_duration(&member)
-                .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-            let d = found.unwrap_or(params.default_duration_seconds);
-            known.borrow_mut().insert(key, (d, found.is_some()));
+            let (d, source) = expected_duration(history, &member, driver.as_ref(), &params);
+            known.borrow_mut().insert(key, (d, source));
             d
         };
         let forecast = forecast(&copy, &run, now(), &params, &duration)?;
         let known = known.into_inner();
-        let by_driver = known.values().filter(|(_, driver)| *driver).count();
+        let count = |s: DurationSource| known.values().filter(|(_, got)| *got == s).count();
         let durations = json!({
-            "history": 0,
-            "fleetMedian": 0,
-            "driver": by_driver,
-            "default": known.len() - by_driver,
+            "history": count(DurationSource::History),
+            "fleetMedian": count(DurationSource::FleetMedian),
+            "driver": count(DurationSource::Driver),
+            "default": count(DurationSource::Default),
         });
         Ok::<_, ApiError>(forecast.to_json(&params, durations))
     })

@@ -30,7 +30,9 @@ use flotilla_engine::time::Time;
 
 use crate::driver::{Driver, MemberRef, driver_from_config};
 use crate::metrics::Metrics;
-use crate::store::{Fence, Intent, Kind, Notice, OperationRecord, RunBatch, Store, StoreError};
+use crate::store::{
+    Fence, Intent, Kind, Notice, OperationRecord, RunBatch, Store, StoreError, UpgradeDuration,
+};
 
 /// How long a fleet's lease lasts without renewal, unless configured.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -1312,6 +1314,7 @@ impl RunMeta {
 #[derive(Default)]
 struct RunStep {
     replies: Vec<(Reply, Result<(), ApiError>)>,
+    durations: Vec<UpgradeDuration>,
     action_results: Vec<(i64, Value)>,
     finished_attempts: Vec<u64>,
     intents: Vec<Intent>,
@@ -1642,7 +1645,23 @@ impl FleetActor {
             step.commands.push(command);
         }
         while let Some(FleetEvent { run, event }) = self.engine.poll_event() {
+            // An upgrade that succeeded: how long it took, for forecasts.
+            let duration = (event.kind == EventType::MemberSucceeded)
+                .then(|| {
+                    let member = event.member.clone()?;
+                    let engine = self.engine.run(&run)?;
+                    let start = engine.member_started(&member)?;
+                    let upgrade_type = serde_json::to_value(engine.upgrade().upgrade_type).ok()?;
+                    Some(UpgradeDuration {
+                        member,
+                        upgrade_type: upgrade_type.as_str()?.to_string(),
+                        seconds: (event.time.unix() - start.unix()).max(0),
+                        finished_at: event.time,
+                    })
+                })
+                .flatten();
             let step = steps.entry(run).or_default();
+            step.durations.extend(duration);
             step.gates_changed |= matches!(
                 event.kind,
                 EventType::GatePending | EventType::GateCompleted | EventType::GateSkipped
@@ -1804,6 +1823,7 @@ impl FleetActor {
                 run_head: head,
                 gates,
                 action_results: std::mem::take(&mut step.action_results),
+                durations: std::mem::take(&mut step.durations),
                 fence: Some(self.fence.clone()),
                 snapshot_etag: Some(meta.snapshot_etag.clone()),
             };

@@ -2669,3 +2669,88 @@ async fn a_run_is_forecast_before_it_starts() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Durations of upgrades that succeeded are recorded per member and upgrade type, and a later
+/// forecast of the same type takes each member's from them (SEMANTICS §11).
+#[tokio::test]
+async fn a_forecast_reads_the_fleets_upgrade_history() {
+    let h = Harness::start("forecast-history").await;
+    let mut fleet = sim_fleet(&[("c-a1", cluster("1.30.5")), ("c-a2", cluster("1.30.5"))]);
+    fleet["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] =
+        json!([{"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.32.0"}]);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    for name in ["a1", "a2"] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}")}})),
+        )
+        .await;
+    }
+    let upgrade = |version: &str| json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": version}}}});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(upgrade("1.31.1")),
+    )
+    .await;
+    let before = h
+        .ok(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/forecast",
+            None,
+        )
+        .await;
+    assert_eq!(before["assumptions"]["durations"]["history"], 0, "{before}");
+    assert_eq!(before["assumptions"]["durations"]["driver"], 2, "{before}");
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r1", "r1 to complete", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    // The run that ended has nothing to forecast.
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/forecast",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r2",
+        Some(upgrade("1.32.0")),
+    )
+    .await;
+    let after = h
+        .ok(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r2/forecast",
+            None,
+        )
+        .await;
+    assert_eq!(after["assumptions"]["durations"]["history"], 2, "{after}");
+    assert_eq!(after["assumptions"]["durations"]["driver"], 0, "{after}");
+    // Each took about 0.1 s (600 simulated seconds at 6000x): the run ends about now.
+    let at = |v: &Value| {
+        flotilla_engine::time::Time::parse(v.as_str().unwrap_or_default()).expect("a time")
+    };
+    assert!(
+        at(&after["completedTime"]).unix() - at(&after["computedAt"]).unix() <= 2,
+        "{after}"
+    );
+}

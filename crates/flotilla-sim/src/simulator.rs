@@ -196,10 +196,7 @@ pub type Observer<'a> = dyn FnMut(&FleetEngine, Time) + 'a;
 
 /// Like [`simulate`], calling `observe` with the fleet engine after every instant (its
 /// commands answered and events taken): a forecast made midway, say.
-pub fn simulate_observing(
-    scenario: &Scenario,
-    observe: &mut Observer<'_>,
-) -> SimResult {
+pub fn simulate_observing(scenario: &Scenario, observe: &mut Observer<'_>) -> SimResult {
     run(scenario, false, Some(observe)).0
 }
 

@@ -294,6 +294,9 @@ pub struct RunBatch {
     pub run_head: Option<String>,
     /// Gate resources created or changed.
     pub gates: Vec<(String, Value)>,
+    /// Upgrades that succeeded in this batch, with how long each took: the history a
+    /// forecast reads (SEMANTICS §11).
+    pub durations: Vec<UpgradeDuration>,
     /// Results of actions handed over through the store ([`Store::submit_action`]).
     pub action_results: Vec<(i64, Value)>,
     /// Written only if the writer still holds the fleet's lease at this epoch.
@@ -302,6 +305,28 @@ pub struct RunBatch {
     /// deleted since its writer loaded it).
     pub snapshot_etag: Option<String>,
 }
+
+/// How long one member's upgrade of one type took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpgradeDuration {
+    pub member: String,
+    /// `Full`, `ControlPlaneOnly` or `NodeImageOnly`.
+    pub upgrade_type: String,
+    pub seconds: i64,
+    pub finished_at: Time,
+}
+
+/// The durations a forecast reads for one upgrade type: each member's last five, newest
+/// first, and the fleet's last fifty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DurationHistory {
+    pub members: HashMap<String, Vec<i64>>,
+    pub fleet: Vec<i64>,
+}
+
+/// How many of its own upgrades a member's history keeps for a forecast, and the fleet's.
+pub const MEMBER_HISTORY: usize = 5;
+pub const FLEET_HISTORY: usize = 50;
 
 /// A run's input log as read: the checkpoint and the entries after it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -716,6 +741,12 @@ pub trait RunLog: Send + Sync {
         limit: usize,
     ) -> StoreResult<Vec<(i64, Value)>>;
     async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>>;
+    /// The recorded durations of a fleet's upgrades of one type ([`DurationHistory`]).
+    async fn upgrade_durations(
+        &self,
+        fleet: &str,
+        upgrade_type: &str,
+    ) -> StoreResult<DurationHistory>;
     /// Records the operation ids drivers named for these attempts, in one transaction.
     async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()>;
 }

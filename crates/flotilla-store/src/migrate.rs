@@ -42,6 +42,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     7 "0007_events_without_rowid",
     8 "0008_run_chunks",
     9 "0009_run_checkpoints",
+    10 "0010_upgrade_durations",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -53,6 +54,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     6 "0006_packed_bodies",
     7 "0007_run_chunks",
     8 "0008_run_checkpoints",
+    9 "0009_upgrade_durations",
 );
 
 /// The migrator for a backend's migrations.

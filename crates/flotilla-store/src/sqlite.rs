@@ -702,6 +702,7 @@ impl Resources for SqliteStore {
                     "DELETE FROM run_heads WHERE fleet = ?",
                     "DELETE FROM run_chunks WHERE fleet = ?",
                     "DELETE FROM run_checkpoints WHERE fleet = ?",
+                    "DELETE FROM upgrade_durations WHERE fleet = ?",
                 ] {
                     sqlx::query(statement).bind(name).execute(&mut *tx).await?;
                 }
@@ -803,6 +804,43 @@ impl RunLog for SqliteStore {
                 .map(|r| r.col::<String>(0))
                 .collect::<StoreResult<_>>()?,
         })
+    }
+
+    async fn upgrade_durations(
+        &self,
+        fleet: &str,
+        upgrade_type: &str,
+    ) -> StoreResult<DurationHistory> {
+        let mut history = DurationHistory::default();
+        let rows = sqlx::query(
+            "SELECT member, seconds FROM (SELECT member, seconds, ROW_NUMBER() OVER (PARTITION BY member ORDER BY finished_at DESC, run DESC) AS n \
+             FROM upgrade_durations WHERE fleet = ? AND upgrade_type = ?) AS recent WHERE n <= ? ORDER BY member, n",
+        )
+        .bind(fleet)
+        .bind(upgrade_type)
+        .bind(crate::MEMBER_HISTORY as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        for r in &rows {
+            history
+                .members
+                .entry(r.col::<String>(0)?)
+                .or_default()
+                .push(r.col::<i64>(1)?);
+        }
+        let rows = sqlx::query(
+            "SELECT seconds FROM upgrade_durations WHERE fleet = ? AND upgrade_type = ? ORDER BY finished_at DESC, member DESC LIMIT ?",
+        )
+        .bind(fleet)
+        .bind(upgrade_type)
+        .bind(crate::FLEET_HISTORY as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        history.fleet = rows
+            .iter()
+            .map(|r| r.col::<i64>(0))
+            .collect::<StoreResult<_>>()?;
+        Ok(history)
     }
 
     async fn run_events(
@@ -1143,6 +1181,21 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
         &batch.events,
     )
     .await?;
+    for chunk in batch.durations.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO upgrade_durations (fleet, upgrade_type, member, finished_at, run, seconds) ",
+        );
+        q.push_values(chunk, |mut row, d| {
+            row.push_bind(batch.fleet.clone())
+                .push_bind(d.upgrade_type.clone())
+                .push_bind(d.member.clone())
+                .push_bind(d.finished_at.unix())
+                .push_bind(batch.run.clone())
+                .push_bind(d.seconds);
+        });
+        q.push(" ON CONFLICT DO NOTHING");
+        q.build().execute(&mut **tx).await?;
+    }
     for chunk in batch.intents.chunks(crate::ROWS_PER_INSERT) {
         let mut q = sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT INTO intents (fleet, run, attempt, member, target, operation_id, finished, recorded_at) ",

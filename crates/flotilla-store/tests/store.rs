@@ -13,7 +13,7 @@ use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
     Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
-    RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord,
+    RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord, UpgradeDuration,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -150,6 +150,7 @@ on_both_backends!(
     large_runs_and_snapshots_read_back_whole,
     run_documents_are_stored_by_change,
     run_logs_are_cut_at_their_checkpoints,
+    upgrade_durations_keep_the_recent_ones,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -1146,6 +1147,78 @@ async fn run_logs_are_cut_at_their_checkpoints(store: Arc<dyn Store>) {
     );
 }
 
+/// The history a forecast reads (SEMANTICS §11): each member's last five durations of an
+/// upgrade type, newest first, and the fleet's last fifty; a batch written again adds nothing.
+async fn upgrade_durations_keep_the_recent_ones(store: Arc<dyn Store>) {
+    let duration = |member: &str, kind: &str, seconds: i64, at: i64| UpgradeDuration {
+        member: member.into(),
+        upgrade_type: kind.into(),
+        seconds,
+        finished_at: flotilla_engine::time::Time(1_780_000_000 + at),
+    };
+    let mut durations: Vec<UpgradeDuration> =
+        (0..7).map(|i| duration("m1", "Full", 100 + i, i)).collect();
+    durations.push(duration("m2", "Full", 50, 3));
+    durations.push(duration("m1", "NodeImageOnly", 9, 100));
+    for (i, chunk) in durations.chunks(4).enumerate() {
+        let batch = RunBatch {
+            fleet: "f".into(),
+            run: format!("r{i}"),
+            durations: chunk.to_vec(),
+            ..Default::default()
+        };
+        store.write_run_batch(&batch).await.unwrap();
+        // Written again (a retried batch): nothing more.
+        store.write_run_batch(&batch).await.unwrap();
+    }
+    let full = store.upgrade_durations("f", "Full").await.unwrap();
+    assert_eq!(full.members["m1"], vec![106, 105, 104, 103, 102]);
+    assert_eq!(full.members["m2"], vec![50]);
+    // Ties in time go by member name, last first.
+    assert_eq!(full.fleet, vec![106, 105, 104, 50, 103, 102, 101, 100]);
+    let images = store.upgrade_durations("f", "NodeImageOnly").await.unwrap();
+    assert_eq!(images.members.len(), 1);
+    assert_eq!(images.fleet, vec![9]);
+    // The fleet's last fifty, newest first.
+    let many: Vec<UpgradeDuration> = (0..60)
+        .map(|i| duration(&format!("n{i:02}"), "ControlPlaneOnly", i, 1000 + i))
+        .collect();
+    store
+        .write_run_batch(&RunBatch {
+            fleet: "f".into(),
+            run: "many".into(),
+            durations: many,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let planes = store
+        .upgrade_durations("f", "ControlPlaneOnly")
+        .await
+        .unwrap();
+    assert_eq!(planes.fleet, (10..60).rev().collect::<Vec<i64>>());
+    assert_eq!(planes.members.len(), 60);
+    // Another fleet's are its own; a deleted fleet leaves none.
+    assert_eq!(
+        store.upgrade_durations("g", "Full").await.unwrap(),
+        Default::default()
+    );
+    store
+        .put("", Kind::Fleet, "f", &json!({}), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete("", Kind::Fleet, "f", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.upgrade_durations("f", "Full").await.unwrap(),
+        Default::default()
+    );
+}
+
 async fn deleting_a_run_or_fleet_takes_what_belongs_to_it(store: Arc<dyn Store>) {
     for run in ["r", "keep"] {
         store
@@ -2001,7 +2074,7 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        9
+        10
     );
     assert_eq!(
         sqlite_count(
@@ -2085,7 +2158,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        8
+        9
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,

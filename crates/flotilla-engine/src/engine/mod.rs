@@ -503,6 +503,11 @@ impl Engine {
         }
     }
 
+    /// What the run upgrades its members to.
+    pub fn upgrade(&self) -> &Upgrade {
+        &self.upgrade
+    }
+
     /// When a member's current attempt started, if it did.
     pub fn member_started(&self, name: &str) -> Option<Time> {
         let m = *self.member_index.get(name)?;
