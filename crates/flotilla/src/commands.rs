@@ -225,6 +225,19 @@ pub enum RunCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Forecast when each stage, group and member will be upgraded and when the run ends
+    /// (nothing is touched). Example: `flotilla updaterun forecast -f edge -n r1
+    /// --approval-delay 3600`.
+    Forecast {
+        #[command(flatten)]
+        target: Target,
+        /// Seconds after it is reached that an Approval gate is taken to be approved.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+        approval_delay: Option<i64>,
+        /// The duration of an upgrade with no history or driver estimate, in seconds.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+        default_duration: Option<i64>,
+    },
     /// Create a new run from a finished one's strategy snapshot and upgrade.
     Rerun {
         #[command(flatten)]
@@ -770,6 +783,65 @@ fn finished(run: &Value) -> bool {
     }
 }
 
+/// `updaterun forecast` as text: the end, a line per stage and group with its predicted
+/// times, the critical path, and where the durations came from.
+pub fn forecast_table(forecast: &Value) -> String {
+    let time = |v: &Value| v.as_str().unwrap_or("never").to_string();
+    let mut out = format!(
+        "forecast at {}: the run ends {}\n\n",
+        time(&forecast["computedAt"]),
+        time(&forecast["completedTime"])
+    );
+    out.push_str(&format!(
+        "{:<28} {:<22} {:<22} {:>7}\n",
+        "STAGE / GROUP", "START", "END", "MEMBERS"
+    ));
+    for stage in forecast["stages"].as_array().into_iter().flatten() {
+        let members: usize = stage["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| g["members"].as_array().map_or(0, Vec::len))
+            .sum();
+        out.push_str(&format!(
+            "{:<28} {:<22} {:<22} {members:>7}\n",
+            s(stage, &["name"]),
+            time(&stage["startTime"]),
+            time(&stage["completedTime"])
+        ));
+        for group in stage["groups"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  {:<26} {:<22} {:<22} {:>7}\n",
+                s(group, &["name"]),
+                time(&group["startTime"]),
+                time(&group["completedTime"]),
+                group["members"].as_array().map_or(0, Vec::len)
+            ));
+        }
+    }
+    out.push_str("\ncritical path:\n");
+    for step in forecast["criticalPath"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {:<8} {:<36} {} → {}\n",
+            s(step, &["kind"]),
+            s(step, &["name"]),
+            time(&step["from"]),
+            time(&step["to"])
+        ));
+    }
+    let d = &forecast["assumptions"]["durations"];
+    out.push_str(&format!(
+        "\ndurations: {} from the member's history, {} from the fleet's, {} from the driver, {} default ({} s); approvals {} s after they are reached\n",
+        d["history"],
+        d["fleetMedian"],
+        d["driver"],
+        d["default"],
+        forecast["assumptions"]["defaultDurationSeconds"],
+        forecast["assumptions"]["approvalDelaySeconds"]
+    ));
+    out
+}
+
 /// The tree of `updaterun show`.
 pub fn run_tree(run: &Value, colour: bool) -> String {
     let name = s(run, &["name"]);
@@ -980,6 +1052,27 @@ pub async fn run(
         RunCommand::Show { target } => {
             let v = client.get(&path(&target)).await?;
             print(format, &v, || run_tree(&v, colour))?;
+        }
+        RunCommand::Forecast {
+            target,
+            approval_delay,
+            default_duration,
+        } => {
+            let mut body = serde_json::Map::new();
+            if let Some(d) = approval_delay {
+                body.insert("approvalDelaySeconds".into(), json!(d));
+            }
+            if let Some(d) = default_duration {
+                body.insert("defaultDurationSeconds".into(), json!(d));
+            }
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("{}/forecast", path(&target)),
+                    Some(&Value::Object(body)),
+                )
+                .await?;
+            print(format, &v, || forecast_table(&v))?;
         }
         RunCommand::List { fleet } => {
             let items = client

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 struct Env {
     dir: PathBuf,
@@ -400,6 +400,55 @@ fn gates_watch_and_actions() {
         "--stages",
         stages,
     ]);
+    // A forecast before the start: the canary, the approval 600 s after it, then prod.
+    let table = env.ok(&[
+        "updaterun",
+        "forecast",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--approval-delay",
+        "600",
+        "-o",
+        "table",
+    ]);
+    assert!(table.contains("the run ends 20"), "{table}");
+    assert!(
+        table.contains("critical path:") && table.contains("Gate"),
+        "{table}"
+    );
+    let forecast = env.json(&[
+        "updaterun",
+        "forecast",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--approval-delay",
+        "600",
+    ]);
+    assert_eq!(
+        forecast["assumptions"]["durations"]["driver"], 2,
+        "{forecast}"
+    );
+    assert_eq!(
+        forecast["stages"][1]["groups"][0]["members"][0]["waitsFor"],
+        json!(["Gate"])
+    );
+    env.fails(
+        &[
+            "updaterun",
+            "forecast",
+            "-f",
+            "retail",
+            "-n",
+            "r1",
+            "--approval-delay",
+            "-1",
+        ],
+        "approvalDelaySeconds -1",
+    );
     env.ok(&["updaterun", "start", "-f", "retail", "-n", "r1"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let gate = loop {
