@@ -37,7 +37,8 @@ use crate::store::{
     member_cluster_id,
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
-use flotilla_engine::engine::RunRules;
+use flotilla_engine::engine::{RunRules, RunSpec};
+use flotilla_engine::fleet_engine::FleetEngine;
 use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
     NoRun, ProfileSpec, TriggerOutcome, parse_profile, plan_generation, trigger_status,
@@ -1237,17 +1238,17 @@ fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
     Ok(parts[n - 1].to_string())
 }
 
-async fn put_run(
-    State(state): State<Shared>,
-    caller: Caller,
-    Path((fleet, run)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> HttpResult<Response> {
-    require(&caller, Role::Operator)?;
-    require_fleet(&state, &fleet).await?;
-    check_resource_name(&run, "updateRun", 50)?;
-    let props: RunProperties = envelope(read_json(body).await?)?;
+/// A run's body, as a PUT or a what-if forecast sends it: its strategy (inline, or copied from
+/// the strategy it names), and its upgrade, both checked.
+async fn run_body(
+    state: &Shared,
+    fleet: &str,
+    props: RunProperties,
+) -> HttpResult<(
+    Option<StrategySpec>,
+    Option<String>,
+    ManagedClusterUpdateSpec,
+)> {
     let (strategy, strategy_id) = match (&props.update_strategy_id, props.strategy) {
         (Some(_), Some(_)) => {
             return Err(ApiError::new(
@@ -1258,8 +1259,8 @@ async fn put_run(
             .into());
         }
         (Some(id), None) => {
-            let name = strategy_name(id, &fleet)?;
-            let found = state.runs.store.get(&fleet, Kind::Strategy, &name).await?.ok_or_else(|| {
+            let name = strategy_name(id, fleet)?;
+            let found = state.runs.store.get(fleet, Kind::Strategy, &name).await?.ok_or_else(|| {
                 HttpError::from(ApiError::new(
                     ErrorCode::InvalidRequestContent,
                     format!("properties.updateStrategyId {id:?}: update strategy {name:?} does not exist"),
@@ -1294,6 +1295,21 @@ async fn put_run(
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
     }
     parse_upgrade(&update, "properties.managedClusterUpdate")?;
+    Ok((strategy, strategy_id, update))
+}
+
+async fn put_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    check_resource_name(&run, "updateRun", 50)?;
+    let props: RunProperties = envelope(read_json(body).await?)?;
+    let (strategy, strategy_id, update) = run_body(&state, &fleet, props).await?;
     let made = create_run(
         &state,
         &fleet,
@@ -1427,44 +1443,16 @@ fn upgrade_type_name(upgrade: &flotilla_engine::strategy::Upgrade) -> Option<Str
         .map(String::from)
 }
 
-/// `POST …/updateRuns/{run}/forecast` (SEMANTICS §11): the fleet's engine copied and run
-/// forward off the fleet's task. Durations: the median of the member's last five upgrades of
-/// the run's type, else of the fleet's last fifty, else what the fleet's driver expects (the
-/// `sim` driver's configured durations), else `defaultDurationSeconds`.
-async fn forecast_run(
+/// A forecast of `run` in `copy`, durations as §11 says, in the API's shape; computed on a
+/// blocking thread.
+async fn forecast_answer(
     state: &Shared,
-    caller: &Caller,
     fleet: &str,
-    run: &str,
-    body: Body,
-) -> HttpResult<Response> {
-    require(caller, Role::Reader)?;
-    let params = forecast_params(read_json(body).await?)?;
-    let Some((text, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? else {
-        return Err(not_found("updateRun", run));
-    };
-    let head = crate::run_head::RunHead::parse(&text);
-    drop(text);
-    if head.is_over() {
-        return Err(ApiError::conflict(format!(
-            "update run {run:?} has ended ({}); there is nothing to forecast",
-            head.state()
-        ))
-        .into());
-    }
-    let driver = state
-        .runs
-        .drivers
-        .for_fleet(state.runs.store.as_ref(), fleet)
-        .await?;
-    let copy = state.runs.fleet_copy(fleet, run).await?;
-    if copy.run(run).is_none() {
-        // It ended between the look at its head and the copy.
-        return Err(ApiError::conflict(format!(
-            "update run {run:?} has ended; there is nothing to forecast"
-        ))
-        .into());
-    }
+    copy: FleetEngine,
+    run: String,
+    params: ForecastParams,
+    driver: std::sync::Arc<dyn crate::driver::Driver>,
+) -> HttpResult<Value> {
     // The recorded durations of each upgrade type the fleet's runs apply.
     let kinds: std::collections::BTreeSet<String> = copy
         .run_names()
@@ -1475,7 +1463,6 @@ async fn forecast_run(
         let history = state.runs.store.upgrade_durations(fleet, &kind).await?;
         histories.insert(kind, history);
     }
-    let run = run.to_string();
     let answer = tokio::task::spawn_blocking(move || {
         // Each member's duration, decided once, and where it came from.
         let known: std::cell::RefCell<HashMap<(String, String), (i64, DurationSource)>> =
@@ -1513,6 +1500,117 @@ async fn forecast_run(
     })
     .await
     .map_err(|e| ApiError::conflict(format!("the forecast did not finish: {e}")))??;
+    Ok(answer)
+}
+
+/// A what-if forecast (`POST /v1/fleets/{fleet}/forecast`): `{"run": <an update run body>,
+/// "approvalDelaySeconds", "defaultDurationSeconds"}`. The run is made in a copy of the fleet's
+/// engine, as its creation would make it now, and forecast from now; nothing is stored.
+async fn forecast_what_if(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    let mut body = read_json(body).await?;
+    let run = body
+        .as_object_mut()
+        .and_then(|b| b.remove("run"))
+        .ok_or_else(|| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                "run is required: the update run body to forecast",
+                "run",
+            ))
+        })?;
+    let params = forecast_params(body)?;
+    let props: RunProperties = envelope(run).map_err(|e| prefixed(e, "run"))?;
+    let (strategy, _, update) = run_body(&state, &fleet, props)
+        .await
+        .map_err(|e| prefixed(e, "run"))?;
+    let spec = RunSpec {
+        strategy: strategy
+            .as_ref()
+            .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+            .transpose()?,
+        upgrade: parse_upgrade(&update, "properties.managedClusterUpdate")?,
+        rules: RunRules::default(),
+    };
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), &fleet)
+        .await?;
+    let catalog = driver.catalog().await.map_err(|e| {
+        ApiError::conflict(format!(
+            "the fleet's driver cannot list releases: {}",
+            e.message
+        ))
+    })?;
+    let mut copy = state.runs.fleet_copy(&fleet, None).await?;
+    copy.create_run(WHAT_IF, &spec, catalog)
+        .map_err(|e| prefixed(e.into(), "run"))?;
+    let answer = forecast_answer(&state, &fleet, copy, WHAT_IF.to_string(), params, driver).await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+/// The name of a what-if run in a forecast's copy: not a name a run can have.
+const WHAT_IF: &str = "(what-if)";
+
+/// An error about part of a body, its field path put under `prefix`.
+fn prefixed(mut e: HttpError, prefix: &str) -> HttpError {
+    e.target = if e.target.is_empty() {
+        prefix.to_string()
+    } else {
+        format!("{prefix}.{}", e.target)
+    };
+    if !e.message.starts_with(prefix) {
+        e.message = format!("{prefix}.{}", e.message);
+    }
+    e
+}
+
+/// `POST …/updateRuns/{run}/forecast` (SEMANTICS §11): the fleet's engine copied and run
+/// forward off the fleet's task. Durations: the median of the member's last five upgrades of
+/// the run's type, else of the fleet's last fifty, else what the fleet's driver expects (the
+/// `sim` driver's configured durations), else `defaultDurationSeconds`.
+async fn forecast_run(
+    state: &Shared,
+    caller: &Caller,
+    fleet: &str,
+    run: &str,
+    body: Body,
+) -> HttpResult<Response> {
+    require(caller, Role::Reader)?;
+    let params = forecast_params(read_json(body).await?)?;
+    let Some((text, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? else {
+        return Err(not_found("updateRun", run));
+    };
+    let head = crate::run_head::RunHead::parse(&text);
+    drop(text);
+    if head.is_over() {
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} has ended ({}); there is nothing to forecast",
+            head.state()
+        ))
+        .into());
+    }
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await?;
+    let copy = state.runs.fleet_copy(fleet, Some(run)).await?;
+    if copy.run(run).is_none() {
+        // It ended between the look at its head and the copy.
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} has ended; there is nothing to forecast"
+        ))
+        .into());
+    }
+    let answer = forecast_answer(state, fleet, copy, run.to_string(), params, driver).await?;
     Ok(axum::Json(answer).into_response())
 }
 
@@ -2584,6 +2682,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "reader",
     ),
     (
+        "post",
+        "/v1/fleets/{fleet}/forecast",
+        "Forecast a run that is not created (what-if): {\"run\": <an update run body>, \"approvalDelaySeconds\", \"defaultDurationSeconds\"}",
+        "reader",
+    ),
+    (
         "get",
         "/v1/fleets/{fleet}/updateRuns/{run}/events",
         "The run's event log; text/event-stream for a live stream",
@@ -2715,6 +2819,7 @@ pub fn router(state: Shared) -> Router {
             getter(Kind::Gate).patch(patch_gate),
         )
         .route(&format!("{fleet}/releases"), get(releases))
+        .route(&format!("{fleet}/forecast"), post(forecast_what_if))
         .route(
             &format!("{fleet}/autoUpgradeProfiles"),
             lister(Kind::Profile),

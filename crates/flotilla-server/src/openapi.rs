@@ -93,6 +93,9 @@ fn request_body(method: &str, path: &str, shape: Shape) -> Option<(Value, bool)>
         ("patch", Shape::Resource("Member")) => Some((reference("MemberPatch"), true)),
         ("post", Shape::List("Token")) => Some((reference("TokenRequest"), true)),
         ("post", Shape::Other("ImportResult")) => Some((reference("MemberImport"), true)),
+        ("post", Shape::Other("Forecast")) if !path.contains("/updateRuns/") => {
+            Some((reference("WhatIfForecastRequest"), true))
+        }
         ("post", Shape::Other("Forecast")) => Some((reference("ForecastRequest"), false)),
         // Actions are sent with no body, as the Azure SDK sends them; skip names its targets.
         ("post", Shape::Action(_)) if path.ends_with("/skip") => {
@@ -178,8 +181,11 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
         ("post", Shape::Other("Forecast")) => {
             put(200, answer("The forecast", Some(reference("Forecast"))));
             put(400, error("A parameter is out of range or unknown"));
-            put(404, error("The run does not exist"));
-            put(409, error("The run has ended"));
+            put(404, error("The run or fleet does not exist"));
+            put(
+                409,
+                error("The run has ended, or the fleet's driver cannot list releases"),
+            );
         }
         ("post", Shape::Other(schema)) => {
             put(
@@ -432,6 +438,10 @@ fn schemas() -> Value {
             "created": {"type": "integer"}, "updated": {"type": "integer"}}},
         "GeneratedRun": {"type": "object", "required": ["id"], "properties": {"id": text}},
         "ForecastRequest": {"type": "object", "additionalProperties": false, "properties": {
+            "approvalDelaySeconds": {"type": "integer", "minimum": 0, "maximum": 31_622_400},
+            "defaultDurationSeconds": {"type": "integer", "minimum": 1, "maximum": 31_622_400}}},
+        "WhatIfForecastRequest": {"type": "object", "required": ["run"], "additionalProperties": false, "properties": {
+            "run": reference("UpdateRun"),
             "approvalDelaySeconds": {"type": "integer", "minimum": 0, "maximum": 31_622_400},
             "defaultDurationSeconds": {"type": "integer", "minimum": 1, "maximum": 31_622_400}}},
         "Forecast": {"type": "object", "required": ["computedAt", "stages", "criticalPath", "assumptions"], "properties": {

@@ -646,17 +646,20 @@ impl Runs {
         ))
     }
 
-    /// A copy of the fleet's engine holding `run` and every other unfinished run, for a
-    /// forecast: the driving task's own when this replica drives the fleet (taken between two
+    /// A copy of the fleet's engine holding `run` (if one is named) and every other unfinished
+    /// run, for a forecast: the driving task's own when this replica drives the fleet (taken between two
     /// of its steps), otherwise rebuilt from the store as a takeover would.
     pub async fn fleet_copy(
         self: &Arc<Self>,
         fleet: &str,
-        run: &str,
+        run: Option<&str>,
     ) -> Result<FleetEngine, ApiError> {
         let stopped = || ApiError::conflict("the fleet's reconciler stopped; try again");
         if self.own(fleet).await {
-            let tx = self.handle(fleet, run).await?;
+            let tx = match run {
+                Some(run) => self.handle(fleet, run).await?,
+                None => self.fleet_task(fleet).await?.tx,
+            };
             let (reply, answer) = oneshot::channel();
             tx.send(Msg::Copy { reply }).map_err(|_| stopped())?;
             return answer.await.map(|engine| *engine).map_err(|_| stopped());
@@ -675,7 +678,7 @@ impl Runs {
             .map_err(|e| ApiError::conflict(e.to_string()))?;
         for (name, head) in heads {
             let active = !head.is_over() && head.state() != "NotStarted";
-            if active || name == run {
+            if active || Some(name.as_str()) == run {
                 let loaded = self.load(fleet, &name).await?;
                 engine.adopt_run(now(), &name, loaded.engine)?;
             }

@@ -2668,6 +2668,52 @@ async fn a_run_is_forecast_before_it_starts() {
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // What if both groups went in one stage? A run body, not created.
+    let what_if = h
+        .ok(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/forecast",
+            Some(json!({"run": {"properties": {
+                "strategy": {"stages": [{"name": "all", "groups": [{"name": "canary"}, {"name": "prod"}]}]},
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}}})),
+        )
+        .await;
+    let t0 = at(&what_if["computedAt"]);
+    // Both groups at once, each one member at a time: prod's 1200 + 300 s decide.
+    assert_eq!(at(&what_if["completedTime"]) - t0, 1500, "{what_if}");
+    let runs = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns", None)
+        .await;
+    assert_eq!(
+        runs["value"].as_array().map(Vec::len),
+        Some(1),
+        "nothing was created"
+    );
+    for (body, needle) in [
+        (json!({"approvalDelaySeconds": 1}), "run is required"),
+        (
+            json!({"run": {"properties": {"strategy": {"stages": []},
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}}}),
+            "run.properties.strategy",
+        ),
+        (
+            json!({"run": {"properties": {"managedClusterUpdate": {"upgrade": {"type": "Sideways"}}}}}),
+            "run.properties.managedClusterUpdate",
+        ),
+    ] {
+        let (status, answer, _) = h
+            .call("reader", Method::POST, "/v1/fleets/f1/forecast", Some(body))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(needle),
+            "{answer}"
+        );
+    }
 }
 
 /// Durations of upgrades that succeeded are recorded per member and upgrade type, and a later
