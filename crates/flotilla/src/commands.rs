@@ -237,6 +237,16 @@ pub enum RunCommand {
         /// The duration of an upgrade with no history or driver estimate, in seconds.
         #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
         default_duration: Option<i64>,
+        /// Also forecast the run as it would go with other stages or another target, and
+        /// compare (`--what-if --stages FILE`, `--what-if --kubernetes-version 1.32.0`).
+        #[arg(long)]
+        what_if: bool,
+        /// With --what-if: the stages to compare (a file or JSON, as `updaterun create`).
+        #[arg(long, requires = "what_if")]
+        stages: Option<String>,
+        /// With --what-if: the Kubernetes version to compare.
+        #[arg(long, requires = "what_if")]
+        kubernetes_version: Option<String>,
     },
     /// Create a new run from a finished one's strategy snapshot and upgrade.
     Rerun {
@@ -842,6 +852,30 @@ pub fn forecast_table(forecast: &Value) -> String {
     out
 }
 
+/// One line comparing two forecasts' ends.
+fn compare_forecasts(run: &Value, what_if: &Value) -> String {
+    let end = |v: &Value| {
+        v["completedTime"]
+            .as_str()
+            .and_then(|t| flotilla_engine::time::Time::parse(t).ok())
+    };
+    match (end(run), end(what_if)) {
+        (Some(a), Some(b)) => {
+            let minutes = (b.unix() - a.unix()) as f64 / 60.0;
+            let how = if minutes < 0.0 { "earlier" } else { "later" };
+            format!(
+                "the what-if ends {b}, {:.0} minutes {how} than the run ({a})\n",
+                minutes.abs()
+            )
+        }
+        (a, b) => format!(
+            "the run ends {}, the what-if {}\n",
+            a.map_or("never".into(), |t| t.to_string()),
+            b.map_or("never".into(), |t| t.to_string())
+        ),
+    }
+}
+
 /// The tree of `updaterun show`.
 pub fn run_tree(run: &Value, colour: bool) -> String {
     let name = s(run, &["name"]);
@@ -1057,6 +1091,9 @@ pub async fn run(
             target,
             approval_delay,
             default_duration,
+            what_if,
+            stages,
+            kubernetes_version,
         } => {
             let mut body = serde_json::Map::new();
             if let Some(d) = approval_delay {
@@ -1069,10 +1106,46 @@ pub async fn run(
                 .send(
                     reqwest::Method::POST,
                     &format!("{}/forecast", path(&target)),
+                    Some(&Value::Object(body.clone())),
+                )
+                .await?;
+            if !what_if {
+                print(format, &v, || forecast_table(&v))?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            // The run as it is, with the stages or target asked for instead.
+            let run = client.get(&path(&target)).await?;
+            let mut properties = json!({
+                "managedClusterUpdate": run["properties"]["managedClusterUpdate"].clone(),
+            });
+            properties["strategy"] = match &stages {
+                Some(stages) => file_or_json(stages, "--stages")?,
+                None => run["properties"]["strategy"].clone(),
+            };
+            if properties["strategy"].is_null() {
+                properties.as_object_mut().map(|p| p.remove("strategy"));
+            }
+            if let Some(version) = &kubernetes_version {
+                properties["managedClusterUpdate"]["upgrade"]["kubernetesVersion"] =
+                    json!(version.trim_start_matches('v'));
+            }
+            body.insert("run".into(), json!({"properties": properties}));
+            let other = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("/v1/fleets/{}/forecast", target.fleet),
                     Some(&Value::Object(body)),
                 )
                 .await?;
-            print(format, &v, || forecast_table(&v))?;
+            let both = json!({"run": v, "whatIf": other});
+            print(format, &both, || {
+                format!(
+                    "{}\n── what if ──\n\n{}\n{}",
+                    forecast_table(&v),
+                    forecast_table(&other),
+                    compare_forecasts(&v, &other)
+                )
+            })?;
         }
         RunCommand::List { fleet } => {
             let items = client

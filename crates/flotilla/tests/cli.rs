@@ -436,6 +436,27 @@ fn gates_watch_and_actions() {
         forecast["stages"][1]["groups"][0]["members"][0]["waitsFor"],
         json!(["Gate"])
     );
+    // The same run with one stage and no gate, side by side: ten minutes sooner.
+    let compared = env.ok(&[
+        "updaterun",
+        "forecast",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--approval-delay",
+        "600",
+        "--what-if",
+        "--stages",
+        r#"{"stages": [{"name": "all", "groups": [{"name": "canary"}, {"name": "prod"}]}]}"#,
+        "-o",
+        "table",
+    ]);
+    assert!(compared.contains("── what if ──"), "{compared}");
+    assert!(
+        compared.contains("10 minutes earlier than the run"),
+        "{compared}"
+    );
     env.fails(
         &[
             "updaterun",
