@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::engine::{Command, Input, OperationProgress, WaitReason, apply_target};
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
-use crate::status::{EventType, State, UpdateRunStatus, UpdateStatus};
+use crate::status::{EventType, GateStatus, State, UpdateRunStatus, UpdateStatus};
 use crate::time::{SECONDS_PER_DAY, Time};
 
 /// A forecast's parameters (API.md, "Health checks and forecasts").
@@ -387,43 +387,23 @@ fn critical_path(
     let Some(mut cursor) = status.status.completed_time else {
         return path;
     };
-    let step = |kind, name: &str, from: Option<Time>, to: Option<Time>| {
-        Some(PathStep {
-            kind,
-            name: name.to_string(),
-            from: from?,
-            to: to?,
-        })
-    };
     for stage in status.stages.iter().rev() {
         if cursor <= now {
             break;
         }
         if let Some(w) = &stage.after_stage_wait_status
             && w.status.completed_time == Some(cursor)
-            && let Some(s) = step(
-                PathKind::Wait,
-                &stage.name,
-                w.status.start_time,
-                Some(cursor),
-            )
+            && let Some(from) = w.status.start_time
         {
-            cursor = s.from;
-            path.push(s);
+            path.push(PathStep {
+                kind: PathKind::Wait,
+                name: stage.name.clone(),
+                from,
+                to: cursor,
+            });
+            cursor = from;
         }
-        for g in stage.after_gates.iter().rev() {
-            if g.status.completed_time == Some(cursor)
-                && let Some(s) = step(
-                    PathKind::Gate,
-                    &g.gate_id,
-                    g.status.start_time,
-                    Some(cursor),
-                )
-            {
-                cursor = s.from;
-                path.push(s);
-            }
-        }
+        back_over_gates(stage.after_gates.iter().rev(), &mut cursor, &mut path, now);
         let members: Vec<_> = stage.groups.iter().flat_map(|g| &g.members).collect();
         // The member of the stage that ends last, by the cursor.
         let mut current = members
@@ -474,23 +454,33 @@ fn critical_path(
             .iter()
             .flat_map(|g| g.before_gates.iter().rev())
             .chain(stage.before_gates.iter().rev());
-        for g in gates {
-            if g.status.completed_time == Some(cursor)
-                && cursor > now
-                && let Some(s) = step(
-                    PathKind::Gate,
-                    &g.gate_id,
-                    g.status.start_time,
-                    Some(cursor),
-                )
-            {
-                cursor = s.from;
-                path.push(s);
-            }
-        }
+        back_over_gates(gates, &mut cursor, &mut path, now);
     }
     path.reverse();
     path
+}
+
+/// Steps back over the gates, last first, that ended at the cursor and after `now`.
+fn back_over_gates<'a>(
+    gates: impl Iterator<Item = &'a GateStatus>,
+    cursor: &mut Time,
+    path: &mut Vec<PathStep>,
+    now: Time,
+) {
+    for g in gates {
+        if g.status.completed_time == Some(*cursor)
+            && *cursor > now
+            && let Some(from) = g.status.start_time
+        {
+            path.push(PathStep {
+                kind: PathKind::Gate,
+                name: g.gate_id.clone(),
+                from,
+                to: *cursor,
+            });
+            *cursor = from;
+        }
+    }
 }
 
 impl Forecast {

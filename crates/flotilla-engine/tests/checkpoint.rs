@@ -4,11 +4,10 @@
 
 mod common;
 
-use common::{member_at, v};
+use common::{catalog, control_plane, member_at};
 
 use flotilla_engine::engine::{Command, Engine, Input, RunSpec};
-use flotilla_engine::fleet::{Catalog, KubeRelease, Member, RegionCatalog};
-use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
+use flotilla_engine::fleet::Member;
 use flotilla_engine::time::Time;
 
 fn members(n: usize) -> Vec<Member> {
@@ -17,35 +16,19 @@ fn members(n: usize) -> Vec<Member> {
         .collect()
 }
 
-fn catalog() -> Catalog {
-    let mut region = RegionCatalog::default();
-    region.kubernetes.push(KubeRelease {
-        version: v("1.31.1"),
-        preview: false,
-        long_term_support: false,
-        available_at: None,
-    });
-    let mut c = Catalog::default();
-    c.regions.insert("eastus".into(), region);
-    c
-}
-
 fn spec() -> RunSpec {
-    RunSpec {
-        strategy: None,
-        rules: Default::default(),
-        upgrade: Upgrade {
-            upgrade_type: UpgradeType::ControlPlaneOnly,
-            kubernetes_version: Some(v("1.31.1")),
-            node_images: NodeImageSelection::Latest,
-        },
-    }
+    control_plane("1.31.1")
 }
 
 fn created(n: usize) -> Engine {
-    Engine::create("run", &spec(), &members(n), catalog())
-        .expect("run created")
-        .0
+    Engine::create(
+        "run",
+        &spec(),
+        &members(n),
+        catalog(&[("eastus", &["1.31.1"])]),
+    )
+    .expect("run created")
+    .0
 }
 
 /// A run of `n` members started at `t0`, its first member's upgrade finished and the second

@@ -3,45 +3,19 @@
 
 mod common;
 
-use common::{member_at, v};
+use common::{catalog, control_plane, member_at, v};
 
 use flotilla_engine::engine::{Command, Engine, Input, RunSpec};
-use flotilla_engine::fleet::{Catalog, KubeRelease, Member, RegionCatalog};
+use flotilla_engine::fleet::Member;
 use flotilla_engine::status::State;
-use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
 use flotilla_engine::time::Time;
 
 fn member(name: &str, region: &str) -> Member {
     member_at(name, region, "1.30.5")
 }
 
-fn catalog(regions: &[(&str, &[&str])]) -> Catalog {
-    let mut c = Catalog::default();
-    for (region, versions) in regions {
-        let mut rc = RegionCatalog::default();
-        for version in *versions {
-            rc.kubernetes.push(KubeRelease {
-                version: v(version),
-                preview: false,
-                long_term_support: false,
-                available_at: None,
-            });
-        }
-        c.regions.insert(region.to_string(), rc);
-    }
-    c
-}
-
 fn spec() -> RunSpec {
-    RunSpec {
-        strategy: None,
-        rules: Default::default(),
-        upgrade: Upgrade {
-            upgrade_type: UpgradeType::ControlPlaneOnly,
-            kubernetes_version: Some(v("1.31.1")),
-            node_images: NodeImageSelection::Latest,
-        },
-    }
+    control_plane("1.31.1")
 }
 
 fn started(engine: &mut Engine) -> Vec<String> {

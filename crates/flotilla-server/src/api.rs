@@ -1543,12 +1543,7 @@ async fn forecast_what_if(
         .drivers
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
-    let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!(
-            "the fleet's driver cannot list releases: {}",
-            e.message
-        ))
-    })?;
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
     let mut copy = state.runs.fleet_copy(&fleet, None).await?;
     copy.create_run(WHAT_IF, &spec, catalog)
         .map_err(|e| prefixed(e.into(), "run"))?;
@@ -1670,12 +1665,7 @@ async fn create_run(
         // The engine orders members by name; the snapshot keeps the order they were read in.
         members.sort_by(|a, b| a.name.cmp(&b.name));
     }
-    let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!(
-            "the fleet's driver cannot list releases: {}",
-            e.message
-        ))
-    })?;
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
     let mut snapshot = RunSnapshot {
         strategy: strategy.clone(),
         update: update.clone(),
@@ -2154,12 +2144,7 @@ pub async fn generate(
         .drivers
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
-    let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!(
-            "the fleet's driver cannot list releases: {}",
-            e.message
-        ))
-    })?;
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
     let planned = match plan_generation(&name, &profile, &catalog, now()) {
         Ok(planned) => planned,
         Err(no_run) => return Ok(Err(no_run)),
@@ -2347,12 +2332,7 @@ async fn releases(
         .drivers
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
-    let catalog = driver.catalog().await.map_err(|e| {
-        ApiError::conflict(format!(
-            "the fleet's driver cannot list releases: {}",
-            e.message
-        ))
-    })?;
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
     let mut spec = catalog.spec();
     if let Some(region) = &paging.region {
         spec.retain(|r, _| r == region);

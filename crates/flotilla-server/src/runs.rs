@@ -403,6 +403,17 @@ pub fn engine_from_snapshot(
     )
 }
 
+/// The fleet's release catalog from its driver; a driver that cannot list it is a conflict
+/// the caller may retry.
+pub async fn driver_catalog(driver: &dyn Driver) -> Result<Catalog, ApiError> {
+    driver.catalog().await.map_err(|e| {
+        ApiError::conflict(format!(
+            "the fleet's driver cannot list releases: {}",
+            e.message
+        ))
+    })
+}
+
 /// A run's snapshot as stored (the run's strategy and upgrade stay in the run's document):
 /// each distinct cluster once, and each member pointing at its cluster by index (`c`). Most
 /// members of a fleet share a few cluster shapes, so this is about half the size of a cluster
@@ -666,12 +677,7 @@ impl Runs {
         }
         let mut engine = FleetEngine::from_shared(member_table(&self.store, fleet).await?, {
             let driver = self.drivers.for_fleet(self.store.as_ref(), fleet).await?;
-            driver.catalog().await.map_err(|e| {
-                ApiError::conflict(format!(
-                    "the fleet's driver cannot list releases: {}",
-                    e.message
-                ))
-            })?
+            driver_catalog(driver.as_ref()).await?
         });
         let heads = crate::run_head::heads(self.store.as_ref(), fleet)
             .await
