@@ -204,6 +204,17 @@ pub enum UpgradeType {
     NodeImageOnly,
 }
 
+impl UpgradeType {
+    /// The API's name of the type, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeType::Full => "Full",
+            UpgradeType::ControlPlaneOnly => "ControlPlaneOnly",
+            UpgradeType::NodeImageOnly => "NodeImageOnly",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeImageSelection {
     Latest,

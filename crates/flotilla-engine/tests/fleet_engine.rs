@@ -4,15 +4,14 @@
 
 mod common;
 
-use common::{member_at, v};
+use common::{control_plane, member_at, v};
 use std::collections::BTreeMap;
 
 use flotilla_engine::engine::{Command, Engine, Input, OperationProgress, RunSpec};
 use flotilla_engine::error::ErrorCode;
-use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
+use flotilla_engine::fleet::{Catalog, Cluster, Member};
 use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetInput};
 use flotilla_engine::status::State;
-use flotilla_engine::strategy::{NodeImageSelection, Upgrade, UpgradeType};
 use flotilla_engine::time::Time;
 
 fn member(name: &str, version: &str) -> Member {
@@ -20,30 +19,11 @@ fn member(name: &str, version: &str) -> Member {
 }
 
 fn catalog() -> Catalog {
-    let mut rc = RegionCatalog::default();
-    for version in ["1.30.5", "1.31.1", "1.32.0"] {
-        rc.kubernetes.push(KubeRelease {
-            version: v(version),
-            preview: false,
-            long_term_support: false,
-            available_at: None,
-        });
-    }
-    let mut c = Catalog::default();
-    c.regions.insert("eastus".into(), rc);
-    c
+    common::catalog(&[("eastus", &["1.30.5", "1.31.1", "1.32.0"])])
 }
 
 fn spec(version: &str) -> RunSpec {
-    RunSpec {
-        strategy: None,
-        rules: Default::default(),
-        upgrade: Upgrade {
-            upgrade_type: UpgradeType::ControlPlaneOnly,
-            kubernetes_version: Some(v(version)),
-            node_images: NodeImageSelection::Latest,
-        },
-    }
+    control_plane(version)
 }
 
 fn fleet(names: &[&str]) -> FleetEngine {

@@ -1435,14 +1435,6 @@ fn expected_duration(
     }
 }
 
-/// The API's name of a run's upgrade type (`Full`, `ControlPlaneOnly`, `NodeImageOnly`).
-fn upgrade_type_name(upgrade: &flotilla_engine::strategy::Upgrade) -> Option<String> {
-    serde_json::to_value(upgrade.upgrade_type)
-        .ok()?
-        .as_str()
-        .map(String::from)
-}
-
 /// A forecast of `run` in `copy`, durations as §11 says, in the API's shape; computed on a
 /// blocking thread.
 async fn forecast_answer(
@@ -1456,7 +1448,7 @@ async fn forecast_answer(
     // The recorded durations of each upgrade type the fleet's runs apply.
     let kinds: std::collections::BTreeSet<String> = copy
         .run_names()
-        .filter_map(|name| upgrade_type_name(copy.run(name)?.upgrade()))
+        .filter_map(|name| Some(copy.run(name)?.upgrade().upgrade_type.as_str().to_string()))
         .collect();
     let mut histories: HashMap<String, DurationHistory> = HashMap::new();
     for kind in kinds {
@@ -1473,9 +1465,7 @@ async fn forecast_answer(
                 return *d;
             }
             let engine = copy.run(r);
-            let history = engine
-                .and_then(|e| upgrade_type_name(e.upgrade()))
-                .and_then(|kind| histories.get(&kind));
+            let history = engine.and_then(|e| histories.get(e.upgrade().upgrade_type.as_str()));
             let member = MemberRef {
                 name: m.to_string(),
                 cluster_resource_id: engine

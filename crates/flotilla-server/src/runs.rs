@@ -1660,10 +1660,9 @@ impl FleetActor {
                     let member = event.member.clone()?;
                     let engine = self.engine.run(&run)?;
                     let start = engine.member_started(&member)?;
-                    let upgrade_type = serde_json::to_value(engine.upgrade().upgrade_type).ok()?;
                     Some(UpgradeDuration {
                         member,
-                        upgrade_type: upgrade_type.as_str()?.to_string(),
+                        upgrade_type: engine.upgrade().upgrade_type.as_str().to_string(),
                         seconds: (event.time.unix() - start.unix()).max(0),
                         finished_at: event.time,
                     })

@@ -39,7 +39,7 @@ struct Checkpoint {
     groups: Vec<GroupCk>,
     stages: Vec<StageCk>,
     catalog: Catalog,
-    phase: PhaseCk,
+    phase: RunPhase,
     current: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     run_start: Option<Time>,
@@ -58,32 +58,6 @@ struct Checkpoint {
     chunk_revisions: Vec<u64>,
     polled: u64,
     quiet_changes: u64,
-}
-
-#[derive(Clone, Copy, Serialize, Deserialize)]
-enum PhaseCk {
-    NotStarted,
-    Running,
-    Stopped,
-    Failed,
-    Completed,
-    Skipped,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-enum StepCk {
-    NotStarted,
-    BeforeGates,
-    Active,
-    AfterGates,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-enum PlaceCk {
-    #[default]
-    Nowhere,
-    Queued(u8),
-    Parked,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -115,7 +89,7 @@ struct MemberCk {
     #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
     error: Option<ErrorDetail>,
     #[serde(rename = "p", default, skip_serializing_if = "is_default")]
-    place: PlaceCk,
+    place: Place,
     #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
     timer: Option<Time>,
     #[serde(rename = "r", default, skip_serializing_if = "is_default")]
@@ -157,7 +131,7 @@ struct GateCk {
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Progress {
-    phase: StepCk,
+    phase: Phase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     outcome: Option<State>,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -218,24 +192,6 @@ fn gate_ck(gate: &GateRt) -> GateCk {
     }
 }
 
-fn step_ck(phase: Phase) -> StepCk {
-    match phase {
-        Phase::NotStarted => StepCk::NotStarted,
-        Phase::BeforeGates => StepCk::BeforeGates,
-        Phase::Active => StepCk::Active,
-        Phase::AfterGates => StepCk::AfterGates,
-    }
-}
-
-fn step_rt(phase: StepCk) -> Phase {
-    match phase {
-        StepCk::NotStarted => Phase::NotStarted,
-        StepCk::BeforeGates => Phase::BeforeGates,
-        StepCk::Active => Phase::Active,
-        StepCk::AfterGates => Phase::AfterGates,
-    }
-}
-
 fn target_ck(target: &Target) -> TargetCk {
     TargetCk {
         upgrade_type: target.upgrade_type,
@@ -277,7 +233,7 @@ fn target_rt(target: TargetCk, at: &str) -> Result<Target, String> {
 macro_rules! progress_ck {
     ($x:expr) => {
         Progress {
-            phase: step_ck($x.phase),
+            phase: $x.phase,
             outcome: $x.outcome,
             user_skipped: $x.user_skipped,
             stopped: $x.stopped,
@@ -298,7 +254,7 @@ macro_rules! restore_progress {
         let p = $p;
         restore_gates(&mut $x.before, p.before, $at)?;
         restore_gates(&mut $x.after, p.after, $at)?;
-        $x.phase = step_rt(p.phase);
+        $x.phase = p.phase;
         $x.outcome = p.outcome;
         $x.user_skipped = p.user_skipped;
         $x.stopped = p.stopped;
@@ -384,11 +340,7 @@ impl Engine {
                     completed: m.completed,
                     message: m.message.clone(),
                     error: m.error.as_deref().cloned(),
-                    place: match m.place {
-                        Place::Nowhere => PlaceCk::Nowhere,
-                        Place::Queued(class) => PlaceCk::Queued(class),
-                        Place::Parked => PlaceCk::Parked,
-                    },
+                    place: m.place,
                     timer: m.timer,
                     reattaching: m.reattaching,
                     removed: m.removed,
@@ -427,14 +379,7 @@ impl Engine {
                 })
                 .collect(),
             catalog: self.catalog.clone(),
-            phase: match self.phase {
-                RunPhase::NotStarted => PhaseCk::NotStarted,
-                RunPhase::Running => PhaseCk::Running,
-                RunPhase::Stopped => PhaseCk::Stopped,
-                RunPhase::Failed => PhaseCk::Failed,
-                RunPhase::Completed => PhaseCk::Completed,
-                RunPhase::Skipped => PhaseCk::Skipped,
-            },
+            phase: self.phase,
             current: self.current,
             run_start: self.run_start,
             run_completed: self.run_completed,
@@ -576,16 +521,12 @@ impl Engine {
             m.completed = s.completed;
             m.message = s.message;
             m.error = s.error.map(Box::new);
-            m.place = match s.place {
-                PlaceCk::Nowhere => Place::Nowhere,
-                PlaceCk::Queued(class) => {
-                    self.groups[m.group as usize]
-                        .ready
-                        .insert((class, i as u32));
-                    Place::Queued(class)
-                }
-                PlaceCk::Parked => Place::Parked,
-            };
+            if let Place::Queued(class) = s.place {
+                self.groups[m.group as usize]
+                    .ready
+                    .insert((class, i as u32));
+            }
+            m.place = s.place;
             m.timer = s.timer;
             if let Some(t) = s.timer {
                 self.timers.insert((t, TimerKey::Member(i as u32)));
@@ -614,14 +555,7 @@ impl Engine {
             stage.wait.completed = s.wait.completed;
         }
         self.catalog = ck.catalog;
-        self.phase = match ck.phase {
-            PhaseCk::NotStarted => RunPhase::NotStarted,
-            PhaseCk::Running => RunPhase::Running,
-            PhaseCk::Stopped => RunPhase::Stopped,
-            PhaseCk::Failed => RunPhase::Failed,
-            PhaseCk::Completed => RunPhase::Completed,
-            PhaseCk::Skipped => RunPhase::Skipped,
-        };
+        self.phase = ck.phase;
         self.current = ck.current;
         self.run_start = ck.run_start;
         self.run_completed = ck.run_completed;
@@ -684,113 +618,43 @@ impl Engine {
         index.sort();
         let mut other_index: Vec<_> = other.member_index.iter().collect();
         other_index.sort();
-        let fields = [
-            (
-                "run_name",
-                format!("{run_name:?}"),
-                format!("{:?}", other.run_name),
-            ),
-            (
-                "upgrade",
-                format!("{upgrade:?}"),
-                format!("{:?}", other.upgrade),
-            ),
-            ("rules", format!("{rules:?}"), format!("{:?}", other.rules)),
-            (
-                "catalog",
-                format!("{catalog:?}"),
-                format!("{:?}", other.catalog),
-            ),
-            (
-                "member_index",
-                format!("{index:?}"),
-                format!("{other_index:?}"),
-            ),
-            (
-                "groups",
-                format!("{groups:?}"),
-                format!("{:?}", other.groups),
-            ),
-            (
-                "group_failures",
-                format!("{group_failures:?}"),
-                format!("{:?}", other.group_failures),
-            ),
-            (
-                "stages",
-                format!("{stages:?}"),
-                format!("{:?}", other.stages),
-            ),
-            ("phase", format!("{phase:?}"), format!("{:?}", other.phase)),
-            (
-                "current",
-                format!("{current:?}"),
-                format!("{:?}", other.current),
-            ),
-            (
-                "run_start",
-                format!("{run_start:?}"),
-                format!("{:?}", other.run_start),
-            ),
-            (
-                "run_completed",
-                format!("{run_completed:?}"),
-                format!("{:?}", other.run_completed),
-            ),
-            (
-                "in_flight",
-                format!("{in_flight:?}"),
-                format!("{:?}", other.in_flight),
-            ),
-            (
-                "failure_count",
-                format!("{failure_count:?}"),
-                format!("{:?}", other.failure_count),
-            ),
-            (
-                "selected_images",
-                format!("{selected_images:?}"),
-                format!("{:?}", other.selected_images),
-            ),
-            (
-                "next_attempt",
-                format!("{next_attempt:?}"),
-                format!("{:?}", other.next_attempt),
-            ),
-            (
-                "timers",
-                format!("{timers:?}"),
-                format!("{:?}", other.timers),
-            ),
-            (
-                "commands",
-                format!("{commands:?}"),
-                format!("{:?}", other.commands),
-            ),
-            (
-                "events",
-                format!("{events:?}"),
-                format!("{:?}", other.events),
-            ),
-            (
-                "revisions",
-                format!("{revisions:?}"),
-                format!("{:?}", other.revisions),
-            ),
-            (
-                "polled",
-                format!("{polled:?}"),
-                format!("{:?}", other.polled),
-            ),
-            (
-                "quiet_changes",
-                format!("{quiet_changes:?}"),
-                format!("{:?}", other.quiet_changes),
-            ),
-        ];
-        if let Some((field, _, _)) = fields.iter().find(|(_, a, b)| a != b) {
-            return Some(format!("run {run_name:?}: {field} differs"));
+        if format!("{index:?}") != format!("{other_index:?}") {
+            return Some(format!("run {run_name:?}: member_index differs"));
         }
+        // Each field compared by its Debug text (the member index above in name order: a hash
+        // map's own order is its hasher's).
+        macro_rules! same {
+            ($($field:ident),*) => {
+                $(
+                    if format!("{:?}", $field) != format!("{:?}", other.$field) {
+                        return Some(format!("run {run_name:?}: {} differs", stringify!($field)));
+                    }
+                )*
+            };
+        }
+        same!(
+            run_name,
+            upgrade,
+            rules,
+            catalog,
+            groups,
+            group_failures,
+            stages,
+            phase,
+            current,
+            run_start,
+            run_completed,
+            in_flight,
+            failure_count,
+            selected_images,
+            next_attempt,
+            timers,
+            commands,
+            events,
+            revisions,
+            polled,
+            quiet_changes
+        );
         // Members one by one, so a difference names the member.
         for (a, b) in members.iter().zip(&other.members) {
             let (a, b) = (format!("{a:?}"), format!("{b:?}"));

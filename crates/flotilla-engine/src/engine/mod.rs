@@ -219,7 +219,7 @@ pub struct GateView {
 // ---------------------------------------------------------------------------------------------
 // Internal state.
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Phase {
     NotStarted,
     BeforeGates,
@@ -227,7 +227,7 @@ enum Phase {
     AfterGates,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum RunPhase {
     NotStarted,
     Running,
@@ -239,8 +239,9 @@ enum RunPhase {
 }
 
 /// Where a member that has not started sits in its (active) group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Place {
+    #[default]
     Nowhere,
     /// NotStarted, in the group's queue under its priority class, to be reached in order.
     Queued(u8),
