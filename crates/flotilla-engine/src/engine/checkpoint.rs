@@ -588,46 +588,22 @@ impl Engine {
     /// Where this engine differs from `other`, field by field (for tests of checkpoints and
     /// replays): `None` when they are the same run in the same state.
     pub fn differences(&self, other: &Engine) -> Option<String> {
-        // Every field is named, so a field added later must be decided on here.
-        let Engine {
-            run_name,
-            upgrade,
-            rules,
-            catalog,
-            members,
-            member_index,
-            groups,
-            group_failures,
-            stages,
-            phase,
-            current,
-            run_start,
-            run_completed,
-            in_flight,
-            failure_count,
-            selected_images,
-            next_attempt,
-            timers,
-            commands,
-            events,
-            revisions,
-            polled,
-            quiet_changes,
-        } = self;
-        let mut index: Vec<_> = member_index.iter().collect();
-        index.sort();
-        let mut other_index: Vec<_> = other.member_index.iter().collect();
-        other_index.sort();
-        if format!("{index:?}") != format!("{other_index:?}") {
-            return Some(format!("run {run_name:?}: member_index differs"));
-        }
-        // Each field compared by its Debug text (the member index above in name order: a hash
-        // map's own order is its hasher's).
+        // Every field is named (the destructuring has no `..`), so a field added later must
+        // be decided on here. Fields are compared by their Debug text; the member index in
+        // name order (a hash map's own order is its hasher's), members one by one below.
         macro_rules! same {
             ($($field:ident),*) => {
+                let Engine { members: _, member_index, $($field),* } = self;
+                let mut index: Vec<_> = member_index.iter().collect();
+                index.sort();
+                let mut other_index: Vec<_> = other.member_index.iter().collect();
+                other_index.sort();
+                if format!("{index:?}") != format!("{other_index:?}") {
+                    return Some(format!("run {:?}: member_index differs", self.run_name));
+                }
                 $(
                     if format!("{:?}", $field) != format!("{:?}", other.$field) {
-                        return Some(format!("run {run_name:?}: {} differs", stringify!($field)));
+                        return Some(format!("run {:?}: {} differs", self.run_name, stringify!($field)));
                     }
                 )*
             };
@@ -656,13 +632,16 @@ impl Engine {
             quiet_changes
         );
         // Members one by one, so a difference names the member.
-        for (a, b) in members.iter().zip(&other.members) {
+        for (a, b) in self.members.iter().zip(&other.members) {
             let (a, b) = (format!("{a:?}"), format!("{b:?}"));
             if a != b {
-                return Some(format!("run {run_name:?}: member differs:\n  {a}\n  {b}"));
+                return Some(format!(
+                    "run {:?}: member differs:\n  {a}\n  {b}",
+                    self.run_name
+                ));
             }
         }
-        (members.len() != other.members.len())
-            .then(|| format!("run {run_name:?}: member counts differ"))
+        (self.members.len() != other.members.len())
+            .then(|| format!("run {:?}: member counts differ", self.run_name))
     }
 }
