@@ -618,7 +618,7 @@ pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgr
             ApiError::new(
                 ErrorCode::InvalidKubernetesVersion,
                 format!(
-                    "{version_path} {v:?}: must be a full version major.minor.patch, like 1.31.2"
+                    "{version_path} {v:?}: an update run needs a full version major.minor.patch, like 1.31.2 (a minor version like 1.31 is for an auto-upgrade profile's targetKubernetesVersion)"
                 ),
                 version_path.clone(),
             )
@@ -839,6 +839,7 @@ mod tests {
         assert!(e.message.contains("NodeImageOnly"));
         let e = upgrade(r#"{"upgrade":{"type":"Full","kubernetesVersion":"1.31"}}"#).unwrap_err();
         assert!(e.message.contains("major.minor.patch"));
+        assert!(e.message.contains("an update run needs"));
         let e = upgrade(r#"{"upgrade":{"type":"Partial"}}"#).unwrap_err();
         assert_eq!(e.target, "properties.managedClusterUpdate.upgrade.type");
         let e = upgrade(

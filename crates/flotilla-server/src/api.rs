@@ -84,6 +84,20 @@ fn check_if_match(headers: &HeaderMap, etag: &str) -> HttpResult<()> {
     }
 }
 
+/// For a write that finds the resource already as sent: the preconditions a write would have
+/// been held to (`If-Match`, `If-None-Match: *`).
+fn check_precondition(headers: &HeaderMap, etag: &str) -> HttpResult<()> {
+    check_if_match(headers, etag)?;
+    if precondition(headers) == Precondition::IfNoneMatchAny {
+        return Err(HttpError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "PreconditionFailed",
+            format!("If-None-Match: * but the resource exists (eTag {etag})"),
+        ));
+    }
+    Ok(())
+}
+
 fn precondition(headers: &HeaderMap) -> Precondition {
     if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
         Precondition::IfMatch(tag.trim().to_string())
@@ -569,12 +583,122 @@ fn getter(kind: Kind) -> axum::routing::MethodRouter<Shared> {
 // ---------------------------------------------------------------------------------------------
 // Fleets.
 
+/// A fleet as sent: Flotilla's `properties.driver`, and what Fleet Manager's fleets carry
+/// (`location`, `tags`, `identity`, `properties.hubProfile`), kept as given.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FleetBody {
+    #[serde(default)]
+    location: Option<String>,
+    #[serde(default)]
+    tags: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    identity: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    properties: Option<FleetProperties>,
+    #[serde(default, rename = "id")]
+    _id: Option<Value>,
+    #[serde(default, rename = "name")]
+    _name: Option<Value>,
+    #[serde(default, rename = "type")]
+    _type: Option<Value>,
+    #[serde(default, rename = "eTag")]
+    _etag: Option<Value>,
+    #[serde(default, rename = "systemData")]
+    _system: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FleetProperties {
     driver: Option<Value>,
+    #[serde(default)]
+    hub_profile: Option<serde_json::Map<String, Value>>,
     #[serde(default, rename = "provisioningState")]
     _state: Option<Value>,
+    #[serde(default, rename = "status")]
+    _status: Option<Value>,
+}
+
+/// A fleet's `PATCH`: its tags and identity (Fleet Manager's `FleetPatch`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetPatch {
+    #[serde(default)]
+    tags: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    identity: Option<serde_json::Map<String, Value>>,
+}
+
+/// ARM's limits on tags: at most 50, names up to 512 characters, values up to 256.
+fn check_tags(tags: &BTreeMap<String, String>) -> HttpResult<()> {
+    if tags.len() > 50 {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("tags: {} tags; at most 50", tags.len()),
+            "tags",
+        )
+        .into());
+    }
+    for (k, v) in tags {
+        if k.is_empty()
+            || k.len() > 512
+            || v.len() > 256
+            || k.contains(['<', '>', '%', '&', '\\', '?', '/'])
+        {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("tags.{k}: a tag's name must be 1 to 512 characters without < > % & \\ ? /, its value at most 256 characters"),
+                format!("tags.{k}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// `systemData` (API.md, "Fleet Manager (ARM) paths"): who created a resource and when, kept
+/// from the body it replaces, and who changed it last, from the caller's token.
+fn system_data(caller: &Caller, previous: Option<&Value>) -> Value {
+    let at = now();
+    let by_type = if caller.is_system() {
+        "Application"
+    } else {
+        "User"
+    };
+    let mut body = json!({"systemData": {
+        "createdBy": caller.subject,
+        "createdByType": by_type,
+        "createdAt": at,
+        "lastModifiedBy": caller.subject,
+        "lastModifiedByType": by_type,
+        "lastModifiedAt": at,
+    }});
+    if let Some(stored) = previous {
+        crate::store::keep_creation(&mut body, stored);
+    }
+    body["systemData"].take()
+}
+
+/// Writes a resource's new body stamped with `systemData` (its creation kept from `stored`).
+/// Returns the resource and whether it was created.
+#[allow(clippy::too_many_arguments)]
+async fn write_resource(
+    state: &Shared,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+    mut body: Value,
+    stored: Option<Resource>,
+    caller: &Caller,
+    headers: &HeaderMap,
+) -> HttpResult<(Resource, bool)> {
+    body["systemData"] = system_data(caller, stored.as_ref().map(|r| &r.body));
+    Ok(state
+        .runs
+        .store
+        .put(fleet, kind, name, &body, &precondition(headers))
+        .await?)
 }
 
 async fn list_fleets(
@@ -599,19 +723,35 @@ async fn put_fleet(
     State(state): State<Shared>,
     caller: Caller,
     Path(fleet): Path<String>,
+    arm: Option<axum::Extension<crate::arm::Arm>>,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
     check_resource_name(&fleet, "fleet", 63)?;
-    let props: FleetProperties = envelope(read_json(body).await?)?;
-    let driver = props.driver.ok_or_else(|| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            "properties.driver is required",
-            "properties.driver",
-        ))
-    })?;
+    let sent: FleetBody = from_json_value(read_json(body).await?, "")?;
+    if let Some(tags) = &sent.tags {
+        check_tags(tags)?;
+    }
+    let props = sent.properties.unwrap_or_default();
+    let stored = state.runs.store.get("", Kind::Fleet, &fleet).await?;
+    let settings = state.arm_settings();
+    // The driver sent, else the one the fleet has, else the server's default.
+    let driver = props
+        .driver
+        .or_else(|| {
+            stored
+                .as_ref()
+                .map(|f| f.body["properties"]["driver"].clone())
+        })
+        .or_else(|| settings.default_driver.clone())
+        .ok_or_else(|| {
+            HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                "properties.driver is required (this server has no --default-driver)",
+                "properties.driver",
+            ))
+        })?;
     let allow = state
         .runs
         .drivers
@@ -626,23 +766,78 @@ async fn put_fleet(
             e.field,
         ))
     })?;
-    let body = json!({
+    let mut properties = json!({"provisioningState": "Succeeded", "driver": driver});
+    if let Some(hub) = props.hub_profile {
+        properties["hubProfile"] = Value::Object(hub);
+    }
+    let mut body = json!({
         "id": format!("/v1/fleets/{fleet}"),
         "name": fleet,
         "type": "Microsoft.ContainerService/fleets",
-        "properties": {"provisioningState": "Succeeded", "driver": driver},
+        "properties": properties,
     });
-    let (resource, created) = state
-        .runs
-        .store
-        .put("", Kind::Fleet, &fleet, &body, &precondition(&headers))
-        .await?;
-    state.runs.drivers.forget(&fleet);
+    for (key, value) in [
+        ("location", sent.location.map(Value::String)),
+        ("tags", sent.tags.map(|t| json!(t))),
+        ("identity", sent.identity.map(Value::Object)),
+    ] {
+        if let Some(v) = value {
+            body[key] = v;
+        }
+    }
+    // A fleet keeps the subscription and resource group it was created under.
+    let home = match (&stored, arm) {
+        (Some(f), _) => f.body.get(crate::arm::HOME).cloned(),
+        (None, Some(axum::Extension(arm))) => Some(arm.home.to_json()),
+        (None, None) => None,
+    };
+    if let Some(home) = home {
+        body[crate::arm::HOME] = home;
+    }
+    write_fleet(&state, &fleet, stored, body, &caller, &headers).await
+}
+
+/// Stores a fleet's new body and answers it.
+async fn write_fleet(
+    state: &Shared,
+    fleet: &str,
+    stored: Option<Resource>,
+    body: Value,
+    caller: &Caller,
+    headers: &HeaderMap,
+) -> HttpResult<Response> {
+    let (resource, created) =
+        write_resource(state, "", Kind::Fleet, fleet, body, stored, caller, headers).await?;
+    state.runs.drivers.forget(fleet);
     if created {
         // The replica a new fleet is created on drives it, unless another took it already.
-        state.runs.own(&fleet).await;
+        state.runs.own(fleet).await;
     }
     Ok(respond(resource, created))
+}
+
+/// `PATCH` of a fleet: its `tags` and `identity`, the rest as it is.
+async fn patch_fleet(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let patch: FleetPatch = from_json_value(read_json(body).await?, "")?;
+    if let Some(tags) = &patch.tags {
+        check_tags(tags)?;
+    }
+    let stored = require_fleet(&state, &fleet).await?;
+    let mut body = stored.body.clone();
+    if let Some(tags) = patch.tags {
+        body["tags"] = json!(tags);
+    }
+    if let Some(identity) = patch.identity {
+        body["identity"] = Value::Object(identity);
+    }
+    write_fleet(&state, &fleet, Some(stored), body, &caller, &headers).await
 }
 
 async fn delete_fleet(
@@ -692,6 +887,9 @@ struct MemberProperties {
     _state: Option<Value>,
     #[serde(default, rename = "status")]
     _status: Option<Value>,
+    /// Read-only (2026-06-02-preview): accepted back, never stored.
+    #[serde(default, rename = "meshProperties")]
+    _mesh: Option<Value>,
 }
 
 fn check_group_and_labels(
@@ -754,6 +952,7 @@ fn member_write(
     name: &str,
     value: Value,
     when: Precondition,
+    caller: &Caller,
 ) -> HttpResult<MemberWrite> {
     check_resource_name(name, "member", 50)?;
     let props: MemberProperties = envelope(value)?;
@@ -782,7 +981,7 @@ fn member_write(
         .into());
     }
     check_group_and_labels(&props.group, &props.labels)?;
-    let body = member_body(
+    let mut body = member_body(
         fleet,
         name,
         &id,
@@ -790,6 +989,8 @@ fn member_write(
         &props.labels.unwrap_or_default(),
         json!({}),
     );
+    // The store keeps the creation of a member it replaces.
+    body["systemData"] = system_data(caller, None);
     Ok(MemberWrite {
         name: name.to_string(),
         body,
@@ -811,6 +1012,7 @@ async fn put_member(
         &member,
         read_json(body).await?,
         precondition(&headers),
+        &caller,
     )?;
     let id = member_cluster_id(&write.body).to_string();
     let registered = state
@@ -879,7 +1081,8 @@ async fn import_members(
             .under(&prefix)
         })?;
         writes.push(
-            member_write(&fleet, &name, item, Precondition::None).map_err(|e| e.under(&prefix))?,
+            member_write(&fleet, &name, item, Precondition::None, &caller)
+                .map_err(|e| e.under(&prefix))?,
         );
     }
     let registered = state
@@ -941,6 +1144,7 @@ async fn patch_member(
         if let Some(l) = &patch.labels {
             body["properties"]["labels"] = json!(l);
         }
+        body["systemData"] = system_data(&caller, Some(&current.body));
         // Always written under the eTag read (a client's own If-Match is checked first), so a
         // member deleted and registered again meanwhile is not overwritten with the old cluster.
         check_if_match(&headers, &current.etag)?;
@@ -1181,22 +1385,23 @@ async fn put_strategy(
         DEFAULT_STAGE_CONCURRENCY_LIMIT,
     )?;
     let body = json!({
-        "id": format!("/v1/fleets/{fleet}/updateStrategies/{name}"),
+        "id": strategy_id(&fleet, &name),
         "name": name,
         "type": "Microsoft.ContainerService/fleets/updateStrategies",
         "properties": {"provisioningState": "Succeeded", "strategy": spec},
     });
-    let (resource, created) = state
-        .runs
-        .store
-        .put(
-            &fleet,
-            Kind::Strategy,
-            &name,
-            &body,
-            &precondition(&headers),
-        )
-        .await?;
+    let stored = state.runs.store.get(&fleet, Kind::Strategy, &name).await?;
+    let (resource, created) = write_resource(
+        &state,
+        &fleet,
+        Kind::Strategy,
+        &name,
+        body,
+        stored,
+        &caller,
+        &headers,
+    )
+    .await?;
     Ok(respond(resource, created))
 }
 
@@ -1212,7 +1417,13 @@ fn is_active(body: &Value) -> bool {
             && !body["properties"]["status"]["status"]["completedTime"].is_string())
 }
 
-/// `/v1/fleets/{f}/updateStrategies/{s}` or a full Azure id ending the same way.
+/// A strategy's id as stored (answered as an ARM id on the ARM paths).
+fn strategy_id(fleet: &str, name: &str) -> String {
+    format!("/v1/fleets/{fleet}/updateStrategies/{name}")
+}
+
+/// `/v1/fleets/{f}/updateStrategies/{s}` or a full Azure id ending the same way; the fleet's
+/// name compares case-insensitively, as Azure's do.
 fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
     let parts: Vec<&str> = id.trim_end_matches('/').split('/').collect();
     let n = parts.len();
@@ -1227,7 +1438,7 @@ fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
         )
         .into());
     }
-    if parts[n - 3] != fleet {
+    if !parts[n - 3].eq_ignore_ascii_case(fleet) {
         return Err(ApiError::new(
             ErrorCode::InvalidRequestContent,
             format!("properties.updateStrategyId {id:?}: the strategy belongs to fleet {:?}, not {fleet:?}", parts[n - 3]),
@@ -1250,14 +1461,12 @@ async fn run_body(
     ManagedClusterUpdateSpec,
 )> {
     let (strategy, strategy_id) = match (&props.update_strategy_id, props.strategy) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidStrategy,
-                "properties: set either updateStrategyId or strategy, not both",
-                "properties.updateStrategyId",
-            )
-            .into());
-        }
+        // As every run the service returns: the strategy is used as given, the id records where
+        // it came from (API.md, "Fleet Manager (ARM) paths").
+        (Some(id), Some(s)) => (
+            Some(from_json_value::<StrategySpec>(s, "properties.strategy")?),
+            Some(strategy_id(fleet, &strategy_name(id, fleet)?)),
+        ),
         (Some(id), None) => {
             let name = strategy_name(id, fleet)?;
             let found = state.runs.store.get(fleet, Kind::Strategy, &name).await?.ok_or_else(|| {
@@ -1273,7 +1482,7 @@ async fn run_body(
                     found.body["properties"]["strategy"].clone(),
                     "properties.strategy",
                 )?),
-                Some(id.clone()),
+                Some(strategy_id(fleet, &name)),
             )
         }
         (None, Some(s)) => (
@@ -1310,6 +1519,15 @@ async fn put_run(
     check_resource_name(&run, "updateRun", 50)?;
     let props: RunProperties = envelope(read_json(body).await?)?;
     let (strategy, strategy_id, update) = run_body(&state, &fleet, props).await?;
+    // What a GET answered, sent back: the run as it is, whatever its state.
+    if let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?
+        && same_run(&text, &strategy, &strategy_id, &update)
+    {
+        check_precondition(&headers, &etag)?;
+        if let Some(response) = stored_response(&text, &etag) {
+            return Ok(response);
+        }
+    }
     let made = create_run(
         &state,
         &fleet,
@@ -1320,6 +1538,7 @@ async fn put_run(
             update,
             rules: RunRules::default(),
             profile_id: None,
+            system_data: system_data(&caller, None),
         },
         precondition(&headers),
     )
@@ -1338,6 +1557,34 @@ async fn put_run(
     Ok(response)
 }
 
+/// Whether a stored run's document says what a PUT sends: its strategy, where it came from, and
+/// its upgrade (read without building the run's status).
+fn same_run(
+    text: &str,
+    strategy: &Option<StrategySpec>,
+    strategy_id: &Option<String>,
+    update: &ManagedClusterUpdateSpec,
+) -> bool {
+    #[derive(Deserialize)]
+    struct Stored {
+        properties: StoredProperties,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct StoredProperties {
+        strategy: Option<Value>,
+        update_strategy_id: Option<String>,
+        managed_cluster_update: Option<Value>,
+    }
+    let Ok(stored) = serde_json::from_str::<Stored>(text) else {
+        return false;
+    };
+    let p = stored.properties;
+    p.strategy == strategy.as_ref().map(|s| json!(s))
+        && p.update_strategy_id == *strategy_id
+        && p.managed_cluster_update == Some(json!(update))
+}
+
 /// What a new run is made of.
 pub struct NewRun {
     pub strategy: Option<StrategySpec>,
@@ -1345,6 +1592,8 @@ pub struct NewRun {
     pub update: ManagedClusterUpdateSpec,
     pub rules: RunRules,
     pub profile_id: Option<String>,
+    /// Who creates it, and when.
+    pub system_data: Value,
 }
 
 /// The longest delay or duration a forecast takes: a year.
@@ -1693,6 +1942,7 @@ async fn create_run(
         "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
         "name": run,
         "type": "Microsoft.ContainerService/fleets/updateRuns",
+        "systemData": new.system_data,
         "properties": properties,
     });
     // Rendered straight to text, as the run's task writes it: a large run's status is never
@@ -2064,9 +2314,11 @@ async fn put_profile(
         map.remove("autoUpgradeProfileStatus");
     }
     let spec: ProfileSpec = from_json_value(props, "properties")?;
+    let mut spec = spec;
     let profile = parse_profile(&spec)?;
     if let Some(id) = &profile.update_strategy_id {
         let strategy = strategy_name(id, &fleet)?;
+        spec.update_strategy_id = Some(strategy_id(&fleet, &strategy));
         state.runs.store.get(&fleet, Kind::Strategy, &strategy).await?.ok_or_else(|| {
             HttpError::from(ApiError::new(
                 ErrorCode::InvalidRequestContent,
@@ -2091,11 +2343,17 @@ async fn put_profile(
         "type": "Microsoft.ContainerService/fleets/autoUpgradeProfiles",
         "properties": properties,
     });
-    let (resource, created) = state
-        .runs
-        .store
-        .put(&fleet, Kind::Profile, &name, &body, &precondition(&headers))
-        .await?;
+    let (resource, created) = write_resource(
+        &state,
+        &fleet,
+        Kind::Profile,
+        &name,
+        body,
+        existing,
+        &caller,
+        &headers,
+    )
+    .await?;
     Ok(respond(resource, created))
 }
 
@@ -2114,6 +2372,7 @@ pub async fn generate(
     state: &Shared,
     fleet: &str,
     name: &str,
+    caller: &Caller,
 ) -> HttpResult<Result<Generated, NoRun>> {
     let (fleet, name) = (fleet.to_string(), name.to_string());
     let resource = get_one(state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
@@ -2182,6 +2441,7 @@ pub async fn generate(
         update: planned.update,
         rules: planned.rules,
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
+        system_data: system_data(caller, None),
     };
     create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;
     Ok(Ok(Generated {
@@ -2198,7 +2458,7 @@ async fn generate_update_run(
     Path((fleet, name)): Path<(String, String)>,
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
-    let generated = generate(&state, &fleet, &name)
+    let generated = generate(&state, &fleet, &name, &caller)
         .await?
         .map_err(|no_run| no_run.error(&name))?;
     Ok(axum::Json(json!({"id": generated.run_id})).into_response())
@@ -2270,7 +2530,7 @@ pub async fn trigger_profiles(state: &Shared) {
             if profile.body["properties"]["disabled"].as_bool() == Some(true) {
                 continue;
             }
-            let outcome = generate(state, &fleet.name, &profile.name).await;
+            let outcome = generate(state, &fleet.name, &profile.name, &Caller::system()).await;
             let outcome = match outcome {
                 // Nothing selected yet (or disabled since it was listed) is not a failure.
                 Ok(Err(_no_run)) => continue,
@@ -2538,6 +2798,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "admin",
     ),
     (
+        "patch",
+        "/v1/fleets/{fleet}",
+        "Change a fleet's tags or identity: {\"tags\": {...}}",
+        "admin",
+    ),
+    (
         "delete",
         "/v1/fleets/{fleet}",
         "Delete a fleet and everything in it",
@@ -2720,7 +2986,9 @@ async fn openapi_json() -> Response {
 async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
     let open = matches!(path, "/healthz" | "/readyz" | "/openapi.json")
-        || crate::dashboard::is_dashboard_path(path);
+        || crate::dashboard::is_dashboard_path(path)
+        // An ARM request was authenticated before its path was rewritten.
+        || request.extensions().get::<Caller>().is_some();
     if !open {
         match authenticate(&state, request.headers()).await {
             Ok(caller) => {
@@ -2740,7 +3008,15 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
     response
 }
 
+/// Every route, and Fleet Manager's ARM paths around them: those are rewritten to their `/v1`
+/// paths before routing (`arm::layer`), so the one router serves both.
 pub fn router(state: Shared) -> Router {
+    Router::new()
+        .fallback_service(v1_router(state.clone()))
+        .layer(middleware::from_fn_with_state(state, crate::arm::layer))
+}
+
+fn v1_router(state: Shared) -> Router {
     let fleet = "/v1/fleets/{fleet}";
     Router::new()
         .route("/", get(crate::dashboard::index))
@@ -2750,7 +3026,13 @@ pub fn router(state: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
         .route("/v1/fleets", get(list_fleets))
-        .route(fleet, get(get_fleet).put(put_fleet).delete(delete_fleet))
+        .route(
+            fleet,
+            get(get_fleet)
+                .put(put_fleet)
+                .patch(patch_fleet)
+                .delete(delete_fleet),
+        )
         .route(&format!("{fleet}/members"), lister(Kind::Member))
         .route(
             &format!("{fleet}/importMembers"),

@@ -52,6 +52,25 @@ pub struct Caller {
     pub token_hash: Option<String>,
 }
 
+/// The subject of what the server does by itself (a profile's run, say).
+const SYSTEM_SUBJECT: &str = "flotilla";
+
+impl Caller {
+    /// The server itself, acting on its own (no token).
+    pub fn system() -> Caller {
+        Caller {
+            subject: SYSTEM_SUBJECT.into(),
+            role: Role::Admin,
+            token_hash: None,
+        }
+    }
+
+    /// Whether this is [`Caller::system`].
+    pub fn is_system(&self) -> bool {
+        self.token_hash.is_none() && self.subject == SYSTEM_SUBJECT && self.role == Role::Admin
+    }
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = HttpError;
 

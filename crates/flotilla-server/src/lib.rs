@@ -16,6 +16,7 @@ pub struct CConf(pub *const std::ffi::c_char);
 // SAFETY: it points at a string constant, never written.
 unsafe impl Sync for CConf {}
 pub mod api;
+pub mod arm;
 pub mod auth;
 pub mod dashboard;
 pub mod error;
@@ -204,6 +205,7 @@ impl Server {
             body_timeout_ms: (http::Limits::default().body_timeout.as_millis() as u64).into(),
             catalogs: Default::default(),
             answers: Default::default(),
+            arm: Default::default(),
         });
         let feed = state.clone();
         tokio::spawn(async move {
@@ -237,6 +239,9 @@ impl Server {
             limits.body_timeout.as_millis() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+        if let Ok(mut arm) = self.state.arm.write() {
+            arm.https = self.tls.is_some();
+        }
         let app = api::router(self.state.clone())
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(http::AllowedHosts::new(self.allowed_hosts.clone())),

@@ -91,6 +91,7 @@ fn request_body(method: &str, path: &str, shape: Shape) -> Option<(Value, bool)>
         ("put", Shape::Resource(schema)) => Some((reference(schema), true)),
         ("patch", Shape::Resource("Gate")) => Some((reference("GatePatch"), true)),
         ("patch", Shape::Resource("Member")) => Some((reference("MemberPatch"), true)),
+        ("patch", Shape::Resource("Fleet")) => Some((reference("FleetPatch"), true)),
         ("post", Shape::List("Token")) => Some((reference("TokenRequest"), true)),
         ("post", Shape::Other("ImportResult")) => Some((reference("MemberImport"), true)),
         ("post", Shape::Other("Forecast")) if !path.contains("/updateRuns/") => {
@@ -390,7 +391,17 @@ fn object(properties: Value) -> Value {
 fn schemas() -> Value {
     let text = json!({"type": "string"});
     let labels = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let tags = json!({"type": "object", "maxProperties": 50, "additionalProperties": {"type": "string", "maxLength": 256}});
     let state = json!({"type": "string", "readOnly": true});
+    // Fleet Manager's tracked-resource fields beside the envelope.
+    let mut fleet = envelope(object(json!({
+        "provisioningState": state,
+        "driver": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["sim", "exec"]}}},
+        "hubProfile": {"type": "object"}})));
+    fleet["properties"]["location"] = text.clone();
+    fleet["properties"]["tags"] = tags.clone();
+    fleet["properties"]["identity"] = json!({"type": "object"});
     let gate = json!({"type": "object", "required": ["type"], "properties": {
         "type": {"type": "string", "enum": ["Approval", "ScheduledStart", "HealthCheck"]},
         "displayName": text}});
@@ -418,10 +429,9 @@ fn schemas() -> Value {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"], "properties": {
                 "code": text, "message": text, "target": text}}}},
-        "Fleet": envelope(object(json!({
-            "provisioningState": state,
-            "driver": {"type": "object", "required": ["type"], "properties": {
-                "type": {"type": "string", "enum": ["sim", "exec"]}}}}))),
+        "Fleet": fleet,
+        "FleetPatch": {"type": "object", "additionalProperties": false, "properties": {
+            "tags": tags, "identity": {"type": "object"}}},
         "Member": envelope(object(json!({
             "provisioningState": state,
             "clusterResourceId": text,

@@ -8,7 +8,7 @@
 //! it to the fleet's engine; recorded intents without a result are asked about before anything
 //! is sent again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -1634,7 +1634,19 @@ impl FleetActor {
             }
         }
         self.engine.settle(now);
+        // Members' last operations (API.md: `status.lastOperationId`, `lastOperationError`):
+        // an upgrade sent names its operation and clears the error; a failure sets it.
+        let mut operations: BTreeMap<String, Value> = BTreeMap::new();
         while let Some(FleetCommand { run, command }) = self.engine.poll_command() {
+            if let Command::StartUpgrade {
+                member, attempt, ..
+            } = &command
+            {
+                operations.insert(
+                    member.clone(),
+                    json!({"lastOperationId": operation_key(&self.fleet, &run, *attempt), "lastOperationError": null}),
+                );
+            }
             let step = steps.entry(run).or_default();
             if let Command::StartUpgrade {
                 member,
@@ -1668,6 +1680,17 @@ impl FleetActor {
                     })
                 })
                 .flatten();
+            if event.kind == EventType::MemberFailed
+                && let Some(member) = &event.member
+            {
+                let error = match &event.error {
+                    Some(e) => json!({"code": e.code, "message": e.message}),
+                    None => json!({"code": "UpgradeFailed", "message": event.message}),
+                };
+                operations
+                    .entry(member.clone())
+                    .or_insert_with(|| json!({}))["lastOperationError"] = error;
+            }
             let step = steps.entry(run).or_default();
             step.durations.extend(duration);
             step.gates_changed |= matches!(
@@ -1693,12 +1716,24 @@ impl FleetActor {
         // What the fleet now sees of its clusters (observations, upgrades that succeeded) lands
         // in the members before the runs' progress does, so whoever sees a run move on sees the
         // clusters it changed, and a task started later loads the table as it is.
-        let statuses: Vec<(String, Value)> = self
+        let mut statuses: Vec<(String, Value)> = self
             .engine
             .take_changed_members()
             .into_iter()
-            .map(|(member, cluster)| (member.to_string(), member_status(&cluster.spec(), now)))
+            .map(|(member, cluster)| {
+                let operation = operations.remove(member.as_ref());
+                (
+                    member.to_string(),
+                    member_status(&cluster.spec(), now, operation),
+                )
+            })
             .collect();
+        for (member, operation) in operations {
+            if let Some(cluster) = self.engine.cluster(&member) {
+                let status = member_status(&cluster.spec(), now, Some(operation));
+                statuses.push((member, status));
+            }
+        }
         if let Err(e) = self
             .runs
             .store
@@ -1793,7 +1828,7 @@ impl FleetActor {
                 }
             };
             let gates = if step.gates_changed {
-                gate_resources(&self.fleet, &run, engine)
+                gate_resources(&self.fleet, &run, engine, &meta.base["systemData"])
             } else {
                 Vec::new()
             };
@@ -2139,8 +2174,14 @@ impl FleetActor {
     }
 }
 
-/// A run's gates as API resources.
-fn gate_resources(fleet: &str, run: &str, engine: &Engine) -> Vec<(String, Value)> {
+/// A run's gates as API resources. A gate is created with its run (`run_system`, the run's
+/// `systemData`) and last changed by whoever approved it.
+fn gate_resources(
+    fleet: &str,
+    run: &str,
+    engine: &Engine,
+    run_system: &Value,
+) -> Vec<(String, Value)> {
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
     engine
         .gate_views()
@@ -2171,10 +2212,19 @@ fn gate_resources(fleet: &str, run: &str, engine: &Engine) -> Vec<(String, Value
             if let Some(at) = g.approved_at {
                 properties["approvedAt"] = json!(at);
             }
+            let mut system = run_system.clone();
+            if let (Some(by), Some(at), Some(data)) =
+                (&g.approved_by, g.approved_at, system.as_object_mut())
+            {
+                data.insert("lastModifiedBy".into(), json!(by));
+                data.insert("lastModifiedByType".into(), json!("User"));
+                data.insert("lastModifiedAt".into(), json!(at));
+            }
             let body = json!({
                 "id": format!("/v1/fleets/{fleet}/gates/{}", g.id),
                 "name": g.id,
                 "type": "Microsoft.ContainerService/fleets/gates",
+                "systemData": system,
                 "properties": properties,
             });
             (g.id, body)
@@ -2529,9 +2579,18 @@ pub fn run_frame(
     Ok(frame)
 }
 
-/// A member's status: its cluster as last seen, and when.
-fn member_status(spec: &flotilla_engine::fleet::ClusterSpec, at: Time) -> Value {
-    json!({"cluster": spec, "lastObservedAt": at})
+/// A member's status: its cluster as last seen, and when; and what is new of its last operation
+/// (what it does not say, the store keeps).
+fn member_status(
+    spec: &flotilla_engine::fleet::ClusterSpec,
+    at: Time,
+    operation: Option<Value>,
+) -> Value {
+    let mut status = json!({"cluster": spec, "lastObservedAt": at});
+    if let (Some(s), Some(Value::Object(op))) = (status.as_object_mut(), operation) {
+        s.extend(op);
+    }
+    status
 }
 
 /// Writes a member's latest observation into its resource (`status.cluster`).
@@ -2541,7 +2600,7 @@ pub async fn record_observation(
     member: &str,
     spec: &flotilla_engine::fleet::ClusterSpec,
 ) {
-    let status = [(member.to_string(), member_status(spec, now()))];
+    let status = [(member.to_string(), member_status(spec, now(), None))];
     if let Err(e) = store.set_statuses(fleet, Kind::Member, &status).await {
         tracing::warn!(fleet, member, error = %e, "cannot record the member's cluster");
     }

@@ -22,6 +22,15 @@ pub struct AppState {
     pub catalogs: std::sync::Mutex<HashMap<String, flotilla_engine::fleet::Catalog>>,
     /// Large documents as last answered, by eTag.
     pub answers: crate::answers::Answers,
+    /// Fleet Manager's ARM paths: the default home of fleets, the default driver.
+    pub arm: std::sync::RwLock<crate::arm::Settings>,
+}
+
+impl AppState {
+    /// The ARM settings as they are now (set once when serving starts).
+    pub fn arm_settings(&self) -> crate::arm::Settings {
+        self.arm.read().map(|s| s.clone()).unwrap_or_default()
+    }
 }
 
 pub type Shared = Arc<AppState>;

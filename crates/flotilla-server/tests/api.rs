@@ -21,6 +21,8 @@ struct Harness {
     tokens: std::collections::HashMap<&'static str, String>,
     /// The server's store, for what the server itself writes beside the API.
     store: Arc<dyn Store>,
+    /// The server's shared state, for its settings.
+    state: flotilla_server::state::Shared,
     _dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -56,6 +58,15 @@ impl Harness {
     }
 
     async fn start_with(name: &str, timing: flotilla_server::Timing) -> Harness {
+        Harness::start_arm(name, timing, None).await
+    }
+
+    /// With the ARM paths' settings (a default driver, say).
+    async fn start_arm(
+        name: &str,
+        timing: flotilla_server::Timing,
+        arm: Option<flotilla_server::arm::Settings>,
+    ) -> Harness {
         let dir = temp_dir(name);
         let store = SqliteStore::open(&dir.0.join("flotilla.db"))
             .await
@@ -80,7 +91,11 @@ impl Harness {
         )
         .await
         .expect("server starts");
+        if let Some(arm) = arm {
+            *server.state.arm.write().expect("settings") = arm;
+        }
         let addr = server.local_addr().expect("bound");
+        let state = server.state.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(server.serve(async move {
             let _ = stopped.await;
@@ -90,6 +105,7 @@ impl Harness {
             http: reqwest::Client::new(),
             tokens,
             store,
+            state,
             _dir: dir,
             stop: Some(stop),
         }
@@ -498,17 +514,33 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         Some(json!({"properties": {"strategy": strategy}})),
     )
     .await;
-    // Both a strategy id and a strategy: refused.
-    let (status, _, _) = h
-        .call(
+    // Both a strategy id and a strategy, as every run the service returns carries them: the
+    // strategy is used as given, the id records where it came from.
+    let one_stage = json!({"stages": [{"name": "only", "groups": [{"name": "canary"}]}]});
+    let both = h
+        .ok(
             "operator",
             Method::PUT,
-            "/v1/fleets/f1/updateRuns/r1",
-            Some(json!({"properties": {"updateStrategyId": "/v1/fleets/f1/updateStrategies/staged", "strategy": strategy,
+            "/v1/fleets/f1/updateRuns/both",
+            Some(json!({"properties": {"updateStrategyId": "/v1/fleets/F1/updateStrategies/staged", "strategy": one_stage,
                 "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
         )
         .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        both["properties"]["updateStrategyId"],
+        "/v1/fleets/f1/updateStrategies/staged"
+    );
+    assert_eq!(
+        both["properties"]["strategy"]["stages"][0]["name"], "only",
+        "{both}"
+    );
+    h.ok(
+        "operator",
+        Method::DELETE,
+        "/v1/fleets/f1/updateRuns/both",
+        None,
+    )
+    .await;
     let azure_id = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ContainerService/fleets/f1/updateStrategies/staged";
     let created = h
         .ok(
@@ -2799,4 +2831,367 @@ async fn a_forecast_reads_the_fleets_upgrade_history() {
         at(&after["completedTime"]).unix() - at(&after["computedAt"]).unix() <= 2,
         "{after}"
     );
+}
+
+/// What a resource says, with what a write itself changes (its eTag, who changed it last and
+/// when) left out.
+fn content(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(map) = v.as_object_mut() {
+        map.remove("eTag");
+        if let Some(system) = map.get_mut("systemData").and_then(Value::as_object_mut) {
+            for key in ["lastModifiedAt", "lastModifiedBy", "lastModifiedByType"] {
+                system.remove(key);
+            }
+        }
+    }
+    v
+}
+
+/// Fleet Manager's ARM paths (API.md): the same resources under
+/// `/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.ContainerService/fleets`,
+/// matched case-insensitively, with ARM ids, absolute links, ARM status codes and a default
+/// driver; a GET→PUT round trip of every kind on both path styles changes nothing.
+#[tokio::test]
+async fn fleet_managers_arm_paths_serve_the_same_resources() {
+    let clusters: Vec<(String, Value)> = (1..=5)
+        .map(|i| (format!("/subscriptions/s1/resourceGroups/rg/providers/Microsoft.ContainerService/managedClusters/c{i}"), cluster("1.30.5")))
+        .collect();
+    let as_refs: Vec<(&str, Value)> = clusters
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let driver = sim_fleet(&as_refs)["properties"]["driver"].clone();
+    let settings = flotilla_server::arm::Settings {
+        default_driver: Some(driver),
+        ..Default::default()
+    };
+    let h = Harness::start_arm(
+        "arm",
+        flotilla_server::Timing {
+            profiles_every: Duration::from_secs(3600),
+            ..Default::default()
+        },
+        Some(settings),
+    )
+    .await;
+    let v = "api-version=2026-06-01";
+    let arm = "/subscriptions/s1/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets";
+    // api-version is required; no other subscription's paths than Fleet Manager's.
+    let (status, body, _) = h
+        .call("admin", Method::GET, &format!("{arm}/f1"), None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "MissingApiVersionParameter");
+    let (status, _, _) = h
+        .call(
+            "admin",
+            Method::GET,
+            &format!("{arm}/f1/listCredentials?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Unauthenticated: refused before anything is looked up.
+    let (status, _, _) = h
+        .call("nobody", Method::GET, &format!("{arm}/f1?{v}"), None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A fleet as Fleet Manager's clients create it: no driver (the server's default), a
+    // location, tags, identity, a hub profile; the name's case is not the fleet's.
+    let (status, fleet, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            &format!("{arm}/F1?{v}"),
+            Some(json!({"location": "eastus", "tags": {"team": "platform"},
+                "identity": {"type": "None"}, "properties": {"hubProfile": {"dnsPrefix": "f1"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{fleet}");
+    let fleet_id = format!("{arm}/f1");
+    assert_eq!(fleet["id"], fleet_id);
+    assert_eq!(fleet["location"], "eastus");
+    assert_eq!(fleet["properties"]["driver"]["type"], "sim");
+    assert_eq!(fleet["systemData"]["createdBy"], "admin-user");
+    assert!(fleet.get("x-flotilla").is_none(), "{fleet}");
+    // Paths match case-insensitively; under another subscription or group the fleet is absent.
+    let upper =
+        "/SUBSCRIPTIONS/s1/RESOURCEGROUPS/rg1/PROVIDERS/microsoft.containerservice/FLEETS/f1";
+    let got = h
+        .ok("reader", Method::GET, &format!("{upper}?{v}"), None)
+        .await;
+    assert_eq!(got["id"], fleet_id);
+    let other =
+        "/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/f1";
+    let (status, _, _) = h
+        .call("reader", Method::GET, &format!("{other}?{v}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            &format!("{other}?{v}"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _, _) = h
+        .call("admin", Method::DELETE, &format!("{other}?{v}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    // The fleet lists of the subscription and the resource group; /v1 shows /v1 ids.
+    for scope in ["/subscriptions/S1", "/subscriptions/s1/resourceGroups/rg1"] {
+        let list = h
+            .ok(
+                "reader",
+                Method::GET,
+                &format!("{scope}/providers/Microsoft.ContainerService/fleets?{v}"),
+                None,
+            )
+            .await;
+        assert_eq!(list["value"][0]["id"], fleet_id, "{scope}");
+    }
+    let list = h
+        .ok(
+            "reader",
+            Method::GET,
+            &format!("/subscriptions/s2/providers/Microsoft.ContainerService/fleets?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(list["value"], json!([]));
+    assert_eq!(
+        h.ok("reader", Method::GET, "/v1/fleets/f1", None).await["id"],
+        "/v1/fleets/f1"
+    );
+    // PATCH of tags.
+    let patched = h
+        .ok(
+            "admin",
+            Method::PATCH,
+            &format!("{fleet_id}?{v}"),
+            Some(json!({"tags": {"team": "edge"}})),
+        )
+        .await;
+    assert_eq!(patched["tags"], json!({"team": "edge"}));
+    assert_eq!(patched["location"], "eastus");
+    // Members, a strategy, a run, a profile, by ARM ids.
+    for (i, (id, _)) in clusters.iter().enumerate() {
+        let group = if i == 0 { "canary" } else { "prod" };
+        let (status, member, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                &format!("{fleet_id}/Members/m{i}?{v}"),
+                Some(json!({"properties": {"clusterResourceId": id, "group": group}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{member}");
+        assert_eq!(member["id"], format!("{fleet_id}/members/m{i}"));
+    }
+    let strategy = json!({"stages": [
+        {"name": "canary", "groups": [{"name": "canary"}], "afterGates": [{"type": "Approval", "displayName": "ok?"}]},
+        {"name": "prod", "groups": [{"name": "prod"}]}]});
+    h.ok(
+        "operator",
+        Method::PUT,
+        &format!("{fleet_id}/updateStrategies/staged?{v}"),
+        Some(json!({"properties": {"strategy": strategy}})),
+    )
+    .await;
+    let strategy_id = format!("{fleet_id}/updateStrategies/staged");
+    let upgrade = json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}});
+    let run = h
+        .ok("operator", Method::PUT, &format!("{fleet_id}/updateRuns/r1?{v}"),
+            Some(json!({"properties": {"updateStrategyId": strategy_id.to_uppercase().replace("STAGED", "staged"), "managedClusterUpdate": upgrade}})))
+        .await;
+    assert_eq!(run["properties"]["updateStrategyId"], strategy_id, "{run}");
+    assert_eq!(run["id"], format!("{fleet_id}/updateRuns/r1"));
+    h.ok("admin", Method::PUT, &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
+        Some(json!({"properties": {"channel": "Stable", "updateStrategyId": strategy_id, "disabled": true}}))).await;
+    // Paging: an absolute nextLink with the api-version, followed to the end.
+    let mut seen = Vec::new();
+    let mut link = format!("{fleet_id}/members?{v}&$top=2");
+    loop {
+        let page = h.ok("reader", Method::GET, &link, None).await;
+        for m in page["value"].as_array().expect("value") {
+            seen.push(m["name"].as_str().expect("name").to_string());
+        }
+        match page["nextLink"].as_str() {
+            Some(next) => {
+                assert!(
+                    next.starts_with(&format!(
+                        "{}{fleet_id}/members?api-version=2026-06-01&",
+                        h.base
+                    )),
+                    "{next}"
+                );
+                link = next.strip_prefix(&h.base).expect("absolute").to_string();
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["m0", "m1", "m2", "m3", "m4"]);
+    // GET→PUT of every kind, on both path styles: 200, nothing changed.
+    for (kind, name) in [
+        ("members", "m0"),
+        ("updateStrategies", "staged"),
+        ("updateRuns", "r1"),
+        ("autoUpgradeProfiles", "p1"),
+    ] {
+        for prefix in [
+            format!("/v1/fleets/f1/{kind}/{name}"),
+            format!("{fleet_id}/{kind}/{name}?{v}"),
+        ] {
+            let before = h.ok("admin", Method::GET, &prefix, None).await;
+            let (status, after, _) = h
+                .call("admin", Method::PUT, &prefix, Some(before.clone()))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{prefix}: {after}");
+            assert_eq!(content(&after), content(&before), "{prefix}");
+            let again = h.ok("admin", Method::GET, &prefix, None).await;
+            assert_eq!(content(&again), content(&before), "{prefix}");
+        }
+    }
+    for prefix in ["/v1/fleets/f1".to_string(), format!("{fleet_id}?{v}")] {
+        let before = h.ok("admin", Method::GET, &prefix, None).await;
+        let (status, after, _) = h
+            .call("admin", Method::PUT, &prefix, Some(before.clone()))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{prefix}: {after}");
+        assert_eq!(content(&after), content(&before), "{prefix}");
+    }
+    // Start (an action with no body), approve the gate by its ARM id, run to the end.
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            &format!("{fleet_id}/updateRuns/r1/START?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let run_path = format!("{fleet_id}/updateRuns/r1?{v}");
+    h.wait_run(&run_path, "the gate", |r| {
+        r["properties"]["status"]["stages"][0]["afterGates"][0]["status"]["state"] == "Pending"
+    })
+    .await;
+    let gates = h
+        .ok(
+            "reader",
+            Method::GET,
+            &format!("{fleet_id}/gates?{v}&$filter=properties/state eq 'Pending'"),
+            None,
+        )
+        .await;
+    let gate = &gates["value"][0];
+    assert!(
+        gate["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with(&format!("{fleet_id}/gates/"))),
+        "{gate}"
+    );
+    assert_eq!(
+        gate["properties"]["target"]["id"],
+        format!("{fleet_id}/updateRuns/r1")
+    );
+    let approved = h
+        .ok(
+            "approver",
+            Method::PATCH,
+            &format!("{}?{v}", gate["id"].as_str().expect("id")),
+            Some(json!({"properties": {"state": "Completed"}})),
+        )
+        .await;
+    assert_eq!(
+        approved["systemData"]["lastModifiedBy"], "approver-user",
+        "{approved}"
+    );
+    let done = h
+        .wait_run(&run_path, "the end", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    assert_eq!(
+        done["properties"]["status"]["stages"][0]["afterGates"][0]["gateId"]
+            .as_str()
+            .map(|g| g.starts_with(&format!("{fleet_id}/gates/"))),
+        Some(true),
+        "{done}"
+    );
+    // Each member names its last operation, with no error.
+    let member = h
+        .ok(
+            "reader",
+            Method::GET,
+            &format!("{fleet_id}/members/m3?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        member["properties"]["status"]["lastOperationId"], "f1.r1.4",
+        "{member}"
+    );
+    assert!(member["properties"]["status"]["lastOperationError"].is_null());
+    // A finished run, sent back as read: 200, as it is.
+    let (status, same, _) = h
+        .call("operator", Method::PUT, &run_path, Some(done.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{same}");
+    assert_eq!(same["properties"]["status"]["status"]["state"], "Completed");
+    // Deleting: profiles answer 202 (their swagger lists no 200), what is gone 204.
+    let (status, _, _) = h
+        .call(
+            "admin",
+            Method::DELETE,
+            &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _, _) = h
+        .call(
+            "admin",
+            Method::DELETE,
+            &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::DELETE,
+            &format!("{fleet_id}/members/m4?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::DELETE,
+            &format!("{fleet_id}/members/m4?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, _) = h
+        .call("operator", Method::DELETE, "/v1/fleets/f1/members/m4", None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "/v1 keeps its own answers");
+    // No default driver: a fleet without one is refused, naming the field.
+    *h.state.arm.write().expect("settings") = Default::default();
+    let (status, body, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            &format!("{arm}/f2?{v}"),
+            Some(json!({"location": "eastus"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["target"], "properties.driver");
 }

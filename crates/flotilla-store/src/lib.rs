@@ -164,6 +164,7 @@ fn merge_member(
         });
     }
     body["properties"]["status"] = stored["properties"]["status"].clone();
+    keep_creation(&mut body, &stored);
     Ok(body)
 }
 
@@ -708,11 +709,37 @@ pub trait Resources: Send + Sync {
     ) -> StoreResult<()>;
 }
 
-/// A stored body with its `properties.status` replaced. One rule for both backends.
+/// What a status keeps of the one it replaces unless it says otherwise: a member's last
+/// operation outlives the observations that follow it.
+const KEPT_STATUS_FIELDS: [&str; 2] = ["lastOperationId", "lastOperationError"];
+
+/// A stored body with its `properties.status` replaced, but for the fields the old status keeps
+/// ([`KEPT_STATUS_FIELDS`]). One rule for both backends.
 fn with_status(text: &str, status: &Value) -> StoreResult<Value> {
     let mut body = parse_body(text)?;
-    body["properties"]["status"] = status.clone();
+    let old = body["properties"]["status"].take();
+    let mut status = status.clone();
+    if let Some(new) = status.as_object_mut() {
+        for key in KEPT_STATUS_FIELDS {
+            if !new.contains_key(key)
+                && let Some(v) = old.get(key)
+            {
+                new.insert(key.to_string(), v.clone());
+            }
+        }
+    }
+    body["properties"]["status"] = status;
     Ok(body)
+}
+
+/// `systemData`'s creation (who and when) kept from the stored body a new one replaces.
+pub fn keep_creation(body: &mut Value, stored: &Value) {
+    let old = &stored["systemData"];
+    if old["createdAt"].is_string() && body["systemData"].is_object() {
+        for key in ["createdBy", "createdByType", "createdAt"] {
+            body["systemData"][key] = old[key].clone();
+        }
+    }
 }
 
 /// What drives a run: its input log, its recorded intents, its events, written in batches.

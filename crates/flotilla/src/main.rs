@@ -404,6 +404,67 @@ struct ServeLimits {
     /// to run any program on the server.
     #[arg(long, env = "FLOTILLA_EXEC_ALLOW")]
     exec_allow: Vec<PathBuf>,
+    /// A driver file (JSON, like a fleet's properties.driver) for fleets created without a
+    /// driver, as Fleet Manager's clients create them.
+    #[arg(long, env = "FLOTILLA_DEFAULT_DRIVER")]
+    default_driver: Option<PathBuf>,
+    /// The subscription id of fleets created on /v1, in their ARM ids.
+    #[arg(
+        long,
+        default_value = "00000000-0000-0000-0000-000000000000",
+        env = "FLOTILLA_ARM_SUBSCRIPTION"
+    )]
+    arm_subscription: String,
+    /// The resource group of fleets created on /v1, in their ARM ids.
+    #[arg(long, default_value = "flotilla", env = "FLOTILLA_ARM_RESOURCE_GROUP")]
+    arm_resource_group: String,
+}
+
+impl ServeLimits {
+    /// The ARM paths' settings: the default home of fleets and the default driver, checked.
+    fn arm(&self) -> anyhow::Result<flotilla_server::arm::Settings> {
+        for (flag, value) in [
+            ("--arm-subscription", &self.arm_subscription),
+            ("--arm-resource-group", &self.arm_resource_group),
+        ] {
+            let ok = !value.is_empty()
+                && value.len() <= 90
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.()".contains(c));
+            if !ok {
+                bail!(
+                    "{flag} {value:?}: must be 1 to 90 letters, digits, '-', '_', '.', '(' or ')'"
+                );
+            }
+        }
+        let default_driver = match &self.default_driver {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--default-driver {}", path.display()))?;
+                let driver: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("--default-driver {}: not JSON", path.display()))?;
+                let allow = flotilla_server::driver::ExecAllow::new(&self.exec_allow)
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                flotilla_server::driver::validate_driver_config(&driver, &allow).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--default-driver {}: {}: {}",
+                        path.display(),
+                        e.field,
+                        e.message
+                    )
+                })?;
+                Some(driver)
+            }
+        };
+        Ok(flotilla_server::arm::Settings {
+            subscription: self.arm_subscription.clone(),
+            resource_group: self.arm_resource_group.clone(),
+            default_driver,
+            https: false,
+        })
+    }
 }
 
 impl ServeLimits {
@@ -517,7 +578,11 @@ async fn serve_command(
     let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
     let exec_allow = flotilla_server::driver::ExecAllow::new(&limits_flags.exec_allow)
         .map_err(|e| anyhow::anyhow!(e))?;
+    let arm = limits_flags.arm()?;
     let mut server = Server::start_configured(store, listen, insecure, timing, exec_allow).await?;
+    if let Ok(mut settings) = server.state.arm.write() {
+        *settings = arm;
+    }
     server.limits = limits;
     server.allowed_hosts = std::mem::take(&mut allowed_hosts);
     if let (Some(cert), Some(key)) = (&limits_flags.tls_cert, &limits_flags.tls_key) {
