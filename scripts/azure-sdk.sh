@@ -77,3 +77,17 @@ done
 
 FLOTILLA_AZURE_SDK_LOG="$dir/http.log" timeout 150 \
     "$venv/bin/python" tests/azure-sdk/test_sdk.py "$base" "$dir/ca.pem" "$dir/token"
+
+# An ARM template's resources, deployed with examples/arm/deploy.py (as the README shows), and
+# deployed again: a redeployment changes nothing and is refused nothing.
+for attempt in first again; do
+    "$venv/bin/python" examples/arm/deploy.py --server "$base" --subscription 11111111-2222-3333-4444-555555555555 \
+        --resource-group templates --token-file "$dir/token" --ca-file "$dir/ca.pem" examples/arm/fleet.template.json \
+        | tee "$dir/deploy.out"
+    [ "$(grep -c '^20[01] ' "$dir/deploy.out")" = 5 ] || { echo "the template's $attempt deployment did not write all 5 resources" >&2; exit 1; }
+done
+run_url="$base/subscriptions/11111111-2222-3333-4444-555555555555/resourceGroups/templates/providers/Microsoft.ContainerService/fleets/retail/updateRuns/upgrade-1-31-2?api-version=2026-06-01"
+curl -sf --cacert "$dir/ca.pem" -H "Authorization: Bearer $(cat "$dir/token")" "$run_url" >"$dir/run.json"
+grep -q '"updateStrategyId":"/subscriptions/11111111-2222-3333-4444-555555555555/resourceGroups/templates/providers/Microsoft.ContainerService/fleets/retail/updateStrategies/canary-first"' "$dir/run.json" \
+    || { echo "the deployed run does not name its strategy by ARM id: $(cat "$dir/run.json")" >&2; exit 1; }
+echo "PASS: the ARM template deployed, twice"
