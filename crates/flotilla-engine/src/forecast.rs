@@ -119,6 +119,92 @@ pub fn forecast(
         )));
     }
     let mut sim = fleet.clone().without_journal();
+    if engine.state() == State::NotStarted {
+        let input = FleetInput::Run {
+            run: run.to_string(),
+            input: Input::Start,
+        };
+        sim.handle(now, input)?;
+    }
+    let ended = |sim: &FleetEngine| sim.run(run).is_none_or(|e| e.is_finished());
+    let Forward { sim, waited } = forward(sim, now, params, duration, Some(run), &ended);
+    let engine = sim
+        .run(run)
+        .ok_or_else(|| ApiError::conflict("the run left the forecast"))?;
+    let status = engine.status();
+    let completed = engine
+        .is_finished()
+        .then_some(status.status.completed_time)
+        .flatten();
+    let waits_for = waits_for(&status, &waited, now);
+    let critical_path = critical_path(&status, &waited, now);
+    Ok(Forecast {
+        computed_at: now,
+        completed,
+        status,
+        waits_for,
+        critical_path,
+    })
+}
+
+/// When each moving run of the fleet ends (SEMANTICS §11, a running run's
+/// `forecast.completedTime`): one forward simulation of all of them together. A run that does
+/// not end within a year maps to `None`. Runs not started, stopped or ended are left out.
+pub fn completions(
+    fleet: &FleetEngine,
+    now: Time,
+    params: &ForecastParams,
+    duration: &dyn Fn(&str, &str) -> i64,
+) -> BTreeMap<String, Option<Time>> {
+    let moving: Vec<String> = fleet
+        .run_names()
+        .filter(|name| {
+            fleet.run(name).is_some_and(|e| {
+                !e.is_finished() && !matches!(e.state(), State::NotStarted | State::Stopped)
+            })
+        })
+        .map(String::from)
+        .collect();
+    if moving.is_empty() {
+        return BTreeMap::new();
+    }
+    let ended = |sim: &FleetEngine| {
+        moving
+            .iter()
+            .all(|r| sim.run(r).is_none_or(|e| e.is_finished()))
+    };
+    let sim = fleet.clone().without_journal();
+    let Forward { sim, .. } = forward(sim, now, params, duration, None, &ended);
+    moving
+        .into_iter()
+        .map(|run| {
+            let end = sim
+                .run(&run)
+                .filter(|e| e.is_finished())
+                .and_then(|e| e.status_skeleton().status.completed_time);
+            (run, end)
+        })
+        .collect()
+}
+
+/// A fleet engine run forward, and what the focused run's members waited for.
+struct Forward {
+    sim: FleetEngine,
+    waited: BTreeMap<String, Waited>,
+}
+
+/// Runs `sim` (a copy of a fleet engine) forward in virtual time from `now` until `ended` says
+/// so or a year has passed: upgrades finish after their expected durations and succeed,
+/// Approval gates are approved `approvalDelaySeconds` after they are reached. The waits of the
+/// members of run `focus` are recorded.
+fn forward(
+    mut sim: FleetEngine,
+    now: Time,
+    params: &ForecastParams,
+    duration: &dyn Fn(&str, &str) -> i64,
+    focus: Option<&str>,
+    ended: &dyn Fn(&FleetEngine) -> bool,
+) -> Forward {
     let mut due: BinaryHeap<Reverse<(Time, u64, Due)>> = BinaryHeap::new();
     let mut seq = 0u64;
     let mut push = |due: &mut BinaryHeap<Reverse<(Time, u64, Due)>>, at: Time, what: Due| {
@@ -147,16 +233,10 @@ pub fn forecast(
             }
         }
     }
-    if engine.state() == State::NotStarted {
-        let input = FleetInput::Run {
-            run: run.to_string(),
-            input: Input::Start,
-        };
-        sim.handle(now, input)?;
-    }
     let horizon = Time(now.unix() + HORIZON_SECONDS);
     let mut pending: BTreeMap<String, (WaitReason, Time)> = BTreeMap::new();
     let mut waited: BTreeMap<String, Waited> = BTreeMap::new();
+    let focused = |r: &str| focus == Some(r);
     let mut t = now;
     loop {
         while let Some(Reverse((at, _, _))) = due.peek() {
@@ -263,7 +343,7 @@ pub fn forecast(
                         push(&mut due, at, Due::Approve(r, id));
                     }
                 }
-                EventType::MemberPending if r == run => {
+                EventType::MemberPending if focused(&r) => {
                     let Some(member) = event.member else { continue };
                     let reason = sim.run(&r).and_then(|e| e.waiting_for(&member, t));
                     if let Some(reason) = reason {
@@ -275,7 +355,7 @@ pub fn forecast(
                 | EventType::MemberSkipped
                 | EventType::MemberFailed
                 | EventType::MemberSucceeded
-                    if r == run =>
+                    if focused(&r) =>
                 {
                     if let Some(member) = event.member {
                         close(&mut pending, &mut waited, &member, t);
@@ -284,7 +364,7 @@ pub fn forecast(
                 _ => {}
             }
         }
-        let finished = sim.run(run).is_none_or(|e| e.is_finished());
+        let finished = ended(&sim);
         let next = [due.peek().map(|Reverse((at, ..))| *at), sim.next_wakeup()]
             .into_iter()
             .flatten()
@@ -294,23 +374,7 @@ pub fn forecast(
             _ => break,
         }
     }
-    let engine = sim
-        .run(run)
-        .ok_or_else(|| ApiError::conflict("the run left the forecast"))?;
-    let status = engine.status();
-    let completed = engine
-        .is_finished()
-        .then_some(status.status.completed_time)
-        .flatten();
-    let waits_for = waits_for(&status, &waited, now);
-    let critical_path = critical_path(&status, &waited, now);
-    Ok(Forecast {
-        computed_at: now,
-        completed,
-        status,
-        waits_for,
-        critical_path,
-    })
+    Forward { sim, waited }
 }
 
 /// Ends a member's open wait at `t`.

@@ -126,6 +126,19 @@ pub struct UpdateRunStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_image_selection: Option<NodeImageSelectionStatus>,
     pub failure_count: u64,
+    /// When a moving run is predicted to end (SEMANTICS §11): the shell's, never the engine's
+    /// (a forecast is computed off the fleet's actor and never journaled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<RunForecast>,
+}
+
+/// A running run's forecast as its status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunForecast {
+    /// `None`: it does not end within a year, as far as the forecast can tell.
+    pub completed_time: Option<Time>,
+    pub computed_at: Time,
 }
 
 /// What happened, in order. Types are those of the conformance README.

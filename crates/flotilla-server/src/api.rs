@@ -24,8 +24,6 @@ use flotilla_engine::strategy::{
     parse_strategy, parse_upgrade,
 };
 
-use std::collections::HashMap;
-
 use crate::auth::{Caller, Role, authenticate};
 use crate::clock::now;
 use crate::driver::{MemberRef, validate_driver_config};
@@ -33,8 +31,7 @@ use crate::error::{HttpError, HttpResult};
 use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
 use crate::state::{AppState, BODY_LIMIT, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
-    DurationHistory, Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError,
-    member_cluster_id,
+    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::{RunRules, RunSpec};
@@ -55,7 +52,7 @@ fn not_found(what: &str, name: &str) -> HttpError {
     ))
 }
 
-fn require(caller: &Caller, role: Role) -> HttpResult<()> {
+pub(crate) fn require(caller: &Caller, role: Role) -> HttpResult<()> {
     if caller.role >= role {
         Ok(())
     } else {
@@ -153,7 +150,7 @@ fn envelope<P: serde::de::DeserializeOwned>(value: Value) -> HttpResult<P> {
 /// A stored resource as the API shows it: the body, its eTag, no internal fields.
 /// A stored resource as the API shows it. It takes the resource: a run's body is large, and a
 /// copy of it per read was most of a busy server's memory.
-fn present(resource: Resource) -> Value {
+pub(crate) fn present(resource: Resource) -> Value {
     let mut body = resource.body;
     if let Some(map) = body.as_object_mut() {
         map.remove(SNAPSHOT);
@@ -207,20 +204,55 @@ fn respond(resource: Resource, created: bool) -> Response {
 }
 
 #[derive(Deserialize, Default)]
-struct Paging {
+pub(crate) struct Paging {
     #[serde(rename = "$top")]
     top: Option<String>,
     #[serde(rename = "$skipToken")]
-    skip_token: Option<String>,
+    pub(crate) skip_token: Option<String>,
     state: Option<String>,
     #[serde(rename = "$filter")]
     filter: Option<String>,
     region: Option<String>,
 }
 
+impl Paging {
+    /// A list's query, decoded.
+    pub(crate) fn of(uri: &axum::http::Uri) -> HttpResult<Paging> {
+        Query::<Paging>::try_from_uri(uri)
+            .map(|Query(paging)| paging)
+            .map_err(|e| {
+                HttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidQueryParameter",
+                    format!(
+                        "the query {:?}: {}",
+                        uri.query().unwrap_or_default(),
+                        e.body_text()
+                    ),
+                )
+            })
+    }
+
+    /// How many items a page holds: `$top`, 100 unless told, at most 1000.
+    pub(crate) fn top(&self) -> HttpResult<usize> {
+        match &self.top {
+            None => Ok(100),
+            Some(t) => match t.parse::<usize>() {
+                Ok(n) if (1..=1000).contains(&n) => Ok(n),
+                _ => Err(ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("$top {t:?}: must be a whole number from 1 to 1000"),
+                    "$top",
+                )
+                .into()),
+            },
+        }
+    }
+}
+
 /// The query of a list, refused like any bad input: a 400 in the API's error shape (a repeated
 /// or malformed parameter), never the framework's plain-text answer.
-struct Paged(Paging);
+pub(crate) struct Paged(pub(crate) Paging);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Paged {
     type Rejection = HttpError;
@@ -229,19 +261,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Paged {
         parts: &mut axum::http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
-        Query::<Paging>::try_from_uri(&parts.uri)
-            .map(|Query(paging)| Paged(paging))
-            .map_err(|e| {
-                HttpError::new(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidQueryParameter",
-                    format!(
-                        "the query {:?}: {}",
-                        parts.uri.query().unwrap_or_default(),
-                        e.body_text()
-                    ),
-                )
-            })
+        Paging::of(&parts.uri).map(Paged)
     }
 }
 
@@ -252,20 +272,7 @@ async fn list(
     paging: &Paging,
     path: &str,
 ) -> HttpResult<Response> {
-    let top = match &paging.top {
-        None => 100,
-        Some(t) => match t.parse::<usize>() {
-            Ok(n) if (1..=1000).contains(&n) => n,
-            _ => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequestContent,
-                    format!("$top {t:?}: must be a whole number from 1 to 1000"),
-                    "$top",
-                )
-                .into());
-            }
-        },
-    };
+    let top = paging.top()?;
     let wanted_state = paging.state.clone().or_else(|| {
         paging
             .filter
@@ -691,14 +698,10 @@ async fn write_resource(
     mut body: Value,
     stored: Option<Resource>,
     caller: &Caller,
-    headers: &HeaderMap,
+    when: &Precondition,
 ) -> HttpResult<(Resource, bool)> {
     body["systemData"] = system_data(caller, stored.as_ref().map(|r| &r.body));
-    Ok(state
-        .runs
-        .store
-        .put(fleet, kind, name, &body, &precondition(headers))
-        .await?)
+    Ok(state.runs.store.put(fleet, kind, name, &body, when).await?)
 }
 
 async fn list_fleets(
@@ -806,8 +809,15 @@ async fn write_fleet(
     caller: &Caller,
     headers: &HeaderMap,
 ) -> HttpResult<Response> {
+    // Written over what was read, unless the client names its own condition: a fleet's
+    // recorded home and driver are never lost to a write that raced this one.
+    let when = match (precondition(headers), &stored) {
+        (Precondition::None, Some(current)) => Precondition::IfMatch(current.etag.clone()),
+        (Precondition::None, None) => Precondition::IfNoneMatchAny,
+        (given, _) => given,
+    };
     let (resource, created) =
-        write_resource(state, "", Kind::Fleet, fleet, body, stored, caller, headers).await?;
+        write_resource(state, "", Kind::Fleet, fleet, body, stored, caller, &when).await?;
     state.runs.drivers.forget(fleet);
     if created {
         // The replica a new fleet is created on drives it, unless another took it already.
@@ -1399,7 +1409,7 @@ async fn put_strategy(
         body,
         stored,
         &caller,
-        &headers,
+        &precondition(&headers),
     )
     .await?;
     Ok(respond(resource, created))
@@ -1640,50 +1650,6 @@ fn forecast_params(body: Value) -> HttpResult<ForecastParams> {
     Ok(params)
 }
 
-/// Where a forecast took a member's duration from (SEMANTICS §11, in this order).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum DurationSource {
-    /// The median of the member's last five upgrades of the type.
-    History,
-    /// The median of the fleet's last fifty.
-    FleetMedian,
-    /// What the fleet's driver expects.
-    Driver,
-    Default,
-}
-
-/// The median of some durations (the upper one of an even count).
-fn median(values: &[i64]) -> Option<i64> {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied()
-}
-
-/// A member's expected duration for a forecast, and where it came from.
-fn expected_duration(
-    history: Option<&DurationHistory>,
-    member: &MemberRef,
-    driver: &dyn crate::driver::Driver,
-    params: &ForecastParams,
-) -> (i64, DurationSource) {
-    if let Some(d) = history
-        .and_then(|h| h.members.get(&member.name))
-        .and_then(|own| median(own))
-    {
-        return (d, DurationSource::History);
-    }
-    if let Some(d) = history.and_then(|h| median(&h.fleet)) {
-        return (d, DurationSource::FleetMedian);
-    }
-    match driver.expected_duration(member) {
-        Some(d) => (
-            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-            DurationSource::Driver,
-        ),
-        None => (params.default_duration_seconds, DurationSource::Default),
-    }
-}
-
 /// A forecast of `run` in `copy`, durations as §11 says, in the API's shape; computed on a
 /// blocking thread.
 async fn forecast_answer(
@@ -1694,48 +1660,13 @@ async fn forecast_answer(
     params: ForecastParams,
     driver: std::sync::Arc<dyn crate::driver::Driver>,
 ) -> HttpResult<Value> {
-    // The recorded durations of each upgrade type the fleet's runs apply.
-    let kinds: std::collections::BTreeSet<String> = copy
-        .run_names()
-        .filter_map(|name| Some(copy.run(name)?.upgrade().upgrade_type.as_str().to_string()))
-        .collect();
-    let mut histories: HashMap<String, DurationHistory> = HashMap::new();
-    for kind in kinds {
-        let history = state.runs.store.upgrade_durations(fleet, &kind).await?;
-        histories.insert(kind, history);
-    }
+    let durations =
+        crate::durations::Durations::load(state.runs.store.as_ref(), fleet, &copy, driver, params)
+            .await?;
     let answer = tokio::task::spawn_blocking(move || {
-        // Each member's duration, decided once, and where it came from.
-        let known: std::cell::RefCell<HashMap<(String, String), (i64, DurationSource)>> =
-            Default::default();
-        let duration = |r: &str, m: &str| {
-            let key = (r.to_string(), m.to_string());
-            if let Some((d, _)) = known.borrow().get(&key) {
-                return *d;
-            }
-            let engine = copy.run(r);
-            let history = engine.and_then(|e| histories.get(e.upgrade().upgrade_type.as_str()));
-            let member = MemberRef {
-                name: m.to_string(),
-                cluster_resource_id: engine
-                    .and_then(|e| e.cluster_resource_id(m))
-                    .unwrap_or(m)
-                    .to_string(),
-            };
-            let (d, source) = expected_duration(history, &member, driver.as_ref(), &params);
-            known.borrow_mut().insert(key, (d, source));
-            d
-        };
+        let duration = |r: &str, m: &str| durations.of(&copy, r, m);
         let forecast = forecast(&copy, &run, now(), &params, &duration)?;
-        let known = known.into_inner();
-        let count = |s: DurationSource| known.values().filter(|(_, got)| *got == s).count();
-        let durations = json!({
-            "history": count(DurationSource::History),
-            "fleetMedian": count(DurationSource::FleetMedian),
-            "driver": count(DurationSource::Driver),
-            "default": count(DurationSource::Default),
-        });
-        Ok::<_, ApiError>(forecast.to_json(&params, durations))
+        Ok::<_, ApiError>(forecast.to_json(&params, durations.counts()))
     })
     .await
     .map_err(|e| ApiError::conflict(format!("the forecast did not finish: {e}")))??;
@@ -2351,7 +2282,7 @@ async fn put_profile(
         body,
         existing,
         &caller,
-        &headers,
+        &precondition(&headers),
     )
     .await?;
     Ok(respond(resource, created))

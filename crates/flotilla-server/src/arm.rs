@@ -15,6 +15,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use flotilla_engine::strategy::check_name;
+
+use crate::auth::Role;
 use crate::error::HttpError;
 use crate::state::Shared;
 use crate::store::Kind;
@@ -30,6 +33,8 @@ pub struct Settings {
     pub default_driver: Option<Value>,
     /// Whether the server answers over TLS: the scheme of absolute links.
     pub https: bool,
+    /// Where users reach the server (`--public-url`): the start of absolute links.
+    pub public_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -39,6 +44,7 @@ impl Default for Settings {
             resource_group: "flotilla".into(),
             default_driver: None,
             https: false,
+            public_url: None,
         }
     }
 }
@@ -106,6 +112,10 @@ const COLLECTIONS: &[(&str, &[&str])] = &[
     ("gates", &[]),
 ];
 
+/// A fleet name no fleet has (it is not a valid name): where a request about a fleet of
+/// another subscription or resource group is sent, to be refused as the handler refuses it.
+const NO_FLEET: &str = "-";
+
 /// The oldest Fleet Manager API version (API.md).
 const OLDEST_API_VERSION: &str = "2023-03-15-preview";
 
@@ -158,8 +168,11 @@ fn parse(path: &str) -> Option<Target> {
         });
     }
     let resource_group = resource_group?;
+    // Names are lowercase in Flotilla, so a name in any case is that name. The fleet's is
+    // checked here, before its home is: a name spelt otherwise (percent-encoded, say) would be
+    // looked up as one fleet and served as another.
     let fleet = rest[0].to_ascii_lowercase();
-    if fleet.is_empty() || rest.len() > 4 {
+    if check_name(&fleet, 63).is_err() || rest.len() > 4 {
         return None;
     }
     let mut below = String::new();
@@ -173,7 +186,7 @@ fn parse(path: &str) -> Option<Target> {
                 return None;
             }
             below.push('/');
-            below.push_str(child);
+            below.push_str(&child.to_ascii_lowercase());
         }
         if let Some(action) = rest.get(3) {
             let action = actions.iter().find(|a| same(a, action))?;
@@ -240,8 +253,9 @@ fn known_api_version(v: &str) -> bool {
 
 /// The middleware: requests under `/subscriptions/` are Fleet Manager's; every other goes on.
 pub async fn layer(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    if !(path.len() > 15 && path[..15].eq_ignore_ascii_case("/subscriptions/")) {
+    let prefix = b"/subscriptions/";
+    let path = request.uri().path().as_bytes();
+    if !(path.len() > prefix.len() && path[..prefix.len()].eq_ignore_ascii_case(prefix)) {
         return next.run(request).await;
     }
     match serve(&state, request, next).await {
@@ -261,13 +275,15 @@ fn no_path(path: &str) -> HttpError {
 async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Response, HttpError> {
     // Who asks, before anything is read: a stranger learns nothing of which fleets exist.
     let caller = crate::auth::authenticate(state, request.headers()).await?;
-    request.extensions_mut().insert(caller);
+    request.extensions_mut().insert(caller.clone());
     let path = request.uri().path().to_string();
     let target = parse(&path).ok_or_else(|| no_path(&path))?;
     let (version, query) = split_query(request.uri().query().unwrap_or_default())?;
     let settings = state.arm_settings();
-    let link = Links {
-        base: format!(
+    // Links name the server as users reach it (`--public-url`), else as this request did.
+    let base = match &settings.public_url {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => format!(
             "{}://{}",
             if settings.https { "https" } else { "http" },
             request
@@ -276,6 +292,9 @@ async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Respo
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or("localhost")
         ),
+    };
+    let link = Links {
+        base,
         version,
         fleet: None,
     };
@@ -317,46 +336,56 @@ async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Respo
     let stored = state.runs.store.get("", Kind::Fleet, &fleet).await?;
     let method = request.method().clone();
     let home = match &stored {
-        Some(f) => {
-            let home = Home::of(&f.body, &settings);
-            if !home.is(&subscription, Some(&resource_group)) {
-                if method == Method::PUT && collection.is_none() {
-                    return Err(HttpError::new(
-                        StatusCode::CONFLICT,
-                        "Conflict",
-                        format!(
-                            "fleet name {fleet:?} is taken by a fleet of subscription {:?}, resource group {:?}; fleet names are unique in a Flotilla server",
-                            home.subscription, home.resource_group
-                        ),
-                    ));
-                }
-                return Ok(absent(&method, &fleet));
-            }
-            home
-        }
+        Some(f) => Home::of(&f.body, &settings),
         None => Home {
-            subscription,
-            resource_group,
+            subscription: subscription.clone(),
+            resource_group: resource_group.clone(),
         },
     };
+    // A fleet of another subscription or resource group is not there. Its name is taken all
+    // the same (fleet names are the server's): creating it here is a conflict.
+    let foreign = !home.is(&subscription, Some(&resource_group));
+    if foreign && method == Method::PUT && collection.is_none() {
+        crate::api::require(&caller, Role::Admin)?;
+        return Err(HttpError::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "fleet name {fleet:?} is taken by a fleet of another subscription or resource group; fleet names are unique in a Flotilla server"
+            ),
+        ));
+    }
+    // Otherwise the request goes to a fleet that cannot exist: the handler checks the role,
+    // and answers that nothing is there.
+    let served = if foreign { NO_FLEET } else { fleet.as_str() };
     let uri = if query.is_empty() {
-        format!("/v1/fleets/{fleet}{rest}")
+        format!("/v1/fleets/{served}{rest}")
     } else {
-        format!("/v1/fleets/{fleet}{rest}?{query}")
+        format!("/v1/fleets/{served}{rest}?{query}")
     };
     *request.uri_mut() = uri.parse::<Uri>().map_err(|_| no_path(&path))?;
     request.extensions_mut().insert(Arm { home: home.clone() });
     let response = next.run(request).await;
     let status = response.status();
-    if method == Method::DELETE {
-        // ARM: deleting what is not there succeeds (204); a deletion Fleet Manager's swagger
-        // lists no 200 for (auto-upgrade profiles) is 202.
-        if status == StatusCode::NOT_FOUND {
+    if status == StatusCode::NOT_FOUND {
+        // ARM: deleting what is not there succeeds.
+        if method == Method::DELETE {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
-        if status == StatusCode::OK && collection == Some("autoUpgradeProfiles") {
-            return Ok(StatusCode::ACCEPTED.into_response());
+        if foreign {
+            return Err(HttpError::new(
+                StatusCode::NOT_FOUND,
+                "ResourceNotFound",
+                format!("fleet {fleet:?} was not found in this subscription and resource group"),
+            ));
         }
+    }
+    // A deletion Fleet Manager's swagger lists no 200 for (auto-upgrade profiles) is 202.
+    if method == Method::DELETE
+        && status == StatusCode::OK
+        && collection == Some("autoUpgradeProfiles")
+    {
+        return Ok(StatusCode::ACCEPTED.into_response());
     }
     let one = |name: &str| (name == fleet).then(|| home.clone());
     let link = Links {
@@ -364,20 +393,6 @@ async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Respo
         ..link
     };
     arm_answer(response, &link, &one).await
-}
-
-/// A fleet under another subscription or resource group is not there: a 204 for a DELETE, a
-/// 404 for everything else.
-fn absent(method: &Method, fleet: &str) -> Response {
-    if method == Method::DELETE {
-        return StatusCode::NO_CONTENT.into_response();
-    }
-    HttpError::new(
-        StatusCode::NOT_FOUND,
-        "ResourceNotFound",
-        format!("fleet {fleet:?} was not found in this subscription and resource group"),
-    )
-    .into_response()
 }
 
 /// How absolute links are made: the server's address and the request's `api-version`; and the
@@ -401,29 +416,16 @@ async fn list_fleets(
     resource_group: Option<&str>,
     query: &str,
 ) -> Result<Response, HttpError> {
-    // The caller's role is checked by the `/v1` list, which is where this goes for it.
-    let mut top = 100usize;
-    let mut after: Option<String> = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
-            "$top" => {
-                top = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| {
-                        HttpError::new(
-                            StatusCode::BAD_REQUEST,
-                            "InvalidRequestContent",
-                            format!("$top {value:?}: must be a whole number from 1 to 1000"),
-                        )
-                    })?
-            }
-            "$skipToken" => after = Some(value.to_string()),
-            _ => {}
-        }
-    }
+    let uri: Uri = format!("/?{query}").parse().map_err(|_| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidQueryParameter",
+            format!("the query {query:?} is not a URI's query"),
+        )
+    })?;
+    let paging = crate::api::Paging::of(&uri)?;
+    let top = paging.top()?;
+    let after = paging.skip_token.clone();
     // Authentication and the reader role: the same check as `/v1/fleets`, one page of one.
     *request.uri_mut() = Uri::from_static("/v1/fleets?$top=1");
     let probe = next.run(request).await;
@@ -454,12 +456,7 @@ async fn list_fleets(
                 break 'pages;
             }
             homes.insert(fleet.name.clone(), home);
-            let mut body = fleet.body;
-            if let Some(map) = body.as_object_mut() {
-                map.remove(HOME);
-                map.insert("eTag".into(), json!(fleet.etag));
-            }
-            value.push(body);
+            value.push(crate::api::present(fleet));
         }
     }
     let mut body = json!({"value": value});
@@ -512,43 +509,57 @@ async fn arm_answer(
     Ok(Response::from_parts(parts, Body::from(value.to_string())))
 }
 
-/// Every `/v1` id in a document made an ARM id (`home_of` gives each fleet's home), and a
-/// `nextLink` made absolute with the request's `api-version`.
+/// The fields that hold ids (API.md: `id`, `gateId`, `target.id`, `autoUpgradeProfileId`,
+/// `updateStrategyId`; and `nextLink`). Only these are rewritten.
+const ID_FIELDS: [&str; 4] = ["id", "gateId", "updateStrategyId", "autoUpgradeProfileId"];
+
+/// Fields whose values are the user's own (tags, labels, a driver's configuration...): never
+/// rewritten, whatever they hold.
+const USER_FIELDS: [&str; 6] = [
+    "tags",
+    "labels",
+    "identity",
+    "hubProfile",
+    "driver",
+    "memberSelector",
+];
+
+/// Every `/v1` id in a document's id fields made an ARM id (`home_of` gives each fleet's home;
+/// a run status's bare `gateId` is a gate of the request's fleet), and `nextLink` made absolute
+/// with the request's `api-version`.
 fn rewrite(value: &mut Value, home_of: &(dyn Fn(&str) -> Option<Home> + Sync), link: &Links) {
     match value {
-        Value::String(s) => {
-            if let Some(id) = arm_id(s, home_of) {
-                *s = id;
-            }
-        }
         Value::Array(items) => items.iter_mut().for_each(|v| rewrite(v, home_of, link)),
         Value::Object(map) => {
             for (key, v) in map.iter_mut() {
-                if key == "nextLink"
-                    && let Value::String(s) = v
-                {
-                    let (path, query) = s.split_once('?').unwrap_or((s.as_str(), ""));
-                    if let Some(id) = arm_id(path, home_of) {
-                        let mut absolute =
-                            format!("{}{id}?api-version={}", link.base, link.version);
-                        if !query.is_empty() {
-                            absolute.push('&');
-                            absolute.push_str(query);
+                match (key.as_str(), v) {
+                    (k, _) if USER_FIELDS.contains(&k) => {}
+                    ("nextLink", Value::String(s)) => {
+                        let (path, query) = s.split_once('?').unwrap_or((s.as_str(), ""));
+                        if let Some(id) = arm_id(path, home_of) {
+                            let mut absolute =
+                                format!("{}{id}?api-version={}", link.base, link.version);
+                            if !query.is_empty() {
+                                absolute.push('&');
+                                absolute.push_str(query);
+                            }
+                            *s = absolute;
                         }
-                        *s = absolute;
                     }
-                    continue;
+                    ("gateId", Value::String(id)) if !id.starts_with('/') => {
+                        if let Some(fleet) = &link.fleet
+                            && let Some(home) = home_of(fleet)
+                        {
+                            *id = format!("{}/gates/{id}", home.fleet_id(fleet));
+                        }
+                    }
+                    (k, Value::String(s)) if ID_FIELDS.contains(&k) => {
+                        if let Some(id) = arm_id(s, home_of) {
+                            *s = id;
+                        }
+                    }
+                    (_, v) => rewrite(v, home_of, link),
                 }
-                // A run's status names its gates by id: on these paths, by ARM id.
-                if key == "gateId"
-                    && let (Value::String(id), Some(fleet)) = (&mut *v, &link.fleet)
-                    && !id.starts_with('/')
-                    && let Some(home) = home_of(fleet)
-                {
-                    *id = format!("{}/gates/{id}", home.fleet_id(fleet));
-                    continue;
-                }
-                rewrite(v, home_of, link);
             }
         }
         _ => {}
@@ -654,6 +665,9 @@ mod tests {
         let mut doc = json!({
             "value": [{"id": "/v1/fleets/f1/updateRuns/r", "properties": {
                 "status": {"stages": [{"afterGates": [{"gateId": "g-1"}]}]},
+                "labels": {"gateId": "x", "id": "/v1/fleets/f1/members/m"},
+                "displayName": "/v1/fleets/f1/gates/g",
+                "autoUpgradeProfileId": "/v1/fleets/f2/autoUpgradeProfiles/p",
                 "updateStrategyId": "/v1/fleets/f1/updateStrategies/s",
                 "clusterResourceId": "/subscriptions/x/resourceGroups/y/providers/Microsoft.ContainerService/managedClusters/c",
                 "other": "/v1/fleets/f2/members/m"}}],
@@ -674,6 +688,19 @@ mod tests {
         assert_eq!(
             doc["value"][0]["properties"]["other"],
             "/v1/fleets/f2/members/m"
+        );
+        // A fleet whose home is not known keeps its /v1 id; what users wrote stays as written.
+        assert_eq!(
+            doc["value"][0]["properties"]["autoUpgradeProfileId"],
+            "/v1/fleets/f2/autoUpgradeProfiles/p"
+        );
+        assert_eq!(
+            doc["value"][0]["properties"]["labels"],
+            json!({"gateId": "x", "id": "/v1/fleets/f1/members/m"})
+        );
+        assert_eq!(
+            doc["value"][0]["properties"]["displayName"],
+            "/v1/fleets/f1/gates/g"
         );
         assert_eq!(
             doc["value"][0]["properties"]["status"]["stages"][0]["afterGates"][0]["gateId"],

@@ -19,6 +19,7 @@ pub mod api;
 pub mod arm;
 pub mod auth;
 pub mod dashboard;
+pub mod durations;
 pub mod error;
 pub mod http;
 pub mod journal;
@@ -240,7 +241,7 @@ impl Server {
             std::sync::atomic::Ordering::Relaxed,
         );
         if let Ok(mut arm) = self.state.arm.write() {
-            arm.https = self.tls.is_some();
+            Arc::make_mut(&mut arm).https = self.tls.is_some();
         }
         let app = api::router(self.state.clone())
             .layer(axum::middleware::from_fn_with_state(

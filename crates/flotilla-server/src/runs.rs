@@ -21,12 +21,15 @@ use flotilla_engine::engine::{
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::fleet::{Catalog, Cluster, SharedMember};
 use flotilla_engine::fleet_engine::{Delivered, FleetCommand, FleetEngine, FleetEvent, FleetInput};
-use flotilla_engine::status::{EventType, State};
+use flotilla_engine::forecast::{ForecastParams, completions};
+use flotilla_engine::status::{EventType, RunForecast, State};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
     parse_upgrade,
 };
 use flotilla_engine::time::Time;
+
+use crate::durations::Durations;
 
 use crate::driver::{Driver, MemberRef, driver_from_config};
 use crate::metrics::Metrics;
@@ -184,6 +187,40 @@ enum Msg {
     Copy {
         reply: oneshot::Sender<Box<FleetEngine>>,
     },
+    /// The forecast of the fleet's moving runs, made off the task: when it was made and when
+    /// each run ends (`None`: no forecast could be made).
+    Forecast {
+        made: Option<(Time, BTreeMap<String, Option<Time>>)>,
+    },
+}
+
+/// How often a fleet's moving runs are forecast for their statuses, at most (SEMANTICS §11).
+const FORECAST_EVERY: Duration = Duration::from_secs(60);
+
+/// When a fleet's moving runs are next forecast for their statuses.
+#[derive(Default)]
+struct ForecastPace {
+    /// Something that moves the forecast happened since it was last made.
+    dirty: bool,
+    /// One is being made now.
+    running: bool,
+    last: Option<Instant>,
+}
+
+impl ForecastPace {
+    /// When the next forecast is due, if one is.
+    fn due(&self) -> Option<Instant> {
+        if !self.dirty || self.running {
+            return None;
+        }
+        Some(self.last.map_or_else(Instant::now, |t| t + FORECAST_EVERY))
+    }
+}
+
+/// Whether a run moves by itself (a forecast of its end means something): started, and neither
+/// stopped nor ended.
+fn moving(engine: &Engine) -> bool {
+    !engine.is_finished() && !matches!(engine.state(), State::NotStarted | State::Stopped)
 }
 
 /// Where the answer to a user action goes.
@@ -1169,6 +1206,7 @@ impl Runs {
             tx,
             fence,
             driving: task.driving.clone(),
+            pace: ForecastPace::default(),
         };
         tokio::spawn(actor.run(rx));
         Ok(task)
@@ -1274,6 +1312,8 @@ impl Runs {
 struct RunMeta {
     /// The run resource without its status.
     base: Value,
+    /// The run's end as last forecast, shown in its status while it moves.
+    forecast: Option<RunForecast>,
     /// Where the status sits in the run's document, found at the first status write.
     around: Option<StatusPlace>,
     /// Attempt → operation id, once the driver named it.
@@ -1346,6 +1386,8 @@ struct FleetActor {
     fence: Fence,
     /// The runs driven now, as the API sees them.
     driving: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// When the moving runs' statuses get their next forecast.
+    pace: ForecastPace,
 }
 
 impl FleetActor {
@@ -1382,10 +1424,10 @@ impl FleetActor {
                         .map_or_else(Instant::now, |t| t + m.status_every())
                 })
                 .min();
-            let deadline = match (engine_deadline, flush_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let deadline = [engine_deadline, flush_deadline, self.pace.due()]
+                .into_iter()
+                .flatten()
+                .min();
             let first = match deadline {
                 Some(deadline) => {
                     tokio::select! {
@@ -1410,6 +1452,7 @@ impl FleetActor {
             if !self.step(batch, woke_at).await {
                 break;
             }
+            self.forecast_if_due();
         }
         if let Ok(mut driving) = self.driving.lock() {
             driving.clear();
@@ -1453,6 +1496,7 @@ impl FleetActor {
             run.clone(),
             RunMeta {
                 base: loaded.base,
+                forecast: None,
                 operations: HashMap::new(),
                 outstanding: Default::default(),
                 // The stored status may be older than the log the run was rebuilt from.
@@ -1515,6 +1559,66 @@ impl FleetActor {
         Ok(())
     }
 
+    /// Starts the forecast of the fleet's moving runs when one is due: on a copy of the fleet's
+    /// engine, off the task, its answer coming back as [`Msg::Forecast`].
+    fn forecast_if_due(&mut self) {
+        if self.pace.due().is_none_or(|due| due > Instant::now()) {
+            return;
+        }
+        self.pace.dirty = false;
+        let any_moving = self
+            .engine
+            .run_names()
+            .any(|r| self.engine.run(r).is_some_and(moving));
+        if !any_moving {
+            // Nothing to forecast, and nothing spent: a run that starts next is forecast at once.
+            self.take_forecast(Some((now(), BTreeMap::new())));
+            return;
+        }
+        self.pace.last = Some(Instant::now());
+        self.pace.running = true;
+        let copy = self.engine.clone().without_journal();
+        let store = self.runs.store.clone();
+        let (fleet, driver, tx) = (self.fleet.clone(), self.driver.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let params = ForecastParams::default();
+            let made = match Durations::load(store.as_ref(), &fleet, &copy, driver, params).await {
+                Ok(durations) => tokio::task::spawn_blocking(move || {
+                    let at = now();
+                    let duration = |r: &str, m: &str| durations.of(&copy, r, m);
+                    (at, completions(&copy, at, &params, &duration))
+                })
+                .await
+                .ok(),
+                Err(e) => {
+                    tracing::warn!(%fleet, error = %e, "cannot read upgrade durations for the runs' forecast");
+                    None
+                }
+            };
+            let _ = tx.send(Msg::Forecast { made });
+        });
+    }
+
+    /// A forecast made off the task: each moving run's status shows it (a run it does not name
+    /// shows none).
+    fn take_forecast(&mut self, made: Option<(Time, BTreeMap<String, Option<Time>>)>) {
+        self.pace.running = false;
+        let Some((at, ends)) = made else {
+            // Tried again when something next changes.
+            return;
+        };
+        for (run, meta) in self.meta.iter_mut() {
+            let forecast = ends.get(run).map(|end| RunForecast {
+                completed_time: *end,
+                computed_at: at,
+            });
+            if meta.forecast != forecast {
+                meta.forecast = forecast;
+                meta.status_dirty = true;
+            }
+        }
+    }
+
     /// Stops driving a run (replaced, deleted, finished, or its batch could not be written).
     fn drop_run(&mut self, run: &str) {
         self.engine.remove_run(run);
@@ -1539,6 +1643,13 @@ impl FleetActor {
         let mut steps: HashMap<String, RunStep> = HashMap::new();
         let mut finish_seen: Option<Instant> = None;
         let mut action_at: Option<Instant> = None;
+        // What users and clusters say can move the runs' ends.
+        self.pace.dirty |= batch.iter().any(|m| {
+            matches!(
+                m,
+                Msg::Action { .. } | Msg::Remote { .. } | Msg::Observed { .. } | Msg::Adopt { .. }
+            )
+        });
         for msg in batch {
             match msg {
                 Msg::Abandon => {}
@@ -1553,6 +1664,7 @@ impl FleetActor {
                 Msg::Copy { reply } => {
                     let _ = reply.send(Box::new(self.engine.clone().without_journal()));
                 }
+                Msg::Forecast { made } => self.take_forecast(made),
                 Msg::Retire { run } => self.drop_run(&run),
                 Msg::Remote { run, id, input } => {
                     if !self.meta.contains_key(&run) {
@@ -1637,6 +1749,8 @@ impl FleetActor {
         // Members' last operations (API.md: `status.lastOperationId`, `lastOperationError`):
         // an upgrade sent names its operation and clears the error; a failure sets it.
         let mut operations: BTreeMap<String, Value> = BTreeMap::new();
+        // The run each member's newest operation of this step belongs to.
+        let mut sent_by: HashMap<String, String> = HashMap::new();
         while let Some(FleetCommand { run, command }) = self.engine.poll_command() {
             if let Command::StartUpgrade {
                 member, attempt, ..
@@ -1646,6 +1760,7 @@ impl FleetActor {
                     member.clone(),
                     json!({"lastOperationId": operation_key(&self.fleet, &run, *attempt), "lastOperationError": null}),
                 );
+                sent_by.insert(member.clone(), run.clone());
             }
             let step = steps.entry(run).or_default();
             if let Command::StartUpgrade {
@@ -1680,8 +1795,11 @@ impl FleetActor {
                     })
                 })
                 .flatten();
+            // A failure belongs with the operation it ended, not with one another run sent
+            // the member in the same step.
             if event.kind == EventType::MemberFailed
                 && let Some(member) = &event.member
+                && sent_by.get(member).is_none_or(|r| *r == run)
             {
                 let error = match &event.error {
                     Some(e) => json!({"code": e.code, "message": e.message}),
@@ -1691,6 +1809,17 @@ impl FleetActor {
                     .entry(member.clone())
                     .or_insert_with(|| json!({}))["lastOperationError"] = error;
             }
+            self.pace.dirty |= matches!(
+                event.kind,
+                EventType::RunStarted
+                    | EventType::RunStopped
+                    | EventType::MemberSucceeded
+                    | EventType::MemberFailed
+                    | EventType::MemberSkipped
+                    | EventType::GateCompleted
+                    | EventType::GateSkipped
+                    | EventType::WaitSkipped
+            );
             let step = steps.entry(run).or_default();
             step.durations.extend(duration);
             step.gates_changed |= matches!(
@@ -2480,7 +2609,10 @@ fn status_document(
     meta: &mut RunMeta,
     engine: &Engine,
 ) -> serde_json::Result<(flotilla_store::RunDocument, String)> {
-    let skeleton = engine.status_skeleton();
+    let mut skeleton = engine.status_skeleton();
+    if moving(engine) {
+        skeleton.forecast = meta.forecast;
+    }
     let around = match &meta.around {
         Some(around) => around,
         None => meta.around.insert(StatusPlace::of(&meta.base)?),
@@ -2741,6 +2873,7 @@ mod tests {
         let (mut engine, _) = engine_from_snapshot("r", &snapshot).expect("engine");
         let mut meta = RunMeta {
             base: base.clone(),
+            forecast: None,
             operations: HashMap::new(),
             outstanding: Default::default(),
             status_dirty: false,

@@ -92,7 +92,7 @@ impl Harness {
         .await
         .expect("server starts");
         if let Some(arm) = arm {
-            *server.state.arm.write().expect("settings") = arm;
+            *server.state.arm.write().expect("settings") = Arc::new(arm);
         }
         let addr = server.local_addr().expect("bound");
         let state = server.state.clone();
@@ -595,6 +595,20 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         r["properties"]["status"]["stages"][1]["beforeGates"][0]["status"]["state"] == "Pending"
     })
     .await;
+    // A moving run's status carries when it is forecast to end (SEMANTICS §11), made off the
+    // fleet's task: the gate taken as approved now, the rest at the sim driver's durations.
+    let waiting = h
+        .wait_run(path, "the run's forecast", |r| {
+            r["properties"]["status"]["forecast"]["completedTime"].is_string()
+        })
+        .await;
+    let forecast = &waiting["properties"]["status"]["forecast"];
+    let at =
+        |v: &Value| flotilla_engine::time::Time::parse(v.as_str().unwrap_or("")).expect("a time");
+    assert!(
+        at(&forecast["completedTime"]) >= at(&forecast["computedAt"]),
+        "{forecast}"
+    );
     // The metrics see the run running, its failures, and its gate waiting.
     let metrics = h.call("reader", Method::GET, "/metrics", None).await.1;
     let metrics = metrics.as_str().unwrap_or_default().to_string();
@@ -695,6 +709,11 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
             r["properties"]["status"]["status"]["state"] == "Completed"
         })
         .await;
+    assert!(
+        done["properties"]["status"].get("forecast").is_none(),
+        "an ended run shows no forecast: {}",
+        done["properties"]["status"]
+    );
     let members: Vec<(String, String)> = done["properties"]["status"]["stages"]
         .as_array()
         .into_iter()
@@ -2922,6 +2941,11 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         .ok("reader", Method::GET, &format!("{upper}?{v}"), None)
         .await;
     assert_eq!(got["id"], fleet_id);
+    assert_eq!(
+        got["tags"],
+        json!({"team": "platform"}),
+        "a tag is the user's, as written"
+    );
     let other =
         "/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/f1";
     let (status, _, _) = h
@@ -2941,6 +2965,60 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         .call("admin", Method::DELETE, &format!("{other}?{v}"), None)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.ok("reader", Method::GET, "/v1/fleets/f1", None).await["name"],
+        "f1"
+    );
+    // Roles hold there too: a reader deletes nothing, creates nothing, of any home.
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::DELETE,
+            &format!("{other}/members/m0?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = h
+        .call(
+            "reader",
+            Method::PUT,
+            &format!("{other}?{v}"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // A fleet's name spelt otherwise (percent-encoded) is no fleet: it cannot slip past its home.
+    let (status, _, _) = h
+        .call("admin", Method::DELETE, &format!("/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/%66%31?{v}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        h.ok("reader", Method::GET, "/v1/fleets/f1", None).await["name"],
+        "f1"
+    );
+    // A raw non-ASCII path is answered, not a dropped connection.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = h.base.trim_start_matches("http://");
+        let mut socket = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        socket
+            .write_all(
+                "GET /subscriptions/é HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                    .as_bytes(),
+            )
+            .await
+            .expect("sent");
+        let mut answer = Vec::new();
+        socket.read_to_end(&mut answer).await.expect("an answer");
+        assert!(
+            answer.starts_with(b"HTTP/1.1 "),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
     // The fleet lists of the subscription and the resource group; /v1 shows /v1 ids.
     for scope in ["/subscriptions/S1", "/subscriptions/s1/resourceGroups/rg1"] {
         let list = h
@@ -3011,6 +3089,16 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
     assert_eq!(run["id"], format!("{fleet_id}/updateRuns/r1"));
     h.ok("admin", Method::PUT, &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
         Some(json!({"properties": {"channel": "Stable", "updateStrategyId": strategy_id, "disabled": true}}))).await;
+    // Child names match in any case too (Flotilla's names are lowercase).
+    let upper_member = h
+        .ok(
+            "reader",
+            Method::GET,
+            &format!("{fleet_id}/MEMBERS/M0?{v}"),
+            None,
+        )
+        .await;
+    assert_eq!(upper_member["name"], "m0");
     // Paging: an absolute nextLink with the api-version, followed to the end.
     let mut seen = Vec::new();
     let mut link = format!("{fleet_id}/members?{v}&$top=2");
@@ -3184,6 +3272,7 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
     assert_eq!(status, StatusCode::NOT_FOUND, "/v1 keeps its own answers");
     // No default driver: a fleet without one is refused, naming the field.
     *h.state.arm.write().expect("settings") = Default::default();
+    assert!(h.state.arm_settings().default_driver.is_none());
     let (status, body, _) = h
         .call(
             "admin",

@@ -11,12 +11,12 @@ use serde_json::{Value, json};
 use flotilla_engine::fleet::{
     Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
 };
-use flotilla_engine::forecast::ForecastParams;
+use flotilla_engine::forecast::{ForecastParams, completions, forecast};
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 use flotilla_sim::scenario::{Action, GateLocator, SimBehaviour, TargetSpec, TimedAction};
-use flotilla_sim::simulator::simulate_checking_invariants;
+use flotilla_sim::simulator::{simulate_checking_invariants, simulate_observing};
 use flotilla_sim::{Scenario, forecast_scenario, simulate};
 
 const START: i64 = 1_772_409_600; // 2026-03-02T00:00:00Z
@@ -417,6 +417,61 @@ proptest! {
     fn a_forecast_before_the_start_matches_the_run(plan in plan()) {
         forecast_matches_the_run(plan)?;
     }
+
+    #[test]
+    fn a_running_runs_status_forecast_is_its_forecast(plan in plan()) {
+        status_forecast_is_the_forecast(plan)?;
+    }
+}
+
+/// SEMANTICS §11: the forecast a running run's status carries (one simulation of the fleet's
+/// moving runs, `completions`) is the run's own forecast made at the same instant, and with
+/// fixed durations and no failures it is the run's actual end (within 1 %).
+fn status_forecast_is_the_forecast(mut plan: Plan) -> Result<(), TestCaseError> {
+    for m in &mut plan.members {
+        m.fails = false;
+    }
+    for s in &mut plan.stages {
+        s.approval_before = false;
+    }
+    plan.stop_at = None;
+    plan.skip_member = None;
+    let scenario = scenario(&plan);
+    let params = ForecastParams::default();
+    let duration = |_: &str, member: &str| {
+        scenario
+            .behaviour
+            .get(member)
+            .map_or(600, |b| b.duration_seconds)
+    };
+    // Midway: the first instant the run has moved on from its start.
+    let mut seen: Option<(Time, Option<Time>, Option<Time>)> = None;
+    let result = simulate_observing(&scenario, &mut |fleet, now| {
+        let Some(run) = fleet.run(&scenario.name) else {
+            return;
+        };
+        if seen.is_some() || run.is_finished() || now <= scenario.start {
+            return;
+        }
+        let ends = completions(fleet, now, &params, &duration);
+        let own = forecast(fleet, &scenario.name, now, &params, &duration)
+            .ok()
+            .and_then(|f| f.completed);
+        seen = Some((now, ends.get(&scenario.name).copied().flatten(), own));
+    });
+    let Some((at, status, own)) = seen else {
+        return Ok(());
+    };
+    prop_assert_eq!(status, own, "at {}", at);
+    if let (Some(end), Some(predicted)) = (
+        result.status.as_ref().and_then(|s| s.status.completed_time),
+        status,
+    ) {
+        let duration = (end.unix() - scenario.start.unix()).max(1) as f64;
+        let error = (predicted.unix() - end.unix()).abs() as f64 / duration;
+        prop_assert!(error <= 0.01, "predicted {predicted}, actual {end}");
+    }
+    Ok(())
 }
 
 /// SEMANTICS §11 on `sim` fleets with fixed durations and no failures (no actions but the

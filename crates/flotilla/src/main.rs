@@ -463,6 +463,7 @@ impl ServeLimits {
             resource_group: self.arm_resource_group.clone(),
             default_driver,
             https: false,
+            public_url: self.public_url.clone(),
         })
     }
 }
@@ -581,7 +582,7 @@ async fn serve_command(
     let arm = limits_flags.arm()?;
     let mut server = Server::start_configured(store, listen, insecure, timing, exec_allow).await?;
     if let Ok(mut settings) = server.state.arm.write() {
-        *settings = arm;
+        *settings = Arc::new(arm);
     }
     server.limits = limits;
     server.allowed_hosts = std::mem::take(&mut allowed_hosts);

@@ -261,6 +261,7 @@ impl Engine {
                         .collect(),
                 }),
             failure_count: self.failure_count,
+            forecast: None,
         }
     }
 }
