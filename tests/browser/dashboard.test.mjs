@@ -204,6 +204,34 @@ test('the run page shows tiles changing state live, without a reload', async () 
   await page.context().close();
 });
 
+test('the run page forecasts the end of the run and of each stage, draws predicted bars, and says what production waits for', async () => {
+  const page = await newPage('forecast');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
+  // The end the run's status carries (the server's own forecast), shown as a time.
+  const eta = page.locator('#run-eta');
+  await eventually('the forecast end', async () => (await eta.locator('time').count()) > 0, 30000);
+  // The run's status carries the server's own forecast (made at most once a minute per fleet).
+  const forecast = await eventually('the forecast in the run\'s status', async () => (await apiCall(`/v1/fleets/demo/updateRuns/${runName}`, approverToken)).body.properties.status.forecast, 90000);
+  assert.ok(forecast.completedTime >= forecast.computedAt, JSON.stringify(forecast));
+  // The next stage is production, behind the canary's wait and the approval gate.
+  const next = page.locator('#next-stage');
+  await eventually('what the next stage waits for', async () => (await next.count()) > 0 && (await next.getAttribute('data-stage')) === 'production', 30000);
+  const waits = (await next.getAttribute('data-waits')).split(',');
+  assert.ok(waits.includes('Gate'), `production waits for its gate: ${waits}`);
+  assert.match(await next.innerText(), /production starts .* waits for .*a gate/);
+  // Only what the run's state allows: a run waiting at its gate cannot be started again.
+  assert.equal(await page.locator('#start-run').count(), 0, 'no start button on a running run');
+  // Predicted bars behind the actual ones, and production's forecast end on its row.
+  assert.ok((await page.locator('#timeline .bar.predicted').count()) >= 2, 'predicted bars on the timeline');
+  assert.match(await page.locator('#timeline .eta[data-eta="s:production"]').innerText(), /ends ~/);
+  await page.locator('#tl-title').scrollIntoViewIfNeeded();
+  await page.shot('forecast');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a reader sees the pending gate without an approve button, and the API refuses the reader (403)', async () => {
   const created = await apiCall('/v1/tokens', adminToken, { method: 'POST', body: { role: 'reader', subject: 'demo-reader' } });
   assert.equal(created.status, 201);

@@ -572,7 +572,9 @@ impl SimDriver {
             let elapsed = ((now.unix() - self.origin.unix()) as f64 * self.scale).min(1e15) as i64;
             releases.extend(feed.releases(&self.catalog, elapsed));
         }
-        release::published(&self.catalog, &releases, self.origin, self.scale, now)
+        // The simulated feed announces each release's regional rollout (SEMANTICS §11: a
+        // forecast knows when a version arrives where the driver reports it).
+        release::announced(&self.catalog, &releases, self.origin, self.scale, now)
     }
 
     /// The simulated cluster of a member, created from the default cluster if there is one.
@@ -1410,10 +1412,13 @@ mod tests {
         SimDriver::new(&config)
     }
 
-    fn kube_in(catalog: &Catalog, region: &str) -> Vec<String> {
+    /// The versions available in a region at `now`: listed, and arrived (a version announced
+    /// for later is listed with its `availableAt`).
+    fn kube_in(catalog: &Catalog, region: &str, now: Time) -> Vec<String> {
         catalog.regions[region]
             .kubernetes
             .iter()
+            .filter(|k| k.available_at.is_none_or(|t| t <= now))
             .map(|k| k.version.to_string())
             .collect()
     }
@@ -1425,23 +1430,23 @@ mod tests {
         ]}))
         .expect("valid");
         let at = |s: i64| driver.origin.plus(s);
+        let kube = |s: i64, region: &str| kube_in(&driver.published_at(at(s)), region, at(s));
         // 60 simulated seconds per second: 2 minutes are 2 seconds, an hour a minute.
-        assert_eq!(
-            kube_in(&driver.published_at(at(1)), "eastus"),
-            ["1.30.5", "1.31.2"]
-        );
-        assert_eq!(
-            kube_in(&driver.published_at(at(2)), "eastus"),
-            ["1.30.5", "1.31.2", "1.31.4"]
-        );
-        assert_eq!(
-            kube_in(&driver.published_at(at(2)), "westeurope"),
-            ["1.31.2"]
-        );
-        assert_eq!(
-            kube_in(&driver.published_at(at(62)), "westeurope"),
-            ["1.31.2", "1.31.4"]
-        );
+        assert_eq!(kube(1, "eastus"), ["1.30.5", "1.31.2"]);
+        assert_eq!(kube(2, "eastus"), ["1.30.5", "1.31.2", "1.31.4"]);
+        assert_eq!(kube(2, "westeurope"), ["1.31.2"]);
+        assert_eq!(kube(62, "westeurope"), ["1.31.2", "1.31.4"]);
+        // Once out in eastus, its arrival in westeurope is announced (SEMANTICS §11: what a
+        // forecast knows); before it is out anywhere, nothing is.
+        let later = |s: i64| {
+            driver.published_at(at(s)).regions["westeurope"]
+                .kubernetes
+                .iter()
+                .find(|k| k.version.to_string() == "1.31.4")
+                .map(|k| k.available_at)
+        };
+        assert_eq!(later(1), None);
+        assert_eq!(later(2), Some(Some(at(62))));
     }
 
     #[test]
@@ -1450,18 +1455,24 @@ mod tests {
             .expect("valid");
         // 60x: a simulated week is 10080 seconds.
         let week = 7 * 86_400 / 60;
-        let c = driver.published_at(driver.origin.plus(week));
-        assert_eq!(kube_in(&c, "eastus"), ["1.30.5", "1.31.2", "1.31.3"]);
-        assert_eq!(kube_in(&c, "westeurope"), ["1.31.2"], "a day later there");
+        let now = driver.origin.plus(week);
+        let c = driver.published_at(now);
+        assert_eq!(kube_in(&c, "eastus", now), ["1.30.5", "1.31.2", "1.31.3"]);
+        assert_eq!(
+            kube_in(&c, "westeurope", now),
+            ["1.31.2"],
+            "a day later there"
+        );
         let images: Vec<String> = c.regions["eastus"].node_images["AKSUbuntu-2204gen2containerd"]
             .iter()
             .map(|i| i.version.to_string())
             .collect();
         assert_eq!(images, ["202602.10.0", "202602.10.1"]);
         // After 30 simulated days: patches on 7, 14, 21, 28 and the minor 1.32.0 on 30.
-        let c = driver.published_at(driver.origin.plus(30 * 86_400 / 60));
+        let now = driver.origin.plus(30 * 86_400 / 60);
+        let c = driver.published_at(now);
         assert_eq!(
-            kube_in(&c, "eastus"),
+            kube_in(&c, "eastus", now),
             [
                 "1.30.5", "1.31.2", "1.31.3", "1.31.4", "1.31.5", "1.31.6", "1.32.0"
             ]

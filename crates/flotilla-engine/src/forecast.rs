@@ -374,6 +374,12 @@ fn forward(
             _ => break,
         }
     }
+    // What members still wait for at the end (a version that never comes, say) is what they
+    // wait for.
+    let open: Vec<String> = pending.keys().cloned().collect();
+    for member in open {
+        close(&mut pending, &mut waited, &member, t);
+    }
     Forward { sim, waited }
 }
 
@@ -410,11 +416,15 @@ fn waits_for(
         for group in &stage.groups {
             for m in &group.members {
                 let mut reasons: BTreeSet<WaitReason> = BTreeSet::new();
+                let own = waited.get(&m.name).map(Vec::as_slice).unwrap_or_default();
                 let Some(start) = m.status.start_time.filter(|s| *s > now) else {
+                    // Never started within the forecast: what it was still waiting for.
+                    if m.status.start_time.is_none() {
+                        reasons.extend(own.iter().map(|(r, ..)| *r));
+                    }
                     out.insert(m.name.clone(), reasons);
                     continue;
                 };
-                let own = waited.get(&m.name).map(Vec::as_slice).unwrap_or_default();
                 reasons.extend(own.iter().map(|(r, ..)| *r));
                 let gates = stage.before_gates.iter().chain(&group.before_gates);
                 if gates

@@ -179,11 +179,40 @@ pub fn published(
     scale: f64,
     now: Time,
 ) -> Catalog {
+    listed(base, releases, origin, scale, now, false)
+}
+
+/// Like [`published`], and a release that is out in one region by `now` is also listed in the
+/// regions it reaches later, with the `availableAt` it will have there: what a feed that
+/// announces its regional rollout tells (the `sim` driver's catalog), so that a forecast knows
+/// when a version arrives (SEMANTICS §11).
+pub fn announced(
+    base: &Catalog,
+    releases: &[Release],
+    origin: Time,
+    scale: f64,
+    now: Time,
+) -> Catalog {
+    listed(base, releases, origin, scale, now, true)
+}
+
+fn listed(
+    base: &Catalog,
+    releases: &[Release],
+    origin: Time,
+    scale: f64,
+    now: Time,
+    ahead: bool,
+) -> Catalog {
     let mut catalog = base.clone();
     for release in releases {
-        for (region, offset) in release.schedule(base) {
+        let schedule = release.schedule(base);
+        let out = schedule
+            .iter()
+            .any(|(_, offset)| instant(origin, *offset, scale) <= now);
+        for (region, offset) in schedule {
             let at = instant(origin, offset, scale);
-            if at > now {
+            if at > now && !(ahead && out) {
                 continue;
             }
             let entry = catalog.regions.entry(region.to_string()).or_default();
@@ -292,6 +321,15 @@ mod tests {
                 .node_images
                 .contains_key("AKSUbuntu-2204gen2containerd")
         );
+        // Announced: once out in eastus, it is listed in westeurope with its arrival there.
+        let c = announced(&base(), &timeline, origin, 1.0, at(120));
+        assert_eq!(versions(&c, "westeurope"), ["1.30.5", "1.30.7"]);
+        assert_eq!(
+            c.regions["westeurope"].kubernetes[1].available_at,
+            Some(at(120 + 86_400))
+        );
+        let c = announced(&base(), &timeline, origin, 1.0, at(119));
+        assert_eq!(versions(&c, "westeurope"), ["1.30.5"], "nothing is out yet");
         // 60 times faster: two virtual minutes are two real seconds.
         let c = published(&base(), &timeline, origin, 60.0, at(2));
         assert_eq!(versions(&c, "eastus"), ["1.30.5", "1.30.7"]);

@@ -726,7 +726,7 @@ async fn put_fleet(
     State(state): State<Shared>,
     caller: Caller,
     Path(fleet): Path<String>,
-    arm: Option<axum::Extension<crate::arm::Arm>>,
+    arm: Option<axum::Extension<crate::home::Arm>>,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult<Response> {
@@ -790,12 +790,12 @@ async fn put_fleet(
     }
     // A fleet keeps the subscription and resource group it was created under.
     let home = match (&stored, arm) {
-        (Some(f), _) => f.body.get(crate::arm::HOME).cloned(),
+        (Some(f), _) => f.body.get(crate::home::HOME).cloned(),
         (None, Some(axum::Extension(arm))) => Some(arm.home.to_json()),
         (None, None) => None,
     };
     if let Some(home) = home {
-        body[crate::arm::HOME] = home;
+        body[crate::home::HOME] = home;
     }
     write_fleet(&state, &fleet, stored, body, &caller, &headers).await
 }
@@ -2939,15 +2939,8 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
     response
 }
 
-/// Every route, and Fleet Manager's ARM paths around them: those are rewritten to their `/v1`
-/// paths before routing (`arm::layer`), so the one router serves both.
+/// Every route of the route table (Fleet Manager's ARM paths are served around it, `arm`).
 pub fn router(state: Shared) -> Router {
-    Router::new()
-        .fallback_service(v1_router(state.clone()))
-        .layer(middleware::from_fn_with_state(state, crate::arm::layer))
-}
-
-fn v1_router(state: Shared) -> Router {
     let fleet = "/v1/fleets/{fleet}";
     Router::new()
         .route("/", get(crate::dashboard::index))

@@ -19,89 +19,9 @@ use flotilla_engine::strategy::check_name;
 
 use crate::auth::Role;
 use crate::error::HttpError;
+use crate::home::{Arm, Home, Settings};
 use crate::state::Shared;
 use crate::store::Kind;
-
-/// Where fleets live in Azure's terms, and what a fleet created without a driver gets.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// The subscription of fleets created on `/v1` (`--arm-subscription`).
-    pub subscription: String,
-    /// The resource group of fleets created on `/v1` (`--arm-resource-group`).
-    pub resource_group: String,
-    /// The driver of a fleet created without one (`--default-driver`).
-    pub default_driver: Option<Value>,
-    /// Whether the server answers over TLS: the scheme of absolute links.
-    pub https: bool,
-    /// Where users reach the server (`--public-url`): the start of absolute links.
-    pub public_url: Option<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            subscription: "00000000-0000-0000-0000-000000000000".into(),
-            resource_group: "flotilla".into(),
-            default_driver: None,
-            https: false,
-            public_url: None,
-        }
-    }
-}
-
-/// The key of a fleet's stored body that records its subscription and resource group; the API
-/// never shows it (it is the key of internal fields, removed from every answer).
-pub const HOME: &str = crate::runs::SNAPSHOT;
-
-/// A fleet's subscription and resource group.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Home {
-    pub subscription: String,
-    pub resource_group: String,
-}
-
-impl Home {
-    /// The home a fleet's stored body records, or the server's for a fleet created on `/v1`.
-    pub fn of(fleet_body: &Value, settings: &Settings) -> Home {
-        let recorded = &fleet_body[HOME];
-        match (
-            recorded["subscription"].as_str(),
-            recorded["resourceGroup"].as_str(),
-        ) {
-            (Some(s), Some(g)) => Home {
-                subscription: s.into(),
-                resource_group: g.into(),
-            },
-            _ => Home {
-                subscription: settings.subscription.clone(),
-                resource_group: settings.resource_group.clone(),
-            },
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({"subscription": self.subscription, "resourceGroup": self.resource_group})
-    }
-
-    /// The ARM id of a fleet of this home.
-    pub fn fleet_id(&self, fleet: &str) -> String {
-        format!(
-            "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.ContainerService/fleets/{fleet}",
-            self.subscription, self.resource_group
-        )
-    }
-
-    fn is(&self, subscription: &str, resource_group: Option<&str>) -> bool {
-        self.subscription.eq_ignore_ascii_case(subscription)
-            && resource_group.is_none_or(|g| self.resource_group.eq_ignore_ascii_case(g))
-    }
-}
-
-/// An ARM request, as its handler sees it (a request extension): the home it was sent under.
-#[derive(Clone, Debug)]
-pub struct Arm {
-    pub home: Home,
-}
 
 /// The fleet's children, by their ARM collection names, with the actions each takes.
 const COLLECTIONS: &[(&str, &[&str])] = &[
@@ -249,6 +169,14 @@ fn known_api_version(v: &str) -> bool {
         });
     // Dates compare as text; a preview sorts after its stable date, as Azure orders them.
     shaped && v >= OLDEST_API_VERSION
+}
+
+/// The API's router with Fleet Manager's ARM paths around it: those are rewritten to their
+/// `/v1` paths before routing, so the one router serves both.
+pub fn router(state: Shared) -> axum::Router {
+    axum::Router::new()
+        .fallback_service(crate::api::router(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(state, layer))
 }
 
 /// The middleware: requests under `/subscriptions/` are Fleet Manager's; every other goes on.

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod durations;
 pub mod error;
+pub mod home;
 pub mod http;
 pub mod journal;
 pub mod metrics;
@@ -243,7 +244,7 @@ impl Server {
         if let Ok(mut arm) = self.state.arm.write() {
             Arc::make_mut(&mut arm).https = self.tls.is_some();
         }
-        let app = api::router(self.state.clone())
+        let app = arm::router(self.state.clone())
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(http::AllowedHosts::new(self.allowed_hosts.clone())),
                 http::check_origin,

@@ -1603,6 +1603,7 @@ impl FleetActor {
     /// shows none).
     fn take_forecast(&mut self, made: Option<(Time, BTreeMap<String, Option<Time>>)>) {
         self.pace.running = false;
+        tracing::debug!(fleet = %self.fleet, made = ?made, "the runs' forecast");
         let Some((at, ends)) = made else {
             // Tried again when something next changes.
             return;

@@ -23,12 +23,12 @@ pub struct AppState {
     /// Large documents as last answered, by eTag.
     pub answers: crate::answers::Answers,
     /// Fleet Manager's ARM paths: the default home of fleets, the default driver.
-    pub arm: std::sync::RwLock<Arc<crate::arm::Settings>>,
+    pub arm: std::sync::RwLock<Arc<crate::home::Settings>>,
 }
 
 impl AppState {
     /// The ARM settings as they are now (set once when serving starts).
-    pub fn arm_settings(&self) -> Arc<crate::arm::Settings> {
+    pub fn arm_settings(&self) -> Arc<crate::home::Settings> {
         self.arm.read().map(|s| s.clone()).unwrap_or_default()
     }
 }

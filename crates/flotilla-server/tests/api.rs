@@ -65,7 +65,7 @@ impl Harness {
     async fn start_arm(
         name: &str,
         timing: flotilla_server::Timing,
-        arm: Option<flotilla_server::arm::Settings>,
+        arm: Option<flotilla_server::home::Settings>,
     ) -> Harness {
         let dir = temp_dir(name);
         let store = SqliteStore::open(&dir.0.join("flotilla.db"))
@@ -2881,7 +2881,7 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         .map(|(k, v)| (k.as_str(), v.clone()))
         .collect();
     let driver = sim_fleet(&as_refs)["properties"]["driver"].clone();
-    let settings = flotilla_server::arm::Settings {
+    let settings = flotilla_server::home::Settings {
         default_driver: Some(driver),
         ..Default::default()
     };

@@ -15,6 +15,8 @@ const STAGE_COLLAPSE_GROUPS = 12;
 const POLL_MS = 5000;
 const DEBOUNCE_MS = 250;
 const MAX_EVENTS = 200;
+/** The run's full forecast (stages, groups, members, waits) is asked again at most this often. */
+const FORECAST_MS = 20000;
 
 export async function render(ctx) {
   const { main, fleet, run: runName, me, notify, signal } = ctx;
@@ -28,6 +30,9 @@ export async function render(ctx) {
     timelineOpen: new Set(),
     selected: null,
     events: [],
+    /** The run's forecast (POST …/forecast), and when it was asked for. */
+    forecast: null,
+    forecastAt: 0,
   };
 
   const live = h('span', { id: 'live', class: 'live', role: 'status' }, 'connecting…');
@@ -80,7 +85,8 @@ export async function render(ctx) {
     const images = status.nodeImageSelection?.selectedNodeImageVersions?.map((v) => v.version) || [];
     const actions = h('div', { class: 'actions', id: 'run-actions' });
     if (can(me, 'operator')) {
-      if (!['Running', 'Stopping', 'Completed', 'Skipped'].includes(state)) {
+      // A run waiting at a gate (Pending) is running: starting it again is refused.
+      if (!['Running', 'Pending', 'Stopping', 'Completed', 'Skipped'].includes(state)) {
         actions.append(button('a:start', state === 'NotStarted' ? 'Start' : 'Start again', () => act('Run started', `${runPath}/start`), { class: 'primary', id: 'start-run' }));
       }
       if (['Running', 'Pending'].includes(state)) {
@@ -99,9 +105,75 @@ export async function render(ctx) {
         h('div', {}, h('dt', {}, 'Progress'), h('dd', { id: 'run-progress' }, progressBar(p, 'Members done'))),
         h('div', {}, h('dt', {}, 'Failures'), h('dd', { id: 'run-failures', class: status.failureCount ? 'bad' : '' }, `${status.failureCount ?? 0}`, stageFailures ? h('span', { class: 'muted' }, ` (allowed per stage: ${stageFailures})`) : null)),
         h('div', {}, h('dt', {}, 'Started'), h('dd', {}, time(status.status?.startTime))),
-        h('div', {}, h('dt', {}, 'Finished'), h('dd', {}, time(status.status?.completedTime)))),
+        status.status?.completedTime
+          ? h('div', {}, h('dt', {}, 'Finished'), h('dd', {}, time(status.status.completedTime)))
+          : h('div', {}, h('dt', {}, 'Forecast end'), h('dd', { id: 'run-eta' }, etaText(status))),
+        nextStage(status)),
       status.status?.error ? h('p', { class: 'error' }, status.status.error.message) : null,
     ].filter(Boolean));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Forecast (SEMANTICS §11): the end the run's status carries (the server's own, recomputed
+  // when something changes it), and the full forecast asked for now and then, for the
+  // predicted bars, each stage's end and what the next stage waits for.
+
+  /** When the run is forecast to end: its status's forecast, else the full one's. */
+  function predictedEnd(status) {
+    if (status.forecast) return { at: status.forecast.completedTime ?? null, known: true };
+    if (view.forecast) return { at: view.forecast.completedTime ?? null, known: true };
+    return { at: null, known: false };
+  }
+
+  function etaText(status) {
+    if (status.status?.state === 'NotStarted') return h('span', { class: 'muted' }, 'not started');
+    const end = predictedEnd(status);
+    if (!end.known) return h('span', { class: 'muted' }, 'forecasting…');
+    if (!end.at) return h('span', { class: 'warn' }, 'not within a year (it waits for something that does not come)');
+    const left = parseTime(end.at) - Date.now();
+    return h('span', {}, time(end.at), left > 0 ? h('span', { class: 'muted' }, ` (in about ${fmtDuration(left)})`) : null);
+  }
+
+  /** The first stage that has not ended, and what its members wait for before they start. */
+  function nextStage(status) {
+    const stages = status.stages || [];
+    const next = stages.find((s) => !TERMINAL.has(s.status?.state || 'NotStarted') && (s.status?.state || 'NotStarted') !== 'Running');
+    if (!next || !view.forecast) return null;
+    const predicted = (view.forecast.stages || []).find((s) => s.name === next.name);
+    const reasons = new Set();
+    // What holds it now: a gate pending before it (the previous stage's after-gates, its own or
+    // its groups' before-gates) or the previous stage's wait...
+    const previous = stages[stages.indexOf(next) - 1];
+    const pending = (gates) => (gates || []).some((g) => g.status?.state === 'Pending');
+    if (pending(previous?.afterGates) || pending(next.beforeGates) || (next.groups || []).some((g) => pending(g.beforeGates))) reasons.add('Gate');
+    if (previous?.afterStageWaitStatus?.status?.state === 'Running') reasons.add('Wait');
+    // ...and what the forecast says its members will wait for.
+    for (const g of predicted?.groups || []) for (const m of g.members || []) for (const r of m.waitsFor || []) reasons.add(r);
+    const words = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check' };
+    const waits = [...reasons].map((r) => words[r] || r);
+    return h('div', {},
+      h('dt', {}, 'Next stage'),
+      h('dd', { id: 'next-stage', dataset: { stage: next.name, waits: [...reasons].join(',') } },
+        h('strong', {}, next.name),
+        predicted?.startTime ? [' starts ', time(predicted.startTime)] : ' does not start within a year',
+        waits.length ? h('span', { class: 'muted' }, ` — waits for ${waits.join(', ')}`) : null));
+  }
+
+  /** Asks for the run's forecast when the last one is old and the run has not ended. */
+  async function refreshForecast() {
+    const state = view.run?.properties?.status?.status?.state || 'NotStarted';
+    if (TERMINAL.has(state) || Date.now() - view.forecastAt < FORECAST_MS) return;
+    view.forecastAt = Date.now();
+    try {
+      view.forecast = await api(`${runPath}/forecast`, { method: 'POST', body: {}, signal });
+    } catch (e) {
+      // An ended run has nothing to forecast; anything else leaves the last forecast shown.
+      if (e.name === 'AbortError') return;
+      if (e instanceof ApiError && e.status === 409) view.forecast = null;
+      return;
+    }
+    renderHeader();
+    renderTimeline();
   }
 
   /** The strategy's gate definitions in the order of the status tree, for their types. */
@@ -346,33 +418,68 @@ export async function render(ctx) {
       timeline.append(h('p', { class: 'muted' }, 'The run has not started.'));
       return;
     }
-    const t1 = Math.max(parseTime(status.status?.completedTime) ?? Date.now(), t0 + 1000);
+    const ended = parseTime(status.status?.completedTime);
+    // A run that has not ended is drawn to its forecast end, predicted bars behind the actual.
+    const forecast = ended === null ? view.forecast : null;
+    const predictedEndAt = parseTime(forecast?.completedTime);
+    const now = Date.now();
+    const t1 = Math.max(ended ?? Math.max(now, predictedEndAt ?? now), t0 + 1000);
     const span = t1 - t0;
-    const bar = (node, label) => {
+    const predictedOf = new Map();
+    for (const st of forecast?.stages || []) {
+      predictedOf.set(`s:${st.name}`, st);
+      for (const g of st.groups || []) {
+        predictedOf.set(`g:${st.name}/${g.name}`, g);
+        for (const m of g.members || []) predictedOf.set(`m:${m.name}`, m);
+      }
+    }
+    const predictedBar = (key, label) => {
+      const p = predictedOf.get(key);
+      const s = parseTime(p?.startTime);
+      const e = parseTime(p?.completedTime);
+      if (s === null || e === null) return null;
+      return h('span', {
+        class: 'bar predicted',
+        style: { left: `${(100 * (Math.max(s, t0) - t0)) / span}%`, width: `${Math.max((100 * (e - Math.max(s, t0))) / span, 0.3)}%` },
+        title: `${label}, forecast: ${fmtTime(p.startTime)} → ${fmtTime(p.completedTime)}`,
+      });
+    };
+    const bar = (node, label, key) => {
       const s = parseTime(node.status?.startTime);
       const state = node.status?.state || 'NotStarted';
-      if (s === null) return h('div', { class: 'track' });
-      const e = parseTime(node.status?.completedTime) ?? t1;
+      const behind = key ? predictedBar(key, label) : null;
+      if (s === null) return h('div', { class: 'track' }, behind);
+      const e = parseTime(node.status?.completedTime) ?? Math.min(now, t1);
       const left = (100 * (s - t0)) / span;
       const width = Math.max((100 * (e - s)) / span, 0.3);
-      return h('div', { class: 'track' }, h('span', {
+      return h('div', { class: 'track' }, behind, h('span', {
         class: `bar s-${state}`,
         style: { left: `${left}%`, width: `${width}%` },
         title: `${label}: ${STATES[state]?.label || state}, ${fmtTime(node.status?.startTime)} → ${node.status?.completedTime ? fmtTime(node.status.completedTime) : 'now'} (${fmtDuration(e - s)})`,
       }));
     };
-    const rows = [h('div', { class: 'axis', 'aria-hidden': 'true' }, h('span', {}, fmtTime(new Date(t0).toISOString())), h('span', {}, fmtDuration(span)), h('span', {}, status.status?.completedTime ? fmtTime(status.status.completedTime) : 'now'))];
+    /** A stage's or group's forecast end, for its label while it has not ended. */
+    const eta = (node, key) => {
+      const end = predictedOf.get(key)?.completedTime;
+      if (!end || node.status?.completedTime) return null;
+      return h('span', { class: 'muted eta', dataset: { eta: key } }, ` · ends ~${fmtTime(end)}`);
+    };
+    const endLabel = status.status?.completedTime ? fmtTime(status.status.completedTime) : predictedEndAt !== null ? `forecast ${fmtTime(forecast.completedTime)}` : 'now';
+    const rows = [h('div', { class: 'axis', 'aria-hidden': 'true' }, h('span', {}, fmtTime(new Date(t0).toISOString())), h('span', {}, fmtDuration(span)), h('span', {}, endLabel))];
+    if (forecast) {
+      rows.push(h('p', { class: 'muted legend' }, h('span', { class: 'bar predicted swatch', 'aria-hidden': 'true' }), ' forecast, behind what happened'));
+    }
     for (const stage of status.stages || []) {
-      rows.push(h('div', { class: 'tl-row stage-row' }, h('span', { class: 'tl-label' }, stage.name), bar(stage, `Stage ${stage.name}`)));
+      rows.push(h('div', { class: 'tl-row stage-row', dataset: { stage: stage.name } }, h('span', { class: 'tl-label' }, stage.name, eta(stage, `s:${stage.name}`)), bar(stage, `Stage ${stage.name}`, `s:${stage.name}`)));
       for (const group of stage.groups || []) {
         const key = `${stage.name}/${group.name}`;
         const open = view.timelineOpen.has(key);
         const det = h('details', { open: open || null },
-          h('summary', { class: 'tl-row' }, h('span', { class: 'tl-label' }, `${group.name} (${(group.members || []).length})`), bar(group, `Group ${group.name}`)));
+          h('summary', { class: 'tl-row' }, h('span', { class: 'tl-label' }, `${group.name} (${(group.members || []).length})`, eta(group, `g:${key}`)), bar(group, `Group ${group.name}`, `g:${key}`)));
         if (open) {
           for (const m of group.members || []) {
-            if (!m.status?.startTime) continue;
-            det.append(h('div', { class: 'tl-row member-row' }, h('span', { class: 'tl-label' }, m.name), bar(m, m.name)));
+            if (!m.status?.startTime && !predictedOf.has(`m:${m.name}`)) continue;
+            det.append(h('div', { class: 'tl-row member-row' }, h('span', { class: 'tl-label' }, m.name), bar(m, m.name, `m:${m.name}`)));
           }
         }
         det.addEventListener('toggle', () => {
@@ -426,6 +533,7 @@ export async function render(ctx) {
         renderDetails();
         renderTimeline();
         main.dataset.updated = String(Date.now());
+        refreshForecast();
       } catch (e) {
         if (e.name !== 'AbortError' && !(e instanceof ApiError && e.status === 404)) notify(`Could not refresh: ${e.message}`, 'error');
         if (e instanceof ApiError && e.status === 404) throw e;

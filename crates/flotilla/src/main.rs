@@ -422,7 +422,7 @@ struct ServeLimits {
 
 impl ServeLimits {
     /// The ARM paths' settings: the default home of fleets and the default driver, checked.
-    fn arm(&self) -> anyhow::Result<flotilla_server::arm::Settings> {
+    fn arm(&self) -> anyhow::Result<flotilla_server::home::Settings> {
         for (flag, value) in [
             ("--arm-subscription", &self.arm_subscription),
             ("--arm-resource-group", &self.arm_resource_group),
@@ -458,7 +458,7 @@ impl ServeLimits {
                 Some(driver)
             }
         };
-        Ok(flotilla_server::arm::Settings {
+        Ok(flotilla_server::home::Settings {
             subscription: self.arm_subscription.clone(),
             resource_group: self.arm_resource_group.clone(),
             default_driver,
