@@ -592,8 +592,8 @@ fn getter(kind: Kind) -> axum::routing::MethodRouter<Shared> {
 
 /// A fleet as sent: Flotilla's `properties.driver`, and what Fleet Manager's fleets carry
 /// (`location`, `tags`, `identity`, `properties.hubProfile`), kept as given.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct FleetBody {
     #[serde(default)]
     location: Option<String>,
@@ -601,18 +601,24 @@ struct FleetBody {
     tags: Option<BTreeMap<String, String>>,
     #[serde(default)]
     identity: Option<serde_json::Map<String, Value>>,
-    #[serde(default)]
-    properties: Option<FleetProperties>,
-    #[serde(default, rename = "id")]
-    _id: Option<Value>,
-    #[serde(default, rename = "name")]
-    _name: Option<Value>,
-    #[serde(default, rename = "type")]
-    _type: Option<Value>,
-    #[serde(default, rename = "eTag")]
-    _etag: Option<Value>,
-    #[serde(default, rename = "systemData")]
-    _system: Option<Value>,
+}
+
+impl FleetBody {
+    /// A fleet as sent: its tracked-resource fields, and its envelope's `properties`.
+    fn split(mut value: Value) -> HttpResult<(FleetBody, FleetProperties)> {
+        let mut tracked = serde_json::Map::new();
+        if let Some(map) = value.as_object_mut() {
+            for key in ["location", "tags", "identity"] {
+                if let Some(v) = map.remove(key) {
+                    tracked.insert(key.into(), v);
+                }
+            }
+        }
+        let tracked: FleetBody = from_json_value(Value::Object(tracked), "")?;
+        let envelope: flotilla_engine::body::Envelope<FleetProperties> =
+            from_json_value(value, "")?;
+        Ok((tracked, envelope.properties.unwrap_or_default()))
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -732,11 +738,10 @@ async fn put_fleet(
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
     check_resource_name(&fleet, "fleet", 63)?;
-    let sent: FleetBody = from_json_value(read_json(body).await?, "")?;
+    let (sent, props) = FleetBody::split(read_json(body).await?)?;
     if let Some(tags) = &sent.tags {
         check_tags(tags)?;
     }
-    let props = sent.properties.unwrap_or_default();
     let stored = state.runs.store.get("", Kind::Fleet, &fleet).await?;
     let settings = state.arm_settings();
     // The driver sent, else the one the fleet has, else the server's default.

@@ -136,6 +136,17 @@ impl Harness {
         )
     }
 
+    /// The status a call is answered with.
+    async fn status(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> StatusCode {
+        self.call(who, method, path, body).await.0
+    }
+
     async fn ok(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> Value {
         let (status, value, _) = self.call(who, method.clone(), path, body).await;
         assert!(status.is_success(), "{method} {path}: {status} {value}");
@@ -2902,20 +2913,22 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"]["code"], "MissingApiVersionParameter");
-    let (status, _, _) = h
-        .call(
+    assert_eq!(
+        h.status(
             "admin",
             Method::GET,
             &format!("{arm}/f1/listCredentials?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+        .await,
+        StatusCode::NOT_FOUND
+    );
     // Unauthenticated: refused before anything is looked up.
-    let (status, _, _) = h
-        .call("nobody", Method::GET, &format!("{arm}/f1?{v}"), None)
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        h.status("nobody", Method::GET, &format!("{arm}/f1?{v}"), None)
+            .await,
+        StatusCode::UNAUTHORIZED
+    );
     // A fleet as Fleet Manager's clients create it: no driver (the server's default), a
     // location, tags, identity, a hub profile; the name's case is not the fleet's.
     let (status, fleet, _) = h
@@ -2948,51 +2961,53 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
     );
     let other =
         "/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/f1";
-    let (status, _, _) = h
-        .call("reader", Method::GET, &format!("{other}?{v}"), None)
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _, _) = h
-        .call(
+    assert_eq!(
+        h.status("reader", Method::GET, &format!("{other}?{v}"), None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.status(
             "admin",
             Method::PUT,
             &format!("{other}?{v}"),
-            Some(json!({})),
+            Some(json!({}))
         )
-        .await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    let (status, _, _) = h
-        .call("admin", Method::DELETE, &format!("{other}?{v}"), None)
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+        .await,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        h.status("admin", Method::DELETE, &format!("{other}?{v}"), None)
+            .await,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(
         h.ok("reader", Method::GET, "/v1/fleets/f1", None).await["name"],
         "f1"
     );
     // Roles hold there too: a reader deletes nothing, creates nothing, of any home.
-    let (status, _, _) = h
-        .call(
+    assert_eq!(
+        h.status(
             "reader",
             Method::DELETE,
             &format!("{other}/members/m0?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::FORBIDDEN);
-    let (status, _, _) = h
-        .call(
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        h.status(
             "reader",
             Method::PUT,
             &format!("{other}?{v}"),
-            Some(json!({})),
+            Some(json!({}))
         )
-        .await;
-    assert_eq!(status, StatusCode::FORBIDDEN);
+        .await,
+        StatusCode::FORBIDDEN
+    );
     // A fleet's name spelt otherwise (percent-encoded) is no fleet: it cannot slip past its home.
-    let (status, _, _) = h
-        .call("admin", Method::DELETE, &format!("/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/%66%31?{v}"), None)
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(h.status("admin", Method::DELETE, &format!("/subscriptions/s2/resourceGroups/RG1/providers/Microsoft.ContainerService/fleets/%66%31?{v}"), None).await, StatusCode::NOT_FOUND);
     assert_eq!(
         h.ok("reader", Method::GET, "/v1/fleets/f1", None).await["name"],
         "f1"
@@ -3152,15 +3167,16 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         assert_eq!(content(&after), content(&before), "{prefix}");
     }
     // Start (an action with no body), approve the gate by its ARM id, run to the end.
-    let (status, _, _) = h
-        .call(
+    assert_eq!(
+        h.status(
             "operator",
             Method::POST,
             &format!("{fleet_id}/updateRuns/r1/START?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+        .await,
+        StatusCode::OK
+    );
     let run_path = format!("{fleet_id}/updateRuns/r1?{v}");
     h.wait_run(&run_path, "the gate", |r| {
         r["properties"]["status"]["stages"][0]["afterGates"][0]["status"]["state"] == "Pending"
@@ -3230,46 +3246,52 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
     assert_eq!(status, StatusCode::OK, "{same}");
     assert_eq!(same["properties"]["status"]["status"]["state"], "Completed");
     // Deleting: profiles answer 202 (their swagger lists no 200), what is gone 204.
-    let (status, _, _) = h
-        .call(
+    assert_eq!(
+        h.status(
             "admin",
             Method::DELETE,
             &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::ACCEPTED);
-    let (status, _, _) = h
-        .call(
+        .await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        h.status(
             "admin",
             Method::DELETE,
             &format!("{fleet_id}/autoUpgradeProfiles/p1?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, _, _) = h
-        .call(
+        .await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.status(
             "operator",
             Method::DELETE,
             &format!("{fleet_id}/members/m4?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (status, _, _) = h
-        .call(
+        .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.status(
             "operator",
             Method::DELETE,
             &format!("{fleet_id}/members/m4?{v}"),
-            None,
+            None
         )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, _, _) = h
-        .call("operator", Method::DELETE, "/v1/fleets/f1/members/m4", None)
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "/v1 keeps its own answers");
+        .await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.status("operator", Method::DELETE, "/v1/fleets/f1/members/m4", None)
+            .await,
+        StatusCode::NOT_FOUND,
+        "/v1 keeps its own answers"
+    );
     // No default driver: a fleet without one is refused, naming the field.
     *h.state.arm.write().expect("settings") = Default::default();
     assert!(h.state.arm_settings().default_driver.is_none());

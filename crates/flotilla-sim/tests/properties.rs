@@ -424,10 +424,9 @@ proptest! {
     }
 }
 
-/// SEMANTICS §11: the forecast a running run's status carries (one simulation of the fleet's
-/// moving runs, `completions`) is the run's own forecast made at the same instant, and with
-/// fixed durations and no failures it is the run's actual end (within 1 %).
-fn status_forecast_is_the_forecast(mut plan: Plan) -> Result<(), TestCaseError> {
+/// A plan as a forecast assumes its run goes: no failures, no approvals to wait for, no actions
+/// but the start.
+fn as_forecast_assumes(mut plan: Plan) -> Plan {
     for m in &mut plan.members {
         m.fails = false;
     }
@@ -436,7 +435,14 @@ fn status_forecast_is_the_forecast(mut plan: Plan) -> Result<(), TestCaseError> 
     }
     plan.stop_at = None;
     plan.skip_member = None;
-    let scenario = scenario(&plan);
+    plan
+}
+
+/// SEMANTICS §11: the forecast a running run's status carries (one simulation of the fleet's
+/// moving runs, `completions`) is the run's own forecast made at the same instant, and with
+/// fixed durations and no failures it is the run's actual end (within 1 %).
+fn status_forecast_is_the_forecast(plan: Plan) -> Result<(), TestCaseError> {
+    let scenario = scenario(&as_forecast_assumes(plan));
     let params = ForecastParams::default();
     let duration = |_: &str, member: &str| {
         scenario
@@ -477,16 +483,8 @@ fn status_forecast_is_the_forecast(mut plan: Plan) -> Result<(), TestCaseError> 
 /// SEMANTICS §11 on `sim` fleets with fixed durations and no failures (no actions but the
 /// start, no approvals): the forecast made before the start predicts the run's completion
 /// within 1 % of its duration, and each member's start and end.
-fn forecast_matches_the_run(mut plan: Plan) -> Result<(), TestCaseError> {
-    for m in &mut plan.members {
-        m.fails = false;
-    }
-    for s in &mut plan.stages {
-        s.approval_before = false;
-    }
-    plan.stop_at = None;
-    plan.skip_member = None;
-    let scenario = scenario(&plan);
+fn forecast_matches_the_run(plan: Plan) -> Result<(), TestCaseError> {
+    let scenario = scenario(&as_forecast_assumes(plan));
     let params = ForecastParams::default();
     let actual = simulate(&scenario);
     // A plan the API refuses (a member in two groups) has no run to forecast.
