@@ -24,12 +24,12 @@ use flotilla_engine::fleet::{
     Catalog, Cluster, ImageRelease, KubeRelease, Member, NodePool, Os, RegionCatalog,
 };
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetInput};
-use flotilla_engine::forecast::ForecastParams;
+use flotilla_engine::forecast::{ForecastParams, completions};
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
 use flotilla_sim::scenario::{Action, SimBehaviour, TimedAction};
-use flotilla_sim::simulator::run_spec;
+use flotilla_sim::simulator::{run_spec, simulate_observing};
 use flotilla_sim::{Scenario, forecast_scenario, simulate};
 
 const GROUPS_PER_STAGE: usize = 50;
@@ -344,6 +344,49 @@ fn forecast_bench(scenario: &Scenario) {
         span / 86_400.0,
         forecast.critical_path.len()
     );
+    status_forecast_bench(scenario);
+}
+
+/// What a running run's status forecast costs the server (SEMANTICS §11): the copy of the fleet
+/// engine its task makes (on the task), and the forward simulation of every moving run (off it),
+/// at the first instant after the run's first stage ended.
+fn status_forecast_bench(scenario: &Scenario) {
+    let params = ForecastParams::default();
+    let duration = |_: &str, member: &str| {
+        scenario
+            .behaviour
+            .get(member)
+            .map_or(600, |b| b.duration_seconds)
+    };
+    let mut measured: Option<(f64, f64)> = None;
+    simulate_observing(scenario, &mut |fleet, now| {
+        let Some(run) = fleet.run(&scenario.name) else {
+            return;
+        };
+        let first_done = run
+            .status_skeleton()
+            .stages
+            .first()
+            .is_some_and(|s| s.status.state == flotilla_engine::status::State::Completed);
+        if measured.is_some() || run.is_finished() || !first_done {
+            return;
+        }
+        let t = Instant::now();
+        let copy = fleet.clone().without_journal();
+        let cloned = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let ends = completions(&copy, now, &params, &duration);
+        let simulated = t.elapsed().as_secs_f64();
+        assert!(ends.contains_key(&scenario.name), "the run is forecast");
+        measured = Some((cloned, simulated));
+    });
+    if let Some((cloned, simulated)) = measured {
+        println!(
+            "{} members: status forecast after the first stage: copy on the fleet's task {:.1} ms, simulation off it {simulated:.2} s",
+            scenario.members.len(),
+            cloned * 1000.0
+        );
+    }
 }
 
 fn main() {
