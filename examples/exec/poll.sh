@@ -1,6 +1,7 @@
 #!/bin/sh
 # Flotilla exec driver, example: reports the state of operation KEY; an upgrade takes
-# DURATION_MS milliseconds, then the cluster is at its new version.
+# DURATION_MS milliseconds, then the cluster has what its type changes: the Kubernetes version
+# (Full, ControlPlaneOnly) and the node image (Full, NodeImageOnly).
 # Usage: poll.sh STATE_DIR MEMBER KEY DURATION_MS
 set -eu
 state=$1 key=$3 duration_ms=$4
@@ -15,6 +16,11 @@ if [ $(( (now - started) / 1000000 )) -lt "$duration_ms" ]; then
   echo '{"state":"Running"}'
   exit 0
 fi
-read -r member version < "$dir/target"
-echo "$version" > "$state/clusters/$member"
+read -r member type version image < "$dir/target"
+if [ "$type" != NodeImageOnly ] && [ "$version" != - ]; then
+  echo "$version" > "$state/clusters/$member"
+fi
+if [ "$type" != ControlPlaneOnly ] && [ "$image" != - ]; then
+  echo "$image" > "$state/images/$member"
+fi
 echo '{"state":"Succeeded"}'

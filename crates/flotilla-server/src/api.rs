@@ -1,4 +1,4 @@
-//! The HTTP API of `../shared/spec/API.md`: resources with eTags and paging, run actions, gates,
+//! The HTTP API of `docs/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
 use std::collections::BTreeMap;

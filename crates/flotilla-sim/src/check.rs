@@ -1,5 +1,5 @@
 //! `flotilla simulate --check`: compares a result document with a scenario's `expect`, key by
-//! key, as `../shared/conformance/check.py` does. Returns one line per difference.
+//! key, as `tests/conformance/check.py` does. Returns one line per difference.
 
 use std::collections::BTreeMap;
 

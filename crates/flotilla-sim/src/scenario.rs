@@ -1,4 +1,4 @@
-//! Scenario files (`../shared/conformance/README.md`): a fleet, a release catalog, a strategy,
+//! Scenario files (`tests/conformance/FORMAT.md`): a fleet, a release catalog, a strategy,
 //! an upgrade, a timeline of actions and the expectations, read from YAML.
 
 use std::collections::BTreeMap;

@@ -98,7 +98,7 @@ struct Cli {
 enum Command {
     /// Run a scenario file in virtual time: a fleet, a catalog, a strategy, actions.
     Simulate {
-        /// The scenario YAML file (format: ../shared/conformance/README.md).
+        /// The scenario YAML file (format: tests/conformance/FORMAT.md).
         scenario: PathBuf,
         /// Print the result document (run, clusters, events) as JSON.
         #[arg(long, conflicts_with = "check")]

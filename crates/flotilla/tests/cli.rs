@@ -28,9 +28,16 @@ fn bin() -> &'static str {
 
 impl Env {
     fn start(name: &str) -> Env {
+        Env::start_with(name, |_| Vec::new())
+    }
+
+    /// A server working in the test's directory, with the flags `prepare` returns after it has
+    /// set that directory up.
+    fn start_with(name: &str, prepare: impl FnOnce(&Path) -> Vec<String>) -> Env {
         let dir = std::env::temp_dir().join(format!("flotilla-cli-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
+        let extra = prepare(&dir);
         let db = dir.join("db.sqlite").display().to_string();
         let token = Command::new(bin())
             .args([
@@ -59,6 +66,8 @@ impl Env {
                 "--database",
                 &db,
             ])
+            .args(&extra)
+            .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -174,38 +183,46 @@ fn normalise(text: &str) -> String {
     out
 }
 
+/// A file of the repository's `examples/`, which the README's walkthrough uses.
+fn example(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(path)
+}
+
 fn stages_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fleet-stages.json")
+    example("fleet-stages.json")
 }
 
 #[test]
 fn the_seed_walkthrough_from_the_command_line() {
     let env = Env::start("walkthrough");
-    let driver = env.write("driver.json", DRIVER);
+    // The README's walkthrough with its example files: the sim fleet, one member created, the
+    // others imported. The example's time scale, 300, is for watching; ten times that here.
+    let mut driver: Value = serde_json::from_str(
+        &std::fs::read_to_string(example("sim/driver.json")).expect("the example fleet"),
+    )
+    .expect("the example fleet is JSON");
+    driver["timeScale"] = json!(3000);
+    let driver = env.write("driver.json", &driver.to_string());
     env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
-    for (name, id, group) in [
-        ("canary", "aks-canary", "canary"),
-        ("east-1", "aks-east-1", "prod-east"),
-        ("east-2", "aks-east-2", "prod-east"),
-        ("west-1", "aks-west-1", "prod-west"),
-        ("west-2", "aks-west-2", "prod-west"),
-    ] {
-        env.ok(&[
-            "member",
-            "create",
-            "-f",
-            "retail",
-            "-n",
-            name,
-            "--cluster-resource-id",
-            id,
-            "--update-group",
-            group,
-            "--labels",
-            "env=prod",
-            "tier=store",
-        ]);
-    }
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "--cluster-resource-id",
+        "aks-canary",
+        "--update-group",
+        "canary",
+        "--labels",
+        "env=prod",
+        "tier=store",
+    ]);
+    let stores = example("stores.csv").display().to_string();
+    env.ok(&["member", "import", "-f", "retail", &stores]);
     // The walkthrough's stages file, unchanged.
     let stages = stages_file().display().to_string();
     env.ok(&[
@@ -353,6 +370,113 @@ fn the_seed_walkthrough_from_the_command_line() {
         again["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"],
         "Skipped"
     );
+}
+
+/// The exec example of the README: the scripts keep clusters in files and do every upgrade type,
+/// checked against the catalog their `catalog.sh` prints.
+#[test]
+fn the_exec_example_does_every_upgrade_type() {
+    let examples = example("").canonicalize().expect("examples");
+    let env = Env::start_with("exec-example", |dir| {
+        // The server runs where `examples/` is, as from the repository's root in the README.
+        std::os::unix::fs::symlink(&examples, dir.join("examples")).expect("link");
+        vec![
+            "--exec-allow".to_string(),
+            examples.join("exec").display().to_string(),
+        ]
+    });
+    // The example driver, with upgrades of 0.2 s instead of 20 and quicker polling.
+    let mut driver: Value = serde_json::from_str(
+        &std::fs::read_to_string(example("exec/driver.json")).expect("the exec example"),
+    )
+    .expect("the exec example is JSON");
+    assert_eq!(driver["poll"][4], "20000", "the upgrade's duration in ms");
+    driver["poll"][4] = json!("200");
+    driver["pollIntervalSeconds"] = json!(0.1);
+    let driver = env.write("exec-driver.json", &driver.to_string());
+    env.ok(&["fleet", "create", "-n", "edge", "--driver", &driver]);
+    let stores = example("stores.csv").display().to_string();
+    env.ok(&["member", "import", "-f", "edge", &stores]);
+    let stages = r#"{"stages": [{"name": "all", "groups": [{"name": "prod-east"}, {"name": "prod-west"}]}]}"#;
+    let state = env.dir.join("exec-state");
+    let cluster = |what: &str, member: &str| {
+        std::fs::read_to_string(state.join(what).join(member))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let members = ["east-1", "east-2", "west-1", "west-2"];
+    let run = |name: &str, args: &[&str]| {
+        let mut create = vec![
+            "updaterun",
+            "create",
+            "-f",
+            "edge",
+            "-n",
+            name,
+            "--stages",
+            stages,
+        ];
+        create.extend(args);
+        env.ok(&create);
+        env.ok(&["updaterun", "start", "-f", "edge", "-n", name]);
+        let wait = env.run(&[
+            "updaterun",
+            "wait",
+            "-f",
+            "edge",
+            "-n",
+            name,
+            "--timeout",
+            "60",
+        ]);
+        assert_eq!(
+            wait.status.code(),
+            Some(0),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&wait.stdout),
+            String::from_utf8_lossy(&wait.stderr)
+        );
+    };
+    // NodeImageOnly, the latest image of the catalog: images move, versions stay.
+    run(
+        "images",
+        &[
+            "--upgrade-type",
+            "NodeImageOnly",
+            "--node-image-selection",
+            "Latest",
+        ],
+    );
+    for m in members {
+        assert_eq!(
+            cluster("images", m),
+            "AKSUbuntu-2204gen2containerd-202602.10.0",
+            "{m}"
+        );
+        assert_eq!(cluster("clusters", m), "", "{m}: the version has not moved");
+    }
+    // ControlPlaneOnly: versions move, images stay.
+    run(
+        "control-plane",
+        &[
+            "--upgrade-type",
+            "ControlPlaneOnly",
+            "--kubernetes-version",
+            "1.31.1",
+        ],
+    );
+    for m in members {
+        assert_eq!(cluster("clusters", m), "1.31.1", "{m}");
+    }
+    // Full, to the catalog's newest patch.
+    run(
+        "full",
+        &["--upgrade-type", "Full", "--kubernetes-version", "1.31.2"],
+    );
+    let shown = env.json(&["member", "show", "-f", "edge", "-n", "west-2"]);
+    assert_eq!(cluster("clusters", "west-2"), "1.31.2", "{shown}");
+    let runs = env.json(&["updaterun", "list", "-f", "edge"]);
+    assert_eq!(runs.as_array().map(Vec::len), Some(3), "{runs}");
 }
 
 #[test]
