@@ -319,6 +319,23 @@ fn query_error(text: &str, e: &jmespath::JmespathError) -> anyhow::Error {
     anyhow::anyhow!("--query {text:?}: {first}")
 }
 
+/// Whether the JMESPath `condition` holds over `value` (its result is truthy, as `az … wait
+/// --custom` reads it).
+pub fn query_holds(condition: &str, value: &Value) -> anyhow::Result<bool> {
+    let failed = |e: jmespath::JmespathError| {
+        let message = e.to_string();
+        anyhow::anyhow!(
+            "--custom {condition:?}: {}",
+            message.lines().next().unwrap_or_default()
+        )
+    };
+    let found = jmespath::compile(condition)
+        .map_err(failed)?
+        .search(value.clone())
+        .map_err(failed)?;
+    Ok(found.is_truthy())
+}
+
 /// The answer after `--query`, if one was given.
 fn queried(value: &Value) -> anyhow::Result<Option<Value>> {
     let Some(text) = QUERY.get() else {
@@ -371,11 +388,48 @@ pub fn print(
     value: &Value,
     table_text: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
+    let value = &az_shape(value);
     if let Some(found) = queried(value)? {
         let text = any_table(&found);
         return print_value(format, &found, || text);
     }
     print_value(format, value, table_text)
+}
+
+/// A resource as `az` prints it: the fields of `properties` lifted beside `id` and `name`, and
+/// `resourceGroup` where the id names one; a list, each of its resources so. Anything else (a
+/// forecast, a summary, a simulation) is printed as it is.
+pub fn az_shape(value: &Value) -> Value {
+    match value {
+        Value::Array(items) => Value::Array(items.iter().map(az_shape).collect()),
+        Value::Object(fields) if fields.contains_key("id") => {
+            let Some(Value::Object(properties)) = fields.get("properties") else {
+                return value.clone();
+            };
+            let mut shaped = serde_json::Map::new();
+            for (key, field) in fields {
+                if key == "properties" {
+                    for (inner, v) in properties {
+                        shaped.entry(inner.clone()).or_insert_with(|| v.clone());
+                    }
+                } else {
+                    shaped.insert(key.clone(), field.clone());
+                }
+            }
+            let group = fields["id"].as_str().and_then(|id| {
+                let mut segments = id.split('/');
+                segments
+                    .by_ref()
+                    .find(|s| s.eq_ignore_ascii_case("resourceGroups"))?;
+                segments.next().map(String::from)
+            });
+            if let Some(group) = group {
+                shaped.insert("resourceGroup".into(), Value::String(group));
+            }
+            Value::Object(shaped)
+        }
+        other => other.clone(),
+    }
 }
 
 fn print_value(

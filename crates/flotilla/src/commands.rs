@@ -61,6 +61,105 @@ pub struct AzScope {
     pub no_wait: bool,
 }
 
+/// `az … wait`: poll a resource until a condition holds.
+#[derive(Args, Clone)]
+pub struct WaitFor {
+    /// Wait until it exists with provisioningState 'Succeeded'.
+    #[arg(long)]
+    pub created: bool,
+    /// Wait until it has been updated, with provisioningState 'Succeeded'.
+    #[arg(long)]
+    pub updated: bool,
+    /// Wait until it is gone.
+    #[arg(long)]
+    pub deleted: bool,
+    /// Wait until it exists.
+    #[arg(long)]
+    pub exists: bool,
+    /// Wait until a JMESPath condition over it (as `-o json` prints it) holds, e.g.
+    /// `--custom "labels.ring=='0'"`.
+    #[arg(long)]
+    pub custom: Option<String>,
+    /// Seconds between two looks.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub interval: u64,
+    /// Give up after this many seconds (exit 1).
+    #[arg(long, default_value_t = 3600, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+impl WaitFor {
+    fn any(&self) -> bool {
+        self.created || self.updated || self.deleted || self.exists || self.custom.is_some()
+    }
+}
+
+/// Polls `path` until `wait`'s condition holds: exit 0 then, 1 after `--timeout`, 2 on an error
+/// other than the resource being absent.
+async fn wait_for(
+    client: &Client,
+    path: &str,
+    what: &str,
+    wait: &WaitFor,
+) -> anyhow::Result<ExitCode> {
+    let conditions = [
+        wait.created,
+        wait.updated,
+        wait.deleted,
+        wait.exists,
+        wait.custom.is_some(),
+    ];
+    if conditions.iter().filter(|c| **c).count() != 1 {
+        bail!("wait needs exactly one of --created, --updated, --deleted, --exists, --custom");
+    }
+    if let Some(custom) = &wait.custom {
+        crate::client::query_holds(custom, &Value::Null)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(wait.timeout);
+    let interval = Duration::from_secs(wait.interval.max(1));
+    loop {
+        let found = match client.get(path).await {
+            Ok(v) => Some(v),
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(e),
+        };
+        let holds = match (&found, wait) {
+            (None, w) => w.deleted,
+            (Some(_), w) if w.exists => true,
+            (Some(v), w) if w.created || w.updated => {
+                s(v, &["properties", "provisioningState"]) == "Succeeded"
+            }
+            (
+                Some(v),
+                WaitFor {
+                    custom: Some(custom),
+                    ..
+                },
+            ) => crate::client::query_holds(custom, &crate::client::az_shape(v))?,
+            (Some(_), _) => false,
+        };
+        if holds {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            eprintln!(
+                "flotilla: {what}: the wait timed out after {}s",
+                wait.timeout
+            );
+            return Ok(ExitCode::from(1));
+        }
+        tokio::time::sleep(interval.min(deadline - now)).await;
+    }
+}
+
+/// Whether a command failed because what it names does not exist (404).
+pub fn is_not_found(e: &anyhow::Error) -> bool {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<crate::client::HttpFailure>())
+        .is_some_and(|f| f.status == 404)
+}
+
 #[derive(Subcommand)]
 pub enum FleetCommand {
     /// Create or replace a fleet; `--driver` is a file or inline JSON (`{"type": "sim", ...}`).
@@ -85,6 +184,17 @@ pub enum FleetCommand {
     Delete {
         #[arg(short = 'n', long)]
         name: String,
+        #[command(flatten)]
+        az: AzScope,
+    },
+    /// Wait until the fleet is created, updated, deleted or a condition holds.
+    ///
+    /// Example: `flotilla fleet wait -n retail --created --timeout 60`.
+    Wait {
+        #[arg(short = 'n', long)]
+        name: String,
+        #[command(flatten)]
+        wait: WaitFor,
         #[command(flatten)]
         az: AzScope,
     },
@@ -139,6 +249,23 @@ pub enum MemberCommand {
         #[arg(long)]
         upsert: bool,
     },
+    /// Wait until the member is created, updated, deleted or a condition holds.
+    ///
+    /// Example: `flotilla member wait -f retail -n canary --created --interval 5`.
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: WaitFor,
+    },
+    /// Observe the member's cluster again now, as `az fleet member reconcile` (the member is
+    /// written back unchanged).
+    ///
+    /// Example: `flotilla member reconcile -f retail -n canary`.
+    Reconcile {
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 #[derive(Subcommand)]
@@ -161,6 +288,15 @@ pub enum StrategyCommand {
     Delete {
         #[command(flatten)]
         target: Target,
+    },
+    /// Wait until the strategy is created, updated, deleted or a condition holds.
+    ///
+    /// Example: `flotilla updatestrategy wait -f retail -n safe-rollout --deleted`.
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: WaitFor,
     },
 }
 
@@ -212,13 +348,16 @@ pub enum RunCommand {
         #[command(flatten)]
         target: Target,
     },
-    /// Wait until the run ends; the exit code tells how it ended.
+    /// Wait until the run ends; the exit code tells how it ended (0 completed, 6 completed with
+    /// tolerated failures, 4 failed, 5 stopped, 1 not ended by `--timeout`). With `--created`,
+    /// `--updated`, `--deleted`, `--exists` or `--custom`, wait for that instead, as `az`.
+    ///
+    /// Example: `flotilla updaterun wait -f retail -n upgrade-131 --timeout 7200`.
     Wait {
         #[command(flatten)]
         target: Target,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 3600)]
-        timeout: u64,
+        #[command(flatten)]
+        wait: WaitFor,
     },
     /// Follow the run live with a progress bar per stage; exits with the run's outcome.
     Watch {
@@ -273,9 +412,21 @@ pub enum GateCommand {
         target: Target,
     },
     /// Approve a pending gate.
+    ///
+    /// Example: `flotilla gate approve -f retail -n 3f2c…` (the id `gate list` shows).
     Approve {
         #[command(flatten)]
         target: Target,
+    },
+    /// Change a gate's state, as `az fleet gate update`: `--state Completed` approves it.
+    ///
+    /// Example: `flotilla gate update -f retail --gate-name 3f2c… --state Completed`.
+    Update {
+        #[command(flatten)]
+        target: Target,
+        /// The new state; a gate can only be completed.
+        #[arg(long, ignore_case = true, value_parser = choice(&["Completed"]))]
+        state: String,
     },
 }
 
@@ -460,6 +611,15 @@ pub async fn fleet(
                 resource_rows(&items, columns, colour)
             })?;
         }
+        FleetCommand::Wait { name, wait, .. } => {
+            return wait_for(
+                client,
+                &format!("/v1/fleets/{name}"),
+                &format!("fleet {name}"),
+                &wait,
+            )
+            .await;
+        }
         FleetCommand::Delete { name, .. } => {
             client
                 .send(reqwest::Method::DELETE, &format!("/v1/fleets/{name}"), None)
@@ -530,6 +690,19 @@ pub async fn member(
                 ))
                 .await?;
             print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::Reconcile { target } => {
+            let path = format!("/v1/fleets/{}/members/{}", target.fleet, target.name);
+            // What a GET answers is a valid PUT of the same member.
+            let current = client.get(&path).await?;
+            let v = client
+                .send(reqwest::Method::PUT, &path, Some(&current))
+                .await?;
+            print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::Wait { target, wait } => {
+            let path = format!("/v1/fleets/{}/members/{}", target.fleet, target.name);
+            return wait_for(client, &path, &format!("member {}", target.name), &wait).await;
         }
         MemberCommand::List { fleet } => {
             let items = client
@@ -710,6 +883,19 @@ pub async fn strategy(
                 ))
                 .await?;
             print(format, &v, || strategy_text(&v))?;
+        }
+        StrategyCommand::Wait { target, wait } => {
+            let path = format!(
+                "/v1/fleets/{}/updateStrategies/{}",
+                target.fleet, target.name
+            );
+            return wait_for(
+                client,
+                &path,
+                &format!("update strategy {}", target.name),
+                &wait,
+            )
+            .await;
         }
         StrategyCommand::List { fleet } => {
             let items = client
@@ -1161,7 +1347,12 @@ pub async fn run(
                 .await?;
             eprintln!("deleted update run {}", target.name);
         }
-        RunCommand::Wait { target, timeout } => {
+        RunCommand::Wait { target, wait } if wait.any() => {
+            let what = format!("update run {}", target.name);
+            return wait_for(client, &path(&target), &what, &wait).await;
+        }
+        RunCommand::Wait { target, wait } => {
+            let timeout = wait.timeout;
             let deadline = Instant::now() + Duration::from_secs(timeout);
             loop {
                 let v = client.get(&path(&target)).await?;
@@ -1177,11 +1368,12 @@ pub async fn run(
                     return Ok(outcome_code(&v));
                 }
                 if Instant::now() >= deadline {
-                    bail!(
-                        "update run {} is still {} after {timeout}s",
+                    eprintln!(
+                        "flotilla: update run {} is still {} after {timeout}s",
                         target.name,
                         s(&v, &["properties", "status", "status", "state"])
                     );
+                    return Ok(ExitCode::from(1));
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -1492,7 +1684,11 @@ pub async fn gate(
                 .await?;
             print(format, &v, || one_row(&v, GATE_COLUMNS, colour))?;
         }
-        GateCommand::Approve { target } => {
+        GateCommand::Approve { target }
+        | GateCommand::Update {
+            target,
+            state: _, // "Completed", the one state a client may set
+        } => {
             let v = client
                 .send(
                     reqwest::Method::PATCH,
@@ -1614,6 +1810,15 @@ pub enum ProfileCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Wait until the profile is created, updated, deleted or a condition holds.
+    ///
+    /// Example: `flotilla autoupgradeprofile wait -f retail -n rapid --custom "disabled==\`false\`"`.
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: WaitFor,
+    },
 }
 
 const PROFILE_COLUMNS: &[(&str, &[&str])] = &[
@@ -1681,6 +1886,10 @@ pub async fn profile(
         ProfileCommand::Show { target } => {
             let v = client.get(&path(&target)).await?;
             print(format, &v, || one_row(&v, PROFILE_COLUMNS, colour))?;
+        }
+        ProfileCommand::Wait { target, wait } => {
+            let what = format!("auto-upgrade profile {}", target.name);
+            return wait_for(client, &path(&target), &what, &wait).await;
         }
         ProfileCommand::List { fleet } => {
             let items = client

@@ -75,7 +75,14 @@ use flotilla_sim::{Scenario, render, simulate};
     about = "Staged, predictable upgrades for fleets of Kubernetes clusters"
 )]
 struct Cli {
-    /// The server the client commands talk to (default: the login file, then http://127.0.0.1:8080).
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// What the commands that talk to a server share (not `serve`, `demo` or `simulate`).
+#[derive(clap::Args, Clone)]
+struct ClientArgs {
+    /// The server to talk to (default: the login file, then http://127.0.0.1:8080).
     #[arg(long, global = true, env = "FLOTILLA_SERVER")]
     server: Option<String>,
     /// The API token (default: the login file).
@@ -84,14 +91,26 @@ struct Cli {
     /// Output format (default: table on a terminal, JSON otherwise).
     #[arg(short = 'o', long, global = true, value_enum)]
     output: Option<client::Format>,
-    /// A JMESPath query applied to the answer before it is printed, as `az --query`.
+    /// A JMESPath query applied to the answer before it is printed, as `az --query`
+    /// (example: `--query "[?properties.group=='canary'].name"`).
     #[arg(long, global = true)]
     query: Option<String>,
     /// A certificate authority (PEM) to trust for an `https://` server, besides the system's.
     #[arg(long, global = true, env = "FLOTILLA_CA_FILE")]
     ca_file: Option<PathBuf>,
-    #[command(subcommand)]
-    command: Command,
+}
+
+impl ClientArgs {
+    fn client(&self) -> anyhow::Result<client::Client> {
+        if let Some(query) = self.query.as_deref() {
+            client::set_query(query)?;
+        }
+        client::Client::new(
+            self.server.clone(),
+            self.token.clone(),
+            self.ca_file.as_deref(),
+        )
+    }
 }
 
 #[derive(Subcommand)]
@@ -106,6 +125,14 @@ enum Command {
         /// Compare the result with the scenario's `expect`; exit 1 and say what differs.
         #[arg(long)]
         check: bool,
+        /// How to print the result: `table` (default) the timeline and the final tree, `json`
+        /// or `yaml` the result document (`--json` is `-o json`).
+        #[arg(short = 'o', long, value_enum, conflicts_with_all = ["check", "json"])]
+        output: Option<client::Format>,
+        /// A JMESPath query over the result document, as the client commands' `--query`
+        /// (example: `--query run.properties.status.status.state`).
+        #[arg(long, conflicts_with = "check")]
+        query: Option<String>,
     },
     /// Serve the HTTP API and drive update runs.
     Serve {
@@ -133,41 +160,61 @@ enum Command {
     },
     /// Fleets and their drivers.
     Fleet {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::FleetCommand,
     },
     /// Member clusters of a fleet.
     Member {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::MemberCommand,
     },
     /// Reusable update strategies.
     Updatestrategy {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::StrategyCommand,
     },
     /// Update runs: create, start, stop, skip, show, watch.
     Updaterun {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::RunCommand,
     },
     /// Approval and scheduled-start gates.
     Gate {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::GateCommand,
     },
     /// Auto-upgrade profiles: runs generated when a channel selects a new release.
     Autoupgradeprofile {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: commands::ProfileCommand,
     },
     /// API tokens.
     Token {
+        #[command(flatten)]
+        client: ClientArgs,
         #[command(subcommand)]
         command: TokenCommand,
     },
     /// Check a token against a server and remember both for later commands.
-    Login,
+    ///
+    /// Example: `flotilla login --server https://flotilla.example:8443 --token "$TOKEN"
+    /// --ca-file ca.pem`.
+    Login {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Copy a SQLite database consistently, also while a server is using it.
     ///
     /// Example: `flotilla backup --database ./flotilla.db ./backup-2026-12-01.db`. To restore,
@@ -244,18 +291,19 @@ fn run_name(path: &Path) -> String {
     if name.is_empty() { "run".into() } else { name }
 }
 
-fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<ExitCode> {
+fn simulate_command(
+    path: &Path,
+    output: Option<client::Format>,
+    query: Option<&str>,
+    check: bool,
+) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read scenario {}", path.display()))?;
     let scenario = Scenario::parse(&run_name(path), &text)
         .with_context(|| format!("scenario {}", path.display()))?;
     let result = simulate(&scenario);
-    if json {
-        outln!("{}", serde_json::to_string_pretty(&result)?);
-        return Ok(ExitCode::SUCCESS);
-    }
+    let document = serde_json::to_value(&result)?;
     if check {
-        let document = serde_json::to_value(&result)?;
         let differences = flotilla_sim::check::check(
             scenario.expect.as_ref().unwrap_or(&serde_json::Value::Null),
             &document,
@@ -269,7 +317,12 @@ fn simulate_command(path: &Path, json: bool, check: bool) -> anyhow::Result<Exit
         }
         return Ok(ExitCode::from(1));
     }
-    out!("{}", render::report(&scenario.description, &result));
+    if let Some(query) = query {
+        client::set_query(query)?;
+    }
+    client::print(output.unwrap_or(client::Format::Table), &document, || {
+        render::report(&scenario.description, &result)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -655,38 +708,24 @@ fn main() -> ExitCode {
     // One TLS implementation for the client, the server and PostgreSQL: rustls on aws-lc.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = Cli::parse();
-    let client = match client::Client::new(
-        cli.server.clone(),
-        cli.token.clone(),
-        cli.ca_file.as_deref(),
-    ) {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("flotilla: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let output = cli.output;
-    if let Some(Err(e)) = cli.query.as_deref().map(client::set_query) {
-        eprintln!("flotilla: {e}");
-        return ExitCode::from(2);
-    }
-    let token_flag = cli.token.clone();
-    let ca_file = cli.ca_file.clone();
     let outcome = match cli.command {
         Command::Simulate {
             scenario,
             json,
             check,
-        } => simulate_command(&scenario, json, check),
+            output,
+            query,
+        } => simulate_command(
+            &scenario,
+            output.or(json.then_some(client::Format::Json)),
+            query.as_deref(),
+            check,
+        ),
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "flotilla",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "flotilla", &mut script);
+            out!("{}", String::from_utf8_lossy(&script));
             Ok(ExitCode::SUCCESS)
         }
         command => {
@@ -717,30 +756,35 @@ fn main() -> ExitCode {
                             };
                             serve_command(listen, database, insecure_no_auth, timing, limits).await
                         }
-                        Command::Token { command } => token_command(&client, output, command).await,
+                        Command::Token { client, command } => {
+                            let output = client.output;
+                            token_command(&client.client()?, output, command).await
+                        }
                         Command::Backup { database, copy } => {
                             backup_command(database.as_deref(), &copy).await
                         }
-                        Command::Fleet { command } => {
-                            commands::fleet(&client, output, command).await
+                        Command::Fleet { client, command } => {
+                            commands::fleet(&client.client()?, client.output, command).await
                         }
-                        Command::Member { command } => {
-                            commands::member(&client, output, command).await
+                        Command::Member { client, command } => {
+                            commands::member(&client.client()?, client.output, command).await
                         }
-                        Command::Updatestrategy { command } => {
-                            commands::strategy(&client, output, command).await
+                        Command::Updatestrategy { client, command } => {
+                            commands::strategy(&client.client()?, client.output, command).await
                         }
-                        Command::Updaterun { command } => {
-                            commands::run(&client, output, command).await
+                        Command::Updaterun { client, command } => {
+                            commands::run(&client.client()?, client.output, command).await
                         }
-                        Command::Gate { command } => commands::gate(&client, output, command).await,
-                        Command::Autoupgradeprofile { command } => {
-                            commands::profile(&client, output, command).await
+                        Command::Gate { client, command } => {
+                            commands::gate(&client.client()?, client.output, command).await
                         }
-                        Command::Login => match token_flag {
+                        Command::Autoupgradeprofile { client, command } => {
+                            commands::profile(&client.client()?, client.output, command).await
+                        }
+                        Command::Login { client: args } => match args.token.clone() {
                             Some(token) => {
-                                commands::login(client.server.clone(), token, ca_file.as_deref())
-                                    .await
+                                let server = args.client()?.server;
+                                commands::login(server, token, args.ca_file.as_deref()).await
                             }
                             None => Err(anyhow::anyhow!(
                                 "login needs --token (or FLOTILLA_TOKEN) and --server"
@@ -770,11 +814,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("flotilla: {e:#}");
             // As `az`: 3 when what the command names does not exist, 2 for any other error.
-            let missing = e
-                .chain()
-                .find_map(|c| c.downcast_ref::<client::HttpFailure>())
-                .is_some_and(|f| f.status == 404);
-            ExitCode::from(if missing { 3 } else { 2 })
+            ExitCode::from(if commands::is_not_found(&e) { 3 } else { 2 })
         }
     }
 }

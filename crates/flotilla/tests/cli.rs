@@ -289,7 +289,7 @@ fn the_seed_walkthrough_from_the_command_line() {
         String::from_utf8_lossy(&wait.stdout)
     );
     let run = env.json(&["updaterun", "show", "-f", "retail", "-n", "upgrade-131"]);
-    assert_eq!(run["properties"]["status"]["failureCount"], 1);
+    assert_eq!(run["status"]["failureCount"], 1);
     // `watch` of the ended run ends at once with its outcome and the failed member's message.
     let watched = env.run(&["updaterun", "watch", "-f", "retail", "-n", "upgrade-131"]);
     assert_eq!(watched.status.code(), Some(6));
@@ -299,7 +299,7 @@ fn the_seed_walkthrough_from_the_command_line() {
         "{text}"
     );
     assert_eq!(
-        run["properties"]["status"]["stages"][1]["maxAllowedFailures"], 1,
+        run["status"]["stages"][1]["maxAllowedFailures"], 1,
         "10% of 4 rounds up to 1"
     );
     let tree = env.ok(&[
@@ -367,7 +367,7 @@ fn the_seed_walkthrough_from_the_command_line() {
         "upgrade-131-again",
     ]);
     assert_eq!(
-        again["properties"]["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"],
+        again["status"]["stages"][0]["groups"][0]["members"][0]["status"]["state"],
         "Skipped"
     );
 }
@@ -865,8 +865,8 @@ fn flag_checks_and_error_lines() {
         "--labels",
         "ring=0",
     ]);
-    assert_eq!(updated["properties"]["group"], "canary");
-    assert_eq!(updated["properties"]["labels"]["ring"], "0");
+    assert_eq!(updated["group"], "canary");
+    assert_eq!(updated["labels"]["ring"], "0");
     env.ok(&["member", "delete", "-f", "retail", "-n", "m1"]);
     env.fails(
         &["member", "show", "-f", "retail", "-n", "m1"],
@@ -1007,11 +1007,11 @@ fn auto_upgrade_profile_commands() {
     let run_name = id.trim().rsplit('/').next().expect("a run id").to_string();
     let run = env.json(&["updaterun", "show", "-f", "retail", "-n", &run_name]);
     assert_eq!(
-        run["properties"]["managedClusterUpdate"]["upgrade"]["kubernetesVersion"],
+        run["managedClusterUpdate"]["upgrade"]["kubernetesVersion"],
         "1.31.1"
     );
     let shown = env.json(&["autoupgradeprofile", "show", "-f", "retail", "-n", "rapid"]);
-    assert_eq!(shown["properties"]["channel"], "Rapid");
+    assert_eq!(shown["channel"], "Rapid");
     env.ok(&[
         "autoupgradeprofile",
         "delete",
@@ -1049,8 +1049,8 @@ fn member_import_from_csv_json_lines_and_json() {
     let answer = env.json(&["member", "import", "-f", "retail", &csv]);
     assert_eq!(answer, serde_json::json!({"created": 3, "updated": 0}));
     let member = env.json(&["member", "show", "-f", "retail", "-n", "store-1"]);
-    assert_eq!(member["properties"]["labels"]["ring"], "1");
-    assert_eq!(member["properties"]["group"], "east");
+    assert_eq!(member["labels"]["ring"], "1");
+    assert_eq!(member["group"], "east");
     let lines = env.write(
         "more.jsonl",
         "{\"name\": \"store-4\", \"properties\": {\"clusterResourceId\": \"aks-west-2\"}}\n\n{\"name\": \"store-5\", \"properties\": {\"clusterResourceId\": \"aks-canary\"}}\n",
@@ -1146,7 +1146,7 @@ fn az_spellings_are_accepted() {
     }
     let member = env.json(&["member", "show", "-f", "retail", "-n", "canary"]);
     assert_eq!(
-        member["properties"]["labels"],
+        member["labels"],
         serde_json::json!({"env": "prod", "pci": ""}),
         "{member}"
     );
@@ -1174,7 +1174,7 @@ fn az_spellings_are_accepted() {
         "-f",
         "retail",
         "--query",
-        "[?properties.group=='prod'].{name: name, cluster: properties.clusterResourceId}",
+        "[?group=='prod'].{name: name, cluster: clusterResourceId}",
     ]);
     assert_eq!(
         prod,
@@ -1205,7 +1205,7 @@ fn az_spellings_are_accepted() {
     ];
     create.extend(az);
     let run = env.json(&create);
-    let update = &run["properties"]["managedClusterUpdate"];
+    let update = &run["managedClusterUpdate"];
     assert_eq!(update["upgrade"]["type"], "Full", "{run}");
     assert_eq!(update["nodeImageSelection"]["type"], "Latest", "{run}");
     env.ok(&[
@@ -1246,5 +1246,171 @@ fn az_spellings_are_accepted() {
     assert_eq!(none, serde_json::json!([]), "{none}");
     let shown = env.json(&["gate", "show", "-f", "retail", "--gate-name", &gate]);
     assert_eq!(shown["name"], gate.as_str());
-    env.ok(&["updaterun", "stop", "-f", "retail", "-n", "r1", "--yes"]);
+    // az's shape: the fields of `properties` beside `id` and `name`.
+    assert!(shown.get("properties").is_none(), "{shown}");
+    assert_eq!(shown["state"], "Pending", "{shown}");
+    // A run that has not ended by `--timeout` exits 1.
+    let waited = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--timeout",
+        "0",
+    ]);
+    assert_eq!(waited.status.code(), Some(1), "{waited:?}");
+    let approved = env.json(&[
+        "gate",
+        "update",
+        "-f",
+        "retail",
+        "--gate-name",
+        &gate,
+        "--state",
+        "completed",
+    ]);
+    assert_eq!(approved["state"], "Completed", "{approved}");
+    let waited = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--custom",
+        "status.status.state=='Completed'",
+        "--interval",
+        "1",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(waited.status.code(), Some(0), "{waited:?}");
+    // The `wait` commands of `az`: one condition, polled every `--interval`, 1 after `--timeout`.
+    env.ok(&["fleet", "wait", "-n", "retail", "--exists"]);
+    env.ok(&[
+        "member",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "--created",
+    ]);
+    let missing = env.run(&[
+        "member",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "nobody",
+        "--exists",
+        "--interval",
+        "1",
+        "--timeout",
+        "1",
+    ]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("timed out"));
+    env.fails(
+        &["member", "wait", "-f", "retail", "-n", "canary"],
+        "exactly one of --created",
+    );
+    env.fails(
+        &[
+            "member", "wait", "-f", "retail", "-n", "canary", "--custom", "[?",
+        ],
+        "--custom",
+    );
+    env.ok(&[
+        "member",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "--custom",
+        "group=='canary'",
+    ]);
+    // `reconcile` observes the cluster again and changes nothing else.
+    let before = env.json(&["member", "show", "-f", "retail", "-n", "west-1"]);
+    let after = env.json(&["member", "reconcile", "-f", "retail", "-n", "west-1"]);
+    for field in ["clusterResourceId", "group", "labels"] {
+        assert_eq!(before[field], after[field], "{field}");
+    }
+    env.ok(&["member", "delete", "-f", "retail", "-n", "west-1", "--yes"]);
+    env.ok(&[
+        "member",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "west-1",
+        "--deleted",
+    ]);
+}
+
+/// The commands that talk to no server: `simulate` prints its document in the format asked, and
+/// takes no client flags; `completions` into a closed pipe ends quietly.
+#[test]
+fn simulate_and_completions_print_as_asked() {
+    let scenario = example("retail-fleet.yaml").display().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().expect("runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, yaml, _) = run(&["simulate", &scenario, "-o", "yaml"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        yaml.starts_with("run:\n") && yaml.contains("\nclusters:\n"),
+        "{yaml}"
+    );
+    let (code, json, _) = run(&["simulate", &scenario, "-o", "json"]);
+    assert_eq!(code, Some(0));
+    let document: Value = serde_json::from_str(&json).expect("JSON");
+    let (_, legacy, _) = run(&["simulate", &scenario, "--json"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&legacy).expect("JSON"),
+        document
+    );
+    let state = document["run"]["properties"]["status"]["status"]["state"]
+        .as_str()
+        .expect("a state")
+        .to_string();
+    let (code, queried, _) = run(&[
+        "simulate",
+        &scenario,
+        "--query",
+        "run.properties.status.status.state",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(queried.trim(), state);
+    let (code, text, _) = run(&["simulate", &scenario]);
+    assert_eq!(code, Some(0));
+    assert!(!text.trim_start().starts_with('{'), "the report: {text}");
+    // Client flags belong to client commands.
+    let (code, _, stderr) = run(&["simulate", &scenario, "--token", "x"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let (_, help, _) = run(&["serve", "--help"]);
+    assert!(
+        help.contains("--listen") && !help.contains("--token") && !help.contains("--query"),
+        "{help}"
+    );
+    // Shell completions into a closed pipe.
+    let mut child = Command::new(bin())
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
