@@ -222,6 +222,15 @@ impl Catalog {
             .unwrap_or(Availability::Unlisted)
     }
 
+    /// Whether any region lists this Kubernetes version, arrived or announced.
+    pub fn lists_kubernetes(&self, version: KubeVersion) -> bool {
+        self.is_unknown()
+            || self
+                .regions
+                .values()
+                .any(|r| r.kubernetes.iter().any(|k| k.version == version))
+    }
+
     /// Whether any region lists this image (custom selections must name a real image).
     pub fn lists_image(&self, family: &str, version: &ImageVersion) -> bool {
         if self.is_unknown() {

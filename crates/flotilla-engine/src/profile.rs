@@ -428,6 +428,39 @@ pub fn plan_run(
     })
 }
 
+/// When `profile` next generates a run, and which (what a profile's create answer tells): at
+/// `now` when its channel selects a target whose run `exists` does not know, else at the first
+/// announced arrival in the catalog (`availableAt`) after which it does. `None`: disabled, or
+/// nothing announced makes it generate.
+pub fn next_generation(
+    profile_name: &str,
+    profile: &Profile,
+    catalog: &Catalog,
+    now: Time,
+    exists: impl Fn(&str) -> bool,
+) -> Option<(Time, GeneratedRun)> {
+    if profile.disabled {
+        return None;
+    }
+    let mut arrivals: Vec<Time> = catalog
+        .regions
+        .values()
+        .flat_map(|r| {
+            let images = r.node_images.values().flatten().map(|i| i.available_at);
+            r.kubernetes.iter().map(|k| k.available_at).chain(images)
+        })
+        .flatten()
+        .filter(|t| *t > now)
+        .collect();
+    arrivals.sort();
+    arrivals.dedup();
+    std::iter::once(now).chain(arrivals).find_map(|at| {
+        plan_run(profile_name, profile, catalog, at)
+            .filter(|run| !exists(&run.name))
+            .map(|run| (at, run))
+    })
+}
+
 /// How a trigger ended, for the profile's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TriggerOutcome {
@@ -719,6 +752,40 @@ mod tests {
 
     fn profile(json: &str) -> Profile {
         parse_profile(&serde_json::from_str(json).expect("shape")).expect("valid")
+    }
+
+    /// A profile's create answer: now when its target has no run yet, else at the announced
+    /// arrival that gives it one; nothing when disabled or when nothing announced would.
+    #[test]
+    fn the_next_generation_is_now_or_at_an_announced_arrival() {
+        let cat = catalog(
+            &[
+                ("1.30.7", false, false, None),
+                ("1.31.2", false, false, Some("2026-03-05T00:00:00Z")),
+                ("1.32.0", true, false, Some("2026-03-04T00:00:00Z")),
+            ],
+            &[],
+        );
+        let now = t(NOW);
+        let rapid = profile(r#"{"channel": "Rapid"}"#);
+        let none = |_: &str| false;
+        let (at, run) = next_generation("rapid", &rapid, &cat, now, none).expect("a run");
+        assert_eq!(
+            (at, run.target.versions()),
+            (now, vec!["1.30.7".to_string()])
+        );
+        // Its run exists: the next is 1.31.2 when it arrives (the preview never counts).
+        let (at, run) = next_generation("rapid", &rapid, &cat, now, |name: &str| name == run.name)
+            .expect("a later run");
+        assert_eq!(at, t("2026-03-05T00:00:00Z"));
+        assert_eq!(run.target.versions(), ["1.31.2"]);
+        assert_eq!(
+            next_generation("rapid", &rapid, &cat, now, |_: &str| true),
+            None,
+            "every run it could make exists"
+        );
+        let disabled = profile(r#"{"channel": "Rapid", "disabled": true}"#);
+        assert_eq!(next_generation("rapid", &disabled, &cat, now, none), None);
     }
 
     #[test]

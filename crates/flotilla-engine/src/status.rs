@@ -130,6 +130,10 @@ pub struct UpdateRunStatus {
     /// (a forecast is computed off the fleet's actor and never journaled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forecast: Option<RunForecast>,
+    /// What the run's creation warned of: a target no catalog can vouch for, thresholds that
+    /// tolerate every member failing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// A running run's forecast as its status shows it.

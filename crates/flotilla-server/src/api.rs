@@ -1,7 +1,7 @@
 //! The HTTP API of `docs/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 
 use axum::Router;
@@ -38,7 +38,8 @@ use flotilla_engine::engine::{RunRules, RunSpec};
 use flotilla_engine::fleet_engine::FleetEngine;
 use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
-    NoRun, ProfileSpec, TriggerOutcome, parse_profile, plan_generation, trigger_status,
+    NoRun, Profile, ProfileSpec, TriggerOutcome, next_generation, parse_profile, plan_generation,
+    trigger_status,
 };
 
 /// The most members one import may carry (API.md, "Batch registration").
@@ -2279,7 +2280,7 @@ async fn put_profile(
         "type": "Microsoft.ContainerService/fleets/autoUpgradeProfiles",
         "properties": properties,
     });
-    let (resource, created) = write_resource(
+    let (mut resource, created) = write_resource(
         &state,
         &fleet,
         Kind::Profile,
@@ -2290,7 +2291,40 @@ async fn put_profile(
         &precondition(&headers),
     )
     .await?;
+    // The answer says what the profile will start and when; nothing of it is stored.
+    if let Some(next) = next_trigger(&state, &fleet, &name, &profile).await {
+        resource.body["properties"]["autoUpgradeProfileStatus"]["nextTrigger"] = next;
+    }
     Ok(respond(resource, created))
+}
+
+/// What an enabled profile triggers next (SEMANTICS §8): the run it will create and start, its
+/// versions, and when — now (the server's next pass over profiles, within seconds) or at the
+/// announced arrival that gives it a new target. `None` when it will trigger nothing that can
+/// be foreseen, or the fleet's releases cannot be read now.
+async fn next_trigger(state: &Shared, fleet: &str, name: &str, profile: &Profile) -> Option<Value> {
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await
+        .ok()?;
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await.ok()?;
+    let runs: HashSet<String> = state
+        .runs
+        .store
+        .run_heads(fleet)
+        .await
+        .ok()?
+        .into_iter()
+        .map(|(run, _)| run)
+        .collect();
+    let (at, run) = next_generation(name, profile, &catalog, now(), |r| runs.contains(r))?;
+    Some(json!({
+        "updateRunName": run.name,
+        "upgradeVersions": run.target.versions(),
+        "triggersAt": at,
+    }))
 }
 
 /// The run a profile generated (or had generated before) for its current target.

@@ -1524,13 +1524,24 @@ async fn a_profile_triggers_a_run_when_its_channel_selects_a_new_release() {
         )
         .await;
     }
-    h.ok(
-        "admin",
-        Method::PUT,
-        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
-        Some(json!({"properties": {"channel": "Rapid"}})),
-    )
-    .await;
+    let created = h
+        .ok(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            Some(json!({"properties": {"channel": "Rapid"}})),
+        )
+        .await;
+    // The answer says what the profile will start and when: the run for 1.31.1 now, or (were
+    // the server's pass over profiles quicker than the answer) the one for 1.31.2 when it is
+    // published.
+    let next = &created["properties"]["autoUpgradeProfileStatus"]["nextTrigger"];
+    let now_run = next["upgradeVersions"] == json!(["1.31.1"])
+        && next["updateRunName"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("rapid-1-31-1"));
+    let later_run = next["upgradeVersions"] == json!(["1.31.2"]) && next["triggersAt"] == published;
+    assert!(now_run || later_run, "{created}");
     // First the current target (1.31.1), then the published patch (1.31.2), each once.
     let profile = h
         .wait_run(
@@ -1573,6 +1584,19 @@ async fn a_profile_triggers_a_run_when_its_channel_selects_a_new_release() {
             "a triggered run is started"
         );
     }
+    // Both runs exist and nothing more is announced: the answer foresees no trigger.
+    let again = h
+        .ok(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            Some(json!({"properties": {"channel": "Rapid"}})),
+        )
+        .await;
+    assert!(
+        again["properties"]["autoUpgradeProfileStatus"]["nextTrigger"].is_null(),
+        "{again}"
+    );
     // Disabling the profile touches nothing already created, and generates nothing more.
     h.ok(
         "admin",
@@ -3305,4 +3329,94 @@ async fn fleet_managers_arm_paths_serve_the_same_resources() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"]["target"], "properties.driver");
+}
+
+/// A target the catalog cannot vouch for is warned of, in the answer's header and the run's
+/// status (First hour, safety rails): a version no region lists yet is waited for, and with no
+/// catalog at all it is sent as given.
+#[tokio::test]
+async fn a_target_no_catalog_can_vouch_for_is_warned_of() {
+    let h = Harness::start("catalogwarn").await;
+    let mut unknown = sim_fleet(&[("c2", cluster("1.30.5"))]);
+    unknown["properties"]["driver"]["catalog"] = json!({});
+    for (fleet, driver, cluster) in [
+        ("f1", sim_fleet(&[("c1", cluster("1.30.5"))]), "c1"),
+        ("f2", unknown, "c2"),
+    ] {
+        h.ok(
+            "admin",
+            Method::PUT,
+            &format!("/v1/fleets/{fleet}"),
+            Some(driver),
+        )
+        .await;
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/{fleet}/members/m1"),
+            Some(json!({"properties": {"clusterResourceId": cluster}})),
+        )
+        .await;
+    }
+    let run = |version: &str| json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": version}}}});
+    let warnings = |v: &Value| v["properties"]["status"]["warnings"].clone();
+    // Listed: nothing to warn of.
+    let listed = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/listed",
+            Some(run("1.31.1")),
+        )
+        .await;
+    assert!(warnings(&listed).is_null(), "{listed}");
+    // In no region's catalog: the members would wait for it.
+    let (status, typo, headers) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/typo",
+            Some(run("1.99.0")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{typo}");
+    let said = warnings(&typo);
+    assert!(
+        said[0]
+            .as_str()
+            .is_some_and(|w| w.contains("1.99.0 is in no region's release catalog")),
+        "{said}"
+    );
+    let header = headers
+        .get("x-flotilla-warning")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(header.contains("1.99.0"), "{header:?}");
+    // Kept: a GET shows it too.
+    let got = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns/typo", None)
+        .await;
+    assert_eq!(warnings(&got), said);
+    // No catalog at all: sent as given, and node images left to the driver.
+    let blind = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f2/updateRuns/blind",
+            Some(run("1.99.0")),
+        )
+        .await;
+    let said = warnings(&blind);
+    assert!(
+        said[0]
+            .as_str()
+            .is_some_and(|w| w.contains("cannot be checked")),
+        "{said}"
+    );
+    assert!(
+        said[1]
+            .as_str()
+            .is_some_and(|w| w.contains("node images cannot be chosen")),
+        "{said}"
+    );
 }

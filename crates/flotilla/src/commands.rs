@@ -40,9 +40,9 @@ pub struct FleetOnly {
     pub az: AzScope,
 }
 
-/// The flags every `az fleet` command takes, accepted so that a script written for `az` runs
-/// with a rename. The `/v1` paths name no subscription or resource group, so they are not sent;
-/// a command here never asks for confirmation and never waits unless it is `wait` or `watch`.
+// The flags every `az fleet` command takes, accepted so that a script written for `az` runs
+// with a rename. The `/v1` paths name no subscription or resource group, so they are not sent;
+// a command here never asks for confirmation and never waits unless it is `wait` or `watch`.
 #[derive(Args, Clone, Default)]
 #[allow(dead_code)] // read by no command: see above
 pub struct AzScope {
@@ -61,7 +61,7 @@ pub struct AzScope {
     pub no_wait: bool,
 }
 
-/// `az … wait`: poll a resource until a condition holds.
+// `az … wait`: poll a resource until a condition holds.
 #[derive(Args, Clone)]
 pub struct WaitFor {
     /// Wait until it exists with provisioningState 'Succeeded'.
@@ -163,25 +163,41 @@ pub fn is_not_found(e: &anyhow::Error) -> bool {
 #[derive(Subcommand)]
 pub enum FleetCommand {
     /// Create or replace a fleet; `--driver` is a file or inline JSON (`{"type": "sim", ...}`).
+    ///
+    /// Example: `flotilla fleet create -n retail --driver examples/sim/driver.json`.
     Create {
+        /// The fleet's name: lowercase letters, digits and '-', up to 63 characters.
         #[arg(short = 'n', long)]
         name: String,
+        /// How the fleet's clusters are observed and upgraded: a JSON file or inline JSON whose
+        /// `type` is `sim`, `exec` or `aks` (docs/spec/API.md, "Drivers").
         #[arg(long)]
         driver: String,
         #[command(flatten)]
         az: AzScope,
     },
+    /// Show a fleet and its driver.
+    ///
+    /// Example: `flotilla fleet show -n retail`.
     Show {
+        /// The fleet's name.
         #[arg(short = 'n', long)]
         name: String,
         #[command(flatten)]
         az: AzScope,
     },
+    /// List the fleets.
+    ///
+    /// Example: `flotilla fleet list -o table`.
     List {
         #[command(flatten)]
         az: AzScope,
     },
+    /// Delete a fleet (refused while one of its update runs is active).
+    ///
+    /// Example: `flotilla fleet delete -n retail`.
     Delete {
+        /// The fleet's name.
         #[arg(short = 'n', long)]
         name: String,
         #[command(flatten)]
@@ -191,6 +207,7 @@ pub enum FleetCommand {
     ///
     /// Example: `flotilla fleet wait -n retail --created --timeout 60`.
     Wait {
+        /// The fleet's name.
         #[arg(short = 'n', long)]
         name: String,
         #[command(flatten)]
@@ -203,11 +220,17 @@ pub enum FleetCommand {
 #[derive(Subcommand)]
 pub enum MemberCommand {
     /// Add a cluster to a fleet.
+    ///
+    /// Example: `flotilla member create -f retail -n canary --cluster-resource-id aks-canary
+    /// --update-group canary --labels ring=0`.
     Create {
         #[command(flatten)]
         target: Target,
+        /// What the fleet's driver calls the cluster: the managed cluster's ARM id with the
+        /// `aks` driver, a key of the driver's `clusters` with `sim` (az's `--member-cluster-id`).
         #[arg(long, alias = "member-cluster-id")]
         cluster_resource_id: String,
+        /// The update group the member belongs to; a strategy's stages name groups.
         #[arg(long)]
         update_group: Option<String>,
         /// Labels as space-separated key=value pairs.
@@ -215,22 +238,37 @@ pub enum MemberCommand {
         labels: Vec<String>,
     },
     /// Change a member's update group or labels.
+    ///
+    /// Example: `flotilla member update -f retail -n canary --update-group canary --labels ring=0
+    /// env=prod`.
     Update {
         #[command(flatten)]
         target: Target,
+        /// The update group to move the member to.
         #[arg(long)]
         update_group: Option<String>,
+        /// The member's new labels as space-separated key=value pairs; they replace all of its
+        /// labels.
         #[arg(long, alias = "member-labels", num_args = 1..)]
         labels: Option<Vec<String>>,
     },
+    /// Show a member: its cluster, update group, labels and what was last observed of it.
+    ///
+    /// Example: `flotilla member show -f retail -n canary`.
     Show {
         #[command(flatten)]
         target: Target,
     },
+    /// List a fleet's members.
+    ///
+    /// Example: `flotilla member list -f retail -o table`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
     },
+    /// Remove a member from a fleet (its cluster is not touched).
+    ///
+    /// Example: `flotilla member delete -f retail -n canary`.
     Delete {
         #[command(flatten)]
         target: Target,
@@ -239,7 +277,7 @@ pub enum MemberCommand {
     ///
     /// FILE is JSON (an array of `{"name", "properties": {...}}`, or `{"value": [...]}`), JSON
     /// lines (one member a line), or CSV with the header `name,clusterResourceId,group,labels`
-    /// and labels as `k=v;k2=v2`. Example: `flotilla member import -f retail stores.csv`.
+    /// and labels as `k=v;k2=v2`. Example: `flotilla member import -f retail examples/stores.csv`.
     Import {
         #[command(flatten)]
         fleet: FleetOnly,
@@ -271,20 +309,34 @@ pub enum MemberCommand {
 #[derive(Subcommand)]
 pub enum StrategyCommand {
     /// Create or replace an update strategy; `--stages` is a file or inline JSON.
+    ///
+    /// Example: `flotilla updatestrategy create -f retail -n safe-rollout --stages
+    /// examples/fleet-stages.json`.
     Create {
         #[command(flatten)]
         target: Target,
+        /// The stages: a JSON file or inline JSON, `{"stages": [...]}`, each stage with its
+        /// groups, `maxConcurrency`, `maxAllowedFailures` and `afterStageWaitInSeconds`.
         #[arg(long)]
         stages: String,
     },
+    /// Show an update strategy: its stages and their groups.
+    ///
+    /// Example: `flotilla updatestrategy show -f retail -n safe-rollout`.
     Show {
         #[command(flatten)]
         target: Target,
     },
+    /// List a fleet's update strategies.
+    ///
+    /// Example: `flotilla updatestrategy list -f retail`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
     },
+    /// Delete an update strategy (runs created from it keep their copy of its stages).
+    ///
+    /// Example: `flotilla updatestrategy delete -f retail -n safe-rollout`.
     Delete {
         #[command(flatten)]
         target: Target,
@@ -303,47 +355,80 @@ pub enum StrategyCommand {
 #[derive(Subcommand)]
 pub enum RunCommand {
     /// Create an update run (it does not start until `updaterun start`).
+    ///
+    /// Example: `flotilla updaterun create -f retail -n upgrade-131 --upgrade-type Full
+    /// --kubernetes-version 1.31.1 --update-strategy-name safe-rollout`.
     Create {
         #[command(flatten)]
         target: Target,
+        /// What to upgrade: `Full` (control plane, node pools and node images),
+        /// `ControlPlaneOnly`, or `NodeImageOnly` (node images only).
         #[arg(long, ignore_case = true, value_parser = choice(&["Full", "ControlPlaneOnly", "NodeImageOnly"]))]
         upgrade_type: String,
+        /// The Kubernetes version to upgrade to, `major.minor.patch` (required for Full and
+        /// ControlPlaneOnly, not allowed for NodeImageOnly).
         #[arg(long)]
         kubernetes_version: Option<String>,
+        /// How node image versions are chosen: `Latest` (default; the newest in each member's
+        /// region when it is upgraded), `Consistent` (the newest available in every region of
+        /// the run), or `Custom` (the versions of `--custom-node-image-versions`).
         #[arg(long, ignore_case = true, value_parser = choice(&["Latest", "Consistent", "Custom"]))]
         node_image_selection: Option<String>,
         /// With Custom: `<family>-<version>` values.
         #[arg(long, num_args = 1..)]
         custom_node_image_versions: Vec<String>,
+        /// The run's stages, instead of a strategy's: a JSON file or inline JSON, as
+        /// `updatestrategy create --stages` takes.
         #[arg(long)]
         stages: Option<String>,
+        /// The name of the fleet's update strategy whose stages the run copies. With neither
+        /// this nor `--stages`, every member is upgraded one at a time in one stage.
         #[arg(long)]
         update_strategy_name: Option<String>,
     },
+    /// Start an update run, or resume a stopped one, or retry a failed one.
+    ///
+    /// Example: `flotilla updaterun start -f retail -n upgrade-131`.
     Start {
         #[command(flatten)]
         target: Target,
     },
+    /// Stop an update run: no new member starts; upgrades already sent to clusters finish.
+    ///
+    /// Example: `flotilla updaterun stop -f retail -n upgrade-131`.
     Stop {
         #[command(flatten)]
         target: Target,
     },
     /// Skip members, groups, stages or waits: `--targets Type:Name ...`.
+    ///
+    /// Example: `flotilla updaterun skip -f retail -n upgrade-131 --targets Member:canary
+    /// AfterStageWait:canary-stage`.
     Skip {
         #[command(flatten)]
         target: Target,
+        /// Space-separated targets to skip, each `Type:Name` with Type (case-sensitive) one of
+        /// `Member`, `Group`, `Stage` or `AfterStageWait` (a wait is named by its stage).
         #[arg(long, num_args = 1.., required = true)]
         targets: Vec<String>,
     },
     /// The run with its stage → group → member tree.
+    ///
+    /// Example: `flotilla updaterun show -f retail -n upgrade-131`.
     Show {
         #[command(flatten)]
         target: Target,
     },
+    /// List a fleet's update runs with their state and target.
+    ///
+    /// Example: `flotilla updaterun list -f retail -o table`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
     },
+    /// Delete an update run (not while it is running).
+    ///
+    /// Example: `flotilla updaterun delete -f retail -n upgrade-131`.
     Delete {
         #[command(flatten)]
         target: Target,
@@ -360,6 +445,8 @@ pub enum RunCommand {
         wait: WaitFor,
     },
     /// Follow the run live with a progress bar per stage; exits with the run's outcome.
+    ///
+    /// Example: `flotilla updaterun watch -f retail -n upgrade-131`.
     Watch {
         #[command(flatten)]
         target: Target,
@@ -388,9 +475,12 @@ pub enum RunCommand {
         kubernetes_version: Option<String>,
     },
     /// Create a new run from a finished one's strategy snapshot and upgrade.
+    ///
+    /// Example: `flotilla updaterun rerun -f retail -n upgrade-131 --new-name upgrade-131-retry`.
     Rerun {
         #[command(flatten)]
         target: Target,
+        /// The new run's name.
         #[arg(long)]
         new_name: String,
     },
@@ -398,15 +488,22 @@ pub enum RunCommand {
 
 #[derive(Subcommand)]
 pub enum GateCommand {
+    /// List a fleet's gates, with their run, stage, group and state.
+    ///
+    /// Example: `flotilla gate list -f retail --state Pending`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
+        /// Only gates in this state (az's `--state-filter`).
         #[arg(long, alias = "state-filter", ignore_case = true, value_parser = choice(&["Pending", "Skipped", "Completed"]))]
         state: Option<String>,
         /// Only gates of this type.
         #[arg(long, ignore_case = true, value_parser = choice(&["Approval", "ScheduledStart", "HealthCheck"]))]
         gate_type: Option<String>,
     },
+    /// Show a gate.
+    ///
+    /// Example: `flotilla gate show -f retail -n 3f2c…` (the id `gate list` shows).
     Show {
         #[command(flatten)]
         target: Target,
@@ -1070,6 +1167,9 @@ pub fn run_tree(run: &Value, colour: bool) -> String {
         return format!("update run {name}: status unreadable\n");
     };
     let mut out = flotilla_sim::render::tree(name, &status);
+    for warning in &status.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
     if colour {
         for word in [
             "Completed",
@@ -1206,6 +1306,14 @@ pub async fn run(
                 )
                 .await?;
             print(format, &v, || run_tree(&v, colour))?;
+            for warning in v["properties"]["status"]["warnings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                eprintln!("warning: {warning}");
+            }
             eprintln!(
                 "created; start it with: flotilla updaterun start -f {} -n {}",
                 target.fleet, target.name
@@ -1777,35 +1885,63 @@ pub async fn login(
 #[derive(Subcommand)]
 pub enum ProfileCommand {
     /// Create or replace an auto-upgrade profile (`create` without `--disabled` re-enables one).
+    ///
+    /// Example: `flotilla autoupgradeprofile create -f retail -n stable --channel Stable
+    /// --update-strategy-id /v1/fleets/retail/updateStrategies/safe-rollout`.
     Create {
         #[command(flatten)]
         target: Target,
+        /// The auto-upgrade channel: `Rapid` (newest minor), `Stable` (the minor before it),
+        /// `TargetKubernetesVersion` (the newest patch of `--target-kubernetes-version`),
+        /// `NodeImage` or `SecurityPatch` (node images only).
         #[arg(short = 'c', long, ignore_case = true, value_parser = choice(&["Rapid", "Stable", "TargetKubernetesVersion", "NodeImage", "SecurityPatch"]))]
         channel: String,
+        /// The update strategy the generated runs follow, as
+        /// `/v1/fleets/FLEET/updateStrategies/NAME` or an Azure resource id ending that way
+        /// (default: every member one at a time).
         #[arg(long)]
         update_strategy_id: Option<String>,
+        /// How node image versions are chosen: `Latest` (default) or `Consistent` (not with the
+        /// NodeImage channel, which is always Consistent).
         #[arg(long, ignore_case = true, value_parser = choice(&["Latest", "Consistent"]))]
         node_image_selection: Option<String>,
+        /// With the TargetKubernetesVersion channel (and only with it): the minor version to
+        /// follow, `major.minor` (e.g. `1.31`).
         #[arg(long, alias = "tkv")]
         target_kubernetes_version: Option<String>,
+        /// Create the profile disabled: it generates no runs until created again without
+        /// `--disabled`.
         #[arg(long)]
         disabled: bool,
+        /// With the TargetKubernetesVersion channel: allow a minor version that only long-term
+        /// support still covers.
         #[arg(long, alias = "lts")]
         long_term_support: bool,
     },
+    /// Show an auto-upgrade profile and its last trigger.
+    ///
+    /// Example: `flotilla autoupgradeprofile show -f retail -n stable`.
     Show {
         #[command(flatten)]
         target: Target,
     },
+    /// List a fleet's auto-upgrade profiles.
+    ///
+    /// Example: `flotilla autoupgradeprofile list -f retail`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
     },
+    /// Delete an auto-upgrade profile (the runs it created are kept).
+    ///
+    /// Example: `flotilla autoupgradeprofile delete -f retail -n stable`.
     Delete {
         #[command(flatten)]
         target: Target,
     },
     /// Create (not start) the update run for the profile's current target.
+    ///
+    /// Example: `flotilla autoupgradeprofile generate-update-run -f retail -n stable`.
     GenerateUpdateRun {
         #[command(flatten)]
         target: Target,
@@ -1882,6 +2018,22 @@ pub async fn profile(
                 )
                 .await?;
             print(format, &v, || one_row(&v, PROFILE_COLUMNS, colour))?;
+            let next = &v["properties"]["autoUpgradeProfileStatus"]["nextTrigger"];
+            if let Some(run) = next["updateRunName"].as_str() {
+                eprintln!(
+                    "will create and start update run {run} ({}) at {} (the server looks every few seconds)",
+                    next["upgradeVersions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    s(next, &["triggersAt"])
+                );
+            } else if v["properties"]["disabled"] != json!(true) {
+                eprintln!("starts nothing now: no release it would upgrade to is out or announced");
+            }
         }
         ProfileCommand::Show { target } => {
             let v = client.get(&path(&target)).await?;

@@ -79,7 +79,7 @@ struct Cli {
     command: Command,
 }
 
-/// What the commands that talk to a server share (not `serve`, `demo` or `simulate`).
+// What the commands that talk to a server share (not `serve`, `demo` or `simulate`).
 #[derive(clap::Args, Clone)]
 struct ClientArgs {
     /// The server to talk to (default: the login file, then http://127.0.0.1:8080).
@@ -116,6 +116,8 @@ impl ClientArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Run a scenario file in virtual time: a fleet, a catalog, a strategy, actions.
+    ///
+    /// Example: `flotilla simulate examples/retail-fleet.yaml`.
     Simulate {
         /// The scenario YAML file (format: tests/conformance/FORMAT.md).
         scenario: PathBuf,
@@ -135,6 +137,9 @@ enum Command {
         query: Option<String>,
     },
     /// Serve the HTTP API and drive update runs.
+    ///
+    /// Example: `flotilla serve --database ./flotilla.db` (after `flotilla token create --role
+    /// admin --database ./flotilla.db`), or `flotilla serve --insecure-no-auth` to try it out.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080", env = "FLOTILLA_LISTEN")]
@@ -228,12 +233,18 @@ enum Command {
         copy: PathBuf,
     },
     /// Shell completions: `flotilla completions bash > /etc/bash_completion.d/flotilla`.
+    ///
+    /// Example: `flotilla completions zsh > ~/.zfunc/_flotilla`.
     Completions {
+        /// The shell to write the completion script for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
     /// Start a server with a simulated fleet of 60 clusters and run a staged upgrade on it.
+    ///
+    /// Example: `flotilla demo --approve-after 60 --exit-when-done`.
     Demo {
+        /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         /// Database for the demo (default: a fresh file in a temporary directory).
@@ -255,19 +266,33 @@ enum Command {
 enum TokenCommand {
     /// Create a token; it is printed once and stored hashed. With `--database`, written to the
     /// database directly (to make the first one); otherwise through the server.
+    ///
+    /// Example: `flotilla token create --role approver --subject alice`.
     Create {
+        /// What the token may do: `reader` (read only), `operator` (members, strategies, runs
+        /// and their actions), `approver` (an operator that may also approve gates) or `admin`
+        /// (everything, also fleets, auto-upgrade profiles and tokens).
         #[arg(long)]
         role: String,
         /// Who the token is for (recorded as the approver of gates).
         #[arg(long)]
         subject: Option<String>,
+        /// Write the token straight into this database (`sqlite://PATH`, a file path or
+        /// `postgres://…`) instead of asking the server: how the first admin token is made.
         #[arg(long)]
         database: Option<String>,
     },
     /// List tokens (never their secrets).
+    ///
+    /// Example: `flotilla token list -o table`.
     List,
     /// Revoke a token by id.
-    Revoke { id: String },
+    ///
+    /// Example: `flotilla token revoke 3fa85c0e1b2d` (the id `token list` shows).
+    Revoke {
+        /// The token's id, as `token list` shows it (not its secret).
+        id: String,
+    },
 }
 
 /// The run's name: the file's stem, made into a valid resource name.
@@ -423,7 +448,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// What a client may hold of the server (`flotilla_server::http::Limits`).
+// What a client may hold of the server (`flotilla_server::http::Limits`).
 #[derive(clap::Args, Debug)]
 struct ServeLimits {
     /// Open connections at once; more are closed as soon as they are accepted.
@@ -590,7 +615,7 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// How `serve` paces its replicas and runs.
+// How `serve` paces its replicas and runs.
 struct ServeTiming {
     lease_ttl: f64,
     checkpoint_after: u64,
@@ -816,5 +841,48 @@ fn main() -> ExitCode {
             // As `az`: 3 when what the command names does not exist, 2 for any other error.
             ExitCode::from(if commands::is_not_found(&e) { 3 } else { 2 })
         }
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every command and every flag says what it is for, and every command that does something
+    /// shows an example (First hour: "help describes every command and flag with an example").
+    #[test]
+    fn every_command_and_flag_is_described_with_an_example() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let name = format!("{path} {}", command.get_name()).trim().to_string();
+            if command.get_about().is_none() && !path.is_empty() {
+                missing.push(format!("{name}: no description"));
+            }
+            let leaf = command.get_subcommands().next().is_none();
+            let example = command
+                .get_long_about()
+                .or(command.get_about())
+                .is_some_and(|a| a.to_string().contains("Example"));
+            if leaf && !example && command.get_name() != "help" {
+                missing.push(format!("{name}: no example"));
+            }
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{name} {id}: no description"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_name() != "help" {
+                    walk(sub, &name, missing);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 }

@@ -979,7 +979,7 @@ fn auto_upgrade_profile_commands() {
         ],
         "properties.targetKubernetesVersion",
     );
-    env.ok(&[
+    let created = env.run(&[
         "autoupgradeprofile",
         "create",
         "-f",
@@ -989,6 +989,20 @@ fn auto_upgrade_profile_commands() {
         "-c",
         "Rapid",
     ]);
+    assert!(created.status.success(), "{created:?}");
+    // It says what it will start and when, unless the server's pass over profiles (every two
+    // seconds) was quicker than its answer and has started that run already.
+    let said = String::from_utf8_lossy(&created.stderr);
+    if !said.contains("will create and start update run rapid-1-31-1") {
+        let runs = env.json(&["updaterun", "list", "-f", "retail", "--query", "[].name"]);
+        assert!(
+            runs.as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r.as_str().is_some_and(|r| r.starts_with("rapid-1-31-1"))),
+            "{said} {runs}"
+        );
+    }
     let listed = env.ok(&["autoupgradeprofile", "list", "-f", "retail", "-o", "table"]);
     assert!(
         listed.contains("rapid") && listed.contains("Rapid"),

@@ -629,7 +629,8 @@ impl Engine {
             events,
             revisions,
             polled,
-            quiet_changes
+            quiet_changes,
+            warnings
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

@@ -60,7 +60,7 @@ impl Engine {
                 &implicit
             }
         };
-        let mut warnings = Vec::new();
+        let mut warnings = catalog_warnings(&spec.upgrade, &catalog);
         let mut engine = Engine {
             run_name: run_name.to_string(),
             upgrade: spec.upgrade.clone(),
@@ -85,6 +85,7 @@ impl Engine {
             revisions: StatusRevisions::default(),
             polled: 0,
             quiet_changes: 0,
+            warnings: Vec::new(),
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();
@@ -273,6 +274,38 @@ impl Engine {
         engine.members.shrink_to_fit();
         engine.member_index.shrink_to_fit();
         engine.revisions = StatusRevisions::lay_out(&engine);
+        engine.warnings = warnings.clone();
         Ok((engine, warnings))
     }
+}
+
+/// What the catalog cannot vouch for in a run's target (First hour, safety rails): a version no
+/// catalog lists is sent as given, or waited for in every region; node images are left to the
+/// driver where no catalog names them.
+fn catalog_warnings(upgrade: &Upgrade, catalog: &Catalog) -> Vec<String> {
+    const FIELD: &str = "properties.managedClusterUpdate.upgrade.kubernetesVersion";
+    let mut warnings = Vec::new();
+    let version = upgrade
+        .kubernetes_version
+        .filter(|_| upgrade.changes_kubernetes());
+    if catalog.is_unknown() {
+        if let Some(v) = version {
+            warnings.push(format!(
+                "{FIELD} {v} cannot be checked: the fleet's driver lists no release catalog, so every member is sent {v} as given"
+            ));
+        }
+        if upgrade.changes_node_images() {
+            warnings.push(
+                "node images cannot be chosen: the fleet's driver lists no release catalog, so each member's driver picks them"
+                    .to_string(),
+            );
+        }
+    } else if let Some(v) = version
+        && !catalog.lists_kubernetes(v)
+    {
+        warnings.push(format!(
+            "{FIELD} {v} is in no region's release catalog yet: every member waits until it arrives in its region"
+        ));
+    }
+    warnings
 }

@@ -389,6 +389,8 @@ pub struct Engine {
     /// Changes of the status outside the members that emit no event (a failed run's times
     /// settled once nothing is in flight).
     quiet_changes: u64,
+    /// What the run's creation warned of, shown in its status.
+    warnings: Vec<String>,
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).

@@ -262,6 +262,7 @@ impl Engine {
                 }),
             failure_count: self.failure_count,
             forecast: None,
+            warnings: self.warnings.clone(),
         }
     }
 }
