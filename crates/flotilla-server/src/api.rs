@@ -2634,10 +2634,17 @@ async fn revoke_token(
 }
 
 /// The caller's subject and role, so a client (the dashboard) shows only the actions the
-/// server would allow; the server checks the role on every action regardless.
-async fn who_am_i(caller: Caller) -> HttpResult<Response> {
+/// server would allow; the server checks the role on every action regardless. Also where
+/// fleets created on `/v1` live in ARM's terms, the subscription a CLI's `-g` alone means.
+async fn who_am_i(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
-    Ok(axum::Json(json!({"subject": caller.subject, "role": caller.role.name()})).into_response())
+    let arm = state.arm_settings();
+    Ok(axum::Json(json!({
+        "subject": caller.subject,
+        "role": caller.role.name(),
+        "arm": {"subscription": arm.subscription, "resourceGroup": arm.resource_group},
+    }))
+    .into_response())
 }
 
 async fn healthz() -> &'static str {

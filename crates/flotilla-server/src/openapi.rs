@@ -498,7 +498,8 @@ fn schemas() -> Value {
         "TokenRequest": {"type": "object", "required": ["role", "subject"], "properties": {
             "role": {"type": "string", "enum": ["reader", "operator", "approver", "admin"]},
             "subject": text}},
-        "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text}},
+        "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text,
+            "arm": {"type": "object", "properties": {"subscription": text, "resourceGroup": text}}}},
         "Leases": {"type": "object", "required": ["replica", "value"], "properties": {
             "replica": text,
             "value": {"type": "array", "items": {"type": "object", "properties": {

@@ -97,6 +97,69 @@ pub struct Client {
     pub http: reqwest::Client,
     pub server: String,
     token: Option<String>,
+    /// `-g` and `--subscription`: Fleet Manager's resources are then asked for at their ARM
+    /// paths, where a fleet of another resource group or subscription is not found (as in `az`).
+    arm: Option<ArmScope>,
+}
+
+/// Where `-g/--resource-group` and `--subscription` say the fleets are.
+pub struct ArmScope {
+    pub resource_group: String,
+    /// `None`: the server's own (`flotilla serve --arm-subscription`), as `az` takes the
+    /// default subscription; asked of `/v1/me` once.
+    pub subscription: Option<String>,
+    asked: tokio::sync::OnceCell<String>,
+}
+
+impl ArmScope {
+    pub fn new(resource_group: String, subscription: Option<String>) -> ArmScope {
+        ArmScope {
+            resource_group,
+            subscription,
+            asked: tokio::sync::OnceCell::new(),
+        }
+    }
+}
+
+/// The API version the CLI asks the ARM paths for: Fleet Manager's stable 2025-03-01.
+const ARM_API_VERSION: &str = "2025-03-01";
+
+/// The ARM path of a `/v1` path, where Fleet Manager has one (fleets, their members, update
+/// strategies, update runs and their start/stop/skip, gates, auto-upgrade profiles and
+/// generateUpdateRun); `None` for Flotilla's own (events, forecasts, releases, imports).
+pub fn arm_path(path: &str, subscription: &str, resource_group: &str) -> Option<String> {
+    const COLLECTIONS: &[(&str, &[&str])] = &[
+        ("members", &[]),
+        ("updateRuns", &["start", "stop", "skip"]),
+        ("updateStrategies", &[]),
+        ("autoUpgradeProfiles", &["generateUpdateRun"]),
+        ("gates", &[]),
+    ];
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    let rest = route.strip_prefix("/v1/fleets")?;
+    let parts: Vec<&str> = rest.split('/').skip(1).collect();
+    let fits = match parts.as_slice() {
+        [] | [_] => true,
+        [_, collection, more @ ..] => COLLECTIONS.iter().any(|(c, actions)| {
+            c == collection
+                && match more {
+                    [] | [_] => true,
+                    [_, action] => actions.contains(action),
+                    _ => false,
+                }
+        }),
+    };
+    if !fits || parts.iter().any(|p| p.is_empty() || p.contains(':')) {
+        return None;
+    }
+    let mut arm = format!(
+        "/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.ContainerService/fleets{rest}?api-version={ARM_API_VERSION}"
+    );
+    if !query.is_empty() {
+        arm.push('&');
+        arm.push_str(query);
+    }
+    Some(arm)
 }
 
 impl Client {
@@ -135,7 +198,56 @@ impl Client {
             http,
             server,
             token,
+            arm: None,
         })
+    }
+
+    /// Asks for Fleet Manager's resources at their ARM paths, in `scope`.
+    pub fn within(mut self, scope: Option<ArmScope>) -> Client {
+        self.arm = scope;
+        self
+    }
+
+    /// The path to ask: the ARM one under `-g`, where there is one; a link the server gave
+    /// (an absolute `nextLink`) as its path.
+    async fn resolve(&self, path: &str) -> anyhow::Result<String> {
+        let path = match path.strip_prefix(&self.server) {
+            Some(rest) if path.starts_with("http") => rest,
+            _ => path,
+        };
+        let Some(scope) = &self.arm else {
+            return Ok(path.to_string());
+        };
+        if path.starts_with("/subscriptions/") {
+            return Ok(path.to_string());
+        }
+        let subscription = match &scope.subscription {
+            Some(s) => s.clone(),
+            None => scope
+                .asked
+                .get_or_try_init(|| async {
+                    let me = Box::pin(self.plain_get("/v1/me")).await?;
+                    me["arm"]["subscription"]
+                        .as_str()
+                        .map(String::from)
+                        .ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "-g: the server names no default subscription; give --subscription"
+                            )
+                        })
+                })
+                .await?
+                .clone(),
+        };
+        Ok(
+            arm_path(path, &subscription, &scope.resource_group)
+                .unwrap_or_else(|| path.to_string()),
+        )
+    }
+
+    /// A GET of a `/v1` path as it is.
+    async fn plain_get(&self, path: &str) -> anyhow::Result<Value> {
+        self.exchange(reqwest::Method::GET, path, None).await
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -148,6 +260,16 @@ impl Client {
 
     /// Sends a request; a non-2xx answer becomes one line with the field path.
     pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let path = self.resolve(path).await?;
+        self.exchange(method, &path, body).await
+    }
+
+    async fn exchange(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -486,4 +608,41 @@ pub fn default_format(asked: Option<Format>) -> Format {
     } else {
         Format::Json
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arm_path;
+
+    #[test]
+    fn fleet_manager_s_resources_have_arm_paths_and_flotilla_s_own_keep_theirs() {
+        let arm = |p: &str| arm_path(p, "sub", "rg");
+        let base =
+            "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.ContainerService/fleets";
+        let v = "api-version=2025-03-01";
+        assert_eq!(arm("/v1/fleets").as_deref(), Some(&*format!("{base}?{v}")));
+        assert_eq!(
+            arm("/v1/fleets/retail/members/canary").as_deref(),
+            Some(&*format!("{base}/retail/members/canary?{v}"))
+        );
+        assert_eq!(
+            arm("/v1/fleets/retail/updateRuns/r1/start").as_deref(),
+            Some(&*format!("{base}/retail/updateRuns/r1/start?{v}"))
+        );
+        assert_eq!(
+            arm("/v1/fleets/retail/gates?$filter=x").as_deref(),
+            Some(&*format!("{base}/retail/gates?{v}&$filter=x"))
+        );
+        for own in [
+            "/v1/fleets/retail/updateRuns/r1/events",
+            "/v1/fleets/retail/updateRuns/r1/forecast",
+            "/v1/fleets/retail/releases",
+            "/v1/fleets/retail/members:import",
+            "/v1/fleets/retail/members/canary/start",
+            "/v1/me",
+            "/v1/tokens",
+        ] {
+            assert_eq!(arm(own), None, "{own}");
+        }
+    }
 }

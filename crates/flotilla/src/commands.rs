@@ -40,18 +40,12 @@ pub struct FleetOnly {
     pub az: AzScope,
 }
 
-// The flags every `az fleet` command takes, accepted so that a script written for `az` runs
-// with a rename. The `/v1` paths name no subscription or resource group, so they are not sent;
-// a command here never asks for confirmation and never waits unless it is `wait` or `watch`.
+// The flags every `az fleet` command takes that change nothing here, accepted so that a script
+// written for `az` runs with a rename: a command never asks for confirmation and never waits
+// unless it is `wait` or `watch`. (`-g` and `--subscription` are the client's: `ClientArgs`.)
 #[derive(Args, Clone, Default)]
 #[allow(dead_code)] // read by no command: see above
 pub struct AzScope {
-    /// The resource group (az's `-g`; not used by the /v1 paths).
-    #[arg(short = 'g', long)]
-    pub resource_group: Option<String>,
-    /// The subscription (az's `--subscription`; not used by the /v1 paths).
-    #[arg(long)]
-    pub subscription: Option<String>,
     /// Do not ask for confirmation (az's `--yes`; Flotilla never asks).
     #[arg(short = 'y', long)]
     pub yes: bool,

@@ -98,6 +98,14 @@ struct ClientArgs {
     /// A certificate authority (PEM) to trust for an `https://` server, besides the system's.
     #[arg(long, global = true, env = "FLOTILLA_CA_FILE")]
     ca_file: Option<PathBuf>,
+    /// The resource group, as `az -g`: Fleet Manager's resources are then asked for at their
+    /// Azure Resource Manager paths, where a fleet of another resource group is not found.
+    #[arg(short = 'g', long, global = true, alias = "resource-group-name")]
+    resource_group: Option<String>,
+    /// The subscription, with `-g` (default: the server's, `flotilla serve
+    /// --arm-subscription`).
+    #[arg(long, global = true, requires = "resource_group")]
+    subscription: Option<String>,
 }
 
 impl ClientArgs {
@@ -105,11 +113,16 @@ impl ClientArgs {
         if let Some(query) = self.query.as_deref() {
             client::set_query(query)?;
         }
-        client::Client::new(
+        let scope = self
+            .resource_group
+            .clone()
+            .map(|group| client::ArmScope::new(group, self.subscription.clone()));
+        Ok(client::Client::new(
             self.server.clone(),
             self.token.clone(),
             self.ca_file.as_deref(),
-        )
+        )?
+        .within(scope))
     }
 }
 

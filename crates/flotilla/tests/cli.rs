@@ -1136,8 +1136,16 @@ fn member_import_from_csv_json_lines_and_json() {
 fn az_spellings_are_accepted() {
     let env = Env::start("az-spellings");
     let driver = env.write("driver.json", DRIVER);
+    // `-g` and `--subscription` ask at the ARM paths: the fleet lives in that resource group.
     let az = ["-g", "rg", "--subscription", "sub"];
-    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    let mut create = vec!["fleet", "create", "-n", "retail", "--driver", &driver];
+    create.extend(az);
+    let fleet = env.json(&create);
+    assert_eq!(
+        fleet["id"],
+        "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.ContainerService/fleets/retail"
+    );
+    assert_eq!(fleet["resourceGroup"], "rg", "az's shape: {fleet}");
     for (name, group) in [("canary", "canary"), ("west-1", "prod")] {
         let cluster = format!("aks-{name}");
         let mut args = vec![
@@ -1163,6 +1171,36 @@ fn az_spellings_are_accepted() {
         member["labels"],
         serde_json::json!({"env": "prod", "pci": ""}),
         "{member}"
+    );
+    // In another resource group, or the server's own (`-g` alone: its default subscription),
+    // the fleet is not found, as in `az` (exit 3); the lists of each say the same.
+    let elsewhere = env.run(&[
+        "member",
+        "show",
+        "-f",
+        "retail",
+        "-n",
+        "canary",
+        "-g",
+        "other",
+        "--subscription",
+        "sub",
+    ]);
+    assert_eq!(elsewhere.status.code(), Some(3), "{elsewhere:?}");
+    let mut listed = vec!["fleet", "list", "--query", "[].name"];
+    listed.extend(az);
+    assert_eq!(env.json(&listed), serde_json::json!(["retail"]));
+    assert_eq!(
+        env.json(&["fleet", "list", "-g", "flotilla"]),
+        serde_json::json!([])
+    );
+    let mut paged = vec!["member", "list", "-f", "retail", "--query", "[].id"];
+    paged.extend(az);
+    let ids = env.json(&paged);
+    assert_eq!(
+        ids[0],
+        "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.ContainerService/fleets/retail/members/canary",
+        "{ids}"
     );
     // `-o tsv`: a line per member, its scalar values tab-separated; `-o none`: nothing.
     let tsv = env.ok(&["member", "list", "-f", "retail", "-o", "tsv"]);
