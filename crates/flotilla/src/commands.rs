@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use flotilla_engine::status::UpdateRunStatus;
+use flotilla_engine::time::Time;
 
 use crate::client::{
     Client, Format, colour_enabled, default_format, print, state, table, write_config,
@@ -1524,11 +1525,59 @@ struct Watched {
     member_stage: BTreeMap<String, usize>,
     member_state: BTreeMap<String, String>,
     in_flight: std::collections::BTreeSet<String>,
-    gates: BTreeMap<String, String>,
-    waits: BTreeMap<String, String>,
+    /// Gates pending: what to say, since when, and when a scheduled one opens.
+    gates: BTreeMap<String, Countdown>,
+    /// Waits running, by stage: until when.
+    waits: BTreeMap<String, Countdown>,
     failures: BTreeMap<String, String>,
     failed: bool,
     ended: bool,
+}
+
+/// A line of `watch` that counts: down to `until` when known, else up from `since`.
+struct Countdown {
+    label: String,
+    since: Option<Time>,
+    until: Option<Time>,
+}
+
+impl Countdown {
+    /// From an event: its time, and the time its message ends with (`until T`, `opens at T`).
+    fn of(label: String, event: &Value) -> Countdown {
+        let message = s(event, &["message"]);
+        Countdown {
+            label,
+            since: Time::parse(s(event, &["time"])).ok(),
+            until: message.rsplit(' ').next().and_then(|t| Time::parse(t).ok()),
+        }
+    }
+
+    fn line(&self, now: Time) -> String {
+        match (self.until, self.since) {
+            (Some(until), _) if until.0 > now.0 => {
+                format!("{} ({} left)", self.label, short_duration(until.0 - now.0))
+            }
+            (Some(_), _) => format!("{} (due now)", self.label),
+            (None, Some(since)) => format!(
+                "{} (for {})",
+                self.label,
+                short_duration((now.0 - since.0).max(0))
+            ),
+            (None, None) => self.label.clone(),
+        }
+    }
+}
+
+/// `1h 05m`, `4m 10s`, `12s`.
+fn short_duration(seconds: i64) -> String {
+    let (h, m, sec) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
+    if h > 0 {
+        format!("{h}h {m:02}m")
+    } else if m > 0 {
+        format!("{m}m {sec:02}s")
+    } else {
+        format!("{sec}s")
+    }
 }
 
 impl Watched {
@@ -1589,23 +1638,23 @@ impl Watched {
                 self.member_state.insert(member, state.to_string());
             }
             "GatePending" => {
-                self.gates.insert(
-                    s(event, &["gate"]).to_string(),
-                    format!(
-                        "{stage}: gate waiting{}",
-                        if message.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({message})")
-                        }
-                    ),
+                let label = format!(
+                    "{stage}: gate waiting{}",
+                    if message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {message}")
+                    }
                 );
+                self.gates
+                    .insert(s(event, &["gate"]).to_string(), Countdown::of(label, event));
             }
             "GateCompleted" | "GateSkipped" => {
                 self.gates.remove(s(event, &["gate"]));
             }
             "WaitStarted" => {
-                self.waits.insert(stage, message);
+                let label = format!("{stage}: waiting {message}");
+                self.waits.insert(stage, Countdown::of(label, event));
             }
             "WaitCompleted" | "WaitSkipped" => {
                 self.waits.remove(&stage);
@@ -1624,8 +1673,8 @@ impl Watched {
         }
     }
 
-    /// A line per stage, then a line per gate and wait in progress.
-    fn lines(&self) -> Vec<String> {
+    /// A line per stage, then a line per gate and wait in progress, counting at `now`.
+    fn lines(&self, now: Time) -> Vec<String> {
         let mut lines = Vec::new();
         for (si, name) in self.stages.iter().enumerate() {
             let states: Vec<&String> = self
@@ -1649,12 +1698,8 @@ impl Watched {
                 ".".repeat(width - filled),
             ));
         }
-        lines.extend(self.gates.values().cloned());
-        lines.extend(
-            self.waits
-                .iter()
-                .map(|(stage, until)| format!("{stage}: waiting {until}")),
-        );
+        lines.extend(self.gates.values().map(|g| g.line(now)));
+        lines.extend(self.waits.values().map(|w| w.line(now)));
         lines
     }
 }
@@ -1672,13 +1717,21 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
         let mut stream = client.stream(&format!("{path}/events")).await?;
         let mut buffer = String::new();
         let mut drawn = 0usize;
+        // On a terminal the countdowns are redrawn every second, events or not.
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         while !watched.ended {
-            let chunk = match stream.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => bail!("the server closed the event stream"),
-                Err(e) => bail!("the event stream broke: {e}"),
+            let chunk = tokio::select! {
+                chunk = stream.chunk() => Some(chunk),
+                _ = tick.tick(), if terminal => None,
             };
-            buffer.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(chunk) = chunk {
+                let chunk = match chunk {
+                    Ok(Some(c)) => c,
+                    Ok(None) => bail!("the server closed the event stream"),
+                    Err(e) => bail!("the event stream broke: {e}"),
+                };
+                buffer.push_str(&String::from_utf8_lossy(&chunk));
+            }
             while let Some(end) = buffer.find("\n\n") {
                 let block: String = buffer.drain(..end + 2).collect();
                 for line in block.lines().filter_map(|l| l.strip_prefix("data: ")) {
@@ -1714,7 +1767,7 @@ async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
                 if drawn > 0 {
                     out!("\x1b[{drawn}A\x1b[J");
                 }
-                let lines = watched.lines();
+                let lines = watched.lines(flotilla_server::clock::now());
                 drawn = lines.len();
                 for line in lines {
                     outln!("{line}");
@@ -2063,4 +2116,48 @@ pub async fn profile(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+
+    /// `watch` on a terminal: a line per stage, then gates and waits counting down to when they
+    /// open or end, or up from when they began.
+    #[test]
+    fn gates_and_waits_count_down() {
+        let run = json!({"properties": {"status": {"status": {"state": "Running"}, "stages": [
+            {"name": "canary", "groups": [{"name": "c", "members": [{"name": "m1", "status": {"state": "Completed"}}]}]},
+            {"name": "prod", "groups": [{"name": "p", "members": [{"name": "m2", "status": {"state": "NotStarted"}}]}]}]}}});
+        let mut watched = Watched::new(&run);
+        watched.apply(&json!({"type": "WaitStarted", "stage": "canary", "time": "2026-03-02T00:00:00Z", "message": "until 2026-03-02T00:30:00Z"}));
+        watched.apply(&json!({"type": "GatePending", "stage": "prod", "gate": "g1", "time": "2026-03-02T00:30:00Z", "message": "Go to production"}));
+        watched.apply(&json!({"type": "GatePending", "stage": "prod", "gate": "g2", "time": "2026-03-02T00:30:00Z", "message": "opens at 2026-03-02T02:00:00Z"}));
+        let at = |t: &str| Time::parse(t).expect("time");
+        let lines = watched.lines(at("2026-03-02T00:20:00Z")).join("\n");
+        assert!(
+            lines.contains("canary: waiting until 2026-03-02T00:30:00Z (10m 00s left)"),
+            "{lines}"
+        );
+        let lines = watched.lines(at("2026-03-02T00:35:05Z")).join("\n");
+        assert!(
+            lines.contains("prod: gate waiting: Go to production (for 5m 05s)"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("prod: gate waiting: opens at 2026-03-02T02:00:00Z (1h 24m left)"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("canary: waiting until 2026-03-02T00:30:00Z (due now)"),
+            "{lines}"
+        );
+        watched.apply(&json!({"type": "GateCompleted", "stage": "prod", "gate": "g1"}));
+        assert!(
+            !watched
+                .lines(at("2026-03-02T00:36:00Z"))
+                .join("\n")
+                .contains("Go to production")
+        );
+    }
 }
