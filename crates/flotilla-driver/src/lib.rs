@@ -1,6 +1,7 @@
 //! Drivers: what actually observes and upgrades clusters, behind one trait. `sim` simulates
 //! clusters in-process with a time scale; `exec` runs the user's commands as subprocesses.
 
+pub mod aks;
 pub mod clock;
 pub mod operation;
 
@@ -211,11 +212,12 @@ pub fn driver_from_config(
     match config.get("type").and_then(Value::as_str) {
         Some("sim") => Ok(Arc::new(SimDriver::new(config)?)),
         Some("exec") => Ok(Arc::new(ExecDriver::with_allow(config, allow)?)),
+        Some("aks") => Ok(Arc::new(aks::AksDriver::new(config)?)),
         Some(other) => Err(DriverError::permanent(format!(
-            "properties.driver.type {other:?}: must be sim or exec"
+            "properties.driver.type {other:?}: must be sim, exec or aks"
         ))),
         None => Err(DriverError::permanent(
-            "properties.driver.type is required (sim or exec)",
+            "properties.driver.type is required (sim, exec or aks)",
         )),
     }
 }
@@ -293,7 +295,7 @@ struct SimConfig {
     operation_deadline_seconds: f64,
 }
 
-fn default_deadline() -> f64 {
+pub(crate) fn default_deadline() -> f64 {
     DEFAULT_OPERATION_DEADLINE.as_secs_f64()
 }
 

@@ -397,7 +397,7 @@ fn schemas() -> Value {
     let mut fleet = envelope(object(json!({
         "provisioningState": state,
         "driver": {"type": "object", "required": ["type"], "properties": {
-            "type": {"type": "string", "enum": ["sim", "exec"]}}},
+            "type": {"type": "string", "enum": ["sim", "exec", "aks"]}}},
         "hubProfile": {"type": "object"}})));
     fleet["properties"]["location"] = text.clone();
     fleet["properties"]["tags"] = tags.clone();

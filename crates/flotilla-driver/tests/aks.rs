@@ -1,0 +1,411 @@
+//! The `aks` driver against a fake of Azure Resource Manager and of its token endpoint
+//! (`fake_arm`): observation with windows, every upgrade type followed through its long-running
+//! operation, a resend attaching to the upgrade it started, throttling and expired tokens
+//! slowing calls but failing nothing, someone else's operation making the driver wait, and the
+//! catalog from ARM's listings.
+
+mod fake_arm;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use flotilla_driver::aks::AksDriver;
+use flotilla_driver::{Driver, MemberRef, OperationState};
+use flotilla_engine::engine::{PoolTarget, Target};
+use flotilla_engine::strategy::UpgradeType;
+use flotilla_engine::version::{ImageVersion, KubeVersion};
+
+use fake_arm::{NEWEST_IMAGE, SECRET, cluster, cluster_id};
+
+const SUB: &str = "00000000-0000-0000-0000-00000000aaaa";
+
+fn driver(base: &str) -> AksDriver {
+    let secret = std::env::temp_dir().join(format!("flotilla-aks-secret-{}", std::process::id()));
+    std::fs::write(&secret, format!("{SECRET}\n")).expect("secret file");
+    AksDriver::new(&json!({
+        "type": "aks",
+        "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
+        "armEndpoint": base,
+        "authorityHost": base,
+        "pollIntervalSeconds": 0.05,
+    }))
+    .expect("a valid configuration")
+}
+
+fn member(name: &str) -> MemberRef {
+    MemberRef {
+        name: name.into(),
+        cluster_resource_id: cluster_id(SUB, name),
+    }
+}
+
+async fn with_clusters(names: &[&str]) -> (String, fake_arm::Shared) {
+    let (base, fake) = fake_arm::start().await;
+    {
+        let mut f = fake.lock().expect("fake");
+        for name in names {
+            let id = cluster_id(SUB, name);
+            f.clusters
+                .insert(id.clone(), cluster(&id, "eastus", "1.30.5"));
+        }
+    }
+    (base, fake)
+}
+
+/// Polls an operation to its end (with a bound), as the server's task does.
+async fn follow(driver: &AksDriver, m: &MemberRef, op: &str, key: &str) -> OperationState {
+    for _ in 0..100 {
+        match driver.poll(m, op, key).await.expect("a poll answers") {
+            OperationState::Running => tokio::time::sleep(Duration::from_millis(10)).await,
+            done => return done,
+        }
+    }
+    panic!("the operation did not end");
+}
+
+fn version(v: &str) -> Option<KubeVersion> {
+    Some(KubeVersion::parse(v).expect("version"))
+}
+
+#[tokio::test]
+async fn observes_a_cluster_its_pools_and_its_two_windows() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let window = json!({"schedule": {"weekly": {"intervalWeeks": 1, "dayOfWeek": "Sunday"}}, "durationHours": 4, "startTime": "00:00", "utcOffset": "+00:00"});
+    fake.lock().expect("fake").windows.insert(
+        (
+            cluster_id(SUB, "c1"),
+            "aksManagedAutoUpgradeSchedule".into(),
+        ),
+        window.clone(),
+    );
+    let d = driver(&base);
+    let seen = d.observe(&member("c1")).await.expect("observed");
+    assert_eq!(seen.region, "eastus");
+    assert_eq!(seen.kubernetes_version, "1.30.5");
+    assert_eq!(seen.node_pools.len(), 2);
+    assert_eq!(seen.node_pools[0].family, "AKSUbuntu-2204gen2containerd");
+    assert_eq!(
+        seen.node_pools[0].node_image_version,
+        "AKSUbuntu-2204gen2containerd-202602.10.0"
+    );
+    let maintenance = seen.maintenance.expect("windows");
+    assert_eq!(
+        serde_json::to_value(maintenance.kubernetes).expect("json"),
+        window
+    );
+    assert!(maintenance.node_os.is_none(), "no node OS configuration");
+    // A cluster that does not exist is a definitive answer; an id that is not AKS's too.
+    let missing = d.observe(&member("nowhere")).await.expect_err("missing");
+    assert!(
+        !missing.is_transient() && missing.message.contains("does not exist"),
+        "{}",
+        missing.message
+    );
+    let bad = d
+        .observe(&MemberRef {
+            name: "x".into(),
+            cluster_resource_id: "aks-x".into(),
+        })
+        .await
+        .expect_err("not an ARM id");
+    assert!(bad.message.contains("clusterResourceId"), "{}", bad.message);
+}
+
+#[tokio::test]
+async fn a_full_upgrade_is_one_put_followed_to_its_end_and_a_resend_attaches() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    fake.lock().expect("fake").op_polls = 5;
+    let d = driver(&base);
+    let m = member("c1");
+    let target = Target {
+        upgrade_type: UpgradeType::Full,
+        kubernetes_version: version("1.31.2"),
+        node_images: vec![],
+    };
+    let op = d
+        .start_upgrade(&m, &target, "edge.r1.1")
+        .await
+        .expect("sent");
+    // The server asks again with the same key (say it crashed before recording the answer):
+    // the driver finds its upgrade and attaches; nothing more is sent.
+    let again = d
+        .start_upgrade(&m, &target, "edge.r1.1")
+        .await
+        .expect("attached");
+    assert_eq!(
+        follow(&d, &m, &op, "edge.r1.1").await,
+        OperationState::Succeeded
+    );
+    assert_eq!(
+        follow(&d, &m, &again, "edge.r1.1").await,
+        OperationState::Succeeded
+    );
+    let f = fake.lock().expect("fake");
+    assert_eq!(
+        f.count("PUT", "/managedClusters/c1"),
+        1,
+        "one upgrade sent: {:?}",
+        f.requests
+    );
+    let c = &f.clusters[&cluster_id(SUB, "c1")];
+    assert_eq!(c["properties"]["currentKubernetesVersion"], "1.31.2");
+    assert_eq!(c["tags"]["flotilla-operation"], "edge.r1.1");
+    assert_eq!(c["tags"]["env"], "prod", "the cluster's own tags are kept");
+    for pool in c["properties"]["agentPoolProfiles"]
+        .as_array()
+        .expect("pools")
+    {
+        assert_eq!(pool["currentOrchestratorVersion"], "1.31.2", "{pool}");
+    }
+}
+
+#[tokio::test]
+async fn control_plane_only_leaves_the_pools_and_a_lost_answer_is_found_by_its_key() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    let m = member("c1");
+    // Nothing was sent under this key: the server must send it again.
+    assert_eq!(
+        d.poll(&m, "edge.r2.1", "edge.r2.1").await.expect("poll"),
+        OperationState::Unknown
+    );
+    let target = Target {
+        upgrade_type: UpgradeType::ControlPlaneOnly,
+        kubernetes_version: version("1.31.1"),
+        node_images: vec![],
+    };
+    let _op = d
+        .start_upgrade(&m, &target, "edge.r2.1")
+        .await
+        .expect("sent");
+    // The answer was lost: polled by its key, the cluster says it arrived.
+    assert_eq!(
+        follow(&d, &m, "edge.r2.1", "edge.r2.1").await,
+        OperationState::Succeeded
+    );
+    let f = fake.lock().expect("fake");
+    let c = &f.clusters[&cluster_id(SUB, "c1")];
+    assert_eq!(c["properties"]["currentKubernetesVersion"], "1.31.1");
+    for pool in c["properties"]["agentPoolProfiles"]
+        .as_array()
+        .expect("pools")
+    {
+        assert_eq!(
+            pool["currentOrchestratorVersion"], "1.30.5",
+            "pools untouched: {pool}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn node_images_move_each_pool_to_its_region_s_newest_and_a_pinned_older_one_is_refused() {
+    let (base, fake) = with_clusters(&["c1", "c2"]).await;
+    let d = driver(&base);
+    for name in ["c1", "c2"] {
+        d.observe(&member(name)).await.expect("observed");
+    }
+    let pool = |p: &str, image: &str| PoolTarget {
+        pool: p.into(),
+        family: "AKSUbuntu-2204gen2containerd".into(),
+        image: ImageVersion::parse(image).expect("image"),
+    };
+    let latest = Target {
+        upgrade_type: UpgradeType::NodeImageOnly,
+        kubernetes_version: None,
+        node_images: vec![pool("system", NEWEST_IMAGE), pool("user", NEWEST_IMAGE)],
+    };
+    let m = member("c1");
+    let op = d
+        .start_upgrade(&m, &latest, "edge.r3.1")
+        .await
+        .expect("sent");
+    assert_eq!(
+        follow(&d, &m, &op, "edge.r3.1").await,
+        OperationState::Succeeded
+    );
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.count("POST", "/upgradeNodeImageVersion"), 2);
+        for p in f.clusters[&cluster_id(SUB, "c1")]["properties"]["agentPoolProfiles"]
+            .as_array()
+            .expect("pools")
+        {
+            assert_eq!(
+                p["nodeImageVersion"],
+                format!("AKSUbuntu-2204gen2containerd-{NEWEST_IMAGE}")
+            );
+        }
+    }
+    // A Consistent or Custom selection pinned below the newest cannot be had from AKS.
+    let pinned = Target {
+        upgrade_type: UpgradeType::NodeImageOnly,
+        kubernetes_version: None,
+        node_images: vec![pool("system", "202602.10.0")],
+    };
+    let e = d
+        .start_upgrade(&member("c2"), &pinned, "edge.r4.1")
+        .await
+        .expect_err("refused");
+    assert!(
+        !e.is_transient() && e.message.starts_with("NodeImageSelectionUnsupported"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
+async fn throttling_and_an_expired_token_slow_calls_but_fail_nothing() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    d.observe(&member("c1")).await.expect("observed");
+    assert_eq!(
+        fake.lock().expect("fake").tokens_issued,
+        1,
+        "the token is kept"
+    );
+    // Two 429s with Retry-After: 1, then the answer.
+    fake.lock().expect("fake").throttle_next = 2;
+    let started = std::time::Instant::now();
+    d.observe(&member("c1"))
+        .await
+        .expect("observed after the throttling");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "Retry-After was honoured"
+    );
+    // Every token expires: one 401, one new token, the answer.
+    fake.lock().expect("fake").valid_tokens.clear();
+    d.observe(&member("c1"))
+        .await
+        .expect("observed with a new token");
+    assert_eq!(fake.lock().expect("fake").tokens_issued, 2);
+}
+
+#[tokio::test]
+async fn someone_else_s_operation_makes_the_driver_wait_not_fail() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    fake.lock()
+        .expect("fake")
+        .start_foreign(&cluster_id(SUB, "c1"), "1.30.6");
+    let d = driver(&base);
+    let target = Target {
+        upgrade_type: UpgradeType::Full,
+        kubernetes_version: version("1.31.2"),
+        node_images: vec![],
+    };
+    let e = d
+        .start_upgrade(&member("c1"), &target, "edge.r5.1")
+        .await
+        .expect_err("busy");
+    assert!(e.is_transient(), "{}", e.message);
+    assert!(
+        e.message.contains("another operation is in progress"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
+async fn a_failed_operation_fails_with_arm_s_message() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    let m = member("c1");
+    let target = Target {
+        upgrade_type: UpgradeType::Full,
+        kubernetes_version: version("1.31.2"),
+        node_images: vec![],
+    };
+    let op = d
+        .start_upgrade(&m, &target, "edge.r6.1")
+        .await
+        .expect("sent");
+    for o in fake.lock().expect("fake").ops.values_mut() {
+        o.fails = Some("Drain of node aks-user-1 did not complete: pod disruption budget".into());
+    }
+    match follow(&d, &m, &op, "edge.r6.1").await {
+        OperationState::Failed(message) => {
+            assert!(message.contains("pod disruption budget"), "{message}")
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_catalog_lists_versions_and_every_page_of_node_images_of_the_regions_seen() {
+    let (base, _fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    assert!(
+        d.catalog().await.expect("catalog").regions.is_empty(),
+        "no region seen yet"
+    );
+    d.observe(&member("c1")).await.expect("observed");
+    let catalog = d.catalog().await.expect("catalog");
+    let spec = serde_json::to_value(catalog.spec()).expect("json");
+    let eastus = &spec["eastus"];
+    let versions: Vec<&str> = eastus["kubernetes"]
+        .as_array()
+        .expect("versions")
+        .iter()
+        .filter_map(|k| k["version"].as_str())
+        .collect();
+    for v in ["1.30.5", "1.30.6", "1.31.1", "1.31.2", "1.32.0", "1.27.102"] {
+        assert!(versions.contains(&v), "{v} in {versions:?}");
+    }
+    let flag = |v: &str, key: &str| {
+        eastus["kubernetes"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .find(|k| k["version"] == v)
+            .map(|k| k[key] == Value::Bool(true))
+    };
+    assert_eq!(flag("1.32.0", "preview"), Some(true));
+    assert_eq!(
+        flag("1.27.102", "lts"),
+        Some(true),
+        "kept only by long-term support"
+    );
+    assert_eq!(
+        flag("1.30.5", "lts"),
+        Some(false),
+        "also community-supported"
+    );
+    // The second page (through nextLink) is read too.
+    assert!(
+        eastus["nodeImages"]["AKSWindows-2022-containerd"].is_array(),
+        "{eastus}"
+    );
+    assert!(
+        eastus["nodeImages"]["AKSUbuntu-2204gen2containerd"].is_array(),
+        "{eastus}"
+    );
+}
+
+#[tokio::test]
+async fn a_managed_identity_gets_its_token_from_the_metadata_endpoint() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = AksDriver::new(&json!({
+        "type": "aks",
+        "credential": {"type": "ManagedIdentity", "identityEndpoint": format!("{base}/metadata/identity/oauth2/token")},
+        "armEndpoint": base,
+    }))
+    .expect("valid");
+    d.observe(&member("c1")).await.expect("observed");
+    assert_eq!(fake.lock().expect("fake").tokens_issued, 1);
+    // A wrong secret is a configuration to fix: transient, so no member fails for it.
+    let wrong = std::env::temp_dir().join(format!("flotilla-aks-wrong-{}", std::process::id()));
+    std::fs::write(&wrong, "nope").expect("file");
+    let d = AksDriver::new(&json!({
+        "type": "aks",
+        "credential": {"type": "ClientSecret", "tenantId": "t", "clientId": "c", "clientSecretFile": wrong},
+        "armEndpoint": base, "authorityHost": base,
+    }))
+    .expect("valid");
+    let e = d.observe(&member("c1")).await.expect_err("refused");
+    assert!(
+        e.is_transient() && e.message.contains("Invalid client secret"),
+        "{}",
+        e.message
+    );
+}

@@ -1,0 +1,488 @@
+//! A fake of Azure Resource Manager for AKS and of Microsoft Entra's token endpoint, written from
+//! their documented contracts, on loopback: managed clusters (GET, PUT as a long-running
+//! operation with `Azure-AsyncOperation`), agent pools' `upgradeNodeImageVersion`, maintenance
+//! configurations, the Kubernetes version and node image listings (paged with `nextLink`), the
+//! operation status resource, and the failures ARM answers with: 409 `OperationNotAllowed` while
+//! an operation runs, 429 with `Retry-After`, 401 for a token that has expired.
+
+#![allow(dead_code)] // each test file uses part of it
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+pub const SECRET: &str = "s3cret";
+pub const NEWEST_IMAGE: &str = "202603.01.0";
+
+/// An operation in progress on a cluster.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub cluster: String,
+    /// Status reads left before it ends.
+    pub polls_left: u32,
+    pub change: Change,
+    pub fails: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// The control plane (and, with `pools`, every pool) to a version.
+    Version { version: String, pools: bool },
+    /// A pool to its region's newest image.
+    Image { pool: String },
+}
+
+#[derive(Default)]
+pub struct Fake {
+    pub base: String,
+    pub clusters: BTreeMap<String, Value>,
+    pub windows: BTreeMap<(String, String), Value>,
+    pub ops: BTreeMap<String, Op>,
+    next_op: u64,
+    /// Tokens issued, and which are still accepted.
+    pub tokens_issued: u32,
+    pub valid_tokens: Vec<String>,
+    /// The next this many ARM requests are answered 429 with `Retry-After: 1`.
+    pub throttle_next: u32,
+    /// How many status reads an operation takes.
+    pub op_polls: u32,
+    /// Every ARM request: method and path.
+    pub requests: Vec<(String, String)>,
+}
+
+impl Fake {
+    pub fn count(&self, method: &str, suffix: &str) -> usize {
+        self.requests
+            .iter()
+            .filter(|(m, p)| m == method && p.ends_with(suffix))
+            .count()
+    }
+
+    /// Starts an operation of someone else's on a cluster (as `az aks upgrade` from a laptop).
+    pub fn start_foreign(&mut self, cluster: &str, version: &str) {
+        let c = self.clusters.get_mut(cluster).expect("cluster");
+        c["properties"]["provisioningState"] = json!("Upgrading");
+        c["properties"]["kubernetesVersion"] = json!(version);
+        let id = self.op(
+            cluster,
+            Change::Version {
+                version: version.into(),
+                pools: false,
+            },
+        );
+        self.ops.get_mut(&id).expect("op").polls_left = 1_000;
+    }
+
+    fn op(&mut self, cluster: &str, change: Change) -> String {
+        self.next_op += 1;
+        let id = format!("op-{}", self.next_op);
+        self.ops.insert(
+            id.clone(),
+            Op {
+                cluster: cluster.into(),
+                polls_left: self.op_polls,
+                change,
+                fails: None,
+            },
+        );
+        id
+    }
+
+    fn busy(&self, cluster: &str) -> bool {
+        self.ops.values().any(|o| o.cluster == cluster)
+    }
+
+    /// A pool's image upgrade conflicts with an operation on the cluster or on that pool;
+    /// different pools upgrade their images side by side.
+    fn pool_busy(&self, cluster: &str, pool: &str) -> bool {
+        self.ops.values().any(|o| {
+            o.cluster == cluster
+                && match &o.change {
+                    Change::Version { .. } => true,
+                    Change::Image { pool: p } => p == pool,
+                }
+        })
+    }
+
+    /// Time passes for a cluster's operations: each look at the cluster is one step of them.
+    fn step(&mut self, cluster: &str) {
+        let ids: Vec<String> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| o.cluster == cluster)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let op = self.ops.get_mut(&id).expect("op");
+            if op.polls_left > 0 {
+                op.polls_left -= 1;
+            } else {
+                self.finish(&id);
+            }
+        }
+    }
+
+    /// An operation's end: the cluster changed as it asked.
+    fn finish(&mut self, id: &str) {
+        let Some(op) = self.ops.remove(id) else {
+            return;
+        };
+        let c = self.clusters.get_mut(&op.cluster).expect("cluster");
+        if op.fails.is_some() {
+            c["properties"]["provisioningState"] = json!("Failed");
+            return;
+        }
+        match op.change {
+            Change::Version { version, pools } => {
+                c["properties"]["currentKubernetesVersion"] = json!(version);
+                if pools {
+                    for p in c["properties"]["agentPoolProfiles"]
+                        .as_array_mut()
+                        .into_iter()
+                        .flatten()
+                    {
+                        p["currentOrchestratorVersion"] = json!(version);
+                        p["provisioningState"] = json!("Succeeded");
+                        let family = family(p);
+                        p["nodeImageVersion"] = json!(format!("{family}-{NEWEST_IMAGE}"));
+                    }
+                }
+            }
+            Change::Image { pool } => {
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    if p["name"] == pool.as_str() {
+                        p["provisioningState"] = json!("Succeeded");
+                        let family = family(p);
+                        p["nodeImageVersion"] = json!(format!("{family}-{NEWEST_IMAGE}"));
+                    }
+                }
+            }
+        }
+        if !self.busy(&op.cluster) {
+            self.clusters.get_mut(&op.cluster).expect("cluster")["properties"]["provisioningState"] =
+                json!("Succeeded");
+        }
+    }
+}
+
+fn family(pool: &Value) -> String {
+    let image = pool["nodeImageVersion"].as_str().unwrap_or_default();
+    image.rsplit_once('-').map_or(image, |(f, _)| f).to_string()
+}
+
+pub fn cluster_id(sub: &str, name: &str) -> String {
+    format!(
+        "/subscriptions/{sub}/resourceGroups/rg/providers/Microsoft.ContainerService/managedClusters/{name}"
+    )
+}
+
+/// A managed cluster as ARM answers it.
+pub fn cluster(id: &str, location: &str, version: &str) -> Value {
+    let name = id.rsplit('/').next().unwrap_or_default();
+    let pool = |n: &str, os: &str, image: &str| {
+        json!({"name": n, "count": 3, "vmSize": "Standard_D4s_v5", "osType": os, "osSKU": "Ubuntu",
+            "orchestratorVersion": version, "currentOrchestratorVersion": version,
+            "nodeImageVersion": image, "provisioningState": "Succeeded", "powerState": {"code": "Running"}, "mode": "System"})
+    };
+    json!({
+        "id": id, "name": name, "type": "Microsoft.ContainerService/ManagedClusters", "location": location,
+        "tags": {"env": "prod"},
+        "properties": {
+            "provisioningState": "Succeeded", "powerState": {"code": "Running"},
+            "kubernetesVersion": version, "currentKubernetesVersion": version, "dnsPrefix": name,
+            "fqdn": format!("{name}.hcp.{location}.azmk8s.io"),
+            "agentPoolProfiles": [
+                pool("system", "Linux", "AKSUbuntu-2204gen2containerd-202602.10.0"),
+                pool("user", "Linux", "AKSUbuntu-2204gen2containerd-202602.10.0"),
+            ],
+        },
+    })
+}
+
+pub type Shared = Arc<Mutex<Fake>>;
+
+/// Serves the fake on a loopback port; answers its base URL and state.
+pub async fn start() -> (String, Shared) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let fake: Shared = Arc::new(Mutex::new(Fake {
+        base: base.clone(),
+        op_polls: 2,
+        ..Fake::default()
+    }));
+    let app = axum::Router::new()
+        .fallback(handle)
+        .with_state(fake.clone());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, fake)
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+async fn handle(
+    State(fake): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let query = uri.query().unwrap_or_default().to_string();
+    let mut f = fake.lock().expect("fake");
+    // Microsoft Entra: client credentials, with a secret or a federated assertion.
+    if method == Method::POST && path.ends_with("/oauth2/v2.0/token") {
+        let form = String::from_utf8_lossy(&body).to_string();
+        let has = |pair: &str| form.split('&').any(|p| p == pair);
+        let assertion = form
+            .split('&')
+            .any(|p| p.starts_with("client_assertion=ey"));
+        if !has("grant_type=client_credentials")
+            || !(has(&format!("client_secret={SECRET}")) || assertion)
+        {
+            return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided."}))).into_response();
+        }
+        f.tokens_issued += 1;
+        let token = format!("token-{}", f.tokens_issued);
+        f.valid_tokens.push(token.clone());
+        return axum::Json(
+            json!({"token_type": "Bearer", "expires_in": 3599, "access_token": token}),
+        )
+        .into_response();
+    }
+    // The instance metadata service.
+    if method == Method::GET && path == "/metadata/identity/oauth2/token" {
+        if headers.get("metadata").and_then(|v| v.to_str().ok()) != Some("true")
+            || !query.contains("resource=")
+        {
+            return StatusCode::BAD_REQUEST.into_response();
+        }
+        f.tokens_issued += 1;
+        let token = format!("token-{}", f.tokens_issued);
+        f.valid_tokens.push(token.clone());
+        return axum::Json(
+            json!({"access_token": token, "expires_in": "3599", "token_type": "Bearer"}),
+        )
+        .into_response();
+    }
+    f.requests.push((method.to_string(), path.clone()));
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string();
+    if !f.valid_tokens.contains(&token) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "ExpiredAuthenticationToken",
+            "The access token expiry UTC time is earlier than current UTC time.",
+        );
+    }
+    if !query.contains("api-version=") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "MissingApiVersionParameter",
+            "The api-version query parameter (?api-version=) is required for all requests.",
+        );
+    }
+    if f.throttle_next > 0 {
+        f.throttle_next -= 1;
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            "The request is being throttled.",
+        );
+        r.headers_mut()
+            .insert("retry-after", "1".parse().expect("header"));
+        return r;
+    }
+    let lower = path.to_ascii_lowercase();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // Listings of a region.
+    if lower.contains("/locations/") {
+        let location = parts.get(5).copied().unwrap_or_default();
+        if lower.ends_with("/kubernetesversions") {
+            return axum::Json(json!({"values": [
+                {"version": "1.30", "capabilities": {"supportPlan": ["KubernetesOfficial", "AKSLongTermSupport"]},
+                 "patchVersions": {"1.30.5": {"upgrades": ["1.31.1", "1.31.2"]}, "1.30.6": {"upgrades": ["1.31.2"]}}},
+                {"version": "1.31", "capabilities": {"supportPlan": ["KubernetesOfficial"]},
+                 "patchVersions": {"1.31.1": {"upgrades": ["1.31.2"]}, "1.31.2": {"upgrades": []}}},
+                {"version": "1.32", "isPreview": true, "capabilities": {"supportPlan": ["KubernetesOfficial"]},
+                 "patchVersions": {"1.32.0": {"upgrades": []}}},
+                {"version": "1.27", "capabilities": {"supportPlan": ["AKSLongTermSupport"]},
+                 "patchVersions": {"1.27.102": {"upgrades": []}}},
+            ]})).into_response();
+        }
+        if lower.ends_with("/nodeimageversions") {
+            // Two pages: the second one through nextLink.
+            if query.contains("$skipToken=2") {
+                return axum::Json(json!({"value": [
+                    {"os": "AKSWindows", "sku": "2022-containerd", "version": "20348.3091.250210", "fullName": "AKSWindows-2022-containerd-20348.3091.250210"},
+                ]})).into_response();
+            }
+            let next = format!("{}{path}?api-version=2025-07-01&$skipToken=2", f.base);
+            return axum::Json(json!({"value": [
+                {"os": "AKSUbuntu", "sku": "2204gen2containerd", "version": NEWEST_IMAGE, "fullName": format!("AKSUbuntu-2204gen2containerd-{NEWEST_IMAGE}")},
+                {"os": "AKSAzureLinux", "sku": "V2gen2", "version": "202603.01.0", "fullName": "AKSAzureLinux-V2gen2-202603.01.0"},
+            ], "nextLink": next})).into_response();
+        }
+        // The status of an operation.
+        if let Some(id) = lower.split("/operations/").nth(1).map(String::from) {
+            let Some(op) = f.ops.get_mut(&id) else {
+                return axum::Json(json!({"name": id, "status": "Succeeded"})).into_response();
+            };
+            if op.polls_left > 0 {
+                op.polls_left -= 1;
+                return axum::Json(json!({"name": id, "status": "InProgress", "startTime": "2026-12-03T00:00:00Z"})).into_response();
+            }
+            if let Some(message) = op.fails.clone() {
+                f.finish(&id);
+                return axum::Json(json!({"name": id, "status": "Failed", "error": {"code": "UpgradeFailed", "message": message}})).into_response();
+            }
+            f.finish(&id);
+            return axum::Json(json!({"name": id, "status": "Succeeded"})).into_response();
+        }
+        let _ = location;
+        return error(StatusCode::NOT_FOUND, "NotFound", "no such listing");
+    }
+    // /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.ContainerService/managedClusters/{n}[/...]
+    if parts.len() < 8 || !lower.contains("/managedclusters/") {
+        return error(StatusCode::NOT_FOUND, "NotFound", "no such path");
+    }
+    let id = format!("/{}", parts[..8].join("/"));
+    let location = match f.clusters.get(&id) {
+        Some(c) => c["location"].as_str().unwrap_or_default().to_string(),
+        None => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "ResourceNotFound",
+                &format!("The Resource '{}' was not found.", parts[7]),
+            );
+        }
+    };
+    let operation_url = |op: &str, base: &str| {
+        format!(
+            "{base}/subscriptions/{}/providers/Microsoft.ContainerService/locations/{location}/operations/{op}?api-version=2025-07-01",
+            parts[1]
+        )
+    };
+    let rest: Vec<&str> = parts[8..].to_vec();
+    match (method.as_str(), rest.as_slice()) {
+        ("GET", []) => {
+            f.step(&id);
+            axum::Json(f.clusters[&id].clone()).into_response()
+        }
+        ("PUT", []) => {
+            if f.busy(&id) {
+                return error(
+                    StatusCode::CONFLICT,
+                    "OperationNotAllowed",
+                    "Operation is not allowed because there's an in progress update managed cluster operation on the managed cluster started at 2026-12-03T00:00:00Z.",
+                );
+            }
+            let Ok(sent) = serde_json::from_slice::<Value>(&body) else {
+                return error(StatusCode::BAD_REQUEST, "InvalidRequestContent", "not JSON");
+            };
+            let version = sent["properties"]["kubernetesVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let current = f.clusters[&id]["properties"]["currentKubernetesVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let pools_moved = sent["properties"]["agentPoolProfiles"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["orchestratorVersion"] == version.as_str() && version != current);
+            let c = f.clusters.get_mut(&id).expect("cluster");
+            c["tags"] = sent["tags"].clone();
+            c["properties"]["kubernetesVersion"] = json!(version);
+            c["properties"]["provisioningState"] = json!("Upgrading");
+            if pools_moved {
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    p["orchestratorVersion"] = json!(version);
+                    p["provisioningState"] = json!("Upgrading");
+                }
+            }
+            let op = f.op(
+                &id,
+                Change::Version {
+                    version,
+                    pools: pools_moved,
+                },
+            );
+            let mut r = (StatusCode::OK, axum::Json(f.clusters[&id].clone())).into_response();
+            r.headers_mut().insert(
+                "azure-asyncoperation",
+                operation_url(&op, &f.base).parse().expect("header"),
+            );
+            r
+        }
+        ("POST", ["agentPools", pool, "upgradeNodeImageVersion"]) => {
+            if f.pool_busy(&id, pool) {
+                return error(
+                    StatusCode::CONFLICT,
+                    "OperationNotAllowed",
+                    "Operation is not allowed because there's an in progress upgrade node image version operation.",
+                );
+            }
+            let pool = pool.to_string();
+            let c = f.clusters.get_mut(&id).expect("cluster");
+            let Some(p) = c["properties"]["agentPoolProfiles"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == pool.as_str())
+            else {
+                return error(StatusCode::NOT_FOUND, "NotFound", "no such agent pool");
+            };
+            p["provisioningState"] = json!("UpgradingNodeImageVersion");
+            let op = f.op(&id, Change::Image { pool });
+            let mut r = StatusCode::ACCEPTED.into_response();
+            r.headers_mut().insert(
+                "azure-asyncoperation",
+                operation_url(&op, &f.base).parse().expect("header"),
+            );
+            r
+        }
+        ("GET", ["maintenanceConfigurations", name]) => {
+            match f.windows.get(&(id.clone(), name.to_string())) {
+                Some(window) => {
+                    axum::Json(json!({"name": name, "properties": {"maintenanceWindow": window}}))
+                        .into_response()
+                }
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "maintenance configuration not found",
+                ),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "NotFound", "no such path"),
+    }
+}
