@@ -21,7 +21,11 @@ use fake_arm::{NEWEST_IMAGE, SECRET, cluster, cluster_id};
 const SUB: &str = "00000000-0000-0000-0000-00000000aaaa";
 
 fn driver(base: &str) -> AksDriver {
-    let secret = std::env::temp_dir().join(format!("flotilla-aks-secret-{}", std::process::id()));
+    // A file per driver: tests run side by side, and a file rewritten while read is empty.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let secret =
+        std::env::temp_dir().join(format!("flotilla-aks-secret-{}-{n}", std::process::id()));
     std::fs::write(&secret, format!("{SECRET}\n")).expect("secret file");
     AksDriver::new(&json!({
         "type": "aks",
@@ -285,9 +289,11 @@ async fn throttling_and_an_expired_token_slow_calls_but_fail_nothing() {
 #[tokio::test]
 async fn someone_else_s_operation_makes_the_driver_wait_not_fail() {
     let (base, fake) = with_clusters(&["c1"]).await;
-    fake.lock()
-        .expect("fake")
-        .start_foreign(&cluster_id(SUB, "c1"), "1.30.6");
+    fake.lock().expect("fake").start_foreign(
+        &cluster_id(SUB, "c1"),
+        "1.30.6",
+        Duration::from_secs(3600),
+    );
     let d = driver(&base);
     let target = Target {
         upgrade_type: UpgradeType::Full,

@@ -25,6 +25,8 @@ pub struct Op {
     pub cluster: String,
     /// Status reads left before it ends.
     pub polls_left: u32,
+    /// Or, for someone else's, when it ends (looks before then find it running).
+    pub until: Option<std::time::Instant>,
     pub change: Change,
     pub fails: Option<String>,
 }
@@ -53,6 +55,25 @@ pub struct Fake {
     pub op_polls: u32,
     /// Every ARM request: method and path.
     pub requests: Vec<(String, String)>,
+    /// Upgrades accepted (a PUT that started one, a pool's image upgrade), per cluster.
+    pub upgrades: BTreeMap<String, u32>,
+    /// Requests refused with 409 because an operation was in progress.
+    pub conflicts: u32,
+}
+
+impl Op {
+    /// One look at the operation: whether it has ended.
+    fn advance(&mut self) -> bool {
+        if let Some(until) = self.until {
+            return std::time::Instant::now() >= until;
+        }
+        if self.polls_left > 0 {
+            self.polls_left -= 1;
+            false
+        } else {
+            true
+        }
+    }
 }
 
 impl Fake {
@@ -64,7 +85,8 @@ impl Fake {
     }
 
     /// Starts an operation of someone else's on a cluster (as `az aks upgrade` from a laptop).
-    pub fn start_foreign(&mut self, cluster: &str, version: &str) {
+    /// It lasts `lasts`.
+    pub fn start_foreign(&mut self, cluster: &str, version: &str, lasts: std::time::Duration) {
         let c = self.clusters.get_mut(cluster).expect("cluster");
         c["properties"]["provisioningState"] = json!("Upgrading");
         c["properties"]["kubernetesVersion"] = json!(version);
@@ -75,7 +97,7 @@ impl Fake {
                 pools: false,
             },
         );
-        self.ops.get_mut(&id).expect("op").polls_left = 1_000;
+        self.ops.get_mut(&id).expect("op").until = Some(std::time::Instant::now() + lasts);
     }
 
     fn op(&mut self, cluster: &str, change: Change) -> String {
@@ -86,6 +108,7 @@ impl Fake {
             Op {
                 cluster: cluster.into(),
                 polls_left: self.op_polls,
+                until: None,
                 change,
                 fails: None,
             },
@@ -118,10 +141,7 @@ impl Fake {
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
-            let op = self.ops.get_mut(&id).expect("op");
-            if op.polls_left > 0 {
-                op.polls_left -= 1;
-            } else {
+            if self.ops.get_mut(&id).expect("op").advance() {
                 self.finish(&id);
             }
         }
@@ -350,8 +370,7 @@ async fn handle(
             let Some(op) = f.ops.get_mut(&id) else {
                 return axum::Json(json!({"name": id, "status": "Succeeded"})).into_response();
             };
-            if op.polls_left > 0 {
-                op.polls_left -= 1;
+            if !op.advance() {
                 return axum::Json(json!({"name": id, "status": "InProgress", "startTime": "2026-12-03T00:00:00Z"})).into_response();
             }
             if let Some(message) = op.fails.clone() {
@@ -393,6 +412,7 @@ async fn handle(
         }
         ("PUT", []) => {
             if f.busy(&id) {
+                f.conflicts += 1;
                 return error(
                     StatusCode::CONFLICT,
                     "OperationNotAllowed",
@@ -436,6 +456,7 @@ async fn handle(
                     pools: pools_moved,
                 },
             );
+            *f.upgrades.entry(id.clone()).or_default() += 1;
             let mut r = (StatusCode::OK, axum::Json(f.clusters[&id].clone())).into_response();
             r.headers_mut().insert(
                 "azure-asyncoperation",
@@ -445,6 +466,7 @@ async fn handle(
         }
         ("POST", ["agentPools", pool, "upgradeNodeImageVersion"]) => {
             if f.pool_busy(&id, pool) {
+                f.conflicts += 1;
                 return error(
                     StatusCode::CONFLICT,
                     "OperationNotAllowed",
@@ -463,6 +485,7 @@ async fn handle(
             };
             p["provisioningState"] = json!("UpgradingNodeImageVersion");
             let op = f.op(&id, Change::Image { pool });
+            *f.upgrades.entry(id.clone()).or_default() += 1;
             let mut r = StatusCode::ACCEPTED.into_response();
             r.headers_mut().insert(
                 "azure-asyncoperation",

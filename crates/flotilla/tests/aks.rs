@@ -1,0 +1,181 @@
+//! The `aks` driver in the real server, against the fake of Azure Resource Manager and its token
+//! endpoint the driver's own tests use: a staged run over 20 clusters completes with every
+//! cluster upgraded exactly once, while ARM throttles, someone else's upgrade holds one cluster,
+//! and the server is killed with SIGKILL mid-operation and restarted.
+
+mod common;
+
+#[path = "../../flotilla-driver/tests/fake_arm/mod.rs"]
+mod fake_arm;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use common::{Api, create_token, free_port, serve};
+
+const SUB: &str = "00000000-0000-0000-0000-00000000bbbb";
+const CLUSTERS: usize = 20;
+
+fn name(i: usize) -> String {
+    format!("c{i:02}")
+}
+
+#[test]
+fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigkill() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the fake");
+    let (arm, fake) = runtime.block_on(fake_arm::start());
+    {
+        let mut f = fake.lock().expect("fake");
+        // An upgrade lasts a dozen looks, so that the server is killed with some in flight.
+        f.op_polls = 12;
+        for i in 0..CLUSTERS {
+            let id = fake_arm::cluster_id(SUB, &name(i));
+            f.clusters
+                .insert(id.clone(), fake_arm::cluster(&id, "eastus", "1.30.5"));
+        }
+    }
+    // ARM throttles now and then, all run long.
+    let done = Arc::new(AtomicBool::new(false));
+    let throttler = {
+        let (fake, done) = (fake.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                fake.lock().expect("fake").throttle_next = 2;
+                std::thread::sleep(Duration::from_millis(4000));
+            }
+        })
+    };
+
+    let dir = std::env::temp_dir().join(format!("flotilla-aks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db").display().to_string();
+    let log = dir.join("server.log");
+    let secret = dir.join("client-secret");
+    std::fs::write(&secret, fake_arm::SECRET).expect("secret");
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token: create_token(&db),
+    };
+    let mut server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks",
+        Some(&json!({"properties": {"driver": {
+            "type": "aks",
+            "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
+            "armEndpoint": arm, "authorityHost": arm,
+            "pollIntervalSeconds": 0.05, "catalogRefreshSeconds": 5,
+        }}})),
+    );
+    for i in 0..CLUSTERS {
+        let group = if i < 2 { "canary" } else { "prod" };
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/aks/members/{}", name(i)),
+            Some(&json!({"properties": {"clusterResourceId": fake_arm::cluster_id(SUB, &name(i)), "group": group}})),
+        );
+    }
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks/updateRuns/r1",
+        Some(&json!({"properties": {
+            "strategy": {"stages": [
+                {"name": "canary", "groups": [{"name": "canary"}]},
+                {"name": "prod", "maxConcurrency": "5", "groups": [{"name": "prod", "maxConcurrency": "5"}]},
+            ]},
+            "managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": "1.31.2"}},
+        }})),
+    );
+    api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/aks/updateRuns/r1/start",
+        None,
+    );
+    // Someone upgrades c19's control plane from a laptop for a few seconds: the run, reaching
+    // it, waits for it.
+    fake.lock().expect("fake").start_foreign(
+        &fake_arm::cluster_id(SUB, "c19"),
+        "1.30.6",
+        Duration::from_secs(4),
+    );
+
+    // Kill the server while upgrades are in flight, twice: once in the canary, once in prod.
+    let upgraded = || -> u32 { fake.lock().expect("fake").upgrades.values().sum() };
+    // One of the run's upgrades (not the laptop's, which has an end time) is in flight.
+    let in_flight = || {
+        let f = fake.lock().expect("fake");
+        f.ops.values().any(|o| o.until.is_none())
+    };
+    for at_least in [1, 6] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(upgraded() >= at_least && in_flight()) {
+            assert!(
+                Instant::now() < deadline,
+                "no upgrade in flight to kill the server over"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        server.kill().expect("SIGKILL");
+        server.wait().expect("reaped");
+        server = serve(&db, port, &log, &[]);
+        api.wait_ready();
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let run = loop {
+        let run = api.must(reqwest::Method::GET, "/v1/fleets/aks/updateRuns/r1", None);
+        let state = run["properties"]["status"]["status"]["state"].clone();
+        if state == "Completed" || state == "Failed" || state == "Stopped" {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not end: {state}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    done.store(true, Ordering::Relaxed);
+    throttler.join().expect("throttler");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let status = &run["properties"]["status"];
+    assert_eq!(status["status"]["state"], "Completed", "{status}");
+    assert_eq!(
+        status["failureCount"], 0,
+        "throttling and conflicts fail nothing: {status}"
+    );
+    let f = fake.lock().expect("fake");
+    for i in 0..CLUSTERS {
+        let id = fake_arm::cluster_id(SUB, &name(i));
+        let c = &f.clusters[&id];
+        assert_eq!(
+            c["properties"]["currentKubernetesVersion"],
+            "1.31.2",
+            "{}",
+            name(i)
+        );
+        assert_eq!(
+            f.upgrades.get(&id),
+            Some(&1),
+            "{} upgraded exactly once",
+            name(i)
+        );
+    }
+    assert!(f.conflicts >= 1, "the run met the laptop's upgrade");
+    assert!(
+        f.requests.len() > CLUSTERS * 3,
+        "the driver did the work through ARM"
+    );
+    drop(f);
+    let _ = std::fs::remove_dir_all(&dir);
+}
