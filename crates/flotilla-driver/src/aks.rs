@@ -65,6 +65,77 @@ struct AksConfig {
     catalog_refresh_seconds: f64,
     #[serde(default = "crate::default_deadline")]
     operation_deadline_seconds: f64,
+    #[serde(default)]
+    discover: Option<DiscoverConfig>,
+}
+
+/// `discover`: where to look for clusters, which to take, and how often.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DiscoverConfig {
+    subscriptions: Vec<String>,
+    #[serde(default)]
+    resource_groups: Vec<String>,
+    #[serde(default)]
+    tag_selector: Option<String>,
+    #[serde(default)]
+    group_tag: Option<String>,
+    #[serde(default)]
+    interval_seconds: f64,
+}
+
+/// `discover`, checked.
+struct Discover {
+    subscriptions: Vec<String>,
+    resource_groups: Vec<String>,
+    selector: Option<flotilla_engine::selector::Selector>,
+    group_tag: Option<String>,
+    every: Option<Duration>,
+}
+
+impl Discover {
+    fn parse(config: &DiscoverConfig) -> Result<Discover, DriverError> {
+        const P: &str = "properties.driver.discover";
+        if config.subscriptions.is_empty() {
+            return Err(DriverError::permanent(format!(
+                "{P}.subscriptions: name at least one"
+            )));
+        }
+        let segment = |v: &String, field: &str| {
+            if v.is_empty() || v.contains(['/', '?', '#', '&']) || v.chars().any(char::is_control) {
+                Err(DriverError::permanent(format!(
+                    "{P}.{field} {v:?}: not a valid name"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        for s in &config.subscriptions {
+            segment(s, "subscriptions")?;
+        }
+        for g in &config.resource_groups {
+            segment(g, "resourceGroups")?;
+        }
+        let selector = config
+            .tag_selector
+            .as_deref()
+            .map(flotilla_engine::selector::Selector::parse)
+            .transpose()
+            .map_err(|e| DriverError::permanent(format!("{P}.tagSelector: {e}")))?;
+        let every = bounded_seconds(
+            config.interval_seconds,
+            &format!("{P}.intervalSeconds"),
+            0.0,
+            7.0 * 86_400.0,
+        )?;
+        Ok(Discover {
+            subscriptions: config.subscriptions.clone(),
+            resource_groups: config.resource_groups.clone(),
+            selector,
+            group_tag: config.group_tag.clone(),
+            every: (every > 0.0).then(|| Duration::from_secs_f64(every.max(60.0))),
+        })
+    }
 }
 
 fn default_poll() -> f64 {
@@ -259,6 +330,7 @@ pub struct AksDriver {
     catalog: tokio::sync::Mutex<Option<(Instant, Catalog)>>,
     /// `(subscription, region)` of every cluster observed: where the catalog is listed.
     seen: Mutex<BTreeSet<(String, String)>>,
+    discover: Option<Discover>,
 }
 
 /// An ARM answer: its status, headers and JSON body.
@@ -350,6 +422,7 @@ impl AksDriver {
             deadline: operation_deadline(config.operation_deadline_seconds)?,
             catalog: tokio::sync::Mutex::new(None),
             seen: Mutex::new(BTreeSet::new()),
+            discover: config.discover.as_ref().map(Discover::parse).transpose()?,
         })
     }
 
@@ -1181,6 +1254,82 @@ impl Driver for AksDriver {
             .map_err(|e| DriverError::transient(e.message))?;
         *kept = Some((Instant::now(), catalog.clone()));
         Ok(catalog)
+    }
+
+    async fn discover(&self) -> Result<Option<crate::Discovery>, DriverError> {
+        let Some(config) = &self.discover else {
+            return Ok(None);
+        };
+        let mut clusters = Vec::new();
+        let mut scopes = Vec::new();
+        for subscription in &config.subscriptions {
+            let lists: Vec<(String, String)> = if config.resource_groups.is_empty() {
+                vec![(
+                    format!(
+                        "/subscriptions/{subscription}/providers/Microsoft.ContainerService/managedClusters"
+                    ),
+                    format!("/subscriptions/{subscription}/"),
+                )]
+            } else {
+                config
+                    .resource_groups
+                    .iter()
+                    .map(|g| {
+                        (
+                            format!("/subscriptions/{subscription}/resourceGroups/{g}/providers/Microsoft.ContainerService/managedClusters"),
+                            format!("/subscriptions/{subscription}/resourcegroups/{g}/"),
+                        )
+                    })
+                    .collect()
+            };
+            for (list, scope) in lists {
+                scopes.push(scope.to_ascii_lowercase());
+                let mut next = Some(self.url(&list));
+                while let Some(url) = next.take() {
+                    let page = self.call(Method::GET, &url, None).await?;
+                    if !page.status.is_success() {
+                        return Err(DriverError::transient(format!(
+                            "GET {list}: {}",
+                            page.error()
+                        )));
+                    }
+                    for cluster in page.body["value"].as_array().into_iter().flatten() {
+                        let (Some(id), Some(name)) =
+                            (cluster["id"].as_str(), cluster["name"].as_str())
+                        else {
+                            continue;
+                        };
+                        let tags: BTreeMap<String, String> = cluster["tags"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                            .collect();
+                        if config.selector.as_ref().is_some_and(|s| !s.matches(&tags)) {
+                            continue;
+                        }
+                        clusters.push(crate::Discovered {
+                            cluster_resource_id: id.to_string(),
+                            name: name.to_string(),
+                            tags,
+                        });
+                    }
+                    next = page.body["nextLink"]
+                        .as_str()
+                        .filter(|n| n.starts_with(&self.arm))
+                        .map(String::from);
+                }
+            }
+        }
+        Ok(Some(crate::Discovery {
+            clusters,
+            group_tag: config.group_tag.clone(),
+            scopes,
+        }))
+    }
+
+    fn discover_every(&self) -> Option<Duration> {
+        self.discover.as_ref().and_then(|d| d.every)
     }
 
     fn poll_interval(&self) -> Duration {

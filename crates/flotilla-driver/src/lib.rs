@@ -146,6 +146,37 @@ pub trait Driver: Send + Sync {
     fn expected_duration(&self, _member: &MemberRef) -> Option<Duration> {
         None
     }
+
+    /// The clusters this driver finds by itself (the `aks` driver's `discover`); `None` when it
+    /// is not configured to find any.
+    async fn discover(&self) -> Result<Option<Discovery>, DriverError> {
+        Ok(None)
+    }
+
+    /// How often the server discovers by itself; `None`: only when asked.
+    fn discover_every(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// What a discovery found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovery {
+    pub clusters: Vec<Discovered>,
+    /// The tag whose value is a cluster's update group.
+    pub group_tag: Option<String>,
+    /// Where it looked, as lowercase ARM id prefixes (`/subscriptions/s/` or
+    /// `/subscriptions/s/resourcegroups/g/`): a member under one of them that was not found has
+    /// vanished.
+    pub scopes: Vec<String>,
+}
+
+/// A cluster a discovery found: its id, its name and its tags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovered {
+    pub cluster_resource_id: String,
+    pub name: String,
+    pub tags: BTreeMap<String, String>,
 }
 
 /// The directories `exec` commands may come from (`flotilla serve --exec-allow DIR`): a token

@@ -963,7 +963,7 @@ fn member_body(
 
 /// A member as sent (`{"properties": {...}}`), validated into what the store writes. The same
 /// rules for a PUT and for every item of an import.
-fn member_write(
+pub(crate) fn member_write(
     fleet: &str,
     name: &str,
     value: Value,
@@ -1048,6 +1048,19 @@ struct ImportRequest {
     value: Vec<Value>,
     #[serde(default)]
     mode: Option<String>,
+}
+
+/// `POST /v1/fleets/{fleet}/discoverMembers`: the clusters the fleet's driver finds become
+/// members (`crate::discovery`).
+async fn discover_members(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    let outcome = crate::discovery::discover(&state, &fleet, &caller).await?;
+    Ok(axum::Json(outcome).into_response())
 }
 
 /// `POST /v1/fleets/{fleet}/importMembers`: up to 10,000 members in one transaction, all or
@@ -1258,7 +1271,7 @@ const OBSERVE_AT_ONCE: usize = 16;
 /// `lastObservationError` beside a cluster observed before). Answers, in the order asked; the
 /// clusters observed are recorded many to a transaction, so a fleet registered in a batch is
 /// observed in seconds, not one sync to disk a member.
-async fn observe_members(
+pub(crate) async fn observe_members(
     state: &AppState,
     fleet: &str,
     members: Vec<(String, String)>,
@@ -2800,6 +2813,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/fleets/{fleet}/discoverMembers",
+        "Register the clusters the fleet's driver finds (aks: properties.driver.discover); answers {\"added\", \"updated\", \"vanished\"}, member names",
+        "operator",
+    ),
+    (
+        "post",
         "/v1/fleets/{fleet}/importMembers",
         "Register up to 10,000 members in one transaction: {\"value\": [{\"name\", \"properties\"}], \"mode\": \"Create\" | \"Upsert\"}",
         "operator",
@@ -3004,6 +3023,7 @@ pub fn router(state: Shared) -> Router {
                 .delete(delete_fleet),
         )
         .route(&format!("{fleet}/members"), lister(Kind::Member))
+        .route(&format!("{fleet}/discoverMembers"), post(discover_members))
         .route(
             &format!("{fleet}/importMembers"),
             post(import_members).layer(axum::extract::DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),

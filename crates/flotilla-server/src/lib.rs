@@ -19,6 +19,7 @@ pub mod api;
 pub mod arm;
 pub mod auth;
 pub mod dashboard;
+pub mod discovery;
 pub mod durations;
 pub mod error;
 pub mod home;
@@ -213,8 +214,11 @@ impl Server {
         tokio::spawn(async move {
             // The release feed: each fleet's catalog is read from its driver and every enabled
             // profile is checked for a new target.
+            // Also the discoveries that drivers run on an interval.
+            let mut discovered = std::collections::HashMap::new();
             loop {
                 api::trigger_profiles(&feed).await;
+                discovery::discover_due(&feed, &mut discovered).await;
                 tokio::time::sleep(timing.profiles_every).await;
             }
         });

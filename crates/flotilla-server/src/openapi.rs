@@ -54,6 +54,7 @@ fn shape(path: &str) -> Shape {
         "releases" => return Shape::Other("Releases"),
         "events" => return Shape::Other("Events"),
         "importMembers" => return Shape::Other("ImportResult"),
+        "discoverMembers" => return Shape::Other("DiscoverResult"),
         "start" | "stop" | "skip" => return Shape::Action("UpdateRun"),
         "generateUpdateRun" => return Shape::Other("GeneratedRun"),
         "forecast" => return Shape::Other("Forecast"),
@@ -178,6 +179,11 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(200, answer("Registered", Some(reference("ImportResult"))));
             put(404, error("The fleet does not exist"));
             put(409, error("A member or cluster id is taken"));
+        }
+        ("post", Shape::Other("DiscoverResult")) => {
+            put(200, answer("What was found, by member name", Some(reference("DiscoverResult"))));
+            put(404, error("The fleet does not exist"));
+            put(409, error("The fleet's driver discovers nothing, or cannot now"));
         }
         ("post", Shape::Other("Forecast")) => {
             put(200, answer("The forecast", Some(reference("Forecast"))));
@@ -447,6 +453,9 @@ fn schemas() -> Value {
         "ImportResult": {"type": "object", "required": ["created", "updated"], "properties": {
             "created": {"type": "integer"}, "updated": {"type": "integer"}}},
         "GeneratedRun": {"type": "object", "required": ["id"], "properties": {"id": text}},
+        "DiscoverResult": {"type": "object", "required": ["added", "updated", "vanished"], "properties": {
+            "added": {"type": "array", "items": text}, "updated": {"type": "array", "items": text},
+            "vanished": {"type": "array", "items": text}}},
         "ForecastRequest": {"type": "object", "additionalProperties": false, "properties": {
             "approvalDelaySeconds": {"type": "integer", "minimum": 0, "maximum": 31_622_400},
             "defaultDurationSeconds": {"type": "integer", "minimum": 1, "maximum": 31_622_400}}},

@@ -711,7 +711,7 @@ pub trait Resources: Send + Sync {
 
 /// What a status keeps of the one it replaces unless it says otherwise: a member's last
 /// operation outlives the observations that follow it.
-const KEPT_STATUS_FIELDS: [&str; 2] = ["lastOperationId", "lastOperationError"];
+const KEPT_STATUS_FIELDS: [&str; 3] = ["lastOperationId", "lastOperationError", "discovery"];
 
 /// A stored body with its `properties.status` replaced, but for the fields the old status keeps
 /// ([`KEPT_STATUS_FIELDS`]). One rule for both backends.

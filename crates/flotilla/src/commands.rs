@@ -299,6 +299,15 @@ pub enum MemberCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Register the clusters the fleet's driver finds (an `aks` driver's `discover`): new ones
+    /// are added, changed tags update labels and groups, a cluster no longer found is reported
+    /// in its member's status and never removed.
+    ///
+    /// Example: `flotilla member discover -f retail`.
+    Discover {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
 }
 
 #[derive(Subcommand)]
@@ -782,6 +791,29 @@ pub async fn member(
                 ))
                 .await?;
             print(format, &v, || one_row(&v, MEMBER_COLUMNS, colour))?;
+        }
+        MemberCommand::Discover { fleet } => {
+            let v = client
+                .send(
+                    reqwest::Method::POST,
+                    &format!("/v1/fleets/{}/discoverMembers", fleet.fleet),
+                    None,
+                )
+                .await?;
+            print(format, &v, || {
+                ["added", "updated", "vanished"]
+                    .iter()
+                    .map(|k| {
+                        let names: Vec<&str> = v[*k]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        format!("{k} {}: {}\n", names.len(), names.join(", "))
+                    })
+                    .collect()
+            })?;
         }
         MemberCommand::Reconcile { target } => {
             let path = format!("/v1/fleets/{}/members/{}", target.fleet, target.name);

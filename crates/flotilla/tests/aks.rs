@@ -179,3 +179,123 @@ fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigki
     drop(f);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Discovery (`flotilla member discover`): the clusters of a resource group that match the tag
+/// selector become members, named after them, labelled from their tags and grouped by the
+/// group tag, across pages of ARM's list; a changed tag updates the member; a cluster that
+/// vanished is reported in its member's status and the member is kept.
+#[test]
+fn discovery_registers_the_clusters_it_finds_and_reports_those_that_vanish() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the fake");
+    let (arm, fake) = runtime.block_on(fake_arm::start());
+    {
+        let mut f = fake.lock().expect("fake");
+        for i in 0..7 {
+            let id = fake_arm::cluster_id(SUB, &format!("Store_{i}"));
+            let mut c = fake_arm::cluster(&id, "eastus", "1.30.5");
+            c["tags"] = json!({"env": if i == 6 { "dev" } else { "prod" }, "update-group": if i < 2 { "canary" } else { "prod" }, "Cost Center": "42"});
+            f.clusters.insert(id, c);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("flotilla-aks-discover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("flotilla.db").display().to_string();
+    let secret = dir.join("client-secret");
+    std::fs::write(&secret, fake_arm::SECRET).expect("secret");
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token: create_token(&db),
+    };
+    let mut server = serve(&db, port, &dir.join("server.log"), &[]);
+    api.wait_ready();
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks",
+        Some(&json!({"properties": {"driver": {
+            "type": "aks",
+            "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
+            "armEndpoint": arm, "authorityHost": arm,
+            "discover": {"subscriptions": [SUB], "resourceGroups": ["rg"], "tagSelector": "env in (prod)", "groupTag": "update-group"},
+        }}})),
+    );
+    // A member registered by hand before, for one of the clusters: it is found, not added again.
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks/members/by-hand",
+        Some(&json!({"properties": {"clusterResourceId": fake_arm::cluster_id(SUB, "Store_0")}})),
+    );
+    let discover = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["member", "discover", "-f", "aks", "-o", "json"])
+            .env("FLOTILLA_SERVER", &api.base)
+            .env("FLOTILLA_TOKEN", &api.token)
+            .env("FLOTILLA_CONFIG", dir.join("cli.json"))
+            .output()
+            .expect("the CLI runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")
+    };
+    let first = discover();
+    assert_eq!(
+        first,
+        json!({"added": ["store-1", "store-2", "store-3", "store-4", "store-5"], "updated": ["by-hand"], "vanished": []}),
+        "six prod clusters over two pages, one already a member; the dev one left out"
+    );
+    // Observed in the background like any new member; what discovery said of it stays.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let member = loop {
+        let member = api.must(reqwest::Method::GET, "/v1/fleets/aks/members/store-1", None);
+        if member["properties"]["status"]["cluster"].is_object() {
+            break member;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "store-1 was not observed: {member}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let p = &member["properties"];
+    assert_eq!(p["group"], "canary");
+    assert_eq!(p["labels"], json!({"env": "prod"}));
+    assert_eq!(
+        p["status"]["discovery"]["tagsNotLabels"],
+        json!(["Cost Center"]),
+        "{member}"
+    );
+    // Nothing changed: nothing to do.
+    assert_eq!(
+        discover(),
+        json!({"added": [], "updated": [], "vanished": []})
+    );
+    // A tag changes, a cluster goes away.
+    {
+        let mut f = fake.lock().expect("fake");
+        f.clusters
+            .get_mut(&fake_arm::cluster_id(SUB, "Store_2"))
+            .expect("c")["tags"]["update-group"] = json!("canary");
+        f.clusters.remove(&fake_arm::cluster_id(SUB, "Store_3"));
+    }
+    assert_eq!(
+        discover(),
+        json!({"added": [], "updated": ["store-2"], "vanished": ["store-3"]})
+    );
+    let kept = api.must(reqwest::Method::GET, "/v1/fleets/aks/members/store-3", None);
+    assert_eq!(
+        kept["properties"]["status"]["discovery"]["vanished"], true,
+        "{kept}"
+    );
+    assert_eq!(
+        api.must(reqwest::Method::GET, "/v1/fleets/aks/members/store-2", None)["properties"]["group"],
+        "canary"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -383,6 +383,33 @@ async fn handle(
         let _ = location;
         return error(StatusCode::NOT_FOUND, "NotFound", "no such listing");
     }
+    // The clusters of a subscription or of a resource group, five to a page.
+    if lower.ends_with("/providers/microsoft.containerservice/managedclusters") {
+        let scope = lower
+            .trim_end_matches("providers/microsoft.containerservice/managedclusters")
+            .to_string();
+        let skip: usize = query
+            .split('&')
+            .find_map(|p| p.strip_prefix("$skipToken="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let all: Vec<Value> = f
+            .clusters
+            .iter()
+            .filter(|(id, _)| id.to_ascii_lowercase().starts_with(&scope))
+            .map(|(_, c)| c.clone())
+            .collect();
+        let page: Vec<Value> = all.iter().skip(skip).take(5).cloned().collect();
+        let mut answer = json!({"value": page});
+        if skip + 5 < all.len() {
+            answer["nextLink"] = json!(format!(
+                "{}{path}?api-version=2025-07-01&$skipToken={}",
+                f.base,
+                skip + 5
+            ));
+        }
+        return axum::Json(answer).into_response();
+    }
     // /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.ContainerService/managedClusters/{n}[/...]
     if parts.len() < 8 || !lower.contains("/managedclusters/") {
         return error(StatusCode::NOT_FOUND, "NotFound", "no such path");
