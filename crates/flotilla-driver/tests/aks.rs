@@ -415,3 +415,18 @@ async fn a_managed_identity_gets_its_token_from_the_metadata_endpoint() {
         e.message
     );
 }
+
+#[tokio::test]
+async fn a_workload_identity_trades_its_federated_token_file_for_a_token() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let file = std::env::temp_dir().join(format!("flotilla-aks-federated-{}", std::process::id()));
+    std::fs::write(&file, "eyJhbGciOiJSUzI1NiJ9.e30.signature\n").expect("token file");
+    let d = AksDriver::new(&json!({
+        "type": "aks",
+        "credential": {"type": "WorkloadIdentity", "tenantId": "tenant-1", "clientId": "client-1", "tokenFile": file},
+        "armEndpoint": base, "authorityHost": base,
+    }))
+    .expect("valid");
+    d.observe(&member("c1")).await.expect("observed");
+    assert_eq!(fake.lock().expect("fake").tokens_issued, 1);
+}
