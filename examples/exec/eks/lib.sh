@@ -1,0 +1,59 @@
+# Shared by the EKS scripts (sourced): the cluster an EKS ARN names, and one step of an
+# upgrade toward its target. Needs the AWS CLI, with credentials for the cluster's account.
+# EKS versions have no patch: a cluster at EKS 1.30 is observed as 1.30.0, and a target's
+# patch is ignored.
+arn=$1
+region=$(printf %s "$arn" | cut -d: -f4)
+name=${arn##*/}
+case "$arn" in
+  arn:aws*:eks:*:*:cluster/?*) ;;
+  *) printf '{"message":"%s is not the ARN of an EKS cluster"}\n' "$arn"; exit 2 ;;
+esac
+
+eks() { aws eks "$@" --region "$region" --output text; }
+
+# One step toward TYPE at MINOR for the attempt KEY; prints the poll answer. Every request
+# carries a client request token derived from KEY, so asking again never starts a second update.
+step() {
+  type=$1 minor=$2 key=$3
+  # (A failing `aws` ends the script with its exit status: asked again later.)
+  if [ "$type" != NodeImageOnly ]; then
+    current=$(eks describe-cluster --name "$name" --query cluster.version)
+    if [ "$current" != "$minor" ]; then
+      out=$(eks update-cluster-version --name "$name" --kubernetes-version "$minor" \
+        --client-request-token "$key" --query 'update.[status,errors[0].errorMessage]')
+      settle "control plane" $out || return 0
+    fi
+  fi
+  if [ "$type" = ControlPlaneOnly ]; then
+    echo '{"state":"Succeeded"}'
+    return 0
+  fi
+  groups=$(eks list-nodegroups --cluster-name "$name" --query 'nodegroups[]')
+  for ng in $groups; do
+    if [ "$type" = Full ]; then
+      at=$(eks describe-nodegroup --cluster-name "$name" --nodegroup-name "$ng" --query nodegroup.version)
+      [ "$at" = "$minor" ] && continue
+      out=$(eks update-nodegroup-version --cluster-name "$name" --nodegroup-name "$ng" \
+        --kubernetes-version "$minor" --client-request-token "$key-$ng" --query 'update.[status,errors[0].errorMessage]')
+    else
+      # The latest AMI release for the node group's version.
+      out=$(eks update-nodegroup-version --cluster-name "$name" --nodegroup-name "$ng" \
+        --client-request-token "$key-$ng" --query 'update.[status,errors[0].errorMessage]')
+    fi
+    settle "node group $ng" $out || return 0
+  done
+  echo '{"state":"Succeeded"}'
+}
+
+# An update's status: returns 0 when it is done; otherwise prints the poll answer, returns 1.
+settle() {
+  what=$1 status=$2
+  shift 2
+  case "$status" in
+    Successful) return 0 ;;
+    Failed|Cancelled) printf '{"state":"Failed","message":"EKS %s update %s: %s"}\n' "$what" "$status" "$*" ;;
+    *) echo '{"state":"Running"}' ;;
+  esac
+  return 1
+}

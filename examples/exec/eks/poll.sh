@@ -1,0 +1,11 @@
+#!/bin/sh
+# Flotilla exec driver for EKS: the state of an upgrade, taking its next step (the control plane
+# first, then the node groups one by one).
+# Usage: poll.sh EKS_CLUSTER_ARN OPERATION_ID KEY
+set -eu
+. "$(dirname "$0")/lib.sh"
+op=$2 key=$3
+case "$op" in
+  Full:*|ControlPlaneOnly:*|NodeImageOnly:*) step "${op%%:*}" "${op#*:}" "$key" ;;
+  *) echo '{"state":"Unknown"}' ;;
+esac
