@@ -430,3 +430,30 @@ async fn a_workload_identity_trades_its_federated_token_file_for_a_token() {
     d.observe(&member("c1")).await.expect("observed");
     assert_eq!(fake.lock().expect("fake").tokens_issued, 1);
 }
+
+#[tokio::test]
+async fn an_operation_followed_by_its_location_header() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    fake.lock().expect("fake").location_only = true;
+    let d = driver(&base);
+    let m = member("c1");
+    let target = Target {
+        upgrade_type: UpgradeType::ControlPlaneOnly,
+        kubernetes_version: version("1.31.1"),
+        node_images: vec![],
+    };
+    let op = d
+        .start_upgrade(&m, &target, "edge.r7.1")
+        .await
+        .expect("sent");
+    assert!(op.contains("result=location"), "{op}");
+    assert_eq!(
+        follow(&d, &m, &op, "edge.r7.1").await,
+        OperationState::Succeeded
+    );
+    let f = fake.lock().expect("fake");
+    assert_eq!(
+        f.clusters[&cluster_id(SUB, "c1")]["properties"]["currentKubernetesVersion"],
+        "1.31.1"
+    );
+}

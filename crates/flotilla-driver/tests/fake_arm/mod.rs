@@ -59,6 +59,8 @@ pub struct Fake {
     pub upgrades: BTreeMap<String, u32>,
     /// Requests refused with 409 because an operation was in progress.
     pub conflicts: u32,
+    /// Long-running PUTs answer 202 with `Location` instead of `Azure-AsyncOperation`.
+    pub location_only: bool,
 }
 
 impl Op {
@@ -370,7 +372,11 @@ async fn handle(
             let Some(op) = f.ops.get_mut(&id) else {
                 return axum::Json(json!({"name": id, "status": "Succeeded"})).into_response();
             };
+            let location = query.contains("result=location");
             if !op.advance() {
+                if location {
+                    return StatusCode::ACCEPTED.into_response();
+                }
                 return axum::Json(json!({"name": id, "status": "InProgress", "startTime": "2026-12-03T00:00:00Z"})).into_response();
             }
             if let Some(message) = op.fails.clone() {
@@ -378,6 +384,9 @@ async fn handle(
                 return axum::Json(json!({"name": id, "status": "Failed", "error": {"code": "UpgradeFailed", "message": message}})).into_response();
             }
             f.finish(&id);
+            if location {
+                return StatusCode::OK.into_response();
+            }
             return axum::Json(json!({"name": id, "status": "Succeeded"})).into_response();
         }
         let _ = location;
@@ -484,11 +493,23 @@ async fn handle(
                 },
             );
             *f.upgrades.entry(id.clone()).or_default() += 1;
-            let mut r = (StatusCode::OK, axum::Json(f.clusters[&id].clone())).into_response();
-            r.headers_mut().insert(
-                "azure-asyncoperation",
-                operation_url(&op, &f.base).parse().expect("header"),
-            );
+            // ARM's other long-running pattern: 202 with a Location that answers 202 until
+            // the operation is done, then 200.
+            let (status, header, url) = if f.location_only {
+                (
+                    StatusCode::ACCEPTED,
+                    "location",
+                    format!("{}&result=location", operation_url(&op, &f.base)),
+                )
+            } else {
+                (
+                    StatusCode::OK,
+                    "azure-asyncoperation",
+                    operation_url(&op, &f.base),
+                )
+            };
+            let mut r = (status, axum::Json(f.clusters[&id].clone())).into_response();
+            r.headers_mut().insert(header, url.parse().expect("header"));
             r
         }
         ("POST", ["agentPools", pool, "upgradeNodeImageVersion"]) => {
