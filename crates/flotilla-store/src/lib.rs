@@ -20,7 +20,7 @@ const ROWS_PER_INSERT: usize = 500;
 
 /// The store's traits, for callers holding a `dyn Store`.
 pub mod prelude {
-    pub use crate::{Coordination, Resources, RunLog, Store, Tokens};
+    pub use crate::{Audit, Coordination, Resources, RunLog, Store, Tokens};
 }
 
 use std::collections::HashMap;
@@ -603,9 +603,9 @@ pub struct TokenRecord {
 
 /// Everything the server stores, by concern: resources, runs' logs, tokens, and what replicas
 /// coordinate with. Both backends implement all four; the conformance suite runs on each.
-pub trait Store: Resources + RunLog + Tokens + Coordination {}
+pub trait Store: Resources + RunLog + Tokens + Coordination + Audit {}
 
-impl<T: Resources + RunLog + Tokens + Coordination> Store for T {}
+impl<T: Resources + RunLog + Tokens + Coordination + Audit> Store for T {}
 
 /// Resources with eTags: fleets, members, strategies, runs, profiles, gates.
 #[async_trait]
@@ -794,6 +794,36 @@ pub trait Tokens: Send + Sync {
     async fn token_by_hash(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
     async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
     async fn revoke_token(&self, id: &str) -> StoreResult<bool>;
+}
+
+/// A write the API accepted, as the audit trail keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditEntry {
+    /// Its place in the trail (set by the store; 0 when appending).
+    pub id: i64,
+    /// When, in Unix milliseconds.
+    pub at: i64,
+    pub subject: String,
+    pub role: String,
+    pub method: String,
+    pub path: String,
+    pub fleet: Option<String>,
+    pub status: u16,
+    /// The request's body when it was small, else a note of its size.
+    pub body: Option<String>,
+}
+
+/// The audit trail: every accepted write, oldest first.
+#[async_trait]
+pub trait Audit: Send + Sync {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// Entries after `after` (an id), of `fleet` when given, at most `limit`, oldest first.
+    async fn list_audit(
+        &self,
+        fleet: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEntry>>;
 }
 
 /// What replicas sharing a database coordinate with: liveness, fleet leases with a fencing

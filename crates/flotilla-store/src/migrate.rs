@@ -43,6 +43,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     8 "0008_run_chunks",
     9 "0009_run_checkpoints",
     10 "0010_upgrade_durations",
+    11 "0011_audit",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -55,6 +56,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     7 "0007_run_chunks",
     8 "0008_run_checkpoints",
     9 "0009_upgrade_durations",
+    10 "0010_audit",
 );
 
 /// The migrator for a backend's migrations.

@@ -13,11 +13,11 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Col, Coordination, DurationHistory, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord,
-    PACKED_BODY, PendingAction, Precondition, RegisterMode, Registered, RegistrationPlan, Resource,
-    Resources, RunBatch, RunDocument, RunLog, StoreError, StoreResult, StoredLog, TokenRecord,
-    Tokens, assemble_rows, check, checkpoint_needs_entries, fenced, millis, pack, pack_chunk,
-    parse_body, part_row, same_run, unpack, with_status,
+    Audit, AuditEntry, Col, Coordination, DurationHistory, Intent, Kind, Lease, MemberWrite,
+    Notice, OperationRecord, PACKED_BODY, PendingAction, Precondition, RegisterMode, Registered,
+    RegistrationPlan, Resource, Resources, RunBatch, RunDocument, RunLog, StoreError, StoreResult,
+    StoredLog, TokenRecord, Tokens, assemble_rows, check, checkpoint_needs_entries, fenced, millis,
+    pack, pack_chunk, parse_body, part_row, same_run, unpack, with_status,
 };
 
 /// The channel notices travel on.
@@ -1123,6 +1123,65 @@ impl Coordination for PgStore {
     fn shared(&self) -> bool {
         true
     }
+}
+
+#[async_trait]
+impl Audit for PgStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        sqlx::query("INSERT INTO audit (at, subject, role, method, path, fleet, status, body) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind(entry.at)
+            .bind(&entry.subject)
+            .bind(&entry.role)
+            .bind(&entry.method)
+            .bind(&entry.path)
+            .bind(&entry.fleet)
+            .bind(i32::from(entry.status))
+            .bind(&entry.body)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_audit(
+        &self,
+        fleet: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEntry>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match fleet {
+            Some(f) => {
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 AND fleet = $2 ORDER BY id LIMIT $3")
+                    .bind(after)
+                    .bind(f)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 ORDER BY id LIMIT $2")
+                    .bind(after)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter().map(audit_row).collect()
+    }
+}
+
+fn audit_row(r: &PgRow) -> StoreResult<AuditEntry> {
+    Ok(AuditEntry {
+        id: r.col(0)?,
+        at: r.col(1)?,
+        subject: r.col(2)?,
+        role: r.col(3)?,
+        method: r.col(4)?,
+        path: r.col(5)?,
+        fleet: r.col(6)?,
+        status: u16::try_from(r.col::<i32>(7)?).unwrap_or_default(),
+        body: r.col(8)?,
+    })
 }
 
 fn token_row(r: &PgRow) -> StoreResult<TokenRecord> {

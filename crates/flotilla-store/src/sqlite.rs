@@ -1098,6 +1098,65 @@ fn unix_millis() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+#[async_trait]
+impl Audit for SqliteStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        sqlx::query("INSERT INTO audit (at, subject, role, method, path, fleet, status, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(entry.at)
+            .bind(&entry.subject)
+            .bind(&entry.role)
+            .bind(&entry.method)
+            .bind(&entry.path)
+            .bind(&entry.fleet)
+            .bind(i32::from(entry.status))
+            .bind(&entry.body)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_audit(
+        &self,
+        fleet: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEntry>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match fleet {
+            Some(f) => {
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? AND fleet = ? ORDER BY id LIMIT ?")
+                    .bind(after)
+                    .bind(f)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? ORDER BY id LIMIT ?")
+                    .bind(after)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter().map(audit_row).collect()
+    }
+}
+
+fn audit_row(r: &sqlx::sqlite::SqliteRow) -> StoreResult<AuditEntry> {
+    Ok(AuditEntry {
+        id: r.col(0)?,
+        at: r.col(1)?,
+        subject: r.col(2)?,
+        role: r.col(3)?,
+        method: r.col(4)?,
+        path: r.col(5)?,
+        fleet: r.col(6)?,
+        status: u16::try_from(r.col::<i32>(7)?).unwrap_or_default(),
+        body: r.col(8)?,
+    })
+}
+
 fn token_row(r: &sqlx::sqlite::SqliteRow) -> StoreResult<TokenRecord> {
     Ok(TokenRecord {
         id: r.col(0)?,

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
-    Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition, RegisterMode,
-    RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord, UpgradeDuration,
+    AuditEntry, Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition,
+    RegisterMode, RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord,
+    UpgradeDuration,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -151,6 +152,7 @@ on_both_backends!(
     run_documents_are_stored_by_change,
     run_logs_are_cut_at_their_checkpoints,
     upgrade_durations_keep_the_recent_ones,
+    the_audit_trail_keeps_every_entry_in_order,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -2072,9 +2074,10 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
         .await,
         1
     );
+    // Every migration applied, the audit trail (0011) the last.
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        10
+        11
     );
     assert_eq!(
         sqlite_count(
@@ -2158,7 +2161,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        9
+        10
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
@@ -2179,4 +2182,47 @@ fn parsed(entries: Vec<String>) -> Vec<Value> {
         .iter()
         .map(|e| serde_json::from_str(e).expect("an entry is JSON"))
         .collect()
+}
+
+/// The audit trail: appended in order, read after an id, by fleet or all, a page at a time.
+async fn the_audit_trail_keeps_every_entry_in_order(store: Arc<dyn Store>) {
+    let entry = |i: i64, fleet: Option<&str>| AuditEntry {
+        id: 0,
+        at: 1_700_000_000_000 + i,
+        subject: format!("user-{i}"),
+        role: "operator".into(),
+        method: "POST".into(),
+        path: format!("/v1/fleets/f/updateRuns/r{i}/start"),
+        fleet: fleet.map(String::from),
+        status: 202,
+        body: (i % 2 == 0).then(|| format!("{{\"n\": {i}}}")),
+    };
+    for i in 0..5 {
+        let fleet = if i == 3 { Some("other") } else { Some("f") };
+        store
+            .append_audit(&entry(i, fleet))
+            .await
+            .expect("appended");
+    }
+    store.append_audit(&entry(5, None)).await.expect("appended");
+    let all = store.list_audit(None, 0, 100).await.expect("listed");
+    assert_eq!(all.len(), 6);
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id), "in order");
+    assert_eq!(all[2].subject, "user-2");
+    assert_eq!(all[2].body.as_deref(), Some("{\"n\": 2}"));
+    assert_eq!(all[1].body, None);
+    assert_eq!(all[5].fleet, None);
+    let of_f = store.list_audit(Some("f"), 0, 100).await.expect("listed");
+    assert_eq!(
+        of_f.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["user-0", "user-1", "user-2", "user-4"]
+    );
+    let page = store
+        .list_audit(Some("f"), of_f[1].id, 2)
+        .await
+        .expect("listed");
+    assert_eq!(
+        page.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["user-2", "user-4"]
+    );
 }
