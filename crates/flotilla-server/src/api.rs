@@ -2812,6 +2812,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "reader",
     ),
     (
+        "get",
+        "/v1/audit",
+        "The audit trail: every accepted write with its subject, time, request and status, oldest first (fleet=F, since=TIME, $top, after=ID)",
+        "admin",
+    ),
+    (
         "post",
         "/v1/fleets/{fleet}/discoverMembers",
         "Register the clusters the fleet's driver finds (aks: properties.driver.discover); answers {\"added\", \"updated\", \"vanished\"}, member names",
@@ -3080,9 +3086,16 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/leases", get(list_leases))
+        .route("/v1/audit", get(crate::audit::list))
         .fallback(|| async {
             HttpError::from(ApiError::new(ErrorCode::NotFound, "no such path", ""))
         })
+        // Every accepted write, recorded with its caller (inside the body limit: the body it
+        // keeps has been read whole already).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::audit::layer,
+        ))
         // A body is read only once the caller is known: an unauthenticated client holds
         // nothing while it sends slowly.
         .layer(middleware::from_fn_with_state(

@@ -17,6 +17,7 @@ pub struct CConf(pub *const std::ffi::c_char);
 unsafe impl Sync for CConf {}
 pub mod api;
 pub mod arm;
+pub mod audit;
 pub mod auth;
 pub mod dashboard;
 pub mod discovery;

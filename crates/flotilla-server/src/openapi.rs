@@ -51,6 +51,7 @@ fn shape(path: &str) -> Shape {
         "openapi.json" => return Shape::Other("OpenApi"),
         "me" => return Shape::Other("Me"),
         "leases" => return Shape::Other("Leases"),
+        "audit" => return Shape::Other("Audit"),
         "releases" => return Shape::Other("Releases"),
         "events" => return Shape::Other("Events"),
         "importMembers" => return Shape::Other("ImportResult"),
@@ -181,9 +182,18 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(409, error("A member or cluster id is taken"));
         }
         ("post", Shape::Other("DiscoverResult")) => {
-            put(200, answer("What was found, by member name", Some(reference("DiscoverResult"))));
+            put(
+                200,
+                answer(
+                    "What was found, by member name",
+                    Some(reference("DiscoverResult")),
+                ),
+            );
             put(404, error("The fleet does not exist"));
-            put(409, error("The fleet's driver discovers nothing, or cannot now"));
+            put(
+                409,
+                error("The fleet's driver discovers nothing, or cannot now"),
+            );
         }
         ("post", Shape::Other("Forecast")) => {
             put(200, answer("The forecast", Some(reference("Forecast"))));
@@ -309,6 +319,21 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
     if shape == Shape::Other("Releases") {
         params.push(query("region", json!({"type": "string"})));
     }
+    if shape == Shape::Other("Audit") {
+        params.push(query(
+            "fleet",
+            json!({"type": "string", "pattern": NAME, "maxLength": 63}),
+        ));
+        params.push(query(
+            "$top",
+            json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+        ));
+        params.push(query("after", json!({"type": "integer", "minimum": 0})));
+        params.push(query(
+            "since",
+            json!({"type": "string", "format": "date-time"}),
+        ));
+    }
     // Writes to a resource with an eTag take `If-Match`; tokens, imports and profiles' generated
     // runs have none.
     let conditional = match shape {
@@ -431,7 +456,14 @@ fn schemas() -> Value {
         "nodeImageSelection": {"type": "object", "properties": {
             "type": {"type": "string", "enum": ["Latest", "Consistent", "Custom"]},
             "customNodeImageVersions": {"type": "array", "items": {"type": "object", "properties": {"version": text}}}}}}});
-    json!({
+    // Apart: one `json!` of every schema is past the macro's recursion limit.
+    let audit = json!({"type": "object", "required": ["value"], "properties": {
+            "value": {"type": "array", "items": {"type": "object",
+                "required": ["id", "time", "subject", "role", "method", "path", "status"],
+                "properties": {"id": {"type": "integer"}, "time": text, "subject": text, "role": text,
+                    "method": text, "path": text, "fleet": text, "status": {"type": "integer"}, "body": {}}}},
+            "nextLink": text}});
+    let mut schemas = json!({
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"], "properties": {
                 "code": text, "message": text, "target": text}}}},
@@ -517,5 +549,7 @@ fn schemas() -> Value {
         "Releases": {"type": "object", "required": ["regions"], "properties": {"regions": {"type": "object"}}},
         "Events": {"type": "object", "required": ["value"], "properties": {"value": {"type": "array", "items": {"type": "object"}}}},
         "OpenApi": {"type": "object", "required": ["openapi", "paths"], "properties": {"openapi": text, "paths": {"type": "object"}}},
-    })
+    });
+    schemas["Audit"] = audit;
+    schemas
 }

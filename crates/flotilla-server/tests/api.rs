@@ -876,6 +876,69 @@ async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
         Some(0),
         "a run's gates go with it"
     );
+    // The audit trail says who did what to the run, and when: every accepted write, by its
+    // caller; no read, no refused write.
+    let mut trail = Vec::new();
+    let mut next = Some("/v1/audit?fleet=f1&$top=5".to_string());
+    while let Some(page) = next.take() {
+        let answer = h.ok("admin", Method::GET, &page, None).await;
+        trail.extend(answer["value"].as_array().cloned().unwrap_or_default());
+        next = answer["nextLink"].as_str().map(String::from);
+    }
+    let did = |subject: &str, method: &str, path: &str| {
+        trail.iter().any(|e| {
+            e["subject"] == subject
+                && e["method"] == method
+                && e["path"].as_str().is_some_and(|p| p.starts_with(path))
+                && e["time"].is_string()
+                && e["status"]
+                    .as_u64()
+                    .is_some_and(|s| (200..300).contains(&s))
+        })
+    };
+    assert!(
+        did("operator-user", "POST", "/v1/fleets/f1/updateRuns/r1/start"),
+        "{trail:?}"
+    );
+    assert!(
+        did("approver-user", "PATCH", "/v1/fleets/f1/gates/"),
+        "{trail:?}"
+    );
+    assert!(
+        did("operator-user", "DELETE", "/v1/fleets/f1/updateRuns/r1"),
+        "{trail:?}"
+    );
+    assert!(did("admin-user", "PUT", "/v1/fleets/f1"), "{trail:?}");
+    let approval = trail
+        .iter()
+        .find(|e| e["method"] == "PATCH" && e["subject"] == "approver-user")
+        .expect("the approval");
+    assert_eq!(approval["body"]["properties"]["state"], "Completed");
+    assert!(
+        trail
+            .iter()
+            .all(|e| e["subject"] != "reader-user" && e["method"] != "GET"),
+        "{trail:?}"
+    );
+    assert!(
+        trail
+            .windows(2)
+            .all(|w| w[0]["id"].as_i64() < w[1]["id"].as_i64()),
+        "oldest first"
+    );
+    let (status, body, _) = h.call("admin", Method::GET, "/v1/audit?$top=0", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, _) = h.call("operator", Method::GET, "/v1/audit", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "the trail is the admins'");
+    let later = h
+        .ok(
+            "admin",
+            Method::GET,
+            "/v1/audit?since=2999-01-01T00:00:00Z",
+            None,
+        )
+        .await;
+    assert_eq!(later["value"], json!([]));
 }
 
 #[tokio::test]

@@ -817,11 +817,13 @@ pub struct AuditEntry {
 #[async_trait]
 pub trait Audit: Send + Sync {
     async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
-    /// Entries after `after` (an id), of `fleet` when given, at most `limit`, oldest first.
+    /// Entries after `after` (an id) made at or after `since` (Unix milliseconds), of `fleet`
+    /// when given, at most `limit`, oldest first.
     async fn list_audit(
         &self,
         fleet: Option<&str>,
         after: i64,
+        since: i64,
         limit: usize,
     ) -> StoreResult<Vec<AuditEntry>>;
 }

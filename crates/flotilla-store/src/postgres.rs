@@ -1146,21 +1146,24 @@ impl Audit for PgStore {
         &self,
         fleet: Option<&str>,
         after: i64,
+        since: i64,
         limit: usize,
     ) -> StoreResult<Vec<AuditEntry>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match fleet {
             Some(f) => {
-                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 AND fleet = $2 ORDER BY id LIMIT $3")
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 AND at >= $2 AND fleet = $3 ORDER BY id LIMIT $4")
                     .bind(after)
+                    .bind(since)
                     .bind(f)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?
             }
             None => {
-                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 ORDER BY id LIMIT $2")
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > $1 AND at >= $2 ORDER BY id LIMIT $3")
                     .bind(after)
+                    .bind(since)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?

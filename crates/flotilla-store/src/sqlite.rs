@@ -1119,21 +1119,24 @@ impl Audit for SqliteStore {
         &self,
         fleet: Option<&str>,
         after: i64,
+        since: i64,
         limit: usize,
     ) -> StoreResult<Vec<AuditEntry>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match fleet {
             Some(f) => {
-                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? AND fleet = ? ORDER BY id LIMIT ?")
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? AND at >= ? AND fleet = ? ORDER BY id LIMIT ?")
                     .bind(after)
+                    .bind(since)
                     .bind(f)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?
             }
             None => {
-                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? ORDER BY id LIMIT ?")
+                sqlx::query("SELECT id, at, subject, role, method, path, fleet, status, body FROM audit WHERE id > ? AND at >= ? ORDER BY id LIMIT ?")
                     .bind(after)
+                    .bind(since)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?

@@ -2205,24 +2205,35 @@ async fn the_audit_trail_keeps_every_entry_in_order(store: Arc<dyn Store>) {
             .expect("appended");
     }
     store.append_audit(&entry(5, None)).await.expect("appended");
-    let all = store.list_audit(None, 0, 100).await.expect("listed");
+    let all = store.list_audit(None, 0, 0, 100).await.expect("listed");
     assert_eq!(all.len(), 6);
     assert!(all.windows(2).all(|w| w[0].id < w[1].id), "in order");
     assert_eq!(all[2].subject, "user-2");
     assert_eq!(all[2].body.as_deref(), Some("{\"n\": 2}"));
     assert_eq!(all[1].body, None);
     assert_eq!(all[5].fleet, None);
-    let of_f = store.list_audit(Some("f"), 0, 100).await.expect("listed");
+    let of_f = store
+        .list_audit(Some("f"), 0, 0, 100)
+        .await
+        .expect("listed");
     assert_eq!(
         of_f.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
         ["user-0", "user-1", "user-2", "user-4"]
     );
     let page = store
-        .list_audit(Some("f"), of_f[1].id, 2)
+        .list_audit(Some("f"), of_f[1].id, 0, 2)
         .await
         .expect("listed");
     assert_eq!(
         page.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
         ["user-2", "user-4"]
+    );
+    let since = store
+        .list_audit(None, 0, 1_700_000_000_004, 100)
+        .await
+        .expect("listed");
+    assert_eq!(
+        since.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["user-4", "user-5"]
     );
 }

@@ -532,6 +532,49 @@ pub enum GateCommand {
 }
 
 #[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Every accepted write, oldest first: when, who (subject and role), what (method and
+    /// path) and the answer's status.
+    ///
+    /// Example: `flotilla audit list -f retail -o table`.
+    List {
+        /// Only the writes to this fleet and what is in it.
+        #[arg(short = 'f', long = "fleet", alias = "fleet-name")]
+        fleet: Option<String>,
+    },
+}
+
+/// `flotilla audit …`.
+pub async fn audit(
+    client: &Client,
+    format: Option<Format>,
+    command: AuditCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    match command {
+        AuditCommand::List { fleet } => {
+            let path = match fleet {
+                Some(f) => format!("/v1/audit?fleet={f}&$top=1000"),
+                None => "/v1/audit?$top=1000".to_string(),
+            };
+            let items = client.list_all(&path).await?;
+            let columns: &[(&str, &[&str])] = &[
+                ("time", &["time"]),
+                ("subject", &["subject"]),
+                ("role", &["role"]),
+                ("method", &["method"]),
+                ("path", &["path"]),
+                ("status", &["status"]),
+            ];
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, columns, false)
+            })?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
 pub enum ServerTokenCommand {
     List,
     Revoke { id: String },

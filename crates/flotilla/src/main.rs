@@ -218,6 +218,13 @@ enum Command {
         #[command(subcommand)]
         command: commands::ProfileCommand,
     },
+    /// The audit trail: every accepted write, who made it and when.
+    Audit {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: commands::AuditCommand,
+    },
     /// API tokens.
     Token {
         #[command(flatten)]
@@ -815,6 +822,9 @@ fn main() -> ExitCode {
                         }
                         Command::Gate { client, command } => {
                             commands::gate(&client.client()?, client.output, command).await
+                        }
+                        Command::Audit { client, command } => {
+                            commands::audit(&client.client()?, client.output, command).await
                         }
                         Command::Autoupgradeprofile { client, command } => {
                             commands::profile(&client.client()?, client.output, command).await

@@ -710,6 +710,27 @@ fn gates_watch_and_actions() {
         &["updaterun", "show", "-f", "retail", "-n", "r2"],
         "does not exist",
     );
+    // The audit trail names who approved, started and deleted, with times.
+    let trail = env.json(&["audit", "list", "-f", "retail"]);
+    let did = |method: &str, path: &str| {
+        trail.as_array().into_iter().flatten().any(|e| {
+            e["subject"] == "alice"
+                && e["method"] == method
+                && e["path"].as_str().is_some_and(|p| p.starts_with(path))
+                && e["time"].is_string()
+        })
+    };
+    assert!(did("PATCH", "/v1/fleets/retail/gates/"), "{trail}");
+    assert!(
+        did("POST", "/v1/fleets/retail/updateRuns/r1/start"),
+        "{trail}"
+    );
+    assert!(did("DELETE", "/v1/fleets/retail/updateRuns/r2"), "{trail}");
+    let table = env.ok(&["audit", "list", "-f", "retail", "-o", "table"]);
+    assert!(
+        table.contains("alice") && table.contains("PATCH"),
+        "{table}"
+    );
 }
 
 #[test]

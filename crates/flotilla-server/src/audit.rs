@@ -1,0 +1,179 @@
+//! The audit trail (API.md, "Webhooks and audit"): every write the API accepted, with who made
+//! it, when, what it asked (the request's body when small) and how it was answered; read with
+//! `GET /v1/audit`.
+//!
+//! Recorded by one layer around every route, once the caller is known and the write has been
+//! answered with success: a rule in one place, whatever the handler. ARM paths reach it
+//! rewritten to their `/v1` form.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use flotilla_engine::error::{ApiError, ErrorCode};
+
+use crate::api::require;
+use crate::auth::{Caller, Role};
+use crate::error::HttpResult;
+use crate::state::Shared;
+use crate::store::AuditEntry;
+
+/// A request body up to this size is kept in the trail; a larger one (an import) is noted by
+/// its size.
+const BODY_KEPT: usize = 16 * 1024;
+/// Entries a page holds by default, and at most.
+const PAGE: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+/// The layer: runs the request, then records it if it was an accepted write.
+pub async fn layer(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(request).await;
+    }
+    let Some(caller) = request.extensions().get::<Caller>().cloned() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path().to_string();
+    let (parts, body) = request.into_parts();
+    // The body was read whole by the body limit around this layer: this is a copy in memory.
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return crate::error::HttpError::from(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!("cannot read the body: {e}"),
+                "",
+            ))
+            .into_response();
+        }
+    };
+    let kept = match bytes.len() {
+        0 => None,
+        n if n <= BODY_KEPT => Some(String::from_utf8_lossy(&bytes).into_owned()),
+        n => Some(format!("({n} bytes)")),
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if response.status().is_success() {
+        let segments: Vec<&str> = path.split('/').collect();
+        let fleet = (segments.len() > 3 && segments[1] == "v1" && segments[2] == "fleets")
+            .then(|| segments[3].to_string());
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let entry = AuditEntry {
+            id: 0,
+            at,
+            subject: caller.subject.clone(),
+            role: caller.role.name().to_string(),
+            method: method.to_string(),
+            path,
+            fleet,
+            status: response.status().as_u16(),
+            body: kept,
+        };
+        if let Err(e) = state.runs.store.append_audit(&entry).await {
+            tracing::warn!(error = %e, subject = entry.subject, path = entry.path, "cannot record the write in the audit trail");
+        }
+    }
+    response
+}
+
+/// An entry as the API shows it.
+fn shown(e: &AuditEntry) -> Value {
+    let time = flotilla_engine::time::Time(e.at.div_euclid(1000));
+    let mut v = json!({
+        "id": e.id, "time": time, "subject": e.subject, "role": e.role,
+        "method": e.method, "path": e.path, "status": e.status,
+    });
+    if let Some(f) = &e.fleet {
+        v["fleet"] = json!(f);
+    }
+    if let Some(b) = &e.body {
+        // A JSON body is shown as JSON; anything else as its text.
+        v["body"] = serde_json::from_str(b).unwrap_or_else(|_| json!(b));
+    }
+    v
+}
+
+/// `GET /v1/audit?fleet=F&since=TIME&$top=N` (admin): the trail, oldest first, a page at a
+/// time (`nextLink` carries `after`, the last entry's id).
+pub async fn list(
+    State(state): State<Shared>,
+    caller: Caller,
+    Query(query): Query<HashMap<String, String>>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Admin)?;
+    let bad = |field: &str, value: &str, why: &str| {
+        ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("{field} {value:?}: {why}"),
+            field,
+        )
+    };
+    for key in query.keys() {
+        if !matches!(key.as_str(), "fleet" | "since" | "$top" | "after") {
+            return Err(bad(
+                key,
+                "",
+                "unknown query parameter; audit takes fleet, since, $top and after",
+            )
+            .into());
+        }
+    }
+    let top = match query.get("$top") {
+        None => PAGE,
+        Some(t) => t
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| bad("$top", t, "must be a number from 1 to 1000"))?,
+    };
+    let after = match query.get("after") {
+        None => 0,
+        Some(a) => a
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| bad("after", a, "must be an entry's id"))?,
+    };
+    let fleet = query.get("fleet").map(String::as_str);
+    if let Some(f) = fleet
+        && flotilla_engine::strategy::check_name(f, 63).is_err()
+    {
+        return Err(bad("fleet", f, "not a fleet name").into());
+    }
+    let since = match query.get("since") {
+        None => 0,
+        Some(t) => flotilla_engine::time::Time::parse(t)
+            .map_err(|_| bad("since", t, "must be a time such as 2026-12-01T00:00:00Z"))?
+            .0
+            .saturating_mul(1000),
+    };
+    let entries = state
+        .runs
+        .store
+        .list_audit(fleet, after, since, top)
+        .await?;
+    let mut answer = json!({"value": entries.iter().map(shown).collect::<Vec<_>>()});
+    if entries.len() == top
+        && let Some(last) = entries.last()
+    {
+        let mut next = format!("/v1/audit?$top={top}&after={}", last.id);
+        if let Some(f) = fleet {
+            next.push_str(&format!("&fleet={f}"));
+        }
+        if let Some(t) = query.get("since") {
+            next.push_str(&format!("&since={t}"));
+        }
+        answer["nextLink"] = json!(next);
+    }
+    Ok(axum::Json(answer).into_response())
+}
