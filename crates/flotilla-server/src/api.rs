@@ -24,7 +24,7 @@ use flotilla_engine::strategy::{
     parse_strategy, parse_upgrade,
 };
 
-use crate::auth::{Caller, Role, authenticate};
+use crate::auth::{Caller, Role, authenticate, require};
 use crate::clock::now;
 use crate::driver::{MemberRef, validate_driver_config};
 use crate::error::{HttpError, HttpResult};
@@ -51,23 +51,6 @@ fn not_found(what: &str, name: &str) -> HttpError {
         format!("{what} {name:?} does not exist"),
         what,
     ))
-}
-
-pub(crate) fn require(caller: &Caller, role: Role) -> HttpResult<()> {
-    if caller.role >= role {
-        Ok(())
-    } else {
-        Err(HttpError::new(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            format!(
-                "this needs the {} role; the token of {:?} has {}",
-                role.name(),
-                caller.subject,
-                caller.role.name()
-            ),
-        ))
-    }
 }
 
 /// For actions on an existing resource (POST, gate PATCH): `If-Match` must name its eTag.
@@ -963,7 +946,7 @@ fn member_body(
 
 /// A member as sent (`{"properties": {...}}`), validated into what the store writes. The same
 /// rules for a PUT and for every item of an import.
-pub(crate) fn member_write(
+fn member_write(
     fleet: &str,
     name: &str,
     value: Value,
@@ -1059,8 +1042,112 @@ async fn discover_members(
 ) -> HttpResult<Response> {
     require(&caller, Role::Operator)?;
     require_fleet(&state, &fleet).await?;
-    let outcome = crate::discovery::discover(&state, &fleet, &caller).await?;
+    let outcome = discover(&state, &fleet, &caller).await?;
     Ok(axum::Json(outcome).into_response())
+}
+
+/// Runs the fleet's discovery: asks its driver, writes what `discovery::plan` makes of it,
+/// observes the members it wrote.
+pub async fn discover(
+    state: &Shared,
+    fleet: &str,
+    caller: &Caller,
+) -> HttpResult<crate::discovery::Outcome> {
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await?;
+    let found = driver.discover().await.map_err(|e| {
+        ApiError::conflict(format!(
+            "the fleet's driver cannot discover now: {}",
+            e.message
+        ))
+    })?;
+    let Some(found) = found else {
+        return Err(ApiError::conflict(
+            "the fleet's driver discovers nothing: configure its discover (an aks driver's properties.driver.discover)",
+        )
+        .into());
+    };
+    let members = state
+        .runs
+        .store
+        .list(fleet, Kind::Member, None, usize::MAX)
+        .await?;
+    let plan = crate::discovery::plan(&found, &members, now());
+    let writes = plan
+        .upserts
+        .into_iter()
+        .map(|(name, body)| member_write(fleet, &name, body, Precondition::None, caller))
+        .collect::<HttpResult<Vec<_>>>()?;
+    if !writes.is_empty() {
+        state
+            .runs
+            .store
+            .register_members(fleet, &writes, RegisterMode::Upsert)
+            .await?;
+        // The new and changed members' clusters are observed, as after an import.
+        let observe: Vec<(String, String)> = writes
+            .iter()
+            .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
+            .collect();
+        let (state, fleet) = (state.clone(), fleet.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = observe_members(&state, &fleet, observe).await {
+                tracing::warn!(fleet, error = %e.message, "cannot observe discovered members");
+            }
+        });
+    }
+    if !plan.statuses.is_empty() {
+        state
+            .runs
+            .store
+            .set_statuses(fleet, Kind::Member, &plan.statuses)
+            .await?;
+    }
+    Ok(plan.outcome)
+}
+
+/// The server's own discoveries: every fleet this replica drives whose driver discovers on an
+/// interval, when its interval has passed since the last.
+pub async fn discover_due(
+    state: &Shared,
+    last: &mut std::collections::HashMap<String, std::time::Instant>,
+) {
+    let Ok(fleets) = state.runs.store.list("", Kind::Fleet, None, 100_000).await else {
+        return;
+    };
+    for fleet in fleets {
+        if !state.runs.replica.holds(&fleet.name) {
+            continue;
+        }
+        let Ok(driver) = state
+            .runs
+            .drivers
+            .for_fleet(state.runs.store.as_ref(), &fleet.name)
+            .await
+        else {
+            continue;
+        };
+        let Some(every) = driver.discover_every() else {
+            continue;
+        };
+        if last.get(&fleet.name).is_some_and(|t| t.elapsed() < every) {
+            continue;
+        }
+        last.insert(fleet.name.clone(), std::time::Instant::now());
+        match discover(state, &fleet.name, &Caller::system()).await {
+            Ok(o) => tracing::info!(
+                fleet = fleet.name,
+                added = o.added.len(),
+                updated = o.updated.len(),
+                vanished = o.vanished.len(),
+                "discovered members"
+            ),
+            Err(e) => tracing::warn!(fleet = fleet.name, error = ?e, "discovery failed"),
+        }
+    }
 }
 
 /// `POST /v1/fleets/{fleet}/importMembers`: up to 10,000 members in one transaction, all or
@@ -1271,7 +1358,7 @@ const OBSERVE_AT_ONCE: usize = 16;
 /// `lastObservationError` beside a cluster observed before). Answers, in the order asked; the
 /// clusters observed are recorded many to a transaction, so a fleet registered in a batch is
 /// observed in seconds, not one sync to disk a member.
-pub(crate) async fn observe_members(
+async fn observe_members(
     state: &AppState,
     fleet: &str,
     members: Vec<(String, String)>,

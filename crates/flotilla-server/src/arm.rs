@@ -274,7 +274,7 @@ async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Respo
     // the same (fleet names are the server's): creating it here is a conflict.
     let foreign = !home.is(&subscription, Some(&resource_group));
     if foreign && method == Method::PUT && collection.is_none() {
-        crate::api::require(&caller, Role::Admin)?;
+        crate::auth::require(&caller, Role::Admin)?;
         return Err(HttpError::new(
             StatusCode::CONFLICT,
             "Conflict",

@@ -17,8 +17,7 @@ use serde_json::{Value, json};
 
 use flotilla_engine::error::{ApiError, ErrorCode};
 
-use crate::api::require;
-use crate::auth::{Caller, Role};
+use crate::auth::{Caller, Role, require};
 use crate::error::HttpResult;
 use crate::state::Shared;
 use crate::store::AuditEntry;

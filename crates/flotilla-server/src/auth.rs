@@ -173,3 +173,21 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         token_hash: Some(token_hash),
     })
 }
+
+/// Refuses (403) a caller whose role is below `role`.
+pub fn require(caller: &Caller, role: Role) -> crate::error::HttpResult<()> {
+    if caller.role >= role {
+        Ok(())
+    } else {
+        Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "this needs the {} role; the token of {:?} has {}",
+                role.name(),
+                caller.subject,
+                caller.role.name()
+            ),
+        ))
+    }
+}

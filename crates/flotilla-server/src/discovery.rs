@@ -1,25 +1,20 @@
-//! Members found by the fleet's driver (API.md, the `aks` driver's `discover`): `POST
-//! …/discoverMembers` and, where the driver says how often, the server's own passes. Clusters
-//! found become members (named from the cluster, labelled from its tags, grouped by a tag);
-//! members already there are updated; a member whose cluster is no longer found is reported in
-//! its status (`status.discovery`), never removed.
+//! Members found by the fleet's driver (API.md, the `aks` driver's `discover`): what a
+//! discovery means for a fleet, worked out without I/O (`api::discover` asks the driver and
+//! writes the result). Clusters found become members (named from the cluster, labelled from its
+//! tags, grouped by a tag); members already there are updated; a member whose cluster is no
+//! longer found is reported in its status (`status.discovery`), never removed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use flotilla_engine::error::ApiError;
 use flotilla_engine::selector::{validate_label_key, validate_label_value};
 use flotilla_engine::strategy::check_name;
+use flotilla_engine::time::Time;
 
-use crate::api::member_write;
-use crate::auth::Caller;
-use crate::clock::now;
 use crate::driver::{Discovered, Discovery};
-use crate::error::HttpResult;
-use crate::state::Shared;
-use crate::store::{Kind, Precondition, RegisterMode, Resource, member_cluster_id};
+use crate::store::Resource;
 
 /// The longest member name (API.md).
 const NAME_MAX: usize = 50;
@@ -88,30 +83,19 @@ fn labels_of(
     (labels, group, left)
 }
 
-/// Runs the fleet's discovery: what its driver finds becomes members.
-pub async fn discover(state: &Shared, fleet: &str, caller: &Caller) -> HttpResult<Outcome> {
-    let driver = state
-        .runs
-        .drivers
-        .for_fleet(state.runs.store.as_ref(), fleet)
-        .await?;
-    let found: Option<Discovery> = driver.discover().await.map_err(|e| {
-        ApiError::conflict(format!(
-            "the fleet's driver cannot discover now: {}",
-            e.message
-        ))
-    })?;
-    let Some(found) = found else {
-        return Err(ApiError::conflict(
-            "the fleet's driver discovers nothing: configure its discover (an aks driver's properties.driver.discover)",
-        )
-        .into());
-    };
-    let members = state
-        .runs
-        .store
-        .list(fleet, Kind::Member, None, usize::MAX)
-        .await?;
+/// What a discovery changes: the members to write (name and body, `{"properties": …}`) and
+/// the statuses to set, and what it tells.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub outcome: Outcome,
+    pub upserts: Vec<(String, Value)>,
+    pub statuses: Vec<(String, Value)>,
+}
+
+/// What `found` means for a fleet of `members`, at `at`: a cluster found is a member (the one
+/// with its cluster id, else a new one named after it) labelled and grouped from its tags; a
+/// member under a scope searched whose cluster was not found has vanished.
+pub fn plan(found: &Discovery, members: &[Resource], at: Time) -> Plan {
     let by_cluster: HashMap<String, &Resource> = members
         .iter()
         .filter_map(|m| {
@@ -120,10 +104,7 @@ pub async fn discover(state: &Shared, fleet: &str, caller: &Caller) -> HttpResul
         })
         .collect();
     let mut names: HashSet<String> = members.iter().map(|m| m.name.clone()).collect();
-    let mut outcome = Outcome::default();
-    let mut writes = Vec::new();
-    let mut statuses = Vec::new();
-    let at = now();
+    let mut plan = Plan::default();
     let mut seen = HashSet::new();
     for cluster in &found.clusters {
         let key = cluster.cluster_resource_id.to_ascii_lowercase();
@@ -142,42 +123,42 @@ pub async fn discover(state: &Shared, fleet: &str, caller: &Caller) -> HttpResul
                 name
             }
         };
-        let properties = &existing.map(|m| m.body["properties"].clone());
-        let changed = match properties {
+        let changed = match existing {
             None => true,
-            Some(p) => p["labels"] != json!(labels) || p["group"].as_str() != group.as_deref(),
+            Some(m) => {
+                let p = &m.body["properties"];
+                p["labels"] != json!(labels) || p["group"].as_str() != group.as_deref()
+            }
         };
         if changed {
             let mut body = json!({"properties": {"clusterResourceId": cluster.cluster_resource_id, "labels": labels}});
             if let Some(g) = &group {
                 body["properties"]["group"] = json!(g);
             }
-            writes.push(member_write(
-                fleet,
-                &name,
-                body,
-                Precondition::None,
-                caller,
-            )?);
+            plan.upserts.push((name.clone(), body));
             if existing.is_some() {
-                outcome.updated.push(name.clone());
+                plan.outcome.updated.push(name.clone());
             } else {
-                outcome.added.push(name.clone());
+                plan.outcome.added.push(name.clone());
             }
         }
         // Found: what discovery says of it (tags it could not take), and no longer vanished.
         let discovery = (!left.is_empty()).then(|| json!({"checkedAt": at, "tagsNotLabels": left}));
-        if let Some(m) = existing
-            && m.body["properties"]["status"]["discovery"]
-                != discovery.clone().unwrap_or(Value::Null)
-        {
-            statuses.push((name.clone(), status_with(m, discovery)));
-        } else if existing.is_none() && discovery.is_some() {
-            statuses.push((name.clone(), json!({"discovery": discovery})));
+        let had = existing.map(|m| &m.body["properties"]["status"]["discovery"]);
+        match (existing, had) {
+            (Some(m), Some(had)) if !same_finding(had, discovery.as_ref()) => {
+                plan.statuses
+                    .push((name.clone(), status_with(m, discovery)));
+            }
+            (None, _) if discovery.is_some() => {
+                plan.statuses
+                    .push((name.clone(), json!({"discovery": discovery})));
+            }
+            _ => {}
         }
     }
     // Members under a scope searched whose cluster was not found: reported, never removed.
-    for m in &members {
+    for m in members {
         let Some(id) = m.body["properties"]["clusterResourceId"].as_str() else {
             continue;
         };
@@ -186,39 +167,29 @@ pub async fn discover(state: &Shared, fleet: &str, caller: &Caller) -> HttpResul
         if !searched || seen.contains(&id) {
             continue;
         }
-        outcome.vanished.push(m.name.clone());
-        let already = &m.body["properties"]["status"]["discovery"];
-        if already["vanished"] != true {
+        plan.outcome.vanished.push(m.name.clone());
+        if m.body["properties"]["status"]["discovery"]["vanished"] != true {
             let discovery = json!({"checkedAt": at, "vanished": true, "message": "the cluster was not found where discovery looks; the member is kept"});
-            statuses.push((m.name.clone(), status_with(m, Some(discovery))));
+            plan.statuses
+                .push((m.name.clone(), status_with(m, Some(discovery))));
         }
     }
-    if !writes.is_empty() {
-        state
-            .runs
-            .store
-            .register_members(fleet, &writes, RegisterMode::Upsert)
-            .await?;
-        // The new and changed members' clusters are observed, as after an import.
-        let observe: Vec<(String, String)> = writes
-            .iter()
-            .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
-            .collect();
-        let (state, fleet_name) = (state.clone(), fleet.to_string());
-        tokio::spawn(async move {
-            if let Err(e) = crate::api::observe_members(&state, &fleet_name, observe).await {
-                tracing::warn!(fleet = fleet_name, error = %e.message, "cannot observe discovered members");
-            }
-        });
+    plan
+}
+
+/// Whether a member's recorded finding says what a new one says, whenever each was made.
+fn same_finding(had: &Value, now: Option<&Value>) -> bool {
+    let without_time = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("checkedAt");
+        }
+        v
+    };
+    match now {
+        None => had.is_null(),
+        Some(n) => without_time(had) == without_time(n),
     }
-    if !statuses.is_empty() {
-        state
-            .runs
-            .store
-            .set_statuses(fleet, Kind::Member, &statuses)
-            .await?;
-    }
-    Ok(outcome)
 }
 
 /// A member's status with its `discovery` replaced (`None`: null; the store keeps the field
@@ -230,44 +201,6 @@ fn status_with(member: &Resource, discovery: Option<Value>) -> Value {
     }
     status["discovery"] = discovery.unwrap_or(Value::Null);
     status
-}
-
-/// The server's own passes: every fleet this replica drives whose driver discovers on an
-/// interval, when its interval has passed.
-pub async fn discover_due(state: &Shared, last: &mut HashMap<String, std::time::Instant>) {
-    let Ok(fleets) = state.runs.store.list("", Kind::Fleet, None, 100_000).await else {
-        return;
-    };
-    for fleet in fleets {
-        if !state.runs.replica.holds(&fleet.name) {
-            continue;
-        }
-        let Ok(driver) = state
-            .runs
-            .drivers
-            .for_fleet(state.runs.store.as_ref(), &fleet.name)
-            .await
-        else {
-            continue;
-        };
-        let Some(every) = driver.discover_every() else {
-            continue;
-        };
-        if last.get(&fleet.name).is_some_and(|t| t.elapsed() < every) {
-            continue;
-        }
-        last.insert(fleet.name.clone(), std::time::Instant::now());
-        match discover(state, &fleet.name, &Caller::system()).await {
-            Ok(o) => tracing::info!(
-                fleet = fleet.name,
-                added = o.added.len(),
-                updated = o.updated.len(),
-                vanished = o.vanished.len(),
-                "discovered members"
-            ),
-            Err(e) => tracing::warn!(fleet = fleet.name, error = ?e, "discovery failed"),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -219,7 +219,7 @@ impl Server {
             let mut discovered = std::collections::HashMap::new();
             loop {
                 api::trigger_profiles(&feed).await;
-                discovery::discover_due(&feed, &mut discovered).await;
+                api::discover_due(&feed, &mut discovered).await;
                 tokio::time::sleep(timing.profiles_every).await;
             }
         });
