@@ -1,8 +1,10 @@
 // The dashboard in a real browser: Debian's headless Chromium driven by playwright-core, against
 // `flotilla demo` (60 simulated clusters, a canary stage, a wait, an approval gate, production).
-// The tests run in order on one demo: the fleet page, a run moving live, a reader who cannot
-// approve (neither on the page nor through the API), and an approver who approves the gate
-// from the page and sees production start. Screenshots go to target/browser-artifacts/.
+// The tests run in order on one demo: the fleet page, a run moving live, the link with a token
+// the demo prints, a dropped event stream that resumes, a reader who cannot approve (neither on
+// the page nor through the API), an approver who approves the gate from the page and sees
+// production start, the fleets page, the failed members and the filter by state, an 800 px
+// wide window, and a large fleet. Screenshots go to target/browser-artifacts/.
 //
 // Environment: FLOTILLA_BIN (the binary), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACTS (default ../../target/browser-artifacts).
@@ -86,6 +88,12 @@ async function eventually(what, fn, deadlineMs = 30000) {
   }
   throw new Error(`timed out after ${deadlineMs} ms waiting for ${what} (last: ${JSON.stringify(last)})`);
 }
+
+/** The run page of the demo's run, signed in by the link with a token. */
+const runLink = (tokenValue) => `${base}/#/fleets/demo/runs/${runName}?token=${tokenValue}`;
+
+/** The tiles shown (not filtered out) and their states, read in one go. */
+const visibleTiles = (page) => page.$$eval('#pipeline .tile[data-member]', (tiles) => tiles.filter((t) => t.checkVisibility()).map((t) => [t.dataset.member, t.dataset.state]));
 
 const tileStates = (page) => page.$$eval('#pipeline .tile[data-member]', (tiles) => Object.fromEntries(tiles.map((t) => [t.dataset.member, t.dataset.state])));
 
@@ -204,6 +212,91 @@ test('the run page shows tiles changing state live, without a reload', async () 
   await page.context().close();
 });
 
+test('the demo prints a link that signs in and opens its run; the token leaves the address bar', async () => {
+  const [, link] = await waitForLine(/or signed in:\s+(http:\/\/\S+)/, 5000);
+  assert.equal(link, runLink(approverToken), 'the run page with the approver token');
+  const page = await newPage('deeplink');
+  await page.goto(link);
+  await page.locator('#pipeline .tile[data-member]').first().waitFor();
+  // Signed in, on the page the link named, and the token gone from the address (and history).
+  assert.equal(new URL(page.url()).hash, `#/fleets/demo/runs/${runName}`);
+  assert.ok(!page.url().includes('flt_'), page.url());
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('flotilla.token')), approverToken);
+  assert.match(await page.locator('#me').innerText(), /demo-approver/);
+  assert.ok((await page.locator('#run-header h1').innerText()).startsWith(runName));
+  // Each tile names its member, in a compact tile.
+  const tile = page.locator('.tile[data-member="east-store-01"]');
+  assert.match(await tile.innerText(), /east-store-01/);
+  const box = await tile.boundingBox();
+  assert.ok(box.width < 160 && box.height <= 22, `a tile of ${box.width}×${box.height}px`);
+  const names = await page.$$eval('#pipeline .tile[data-member]', (tiles) => tiles.filter((t) => !t.innerText.includes(t.dataset.member)).map((t) => t.dataset.member));
+  assert.deepEqual(names, [], 'every tile shows its name');
+  // Nothing failed yet: no failures list.
+  assert.equal(await page.locator('#failures').isHidden(), true);
+  // Another page of the same tab, by a link with a token: the runs page.
+  await page.goto(`${base}/#/fleets/demo/runs?token=${approverToken}`);
+  await page.locator(`#runs tbody tr[data-run="${runName}"]`).waitFor();
+  assert.equal(new URL(page.url()).hash, '#/fleets/demo/runs');
+  await page.shot('run');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+/** The run's event stream as the server sends it for `ms`, cut after its last whole event. */
+async function streamPrefix(tokenValue, ms) {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), ms);
+  let text = '';
+  try {
+    const response = await fetch(`${base}/v1/fleets/demo/updateRuns/${runName}/events`, {
+      headers: { Authorization: `Bearer ${tokenValue}`, Accept: 'text/event-stream' },
+      signal: controller.signal,
+    });
+    const decoder = new TextDecoder();
+    for await (const chunk of response.body) text += decoder.decode(chunk, { stream: true });
+  } catch (e) {
+    if (e.name !== 'AbortError') throw e;
+  } finally {
+    clearTimeout(timer);
+  }
+  return text.slice(0, text.lastIndexOf('\n\n') + 2);
+}
+
+test('a dropped event stream reconnects with Last-Event-ID and the event log carries on', async () => {
+  // The page's first stream is the server's own first events, then it ends as a dropped
+  // connection does; every later stream goes to the server.
+  const served = await streamPrefix(approverToken, 1500);
+  const servedIds = [...served.matchAll(/^id: ?(\d+)$/gm)].map((m) => m[1]);
+  assert.ok(servedIds.length >= 4, `events to serve: ${served}`);
+  const page = await newPage('resume');
+  let dropped = false;
+  await page.route(`**/updateRuns/${runName}/events`, async (route) => {
+    if (dropped) return route.continue();
+    dropped = true;
+    return route.fulfill({ status: 200, headers: { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-store' }, body: served });
+  });
+  const streams = [];
+  page.on('request', (r) => {
+    if (r.url().endsWith(`/updateRuns/${runName}/events`)) streams.push(r.headers());
+  });
+  const ids = () => page.$$eval('#events li.event', (items) => items.map((li) => li.dataset.id));
+  await page.goto(runLink(approverToken));
+  await eventually('a second stream', async () => streams.length >= 2, 20000);
+  await eventually('the event stream to be live again', async () => (await page.locator('#live').getAttribute('data-state')) === 'live', 20000);
+  assert.equal(streams[0]['last-event-id'], undefined, 'the first stream starts from the beginning');
+  assert.equal(streams[1]['last-event-id'], servedIds.at(-1), 'the second resumes after the last event the first delivered');
+  // The log kept what the first stream brought, and holds every event of the run once: as
+  // many as the run's log has, none twice.
+  const all = await eventually('the log to hold every event', async () => {
+    const [shown, log] = [await ids(), (await apiCall(`/v1/fleets/demo/updateRuns/${runName}/events`, approverToken)).body.value];
+    return shown.length === log.length ? shown : null;
+  }, 15000);
+  assert.ok(servedIds.every((id) => all.includes(id)), 'the log was not cleared on reconnecting');
+  assert.equal(new Set(all).size, all.length, `no event twice: ${all}`);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('the run page forecasts the end of the run and of each stage, draws predicted bars, and says what production waits for', async () => {
   const page = await newPage('forecast');
   await page.goto(`${base}/#token=${approverToken}`);
@@ -286,6 +379,174 @@ test('an approver approves the gate from the page, the approver is shown, and pr
   await page.shot('production-running');
   await page.setViewportSize({ width: 2560, height: 1200 });
   await page.shot('wide');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('member events update the tiles in place: no re-read of the run or the gates for them', async () => {
+  const page = await newPage('inplace');
+  const reads = [];
+  page.on('request', (r) => {
+    const path = new URL(r.url()).pathname;
+    if (r.method() === 'GET' && path === `/v1/fleets/demo/updateRuns/${runName}`) reads.push('run');
+    if (r.method() === 'GET' && path === '/v1/fleets/demo/gates') reads.push('gates');
+  });
+  const logged = () => page.$$eval('#events li.event', (items) => items.map((li) => ({ id: li.dataset.id, type: li.className.replace(/^event t-/, ''), time: li.querySelector('time').getAttribute('datetime') })));
+  // Member events at moments at least two seconds apart (event times are whole seconds): each
+  // such moment would have cost a read of the run, were member events to ask for one.
+  const moments = (events) => {
+    let count = 0;
+    let last = -Infinity;
+    for (const t of events.map((e) => Date.parse(e.time)).sort((a, b) => a - b)) {
+      if (t - last >= 2000) {
+        count += 1;
+        last = t;
+      }
+    }
+    return count;
+  };
+  await page.goto(runLink(approverToken));
+  await eventually('the event stream to be live', async () => (await page.locator('#live').getAttribute('data-state')) === 'live');
+  // The backlog's gate and stage events asked for one read; from here on, count.
+  await new Promise((r) => setTimeout(r, 1500));
+  const seen = new Set((await logged()).map((e) => e.id));
+  reads.length = 0;
+  await eventually('member events from production at three moments', async () => {
+    const fresh = (await logged()).filter((e) => !seen.has(e.id));
+    return moments(fresh.filter((e) => e.type.startsWith('Member'))) >= 3 ? fresh : null;
+  }, 60000);
+  // A read the last moment asked for comes a debounce later; then count.
+  await new Promise((r) => setTimeout(r, 1000));
+  const all = (await logged()).filter((e) => !seen.has(e.id));
+  const others = all.filter((e) => !e.type.startsWith('Member'));
+  const gateEvents = others.filter((e) => e.type.startsWith('Gate'));
+  // At most one read more than the events that change more than a member: the safety poll.
+  const runReads = reads.filter((r) => r === 'run').length;
+  const gateReads = reads.filter((r) => r === 'gates').length;
+  assert.ok(runReads <= others.length + 1, `${runReads} reads of the run for ${all.length} events: ${JSON.stringify(all)}`);
+  assert.ok(gateReads <= gateEvents.length + 1, `${gateReads} reads of the gates for ${gateEvents.length} gate events`);
+  // What the events drew is what the server says: every tile, and the failure count.
+  await eventually('the tiles to match the run', async () => {
+    const run = (await apiCall(`/v1/fleets/demo/updateRuns/${runName}`, approverToken)).body;
+    const states = {};
+    for (const stage of run.properties.status.stages) for (const group of stage.groups) for (const m of group.members) states[m.name] = m.status.state;
+    const shown = await tileStates(page);
+    const failures = await page.locator('#run-failures').innerText();
+    return JSON.stringify(shown) === JSON.stringify(states) && failures.startsWith(String(run.properties.status.failureCount));
+  }, 20000);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('the fleets page shows each fleet with its driver, member count and active runs', async () => {
+  // A second fleet, so that the page lists the fleets instead of going to the only one.
+  const clusters = { '/c/spare-1': { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [] }, '/c/spare-2': { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [] } };
+  const driver = { type: 'sim', timeScale: 1, catalog: { eastus: { kubernetes: [{ version: '1.30.5' }] } }, clusters };
+  assert.equal((await apiCall('/v1/fleets/spare', adminToken, { method: 'PUT', body: { properties: { driver } } })).status, 201);
+  for (const i of [1, 2]) {
+    assert.ok((await apiCall(`/v1/fleets/spare/members/s${i}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/spare-${i}` } } })).status < 300);
+  }
+  const page = await newPage('fleets');
+  await page.goto(`${base}/#token=${approverToken}`);
+  const demoRow = page.locator('#fleets tbody tr[data-fleet="demo"]');
+  await demoRow.waitFor();
+  assert.equal(new URL(page.url()).hash, '#/', 'no redirect with two fleets');
+  await eventually('the member counts', async () => (await demoRow.locator('td[data-members]').getAttribute('data-members')) === '60');
+  const cells = await demoRow.locator('td').allInnerTexts();
+  assert.equal(cells[0], 'sim', 'driver');
+  assert.equal(cells[1], '60', 'members');
+  await eventually('the demo\'s active run', async () => (await demoRow.locator(`li[data-run="${runName}"]`).count()) === 1);
+  assert.match(await demoRow.locator(`li[data-run="${runName}"]`).innerText(), /Running|Pending/);
+  const spareRow = page.locator('#fleets tbody tr[data-fleet="spare"]');
+  await eventually('the spare fleet\'s count', async () => (await spareRow.locator('td[data-members]').getAttribute('data-members')) === '2');
+  assert.match(await spareRow.innerText(), /none/);
+  await page.shot('list');
+  await demoRow.getByRole('link', { name: runName }).click();
+  await page.waitForURL(new RegExp(`#/fleets/demo/runs/${runName}$`));
+  await page.locator('#pipeline .tile[data-member]').first().waitFor();
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('the run page lists the failed members with their errors, and clicking one selects it', async () => {
+  const page = await newPage('failures');
+  await page.goto(runLink(approverToken));
+  // Two demo stores fail their upgrade (a node drain that times out) once production runs.
+  const first = page.locator('#failures-list li').first();
+  await first.waitFor({ timeout: 150000 });
+  const name = await first.getAttribute('data-member');
+  assert.ok(['west-store-11', 'sout-store-05'].includes(name), name);
+  assert.match(await first.innerText(), new RegExp(`^${name} production / prod-\\w+ — .*node drain timed out`));
+  assert.match(await page.locator('#failures h2').innerText(), /^Failures \(\d\)$/);
+  assert.equal(await page.locator(`.tile[data-member="${name}"]`).getAttribute('data-state'), 'Failed');
+  assert.notEqual(await page.locator('#run-failures').innerText(), '0');
+  await first.getByRole('button', { name }).click();
+  assert.match(await page.locator('#details').innerText(), new RegExp(`${name}[\\s\\S]*Failed[\\s\\S]*production / prod-[\\s\\S]*node drain timed out`));
+  assert.equal(await page.locator(`.tile[data-member="${name}"]`).getAttribute('aria-pressed'), 'true');
+  await page.shot('failed');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('the filter by state shows only the tiles of the state chosen, with counts', async () => {
+  const page = await newPage('filter');
+  await page.goto(runLink(approverToken));
+  await page.locator('#pipeline .tile[data-member]').first().waitFor();
+  const choices = await page.$$eval('#state-filter [data-filter]', (labels) => labels.map((l) => l.dataset.filter));
+  for (const f of ['All', 'Running', 'Pending', 'Failed', 'Completed', 'Skipped', 'NotStarted']) assert.ok(choices.includes(f), `${f} in ${choices}`);
+  assert.equal(await page.locator('#state-filter [data-filter="All"]').getAttribute('data-count'), '60');
+  assert.equal(await page.getByRole('radio', { name: /^All 60$/ }).isChecked(), true);
+  for (const state of ['Completed', 'Skipped', 'Failed']) {
+    await page.locator(`#state-filter [data-filter="${state}"]`).click();
+    assert.equal(await page.locator(`#state-filter input[value="${state}"]`).isChecked(), true);
+    // The tiles and the count, read together (members move while the test reads).
+    const { shown, count } = await page.evaluate((s) => ({
+      shown: [...document.querySelectorAll('#pipeline .tile[data-member]')].filter((t) => t.checkVisibility()).map((t) => t.dataset.state),
+      count: Number(document.querySelector(`#state-filter [data-filter="${s}"]`).dataset.count),
+    }), state);
+    assert.ok(shown.length > 0, `some ${state} members (the canary's, the skipped stores, the failed ones)`);
+    assert.ok(shown.every((s) => s === state), `only ${state} tiles: ${shown}`);
+    assert.equal(shown.length, count, `${state}: as many tiles as the count says`);
+    if (state === 'Skipped') await page.shot('skipped');
+  }
+  await page.locator('#state-filter [data-filter="All"]').click();
+  assert.equal((await visibleTiles(page)).length, 60);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('at 800 px wide the stages stack, the details come below, and nothing scrolls sideways', async () => {
+  const page = await newPage('narrow');
+  await page.setViewportSize({ width: 800, height: 900 });
+  const noSidewaysScroll = async (what) => {
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 800, `${what}: the page is ${width}px wide`);
+  };
+  await page.goto(runLink(approverToken));
+  const production = page.locator('#pipeline li.stage[data-stage="production"]');
+  await production.locator('.tile[data-member]').first().waitFor();
+  await noSidewaysScroll('the run');
+  const box = await production.boundingBox();
+  assert.ok(box.x >= 0 && box.x + box.width <= 800, `production spans ${box.x}..${box.x + box.width}px`);
+  const canary = await page.locator('#pipeline li.stage[data-stage="canary"]').boundingBox();
+  assert.ok(canary.y + canary.height <= box.y, 'canary above production');
+  await page.shot('run');
+  await page.locator('.tile[data-member="east-store-01"]').click();
+  // The details come into view, below the pipeline.
+  const details = await page.locator('#details').boundingBox();
+  const after = await production.boundingBox();
+  assert.ok(details.y >= after.y + after.height, 'the details below the pipeline');
+  assert.ok(details.y < 900, 'the details in view');
+  assert.ok(details.x + details.width <= 800);
+  await page.shot('details', { fullPage: false });
+  for (const [hash, ready] of [['#/', '#fleets tbody tr'], ['#/fleets/demo', '#members tbody tr'], ['#/fleets/demo/runs', '#runs tbody tr']]) {
+    await page.goto(`${base}/${hash}`);
+    await page.locator(ready).first().waitFor();
+    await noSidewaysScroll(hash);
+  }
+  await page.goto(`${base}/#/`);
+  await page.locator('#fleets td[data-members="60"]').waitFor();
+  await page.shot('fleets');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });

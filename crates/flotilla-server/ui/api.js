@@ -56,20 +56,38 @@ export async function listAll(path, { signal } = {}) {
   return items;
 }
 
+/**
+ * How many items a list holds. The API has no count: this pages through the list with the
+ * largest page it serves ($top=1000), one request per thousand items, keeping none of them.
+ */
+export async function countAll(path, { signal } = {}) {
+  let count = 0;
+  let next = path + (path.includes('?') ? '&' : '?') + '$top=1000';
+  for (let pages = 0; next && pages < 1000; pages++) {
+    const page = await api(next, { signal });
+    count += page?.value?.length || 0;
+    next = page?.nextLink || null;
+  }
+  return count;
+}
+
 export const enc = encodeURIComponent;
 
 /**
- * Reads a server-sent event stream with the bearer token; calls onEvent(parsedData) for each
- * event and onState('live' | 'reconnecting') as the connection changes. Reconnects with a
- * growing delay until the signal aborts.
+ * Reads a server-sent event stream with the bearer token; calls onEvent(parsedData, id) for each
+ * event and onState('live' | 'reconnecting' | 'closed') as the connection changes. Reconnects
+ * with a growing delay until the signal aborts, sending the last event id seen as
+ * Last-Event-ID so that the server resumes after it: nothing is missed and nothing repeated.
  */
 export async function streamEvents(path, { signal, onEvent, onState }) {
   let delay = 500;
+  let lastId = null;
   while (!signal.aborted) {
     try {
       const headers = { Accept: 'text/event-stream' };
       const secret = token.get();
       if (secret) headers.Authorization = `Bearer ${secret}`;
+      if (lastId !== null) headers['Last-Event-ID'] = lastId;
       const response = await fetch(path, { headers, signal, cache: 'no-store' });
       if (!response.ok || !response.body) throw new ApiError(response.status, 'Stream', response.statusText);
       onState('live');
@@ -82,15 +100,18 @@ export async function streamEvents(path, { signal, onEvent, onState }) {
         buffer += value.replace(/\r\n?/g, '\n');
         let end;
         while ((end = buffer.indexOf('\n\n')) >= 0) {
-          const block = buffer.slice(0, end);
+          const block = parseBlock(buffer.slice(0, end));
           buffer = buffer.slice(end + 2);
-          const data = block.split('\n').filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n');
-          if (!data) continue; // keep-alive comments
+          // An id counts once its whole event has arrived, as EventSource does.
+          if (block.id !== null) lastId = block.id;
+          if (!block.data) continue; // keep-alive comments
+          let event;
           try {
-            onEvent(JSON.parse(data));
+            event = JSON.parse(block.data);
           } catch {
-            onEvent({ type: 'Unparsed', message: data });
+            event = { type: 'Unparsed', message: block.data };
           }
+          onEvent(event, block.id ?? lastId);
         }
       }
     } catch (e) {
@@ -105,6 +126,22 @@ export async function streamEvents(path, { signal, onEvent, onState }) {
     await new Promise((resolve) => setTimeout(resolve, delay));
     delay = Math.min(delay * 2, 10000);
   }
+}
+
+/** One event's fields: its `id:` (null when it has none) and its `data:` lines joined. */
+function parseBlock(block) {
+  let id = null;
+  const data = [];
+  for (const line of block.split('\n')) {
+    const colon = line.indexOf(':');
+    if (colon === 0) continue; // a comment
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? '' : line.slice(colon + 1).replace(/^ /, '');
+    if (field === 'data') data.push(value);
+    // An id with a NUL is ignored (the SSE specification); it could not be sent back as a header.
+    else if (field === 'id' && !value.includes('\0')) id = value;
+  }
+  return { id, data: data.join('\n') };
 }
 
 export const ROLES = ['reader', 'operator', 'approver', 'admin'];

@@ -3,6 +3,8 @@
 //   #/fleets/F              the fleet's members
 //   #/fleets/F/runs         its update runs
 //   #/fleets/F/runs/R       one run, live
+// Any route may carry ?token=flt_… (a link that signs in and opens that page), as may the bare
+// #token=flt_…; the token is taken into session storage and dropped from the address.
 // Each view renders into <main> and returns a function that stops its timers and streams.
 
 import { api, token, ApiError, listAll, enc } from './api.js';
@@ -31,13 +33,30 @@ export function notify(message, kind = 'info') {
   }
 }
 
+/** The hash split into its route (`/fleets/F/runs/R`) and its query (`token=…`). */
+function fragment() {
+  const text = location.hash.replace(/^#/, '');
+  // The bare sign-in link, #token=…, is a query on the root route.
+  if (text.startsWith('token=')) return { path: '/', query: new URLSearchParams(text) };
+  const at = text.indexOf('?');
+  return at < 0
+    ? { path: text, query: new URLSearchParams() }
+    : { path: text.slice(0, at), query: new URLSearchParams(text.slice(at + 1)) };
+}
+
+const hasToken = () => fragment().query.has('token');
+
 function takeTokenFromFragment() {
-  // `flotilla demo` prints a sign-in link with #token=…; the fragment never reaches the server.
-  const match = location.hash.match(/^#token=([A-Za-z0-9_]+)/);
-  if (match) {
-    token.set(match[1]);
-    history.replaceState(null, '', location.pathname + '#/');
-  }
+  // `flotilla demo` prints sign-in links with #token=… and #/fleets/F/runs/R?token=…; the
+  // fragment never reaches the server (or its logs). The token leaves the address bar (and the
+  // history entry) before anything else happens, and the page lands on the route it named.
+  const { path, query } = fragment();
+  const value = query.get('token');
+  if (value === null) return;
+  if (/^[A-Za-z0-9_]+$/.test(value)) token.set(value);
+  query.delete('token');
+  const rest = query.toString();
+  history.replaceState(null, '', `${location.pathname}${location.search}#${path || '/'}${rest ? `?${rest}` : ''}`);
 }
 
 function signInForm(message) {
@@ -83,7 +102,7 @@ function header(fleet) {
 async function route() {
   stopView();
   stopView = () => {};
-  const parts = location.hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decodeURIComponent);
+  const parts = fragment().path.replace(/^\//, '').split('/').filter(Boolean).map(decodeURIComponent);
   // Each route renders into its own container and owns an abort signal, so a view still
   // loading when the user moves on cannot draw into the next one or keep its streams open.
   const controller = new AbortController();
@@ -113,15 +132,12 @@ async function route() {
     } else {
       header(null);
       document.title = 'Flotilla';
-      const fleets = await listAll('/v1/fleets');
+      const fleets = await listAll('/v1/fleets', { signal: ctx.signal });
       if (fleets.length === 1) {
         location.replace(`#/fleets/${enc(fleets[0].name)}`);
         return;
       }
-      ctx.main.append(h('h1', {}, 'Fleets'),
-        fleets.length
-          ? h('ul', { class: 'plain' }, fleets.map((f) => h('li', {}, h('a', { href: `#/fleets/${enc(f.name)}` }, f.name))))
-          : h('p', {}, 'No fleets yet.'));
+      stop = await fleetView.renderList(ctx, fleets);
     }
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) {
@@ -153,7 +169,7 @@ async function start() {
 }
 
 window.addEventListener('hashchange', () => {
-  if (location.hash.startsWith('#token=')) start();
+  if (hasToken()) start();
   else if (me) route();
 });
 start();

@@ -1,10 +1,106 @@
-// The fleet: every member with its group, labels, region, Kubernetes version, node images,
-// maintenance windows (the next opening) and the run it is in; filterable, refreshed slowly.
+// The fleets, each with its driver, member count and active runs; and one fleet: every member
+// with its group, labels, region, Kubernetes version, node images, maintenance windows (the
+// next opening) and the run it is in; filterable, refreshed slowly.
 
-import { listAll, enc } from './api.js';
+import { listAll, countAll, enc } from './api.js';
 import { h, clear, badge, fmtTime, fmtDuration, parseTime, TERMINAL } from './dom.js';
+import { progress } from './runs.js';
 
 const REFRESH_MS = 10000;
+/** The fleets page asks for the fleets' runs this often; members are counted once per visit. */
+const FLEETS_REFRESH_MS = 15000;
+/** Fleets read at once on the fleets page: a hundred fleets must not be a hundred requests at once. */
+const FLEETS_AT_ONCE = 4;
+/** Run states that mean a run is under way (a Pending run waits at a gate). */
+const ACTIVE = new Set(['Running', 'Pending', 'Stopping']);
+
+/** Calls fn(item) for every item, at most `limit` at a time. */
+async function eachLimited(items, limit, fn) {
+  const queue = [...items];
+  const worker = async () => {
+    while (queue.length) await fn(queue.shift());
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, queue.length) }, worker));
+}
+
+function activeRunLinks(fleet, runs) {
+  const active = runs.filter((r) => ACTIVE.has(r.properties?.status?.status?.state));
+  if (!active.length) return h('span', { class: 'muted' }, 'none');
+  return h('ul', { class: 'plain runs-cell' }, active.map((run) => {
+    const status = run.properties.status;
+    const { done, total } = progress(status);
+    return h('li', { dataset: { run: run.name } },
+      h('a', { href: `#/fleets/${enc(fleet)}/runs/${enc(run.name)}` }, run.name), ' ',
+      badge(status.status.state),
+      h('span', { class: 'counts' }, ` ${done}/${total} done`));
+  }));
+}
+
+/**
+ * The fleets page: a row per fleet with its driver, how many members it has and its runs under
+ * way. The table is drawn at once; each fleet's cells fill in as their answers come. There is
+ * no count endpoint: members are counted by paging their list a thousand at a time, once per
+ * visit; runs are read again every few seconds.
+ */
+export async function renderList(ctx, fleets) {
+  const { main, signal } = ctx;
+  main.append(h('h1', {}, 'Fleets'));
+  if (!fleets.length) {
+    main.append(h('p', {}, 'No fleets yet.'));
+    return () => {};
+  }
+  const cells = new Map();
+  const body = h('tbody', {}, fleets.map((fleet) => {
+    const members = h('td', { class: 'num', dataset: { members: '' } }, h('span', { class: 'muted' }, '…'));
+    const runs = h('td', { dataset: { runs: '' } }, h('span', { class: 'muted' }, '…'));
+    cells.set(fleet.name, { members, runs });
+    return h('tr', { dataset: { fleet: fleet.name } },
+      h('th', { scope: 'row' }, h('a', { href: `#/fleets/${enc(fleet.name)}` }, fleet.name)),
+      h('td', {}, fleet.properties?.driver?.type || '—'),
+      members,
+      runs);
+  }));
+  main.append(h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'fleets' },
+    h('caption', { class: 'sr-only' }, 'Fleets'),
+    h('thead', {}, h('tr', {},
+      h('th', { scope: 'col' }, 'Fleet'),
+      h('th', { scope: 'col' }, 'Driver'),
+      h('th', { scope: 'col', class: 'num' }, 'Members'),
+      h('th', { scope: 'col' }, 'Active runs'))),
+    body)));
+
+  const failed = (cell, e) => {
+    if (e.name !== 'AbortError') clear(cell).append(h('span', { class: 'error', title: e.message }, 'could not read'));
+  };
+  let reading = false;
+  const readRuns = async () => {
+    if (reading) return; // a slow answer is not asked for again before it comes
+    reading = true;
+    await eachLimited(fleets, FLEETS_AT_ONCE, async (fleet) => {
+      const { runs } = cells.get(fleet.name);
+      try {
+        clear(runs).append(activeRunLinks(fleet.name, await listAll(`/v1/fleets/${enc(fleet.name)}/updateRuns`, { signal })));
+      } catch (e) {
+        failed(runs, e);
+      }
+    });
+    reading = false;
+  };
+  const countMembers = () => eachLimited(fleets, FLEETS_AT_ONCE, async (fleet) => {
+    const { members } = cells.get(fleet.name);
+    try {
+      const n = await countAll(`/v1/fleets/${enc(fleet.name)}/members`, { signal });
+      clear(members).append(n.toLocaleString('en-US'));
+      members.dataset.members = String(n);
+    } catch (e) {
+      failed(members, e);
+    }
+  });
+  readRuns();
+  countMembers();
+  const timer = setInterval(() => { readRuns(); }, FLEETS_REFRESH_MS);
+  return () => clearInterval(timer);
+}
 
 function windowCell(status) {
   const openings = status?.maintenanceOpenings || {};

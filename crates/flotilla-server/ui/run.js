@@ -1,8 +1,11 @@
-// One update run, live: stages left to right with their groups and member tiles, gates as
-// checkpoints between them, waits as countdowns, thresholds against failure counts, a details
-// panel for whatever is clicked, a timeline of member upgrades and the event log. The run's
-// event stream (server-sent events) triggers a re-read of the run; a slow poll covers a
-// dropped stream.
+// One update run, live: stages left to right (stacked on narrow screens) with their groups and
+// named member tiles, gates as checkpoints between them, waits as countdowns, thresholds
+// against failure counts, the list of failed members, a filter by state, a details panel for
+// whatever is clicked, a timeline of member upgrades and the event log.
+// The run's event stream (server-sent events) keeps it current: a member's event is applied to
+// the run in place; an event that changes more than a member (a stage, a group, a wait, the
+// run) makes the page read the run again, and a gate's event the gates too. A slow poll covers
+// a dropped stream; a reconnected stream resumes after the last event seen.
 
 import { api, listAll, enc, streamEvents, can, ApiError } from './api.js';
 import { h, clear, badge, stateBar, countStates, time, fmtDuration, fmtTime, parseTime, STATES, TERMINAL } from './dom.js';
@@ -12,9 +15,28 @@ import { targetText, progress, progressBar } from './runs.js';
 const GROUP_COLLAPSE_MEMBERS = 100;
 /** Above this many groups a stage shows each group as one summary line until expanded. */
 const STAGE_COLLAPSE_GROUPS = 12;
-const POLL_MS = 5000;
+/** A safety net only: the event stream keeps the page current. */
+const POLL_MS = 30000;
 const DEBOUNCE_MS = 250;
 const MAX_EVENTS = 200;
+/** The failures list names this many members; the rest are counted. */
+const MAX_FAILURES_SHOWN = 50;
+/** A tile's name longer than this keeps its start and its end (where fleets number clusters). */
+const TILE_NAME_CHARS = 16;
+/** The filter's choices, each with its count; other states join them while members are in them. */
+const FILTERS = ['All', 'Running', 'Pending', 'Failed', 'Completed', 'Skipped', 'NotStarted'];
+/** Where the details panel is below the pipeline (style.css's single-column layout). */
+const STACKED = '(max-width: 1100px)';
+/** A member's events and the state each leaves it in. */
+const MEMBER_EVENTS = {
+  MemberPending: 'Pending',
+  MemberStarted: 'Running',
+  MemberReattached: 'Running',
+  MemberSucceeded: 'Completed',
+  MemberFailed: 'Failed',
+  MemberSkipped: 'Skipped',
+  MemberStopped: 'Stopped',
+};
 /** The run's full forecast (stages, groups, members, waits) is asked again at most this often. */
 const FORECAST_MS = 20000;
 
@@ -29,6 +51,12 @@ export async function render(ctx) {
     expanded: new Map(),
     timelineOpen: new Set(),
     selected: null,
+    /** Which members' tiles show: 'All' or a state. */
+    filter: 'All',
+    /** member name → {stage, group, member} of view.run, for events to find their member. */
+    members: new Map(),
+    /** While the run is being read: the member events that came meanwhile, applied on top. */
+    replay: null,
     events: [],
     /** The run's forecast (POST …/forecast), and when it was asked for. */
     forecast: null,
@@ -37,6 +65,8 @@ export async function render(ctx) {
 
   const live = h('span', { id: 'live', class: 'live', role: 'status' }, 'connecting…');
   const head = h('section', { id: 'run-header', 'aria-label': 'Run summary' });
+  const failures = h('section', { id: 'failures', class: 'failures', 'aria-label': 'Failed members', hidden: true });
+  const filterBar = h('div', { id: 'state-filter', class: 'state-filter', role: 'radiogroup', 'aria-label': 'Show members by state' });
   const pipeline = h('ol', { id: 'pipeline', class: 'pipeline', 'aria-label': 'Stages, gates and waits in order' });
   const details = h('aside', { id: 'details', class: 'details', 'aria-live': 'polite', 'aria-label': 'Details' });
   const timeline = h('div', { id: 'timeline', class: 'timeline' });
@@ -44,8 +74,9 @@ export async function render(ctx) {
   main.append(
     h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: `#/fleets/${enc(fleet)}/runs` }, 'Runs'), ' / ', runName),
     head,
+    failures,
     h('div', { class: 'run-body' },
-      h('div', { class: 'pipeline-wrap' }, pipeline),
+      h('div', { class: 'pipeline-col' }, filterBar, h('div', { class: 'pipeline-wrap' }, pipeline)),
       details),
     h('section', { 'aria-labelledby': 'tl-title' }, h('h2', { id: 'tl-title' }, 'Timeline'), timeline),
     h('section', { 'aria-labelledby': 'ev-title' }, h('h2', { id: 'ev-title' }, 'Events'), events));
@@ -74,8 +105,22 @@ export async function render(ctx) {
     return h('button', { type: 'button', dataset: { key }, onclick: run, ...extra }, label);
   }
 
+  // Only what the run's state allows is offered (the server's rules, SEMANTICS §5): nothing is
+  // skipped or approved on a run that ended Completed or Skipped; a Failed run is started again
+  // once no member is in flight.
+  const runState = () => view.run?.properties?.status?.status?.state || 'NotStarted';
+  const mayChange = () => !['Completed', 'Skipped'].includes(runState());
+  const membersInFlight = () => [...view.members.values()].some(({ member }) => member.status?.state === 'Running');
+
   // ------------------------------------------------------------------------------------------
   // Rendering.
+
+  /** Redraws `el` with `draw`, keeping the focus on the element with the same data-key. */
+  function keepFocus(el, draw) {
+    const focused = el.contains(document.activeElement) ? document.activeElement?.dataset?.key : null;
+    draw();
+    if (focused) el.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
+  }
 
   function renderHeader() {
     const run = view.run;
@@ -87,7 +132,11 @@ export async function render(ctx) {
     if (can(me, 'operator')) {
       // A run waiting at a gate (Pending) is running: starting it again is refused.
       if (!['Running', 'Pending', 'Stopping', 'Completed', 'Skipped'].includes(state)) {
-        actions.append(button('a:start', state === 'NotStarted' ? 'Start' : 'Start again', () => act('Run started', `${runPath}/start`), { class: 'primary', id: 'start-run' }));
+        if (state === 'Failed' && membersInFlight()) {
+          actions.append(h('span', { class: 'muted small', id: 'start-later' }, 'It can be started again once the members in flight finish.'));
+        } else {
+          actions.append(button('a:start', state === 'NotStarted' ? 'Start' : 'Start again', () => act('Run started', `${runPath}/start`), { class: 'primary', id: 'start-run' }));
+        }
       }
       if (['Running', 'Pending'].includes(state)) {
         actions.append(button('a:stop', 'Stop', () => act('Run stopping', `${runPath}/stop`), { class: 'danger', id: 'stop-run' }));
@@ -198,7 +247,7 @@ export async function render(ctx) {
     if (type !== 'Approval' && start && state === 'Pending') {
       parts.push(h('span', { class: 'countdown', dataset: { deadline: String(start) } }, ''));
     }
-    if (type === 'Approval' && state === 'Pending') {
+    if (type === 'Approval' && state === 'Pending' && mayChange()) {
       if (can(me, 'approver')) {
         parts.push(button(`a:approve:${gate.gateId}`, 'Approve', () => approve(gate.gateId, name), { class: 'primary approve', 'aria-label': `Approve gate: ${name}` }));
       } else {
@@ -221,27 +270,38 @@ export async function render(ctx) {
     if (state === 'Running' && started) {
       parts.push(h('span', { class: 'countdown', dataset: { deadline: String(started + wait.waitDurationInSeconds * 1000) } }, ''));
     }
-    if (can(me, 'operator') && ['NotStarted', 'Running', 'Pending'].includes(state)) {
+    const stageOver = ['Completed', 'Skipped'].includes(stage.status?.state);
+    if (can(me, 'operator') && mayChange() && !stageOver && ['NotStarted', 'Running', 'Pending'].includes(state)) {
       parts.push(button(`a:skipwait:${stage.name}`, 'Skip wait', () => skip('AfterStageWait', stage.name), { class: 'small' }));
     }
     return h('li', { class: `checkpoint wait s-${state}`, dataset: { wait: stage.name, state }, 'aria-label': `Wait after stage ${stage.name}: ${state}` }, parts);
   }
 
-  function tile(stage, group, m) {
+  /** A long name keeps its start and its end: clusters are told apart by their numbers. */
+  function shortName(name) {
+    return name.length <= TILE_NAME_CHARS ? name : `${name.slice(0, TILE_NAME_CHARS - 7)}…${name.slice(-6)}`;
+  }
+
+  const filteredOut = (state) => view.filter !== 'All' && state !== view.filter;
+
+  /** A member's tile: its state's glyph and its name, or the glyph alone in a dense group. */
+  function tile(stage, group, m, named) {
     const state = m.status?.state || 'NotStarted';
     const message = m.status?.error?.message || m.message || '';
     const key = `m:${stage.name}/${group.name}/${m.name}`;
     const selected = view.selected?.kind === 'member' && view.selected.name === m.name;
-    return h('li', {},
+    return h('li', { hidden: filteredOut(state) },
       h('button', {
         type: 'button',
-        class: `tile s-${state}${selected ? ' selected' : ''}`,
+        class: `tile s-${state}${named ? ' named' : ''}${selected ? ' selected' : ''}`,
         dataset: { member: m.name, state, key },
         title: `${m.name}: ${STATES[state]?.label || state}${message ? ` — ${message}` : ''}`,
         'aria-label': `${m.name}: ${STATES[state]?.label || state}${message ? `. ${message}` : ''}`,
         'aria-pressed': selected ? 'true' : 'false',
         onclick: () => select({ kind: 'member', stage: stage.name, group: group.name, name: m.name }),
-      }, h('span', { 'aria-hidden': 'true' }, STATES[state]?.glyph || '?')));
+      },
+      h('span', { class: 'glyph', 'aria-hidden': 'true' }, STATES[state]?.glyph || '?'),
+      named ? h('span', { class: 'tile-name', 'aria-hidden': 'true' }, shortName(m.name)) : null));
   }
 
   function limits(node, members) {
@@ -281,7 +341,13 @@ export async function render(ctx) {
       card.append(limits(group, members));
       if (group.message) card.append(h('p', { class: 'muted small' }, group.message));
       if (group.status?.error) card.append(h('p', { class: 'error small' }, group.status.error.message));
-      card.append(h('ul', { class: 'tiles', 'aria-label': `Members of ${group.name}` }, members.map((m) => tile(stage, group, m))));
+      // Up to a hundred members a tile carries its name; a larger group, expanded on purpose, is
+      // a dense map of glyphs (the name is in each tile's label and tooltip).
+      const named = members.length <= GROUP_COLLAPSE_MEMBERS;
+      card.append(h('ul', { class: named ? 'tiles named' : 'tiles dense', 'aria-label': `Members of ${group.name}` }, members.map((m) => tile(stage, group, m, named))));
+      if (view.filter !== 'All' && members.every((m) => filteredOut(m.status?.state || 'NotStarted'))) {
+        card.append(h('p', { class: 'muted small filtered' }, `No ${(STATES[view.filter]?.label || view.filter).toLowerCase()} members here.`));
+      }
     }
     afterGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After group ${group.name}`, true)));
     return card;
@@ -292,7 +358,10 @@ export async function render(ctx) {
     const groups = stage.groups || [];
     const members = groups.flatMap((g) => g.members || []);
     const many = groups.length > STAGE_COLLAPSE_GROUPS;
-    return h('li', { class: `stage s-${state}`, dataset: { stage: stage.name, state } },
+    // A stage's share of the row grows with its members (gently): named tiles need room, and a
+    // canary of two should not take as much as production.
+    const weight = Math.max(1, Math.sqrt(members.length) / 2).toFixed(2);
+    return h('li', { class: `stage s-${state}`, dataset: { stage: stage.name, state }, style: { '--weight': weight } },
       h('section', { 'aria-label': `Stage ${stage.name}: ${state}` },
         h('header', {},
           h('h2', {}, h('button', { type: 'button', class: 'link name', dataset: { key: `st:${stage.name}` }, onclick: () => select({ kind: 'stage', stage: stage.name }) }, stage.name)),
@@ -323,16 +392,76 @@ export async function render(ctx) {
   }
 
   function find(selection) {
+    if (selection.name) return view.members.get(selection.name) || {};
     const stages = view.run.properties?.status?.stages || [];
     const stage = stages.find((s) => s.name === selection.stage);
-    const group = stage?.groups?.find((g) => g.name === selection.group);
-    return { stage, group, member: group?.members?.find((m) => m.name === selection.name) };
+    return { stage, group: stage?.groups?.find((g) => g.name === selection.group) };
   }
 
   function select(selection) {
     view.selected = selection;
     renderDetails();
     renderPipeline();
+    renderFailures();
+    // Stacked on a narrow screen, the details are below the pipeline: bring them into view.
+    if (matchMedia(STACKED).matches) details.scrollIntoView({ block: 'nearest' });
+  }
+
+  /** Every Failed member with where it is and why, each selectable; hidden while there is none. */
+  function renderFailures() {
+    const failed = [...view.members.values()].filter(({ member }) => member.status?.state === 'Failed');
+    keepFocus(failures, () => {
+      clear(failures);
+      failures.hidden = !failed.length;
+      if (!failed.length) return;
+      const selected = view.selected?.kind === 'member' ? view.selected.name : null;
+      failures.append(...[
+        h('h2', {}, `Failures (${failed.length})`),
+        h('ul', { class: 'failures-list', id: 'failures-list' }, failed.slice(0, MAX_FAILURES_SHOWN).map(({ stage, group, member }) => {
+          const error = member.status?.error?.message || member.message;
+          return h('li', { dataset: { member: member.name } },
+            h('button', {
+              type: 'button',
+              class: 'link name',
+              dataset: { key: `fl:${member.name}` },
+              'aria-pressed': selected === member.name ? 'true' : 'false',
+              onclick: () => select({ kind: 'member', stage: stage.name, group: group.name, name: member.name }),
+            }, member.name),
+            h('span', { class: 'muted' }, ` ${stage.name} / ${group.name}`),
+            error ? h('span', { class: 'error' }, ` — ${error}`) : null);
+        })),
+        failed.length > MAX_FAILURES_SHOWN
+          ? h('p', { class: 'muted small' }, `and ${failed.length - MAX_FAILURES_SHOWN} more: show the Failed members to see them all.`)
+          : null,
+      ].filter(Boolean));
+    });
+  }
+
+  /** Choices (one at a time: radio buttons) that show only the members in one state, with counts. */
+  function renderFilter() {
+    const counts = new Map(FILTERS.map((f) => [f, 0]));
+    for (const { member } of view.members.values()) {
+      const state = member.status?.state || 'NotStarted';
+      counts.set(state, (counts.get(state) || 0) + 1);
+    }
+    counts.set('All', view.members.size);
+    const shown = [...counts.keys()].filter((f) => FILTERS.includes(f) || counts.get(f) || f === view.filter);
+    keepFocus(filterBar, () => clear(filterBar).append(
+      h('span', { class: 'muted small', 'aria-hidden': 'true' }, 'Show'),
+      ...shown.map((f) => h('label', { class: `filter s-${f}${view.filter === f ? ' on' : ''}`, dataset: { filter: f, count: String(counts.get(f) || 0) } },
+        h('input', {
+          type: 'radio',
+          name: 'state-filter',
+          value: f,
+          checked: view.filter === f,
+          dataset: { key: `f:${f}` },
+          onchange: () => {
+            view.filter = f;
+            renderFilter();
+            renderPipeline();
+          },
+        }),
+        f === 'All' ? 'All' : STATES[f]?.label || f, ' ', h('span', { class: 'counts' }, String(counts.get(f) || 0))))));
   }
 
   function renderDetails() {
@@ -360,10 +489,12 @@ export async function render(ctx) {
       const start = parseTime(member.status?.startTime);
       if (start) row('Took', fmtDuration((parseTime(member.status?.completedTime) ?? Date.now()) - start));
       if (member.message) row('Message', member.message);
-      if (member.status?.error) row('Error', h('span', { class: 'error' }, `${member.status.error.code}: ${member.status.error.message}`));
+      // An error applied from the member's event has no code until the run is read again.
+      const error = member.status?.error;
+      if (error) row('Error', h('span', { class: 'error' }, error.code ? `${error.code}: ${error.message}` : error.message));
       row('Operation', member.operationId);
       row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));
-      if (can(me, 'operator') && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
+      if (can(me, 'operator') && mayChange() && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
     } else if (sel.kind === 'group') {
       const { group } = find(sel);
       if (!group) { view.selected = null; renderDetails(); return; }
@@ -376,7 +507,7 @@ export async function render(ctx) {
       row('Finished', time(group.status?.completedTime));
       if (group.message) row('Message', group.message);
       if (group.status?.error) row('Error', h('span', { class: 'error' }, group.status.error.message));
-      if (can(me, 'operator') && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
+      if (can(me, 'operator') && mayChange() && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
     } else if (sel.kind === 'stage') {
       const { stage } = find(sel);
       if (!stage) { view.selected = null; renderDetails(); return; }
@@ -389,7 +520,7 @@ export async function render(ctx) {
       row('Finished', time(stage.status?.completedTime));
       if (stage.message) row('Message', stage.message);
       if (stage.status?.error) row('Error', h('span', { class: 'error' }, stage.status.error.message));
-      if (can(me, 'operator') && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
+      if (can(me, 'operator') && mayChange() && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
     } else if (sel.kind === 'gate') {
       const resource = view.gates.get(sel.gate.gateId)?.properties || {};
       title = sel.gate.displayName || `${sel.type} gate`;
@@ -497,7 +628,7 @@ export async function render(ctx) {
     clear(events);
     for (const e of view.events.slice(-MAX_EVENTS).reverse()) {
       const where = [e.stage, e.group, e.member, e.gate].filter(Boolean).join(' / ');
-      events.append(h('li', { class: `event t-${e.type}` }, time(e.time), ' ', h('strong', {}, e.type), where ? ` ${where}` : '', e.message ? h('span', { class: 'muted' }, ` — ${e.message}`) : '', e.error?.message ? h('span', { class: 'error' }, ` — ${e.error.message}`) : ''));
+      events.append(h('li', { class: `event t-${e.type}`, dataset: e.id ? { id: e.id } : null }, time(e.time), ' ', h('strong', {}, e.type), where ? ` ${where}` : '', e.message ? h('span', { class: 'muted' }, ` — ${e.message}`) : '', e.error?.message ? h('span', { class: 'error' }, ` — ${e.error.message}`) : ''));
     }
     if (!view.events.length) events.append(h('li', { class: 'muted' }, 'No events yet.'));
   }
@@ -513,48 +644,154 @@ export async function render(ctx) {
   // ------------------------------------------------------------------------------------------
   // Data.
 
+  /** Every member of the run by name, for events and the views that list members. */
+  function indexMembers() {
+    view.members = new Map();
+    for (const stage of view.run.properties?.status?.stages || []) {
+      for (const group of stage.groups || []) {
+        for (const member of group.members || []) view.members.set(member.name, { stage, group, member });
+      }
+    }
+  }
+
+  /**
+   * Applies a member's event to the run in place: its state, times, message and error, and on
+   * a failure the failure counts of its group, its stage and the run (SEMANTICS §4). Answers
+   * whether anything changed. The stream's backlog replays what the run as read already shows:
+   * an event older than the member's last change, or as old and of the state it is in, is
+   * skipped, so that a failure is never counted twice.
+   */
+  function applyMember(event) {
+    const state = MEMBER_EVENTS[event.type];
+    const found = view.members.get(event.member);
+    if (!state || !found) return false;
+    const { stage, group, member } = found;
+    const status = member.status || (member.status = {});
+    const at = parseTime(event.time);
+    const latest = Math.max(parseTime(status.startTime) ?? -Infinity, parseTime(status.completedTime) ?? -Infinity);
+    if (at !== null && (at < latest || (at === latest && status.state === state))) return false;
+    status.state = state;
+    switch (event.type) {
+      case 'MemberStarted':
+        // A new attempt: what the last one left is gone (the engine clears it too).
+        status.startTime = event.time;
+        delete status.completedTime;
+        delete status.error;
+        delete member.message;
+        delete member.operationId;
+        break;
+      case 'MemberPending':
+        member.message = event.message;
+        break;
+      case 'MemberSucceeded':
+        status.completedTime = event.time;
+        break;
+      case 'MemberSkipped':
+        status.completedTime = event.time;
+        if (event.message) member.message = event.message;
+        break;
+      case 'MemberFailed': {
+        status.completedTime = event.time;
+        status.error = { code: event.error?.code || '', message: event.error?.message || event.message || 'failed' };
+        const run = view.run.properties.status;
+        for (const node of [group, stage, run]) node.failureCount = (node.failureCount || 0) + 1;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  }
+
+  /** Draws everything the run's status shows (not the event log). */
+  function renderRun() {
+    renderHeader();
+    renderFailures();
+    renderFilter();
+    renderPipeline();
+    renderDetails();
+    renderTimeline();
+    main.dataset.updated = String(Date.now());
+  }
+
+  // Member events redraw once per frame: a stream's backlog can hold thousands of them.
+  let renderQueued = false;
+  function scheduleRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => {
+      renderQueued = false;
+      if (!signal.aborted) renderRun();
+    });
+  }
+
+  /**
+   * Reads the run again, and the run's gates when asked (they change only with gate events
+   * and actions). A call while a read is under way asks for one more read after it, with the
+   * gates if any caller wanted them.
+   */
   let inFlight = null;
-  let again = false;
-  async function refresh() {
+  let again = null;
+  async function refresh({ gates = true } = {}) {
     if (inFlight) {
-      again = true;
+      again = { gates: gates || !!again?.gates };
       return inFlight;
     }
     inFlight = (async () => {
+      const replay = [];
+      view.replay = replay;
       try {
-        const [run, gates] = await Promise.all([
+        const [run, gateList] = await Promise.all([
           api(runPath, { signal }),
-          listAll(`${base}/gates`, { signal }),
+          gates ? listAll(`${base}/gates`, { signal }) : null,
         ]);
         view.run = run;
-        view.gates = new Map(gates.filter((g) => g.properties?.target?.updateRunProperties?.name === runName).map((g) => [g.name, g]));
-        renderHeader();
-        renderPipeline();
-        renderDetails();
-        renderTimeline();
-        main.dataset.updated = String(Date.now());
+        indexMembers();
+        if (gateList) view.gates = new Map(gateList.filter((g) => g.properties?.target?.updateRunProperties?.name === runName).map((g) => [g.name, g]));
+        // Member events that came while the run was read may be newer than what it shows.
+        for (const event of replay) applyMember(event);
+        renderRun();
         refreshForecast();
       } catch (e) {
         if (e.name !== 'AbortError' && !(e instanceof ApiError && e.status === 404)) notify(`Could not refresh: ${e.message}`, 'error');
         if (e instanceof ApiError && e.status === 404) throw e;
       } finally {
+        view.replay = null;
         inFlight = null;
       }
       if (again && !signal.aborted) {
-        again = false;
-        await refresh();
+        const next = again;
+        again = null;
+        await refresh(next);
       }
     })();
     return inFlight;
   }
 
   let debounce = null;
-  function scheduleRefresh() {
+  let debounceGates = false;
+  function scheduleRefresh(gates) {
+    debounceGates = debounceGates || gates;
     if (debounce) return;
     debounce = setTimeout(() => {
       debounce = null;
-      refresh();
+      const withGates = debounceGates;
+      debounceGates = false;
+      refresh({ gates: withGates });
     }, DEBOUNCE_MS);
+  }
+
+  /** What an event changes on the page, beyond the log. */
+  function onRunEvent(event) {
+    if (MEMBER_EVENTS[event.type]) {
+      view.replay?.push(event);
+      if (applyMember(event)) scheduleRender();
+    } else if (event.type.startsWith('Gate')) {
+      scheduleRefresh(true);
+    } else if (event.type !== 'ActionRejected' && event.type !== 'Unparsed') {
+      // A stage, group, wait or the run itself: its state, counts, messages, what comes next.
+      scheduleRefresh(false);
+    }
   }
 
   await refresh();
@@ -563,7 +800,8 @@ export async function render(ctx) {
   let eventsQueued = false;
   streamEvents(`${runPath}/events`, {
     signal,
-    onEvent: (event) => {
+    onEvent: (event, id) => {
+      event.id = id;
       view.events.push(event);
       if (view.events.length > MAX_EVENTS * 2) view.events.splice(0, view.events.length - MAX_EVENTS);
       // A stream's backlog can hold thousands of events: draw the log once per frame.
@@ -571,12 +809,13 @@ export async function render(ctx) {
         eventsQueued = true;
         requestAnimationFrame(() => { eventsQueued = false; renderEvents(); });
       }
-      scheduleRefresh();
+      onRunEvent(event);
     },
+    // A reconnected stream resumes after the last event it delivered (Last-Event-ID): the log
+    // is kept as it is, and continues.
     onState: (s) => {
       live.textContent = s === 'live' ? '● live' : s === 'closed' ? 'not live' : 'reconnecting…';
       live.dataset.state = s;
-      if (s === 'reconnecting') view.events = [];
     },
   });
   const poll = setInterval(() => refresh(), POLL_MS);

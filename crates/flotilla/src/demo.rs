@@ -1,7 +1,7 @@
 //! `flotilla demo`: a server on the embedded store with a simulated fleet of 60 clusters in 3
-//! regions and a Rapid auto-upgrade profile; a few seconds in, the simulated release feed
-//! publishes a new patch and the profile starts its staged run (a canary stage and an approval
-//! gate) by itself, driven over real HTTP.
+//! regions; a few seconds in, the simulated release feed publishes a new patch, a Rapid
+//! auto-upgrade profile is made for it and starts its staged run (a canary stage and an approval
+//! gate) by itself: one upgrade, driven over real HTTP.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -300,20 +300,6 @@ pub async fn run(
             Some(&demo_strategy()),
         )
         .await?;
-    // The demo's run is the profile's: created and started by itself when the feed publishes
-    // the patch, with the staged strategy. Its first trigger, for today's 1.31.1, finds every
-    // store at it or too far behind, and skips them all.
-    client
-        .send(
-            reqwest::Method::PUT,
-            &format!("/v1/fleets/{FLEET}/autoUpgradeProfiles/{PROFILE}"),
-            Some(&json!({"properties": {
-                "channel": "Rapid",
-                "updateStrategyId": format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
-                "nodeImageSelection": {"type": "Latest"},
-            }})),
-        )
-        .await?;
     outln!(
         "Flotilla demo: {} clusters in 3 regions; the {PROFILE} auto-upgrade profile upgrades them when Kubernetes {NEW_PATCH} comes out, region by region.",
         members.len()
@@ -348,9 +334,39 @@ pub async fn run(
     let mut gate_seen: Option<Instant> = None;
     let mut last = String::new();
     let mut generated: Option<String> = None;
+    let mut profile_made = false;
     let mut told_skips = false;
     let outcome = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        // The demo's run is the profile's, for the patch: the profile is made once the feed has
+        // published it, so that its first trigger is that patch and the demo runs one upgrade
+        // (made before, it would first make a run for today's 1.31.1 that skips every store
+        // and waits at the approval gate).
+        if !profile_made {
+            let releases = client
+                .send(
+                    reqwest::Method::GET,
+                    &format!("/v1/fleets/{FLEET}/releases"),
+                    None,
+                )
+                .await?;
+            if !releases.to_string().contains(&format!("\"{NEW_PATCH}\"")) {
+                continue;
+            }
+            client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/fleets/{FLEET}/autoUpgradeProfiles/{PROFILE}"),
+                    Some(&json!({"properties": {
+                        "channel": "Rapid",
+                        "updateStrategyId": format!("/v1/fleets/{FLEET}/updateStrategies/staged"),
+                        "nodeImageSelection": {"type": "Latest"},
+                    }})),
+                )
+                .await?;
+            profile_made = true;
+            continue;
+        }
         let Some(run_name) = &generated else {
             generated = profile_run(&client).await?;
             if let Some(name) = &generated {
@@ -358,6 +374,12 @@ pub async fn run(
                     "Kubernetes {NEW_PATCH} is out: profile {PROFILE} created and started update run {name}"
                 );
                 outln!("  watch it live:   {base}/#/fleets/{FLEET}/runs/{name}");
+                // The same page with the approver's token: one click signs in and opens it (the
+                // page takes the token out of the address bar).
+                outln!(
+                    "  or signed in:    {base}/#/fleets/{FLEET}/runs/{name}?token={}",
+                    approver_client.token
+                );
             }
             continue;
         };
