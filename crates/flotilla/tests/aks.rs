@@ -19,6 +19,51 @@ use common::{Api, create_token, free_port, serve};
 const SUB: &str = "00000000-0000-0000-0000-00000000bbbb";
 const CLUSTERS: usize = 20;
 
+/// A server over a database in `dir`, and fleet `aks` on the fake ARM at `arm` with `extra`
+/// driver fields.
+struct Setup {
+    api: Api,
+    server: std::process::Child,
+    db: String,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+fn start(dir: &std::path::Path, arm: &str, extra: serde_json::Value) -> Setup {
+    let db = dir.join("flotilla.db").display().to_string();
+    let log = dir.join("server.log");
+    let secret = dir.join("client-secret");
+    std::fs::write(&secret, fake_arm::SECRET).expect("secret");
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token: create_token(&db),
+    };
+    let server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+    let mut driver = json!({
+        "type": "aks",
+        "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
+        "armEndpoint": arm, "authorityHost": arm,
+    });
+    if let (Some(d), Some(e)) = (driver.as_object_mut(), extra.as_object()) {
+        d.extend(e.clone());
+    }
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks",
+        Some(&json!({"properties": {"driver": driver}})),
+    );
+    Setup {
+        api,
+        server,
+        db,
+        port,
+        log,
+    }
+}
+
 fn name(i: usize) -> String {
     format!("c{i:02}")
 }
@@ -52,28 +97,16 @@ fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigki
     let dir = std::env::temp_dir().join(format!("flotilla-aks-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    let db = dir.join("flotilla.db").display().to_string();
-    let log = dir.join("server.log");
-    let secret = dir.join("client-secret");
-    std::fs::write(&secret, fake_arm::SECRET).expect("secret");
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&db),
-    };
-    let mut server = serve(&db, port, &log, &[]);
-    api.wait_ready();
-
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/aks",
-        Some(&json!({"properties": {"driver": {
-            "type": "aks",
-            "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
-            "armEndpoint": arm, "authorityHost": arm,
-            "pollIntervalSeconds": 0.05, "catalogRefreshSeconds": 5,
-        }}})),
+    let Setup {
+        api,
+        mut server,
+        db,
+        port,
+        log,
+    } = start(
+        &dir,
+        &arm,
+        json!({"pollIntervalSeconds": 0.05, "catalogRefreshSeconds": 5}),
     );
     for i in 0..CLUSTERS {
         let group = if i < 2 { "canary" } else { "prod" };
@@ -200,26 +233,12 @@ fn discovery_registers_the_clusters_it_finds_and_reports_those_that_vanish() {
     let dir = std::env::temp_dir().join(format!("flotilla-aks-discover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    let db = dir.join("flotilla.db").display().to_string();
-    let secret = dir.join("client-secret");
-    std::fs::write(&secret, fake_arm::SECRET).expect("secret");
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&db),
-    };
-    let mut server = serve(&db, port, &dir.join("server.log"), &[]);
-    api.wait_ready();
-    api.must(
-        reqwest::Method::PUT,
-        "/v1/fleets/aks",
-        Some(&json!({"properties": {"driver": {
-            "type": "aks",
-            "credential": {"type": "ClientSecret", "tenantId": "tenant-1", "clientId": "client-1", "clientSecretFile": secret},
-            "armEndpoint": arm, "authorityHost": arm,
-            "discover": {"subscriptions": [SUB], "resourceGroups": ["rg"], "tagSelector": "env in (prod)", "groupTag": "update-group"},
-        }}})),
+    let Setup {
+        api, mut server, ..
+    } = start(
+        &dir,
+        &arm,
+        json!({"discover": {"subscriptions": [SUB], "resourceGroups": ["rg"], "tagSelector": "env in (prod)", "groupTag": "update-group"}}),
     );
     // A member registered by hand before, for one of the clusters: it is found, not added again.
     api.must(

@@ -61,6 +61,37 @@ fn read(path: PathBuf) -> String {
         .to_string()
 }
 
+/// A server for `cloud`'s scripts over a database in `dir`, ready, and its client.
+fn start(dir: &Path, cloud: &str) -> (Api, Child) {
+    let db = dir.join("flotilla.db").display().to_string();
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token: create_token(&db),
+    };
+    let server = serve(dir, &db, port, cloud);
+    api.wait_ready();
+    (api, server)
+}
+
+/// A member's cluster once the server has observed it.
+fn observed(api: &Api, fleet: &str, member: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = api.must(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/{fleet}/members/{member}"),
+            None,
+        );
+        if m["properties"]["status"]["cluster"].is_object() {
+            return m["properties"]["status"]["cluster"].clone();
+        }
+        assert!(Instant::now() < deadline, "not observed: {m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Creates, starts and waits for a run over the fleet's members; its final status.
 fn run(api: &Api, fleet: &str, name: &str, upgrade: Value) -> Value {
     api.must(
@@ -127,15 +158,7 @@ fn the_eks_scripts_do_every_upgrade_type_once() {
             );
         }
     }
-    let db = dir.join("flotilla.db").display().to_string();
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&db),
-    };
-    let mut server = serve(&dir, &db, port, "eks");
-    api.wait_ready();
+    let (api, mut server) = start(&dir, "eks");
     let eks = examples("eks").display().to_string();
     api.must(
         reqwest::Method::PUT,
@@ -157,15 +180,7 @@ fn the_eks_scripts_do_every_upgrade_type_once() {
     }
     // What observe.sh prints: the region from the ARN, EKS's minor as x.y.0, a pool per node
     // group with its AMI type and release date.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let cluster = loop {
-        let m = api.must(reqwest::Method::GET, "/v1/fleets/eks/members/eks-1", None);
-        if m["properties"]["status"]["cluster"].is_object() {
-            break m["properties"]["status"]["cluster"].clone();
-        }
-        assert!(Instant::now() < deadline, "not observed: {m}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let cluster = observed(&api, "eks", "eks-1");
     assert_eq!(cluster["region"], "us-east-1");
     assert_eq!(cluster["kubernetesVersion"], "1.30.0");
     assert_eq!(
@@ -251,15 +266,7 @@ fn the_gke_scripts_do_every_upgrade_type_once() {
             write(at.join("pools").join(pool).join("image"), "COS_CONTAINERD");
         }
     }
-    let db = dir.join("flotilla.db").display().to_string();
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&db),
-    };
-    let mut server = serve(&dir, &db, port, "gke");
-    api.wait_ready();
+    let (api, mut server) = start(&dir, "gke");
     let gke = examples("gke").display().to_string();
     api.must(
         reqwest::Method::PUT,
@@ -279,15 +286,7 @@ fn the_gke_scripts_do_every_upgrade_type_once() {
             Some(&json!({"properties": {"clusterResourceId": format!("projects/shop-prod/locations/europe-west1/clusters/{c}")}})),
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let cluster = loop {
-        let m = api.must(reqwest::Method::GET, "/v1/fleets/gke/members/gke-1", None);
-        if m["properties"]["status"]["cluster"].is_object() {
-            break m["properties"]["status"]["cluster"].clone();
-        }
-        assert!(Instant::now() < deadline, "not observed: {m}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let cluster = observed(&api, "gke", "gke-1");
     assert_eq!(cluster["region"], "europe-west1");
     assert_eq!(cluster["kubernetesVersion"], "1.30.5");
     assert_eq!(
