@@ -233,6 +233,13 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
                 error("The fleet's driver cannot list its releases now"),
             );
         }
+        ("get", Shape::Other("Audit")) => {
+            put(
+                200,
+                answer("The audit trail, oldest first", Some(reference("Audit"))),
+            );
+            put(400, error("A parameter is invalid"));
+        }
         ("get", Shape::Other(schema)) => {
             put(200, answer("OK", Some(reference(schema))));
         }
