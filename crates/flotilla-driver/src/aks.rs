@@ -766,7 +766,7 @@ impl AksDriver {
             s if s.is_success() => Ok(Self::follow_url(&answer)
                 .map(|u| Follow::Async(vec![u]))
                 .unwrap_or(target)),
-            StatusCode::CONFLICT => self.conflict(id, key, &answer, target).await,
+            StatusCode::CONFLICT => self.conflict(id, key, version, &answer, target).await,
             _ => Err(DriverError::permanent(format!(
                 "PUT {id}: {}",
                 answer.error()
@@ -774,17 +774,17 @@ impl AksDriver {
         }
     }
 
-    /// A 409: another operation runs on the cluster. Ours (the cluster carries our key, or is
-    /// upgrading to this very target): attach. Someone else's: asked again later.
+    /// A 409: another operation runs on the cluster. Ours (`ours`): attach. Someone else's:
+    /// asked again later.
     async fn conflict(
         &self,
         id: &str,
         key: &str,
+        version: &str,
         answer: &Answer,
         target: Follow,
     ) -> Result<Follow, DriverError> {
-        let now = self.cluster(id).await?;
-        if now["tags"][OPERATION_TAG] == key || upgrading_to(&now, &target) {
+        if ours(&self.cluster(id).await?, key, version) {
             return Ok(target);
         }
         Err(DriverError::transient(format!(
@@ -969,28 +969,15 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// Whether the cluster is already being moved to `follow`'s target (an upgrade we can attach
-/// to whoever asked for it: the same target is the same upgrade).
-fn upgrading_to(cluster: &Value, follow: &Follow) -> bool {
-    let state = cluster["properties"]["provisioningState"]
-        .as_str()
-        .unwrap_or_default();
-    let moving = matches!(state, "Upgrading" | "Updating");
-    match follow {
-        Follow::Cluster {
-            kubernetes_version: Some(v),
-            ..
-        } => moving && cluster["properties"]["kubernetesVersion"] == v.as_str(),
-        Follow::Cluster {
-            kubernetes_version: None,
-            ..
-        } => cluster["properties"]["agentPoolProfiles"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|p| p["provisioningState"] == "UpgradingNodeImageVersion"),
-        Follow::Async(_) => false,
-    }
+/// Whether the upgrade to `version` on this cluster is ours to attach to: sent under our key,
+/// or the cluster already moving there (the same target is the same upgrade, whoever asked).
+fn ours(cluster: &Value, key: &str, version: &str) -> bool {
+    let moving = matches!(
+        cluster["properties"]["provisioningState"].as_str(),
+        Some("Upgrading" | "Updating")
+    );
+    cluster["tags"][OPERATION_TAG] == key
+        || (moving && cluster["properties"]["kubernetesVersion"] == version)
 }
 
 /// Whether the cluster is at `follow`'s target.
@@ -1086,8 +1073,7 @@ impl Driver for AksDriver {
                     pools,
                 };
                 // Sent before (the same key), already moving there, or already there: attach.
-                if cluster["tags"][OPERATION_TAG] == key
-                    || upgrading_to(&cluster, &wanted)
+                if ours(&cluster, key, &version)
                     || (at(&cluster, &wanted)
                         && cluster["properties"]["provisioningState"] == "Succeeded")
                 {

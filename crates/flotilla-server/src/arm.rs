@@ -23,8 +23,9 @@ use crate::home::{Arm, Home, Settings};
 use crate::state::Shared;
 use crate::store::Kind;
 
-/// The fleet's children, by their ARM collection names, with the actions each takes.
-const COLLECTIONS: &[(&str, &[&str])] = &[
+/// The fleet's children, by their ARM collection names, with the actions each takes (the CLI's
+/// `-g` asks for the same at their ARM paths).
+pub const COLLECTIONS: &[(&str, &[&str])] = &[
     ("members", &[]),
     ("updateRuns", &["start", "stop", "skip"]),
     ("updateStrategies", &[]),

@@ -128,13 +128,7 @@ const ARM_API_VERSION: &str = "2025-03-01";
 /// strategies, update runs and their start/stop/skip, gates, auto-upgrade profiles and
 /// generateUpdateRun); `None` for Flotilla's own (events, forecasts, releases, imports).
 pub fn arm_path(path: &str, subscription: &str, resource_group: &str) -> Option<String> {
-    const COLLECTIONS: &[(&str, &[&str])] = &[
-        ("members", &[]),
-        ("updateRuns", &["start", "stop", "skip"]),
-        ("updateStrategies", &[]),
-        ("autoUpgradeProfiles", &["generateUpdateRun"]),
-        ("gates", &[]),
-    ];
+    use flotilla_server::arm::COLLECTIONS;
     let (route, query) = path.split_once('?').unwrap_or((path, ""));
     let rest = route.strip_prefix("/v1/fleets")?;
     let parts: Vec<&str> = rest.split('/').skip(1).collect();
