@@ -200,6 +200,11 @@ impl ExecAllow {
         Ok(ExecAllow { dirs })
     }
 
+    /// [`ExecAllow::check`], for the server's Exec health checks (SEMANTICS §10).
+    pub fn resolve(&self, program: &str, field: &str) -> Result<String, DriverError> {
+        self.check(program, field)
+    }
+
     /// Checks that `program` (a path, or a name looked up in `PATH`) is a file in an allowed
     /// directory, after following links; `field` names it in the refusal. Returns the resolved
     /// path, which is what runs (a link cannot be pointed elsewhere afterwards).

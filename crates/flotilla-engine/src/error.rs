@@ -16,6 +16,7 @@ pub enum ErrorCode {
     InvalidMemberSelector,
     InvalidStrategy,
     InvalidGate,
+    InvalidHealthCheck,
     InvalidUpgrade,
     InvalidKubernetesVersion,
     InvalidNodeImageSelection,

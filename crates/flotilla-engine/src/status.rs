@@ -68,6 +68,23 @@ pub struct MemberStatus {
     pub operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<CheckResult>,
+}
+
+/// One evaluation of a check as a status shows it (SEMANTICS §10): the latest of each check
+/// and every failing one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub time: Time,
+    /// What was seen; `None` when the evaluation could not be made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `None` when the evaluation could not be made.
+    pub passed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +102,8 @@ pub struct GroupStatus {
     pub after_gates: Vec<GateStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<CheckResult>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +123,8 @@ pub struct StageStatus {
     pub after_stage_wait_status: Option<WaitStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<CheckResult>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,6 +187,8 @@ pub enum EventType {
     GatePending,
     GateCompleted,
     GateSkipped,
+    /// A HealthCheck gate's checks failed (SEMANTICS §10).
+    GateFailed,
     WaitStarted,
     WaitCompleted,
     WaitSkipped,
@@ -176,6 +199,10 @@ pub enum EventType {
     MemberFailed,
     MemberSkipped,
     MemberStopped,
+    /// A member's upgrade succeeded and its soak began (SEMANTICS §10).
+    MemberVerifying,
+    /// One evaluation of a health or readiness check.
+    HealthCheckEvaluated,
     ActionRejected,
 }
 

@@ -5,9 +5,11 @@
 //! value deserves a message of ours naming the field, rather than serde's.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::checks::{BlockKind, CheckBlockSpec, CheckSpec, Checks};
 use crate::error::{ApiError, ErrorCode};
 use crate::selector::Selector;
 use crate::threshold::Amount;
@@ -66,6 +68,10 @@ pub struct StageSpec {
     pub before_gates: Vec<GateSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_gates: Vec<GateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_health_checks: Option<CheckBlockSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_checks: Option<CheckBlockSpec>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +89,10 @@ pub struct GroupSpec {
     pub before_gates: Vec<GateSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_gates: Vec<GateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_health_checks: Option<CheckBlockSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_checks: Option<CheckBlockSpec>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +111,17 @@ pub struct GateSpec {
     pub display_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_start_configuration: Option<ScheduledStartSpec>,
+    /// A HealthCheck gate's checks and timings (SEMANTICS §10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_after_seconds: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +182,8 @@ pub enum GateKind {
         utc_offset: i64,
         config: ScheduledStartSpec,
     },
+    /// Pending until its checks pass for its soak (SEMANTICS §10).
+    HealthCheck(Arc<Checks>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,6 +200,9 @@ pub struct Group {
     pub max_allowed_failures: Option<Amount>,
     pub before_gates: Vec<Gate>,
     pub after_gates: Vec<Gate>,
+    /// Its own checks, which replace its stage's (SEMANTICS §10).
+    pub member_health: Option<Arc<Checks>>,
+    pub readiness: Option<Arc<Checks>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,6 +216,8 @@ pub struct Stage {
     pub max_allowed_failures: Option<Amount>,
     pub before_gates: Vec<Gate>,
     pub after_gates: Vec<Gate>,
+    pub member_health: Option<Arc<Checks>>,
+    pub readiness: Option<Arc<Checks>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,7 +378,49 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
             .gate_type
             .as_deref()
             .ok_or_else(|| bad("type", "is required".into()))?;
+        let health_fields = !spec.checks.is_empty()
+            || spec.soak_seconds.is_some()
+            || spec.interval_seconds.is_some()
+            || spec.timeout_seconds.is_some()
+            || spec.unavailable_after_seconds.is_some();
+        if health_fields && gate_type != "HealthCheck" {
+            let field = if spec.checks.is_empty() {
+                "soakSeconds"
+            } else {
+                "checks"
+            };
+            return Err(bad(field, "is only allowed on a HealthCheck gate".into()));
+        }
         let kind = match gate_type {
+            "HealthCheck" => {
+                if spec.scheduled_start_configuration.is_some() {
+                    return Err(bad(
+                        "scheduledStartConfiguration",
+                        "is only allowed on a ScheduledStart gate".into(),
+                    ));
+                }
+                let checks = crate::checks::parse_check_list(
+                    &spec.checks,
+                    &format!("{gpath}.checks"),
+                    BlockKind::Gate,
+                )?;
+                let (soak_seconds, interval_seconds, timeout_seconds, unavailable_after_seconds) =
+                    crate::checks::parse_timings(
+                        spec.soak_seconds,
+                        spec.interval_seconds,
+                        spec.timeout_seconds,
+                        spec.unavailable_after_seconds,
+                        &gpath,
+                        BlockKind::Gate,
+                    )?;
+                GateKind::HealthCheck(Arc::new(Checks {
+                    checks,
+                    soak_seconds,
+                    interval_seconds,
+                    timeout_seconds,
+                    unavailable_after_seconds,
+                }))
+            }
             "Approval" => {
                 if spec.scheduled_start_configuration.is_some() {
                     return Err(bad(
@@ -416,7 +486,9 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
             other => {
                 return Err(bad(
                     "type",
-                    format!("{other:?} is not a gate type: Approval or ScheduledStart"),
+                    format!(
+                        "{other:?} is not a gate type: Approval, ScheduledStart or HealthCheck"
+                    ),
                 ));
             }
         };
@@ -426,6 +498,16 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
         });
     }
     Ok(gates)
+}
+
+fn parse_block(
+    spec: &Option<CheckBlockSpec>,
+    path: &str,
+    block: BlockKind,
+) -> Result<Option<Arc<Checks>>, ApiError> {
+    spec.as_ref()
+        .map(|spec| crate::checks::parse_block(spec, path, block).map(Arc::new))
+        .transpose()
 }
 
 /// Parses and validates a strategy. `path` is where it sits in the request
@@ -546,6 +628,16 @@ pub fn parse_strategy(
                 )?,
                 before_gates: parse_gates(&g.before_gates, &format!("{gpath}.beforeGates"), false)?,
                 after_gates: parse_gates(&g.after_gates, &format!("{gpath}.afterGates"), true)?,
+                member_health: parse_block(
+                    &g.member_health_checks,
+                    &format!("{gpath}.memberHealthChecks"),
+                    BlockKind::MemberHealth,
+                )?,
+                readiness: parse_block(
+                    &g.readiness_checks,
+                    &format!("{gpath}.readinessChecks"),
+                    BlockKind::Readiness,
+                )?,
                 name: gname,
             });
         }
@@ -557,6 +649,16 @@ pub fn parse_strategy(
             max_allowed_failures,
             before_gates: parse_gates(&s.before_gates, &format!("{spath}.beforeGates"), false)?,
             after_gates: parse_gates(&s.after_gates, &format!("{spath}.afterGates"), true)?,
+            member_health: parse_block(
+                &s.member_health_checks,
+                &format!("{spath}.memberHealthChecks"),
+                BlockKind::MemberHealth,
+            )?,
+            readiness: parse_block(
+                &s.readiness_checks,
+                &format!("{spath}.readinessChecks"),
+                BlockKind::Readiness,
+            )?,
             name,
         });
     }

@@ -288,6 +288,7 @@ fn drive(
                     fleet.handle(now, input(&run, observed)).expect("observed");
                     answered = true;
                 }
+                Command::Evaluate { .. } => panic!("these strategies carry no checks"),
             }
         }
         if !answered {

@@ -1500,6 +1500,7 @@ async fn put_strategy(
         "properties.strategy",
         DEFAULT_STAGE_CONCURRENCY_LIMIT,
     )?;
+    refuse_disallowed_checks(&state, &spec)?;
     let body = json!({
         "id": strategy_id(&fleet, &name),
         "name": name,
@@ -1618,9 +1619,26 @@ async fn run_body(
         from_json_value(update_raw, "properties.managedClusterUpdate")?;
     if let Some(s) = &strategy {
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
+        refuse_disallowed_checks(state, s)?;
     }
     parse_upgrade(&update, "properties.managedClusterUpdate")?;
     Ok((strategy, strategy_id, update))
+}
+
+/// Exec checks run only commands the server allows (`--exec-allow`, SEMANTICS §10): one that
+/// names any other program is refused when the strategy is written, naming the field.
+fn refuse_disallowed_checks(state: &AppState, spec: &StrategySpec) -> HttpResult<()> {
+    let allow = state
+        .runs
+        .drivers
+        .exec_allow
+        .read()
+        .map(|a| a.clone())
+        .unwrap_or_default();
+    let value = serde_json::to_value(spec).unwrap_or_default();
+    crate::evaluate::refuse_disallowed_commands(&value, &allow).map_err(|(field, message)| {
+        HttpError::from(ApiError::new(ErrorCode::InvalidHealthCheck, message, field))
+    })
 }
 
 async fn put_run(

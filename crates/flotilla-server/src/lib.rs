@@ -23,6 +23,7 @@ pub mod dashboard;
 pub mod discovery;
 pub mod durations;
 pub mod error;
+pub mod evaluate;
 pub mod home;
 pub mod http;
 pub mod journal;

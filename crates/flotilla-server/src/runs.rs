@@ -377,6 +377,8 @@ pub struct Runs {
     /// to replay, in bytes, or the checkpoint's own size if larger ([`CHECKPOINT_AFTER`] unless
     /// the server was told otherwise).
     pub checkpoint_after: std::sync::atomic::AtomicU64,
+    /// Makes the evaluations health and readiness checks ask for (SEMANTICS §10).
+    pub evaluator: Arc<crate::evaluate::Evaluator>,
     /// The writer of operation ids drivers name, started on first use.
     operation_ids:
         std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
@@ -648,6 +650,7 @@ impl Runs {
             alive: std::sync::atomic::AtomicUsize::new(1),
             checkpoint_after: std::sync::atomic::AtomicU64::new(CHECKPOINT_AFTER),
             operation_ids: std::sync::OnceLock::new(),
+            evaluator: Arc::default(),
         })
     }
 
@@ -2164,6 +2167,12 @@ impl FleetActor {
                     );
                 }
                 Command::Observe { member, attempt } => self.spawn_observe(run, member, attempt),
+                Command::Evaluate {
+                    subject,
+                    round,
+                    checks,
+                    context,
+                } => self.spawn_evaluate(run, subject, round, checks, context),
             }
         }
     }
@@ -2237,6 +2246,66 @@ impl FleetActor {
 
     /// After a stop and start: is the earlier operation still running, and where is the cluster?
     /// Asked until answered (`crate::operation::reattach`); then followed if it still runs.
+    /// Makes a round of evaluations for real, each check at once, and hands each result back
+    /// as an input at the instant it comes (SEMANTICS §10).
+    fn spawn_evaluate(
+        &mut self,
+        run: &str,
+        subject: flotilla_engine::engine::CheckSubject,
+        round: u64,
+        checks: Arc<flotilla_engine::checks::Checks>,
+        context: flotilla_engine::checks::Context,
+    ) {
+        use flotilla_engine::engine::CheckSubject;
+        let report = self.report(run);
+        let runs = self.runs.clone();
+        let fleet = self.fleet.clone();
+        let allow = match self.runs.drivers.exec_allow.read() {
+            Ok(allow) => allow.clone(),
+            Err(_) => return,
+        };
+        tokio::spawn(async move {
+            use crate::operation::Report;
+            // `{label:KEY}` is the member's label, read from its resource when a check uses one.
+            let member = match &subject {
+                CheckSubject::Soak { member } | CheckSubject::Readiness { member } => Some(member),
+                CheckSubject::Gate { .. } => None,
+            };
+            let uses_labels = serde_json::to_string(&*checks).is_ok_and(|t| t.contains("{label:"));
+            let mut labels = std::collections::BTreeMap::new();
+            if uses_labels
+                && let Some(member) = member
+                && let Ok(Some(resource)) = runs.store.get(&fleet, Kind::Member, member).await
+                && let Some(found) = resource.body["properties"]["labels"].as_object()
+            {
+                labels = found
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect();
+            }
+            let (context, labels, allow) = (Arc::new(context), Arc::new(labels), Arc::new(allow));
+            for check in checks.checks.iter().cloned() {
+                let (runs, report, subject) = (runs.clone(), report.clone(), subject.clone());
+                let (context, labels, allow) = (context.clone(), labels.clone(), allow.clone());
+                tokio::spawn(async move {
+                    let outcome = runs
+                        .evaluator
+                        .evaluate(&check, &context, &labels, &allow)
+                        .await;
+                    report.input(
+                        Input::CheckEvaluated {
+                            subject,
+                            round,
+                            check: check.name,
+                            outcome,
+                        },
+                        None,
+                    );
+                });
+            }
+        });
+    }
+
     fn spawn_observe(&mut self, run: &str, member: String, attempt: u64) {
         let driver = self.driver.clone();
         let report = self.report(run);
@@ -2363,6 +2432,7 @@ fn gate_resources(
 }
 
 /// The follower's reports go to the fleet's task, tagged with the run.
+#[derive(Clone)]
 struct RunReport {
     tx: mpsc::UnboundedSender<Msg>,
     run: String,

@@ -152,6 +152,8 @@ fn case(rng: &mut Rng, equal: bool) -> Case {
             label: "start".into(),
             run: None,
         }],
+        member_checks: Default::default(),
+        gate_checks: Default::default(),
         expect: None,
     };
     Case { scenario, bound }

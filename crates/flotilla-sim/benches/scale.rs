@@ -160,6 +160,8 @@ fn fleet(size: usize) -> Scenario {
             label: "start".into(),
             run: None,
         }],
+        member_checks: Default::default(),
+        gate_checks: Default::default(),
         expect: None,
     }
 }

@@ -181,6 +181,51 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
             )),
         }
     }
+    // Additions for checks (tests/scenarios/README.md): error codes of members, groups and
+    // stages ("member:m1"), and the state of the first gate at a place ("prod/Before",
+    // "prod/g/After").
+    for (key, want) in exp
+        .get("errorCodes")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let node = match key.split_once(':') {
+            Some(("member", name)) => members.get(name),
+            Some(("group", name)) => groups.get(name),
+            Some(("stage", name)) => stages.get(name),
+            _ => None,
+        };
+        let got = node.and_then(|n| {
+            n["status"]["error"]["code"]
+                .as_str()
+                .map(|c| Value::String(c.into()))
+        });
+        cmp(&mut errors, format!("errorCodes[{key}]"), got, want);
+    }
+    for (key, want) in exp
+        .get("gates")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let parts: Vec<&str> = key.split('/').collect();
+        let (node, timing) = match parts.as_slice() {
+            [stage, timing] => (stages.get(*stage), *timing),
+            [_, group, timing] => (groups.get(*group), *timing),
+            _ => (None, ""),
+        };
+        let list = if timing == "Before" {
+            "beforeGates"
+        } else {
+            "afterGates"
+        };
+        let got = node
+            .and_then(|n| n[list].get(0))
+            .and_then(state_of)
+            .map(|s| Value::String(s.into()));
+        cmp(&mut errors, format!("gates[{key}]"), got, want);
+    }
     for (name, want) in exp
         .get("memberCompletedAt")
         .and_then(Value::as_object)

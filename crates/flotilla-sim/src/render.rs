@@ -123,6 +123,7 @@ fn verb(kind: EventType) -> &'static str {
         EventType::MemberPending => "pending",
         EventType::MemberStopped => "stopped",
         EventType::MemberReattached => "re-attached",
+        EventType::MemberVerifying => "verifying",
         _ => "",
     }
 }
@@ -151,6 +152,7 @@ pub fn timeline(events: &[Event]) -> String {
                 continue;
             }
             let place = match (&e.stage, &e.group) {
+                (Some(s), Some(g)) if let Some(m) = &e.member => format!(" {s}/{g}/{m}"),
                 (Some(s), Some(g)) => format!(" {s}/{g}"),
                 (Some(s), None) => format!(" {s}"),
                 _ => String::new(),

@@ -92,6 +92,9 @@ pub struct ScenarioSpec {
     pub releases: Vec<ReleaseSpec>,
     #[serde(default)]
     pub actions: Vec<ActionSpec>,
+    /// What HealthCheck gates' checks will see, by check name (SEMANTICS §10).
+    #[serde(default)]
+    pub checks: BTreeMap<String, Value>,
     #[serde(default)]
     pub expect: Option<Value>,
 }
@@ -127,6 +130,9 @@ pub struct SimSpec {
     pub fail_message: Option<String>,
     #[serde(default)]
     pub fail_attempts: Option<u32>,
+    /// What this member's health and readiness checks will see, by check name (SEMANTICS §10).
+    #[serde(default)]
+    pub checks: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,7 +269,113 @@ pub struct Scenario {
     pub profiles: Vec<ScenarioProfile>,
     pub releases: Vec<Release>,
     pub actions: Vec<TimedAction>,
+    /// Scripted results of members' checks: member → check → script.
+    pub member_checks: BTreeMap<String, BTreeMap<String, CheckScript>>,
+    /// Scripted results of gates' checks: check → script.
+    pub gate_checks: BTreeMap<String, CheckScript>,
     pub expect: Option<Value>,
+}
+
+/// What one evaluation of a scripted check sees.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scripted {
+    /// A Prometheus result.
+    Number(f64),
+    /// An Http or Exec check's verdict.
+    Passed(bool),
+    /// The evaluation cannot be made.
+    Unavailable,
+}
+
+/// A check's results over time: each from its instant on, the earliest first.
+pub type CheckScript = Vec<(Time, Scripted)>;
+
+/// What a script gives at `now`: the last entry from `now` or earlier.
+pub fn scripted_at(script: &CheckScript, now: Time) -> Option<&Scripted> {
+    script
+        .iter()
+        .rev()
+        .find(|(from, _)| *from <= now)
+        .map(|(_, v)| v)
+}
+
+fn scripted_value(path: &str, value: &Value) -> Result<Scripted, ScenarioError> {
+    match value {
+        Value::Bool(b) => Ok(Scripted::Passed(*b)),
+        Value::Number(n) => n
+            .as_f64()
+            .map(Scripted::Number)
+            .ok_or_else(|| bad(path, format!("{n} is not a number"))),
+        Value::String(s) if s == "unavailable" => Ok(Scripted::Unavailable),
+        other => Err(bad(
+            path,
+            format!("{other} must be a number, true, false or \"unavailable\""),
+        )),
+    }
+}
+
+/// `{"CHECK": VALUE | [{"from": OFFSET, "value": VALUE}, ...]}` (SEMANTICS §10).
+fn check_scripts(
+    path: &str,
+    start: Time,
+    checks: &BTreeMap<String, Value>,
+) -> Result<BTreeMap<String, CheckScript>, ScenarioError> {
+    let mut scripts = BTreeMap::new();
+    for (name, value) in checks {
+        let cpath = format!("{path}.{name}");
+        let script = match value {
+            Value::Array(entries) => {
+                let mut script = Vec::with_capacity(entries.len());
+                for (i, entry) in entries.iter().enumerate() {
+                    let epath = format!("{cpath}[{i}]");
+                    let Some(obj) = entry.as_object() else {
+                        return Err(bad(&epath, "must be {from, value}"));
+                    };
+                    if let Some(key) = obj.keys().find(|k| *k != "from" && *k != "value") {
+                        return Err(bad(&epath, format!("unknown field {key:?}")));
+                    }
+                    let from = match obj.get("from") {
+                        None => start,
+                        Some(Value::String(text)) => {
+                            let offset = parse_duration(text).ok_or_else(|| {
+                                bad(
+                                    &format!("{epath}.from"),
+                                    format!("{text:?} is not a duration like 2h"),
+                                )
+                            })?;
+                            start.plus(offset)
+                        }
+                        Some(Value::Number(n)) => start.plus(n.as_i64().ok_or_else(|| {
+                            bad(
+                                &format!("{epath}.from"),
+                                format!("{n} is not whole seconds"),
+                            )
+                        })?),
+                        Some(other) => {
+                            return Err(bad(
+                                &format!("{epath}.from"),
+                                format!("{other} is not a duration"),
+                            ));
+                        }
+                    };
+                    if script.last().is_some_and(|(t, _)| *t >= from) {
+                        return Err(bad(
+                            &format!("{epath}.from"),
+                            "must come after the entry before it",
+                        ));
+                    }
+                    let v = obj
+                        .get("value")
+                        .ok_or_else(|| bad(&format!("{epath}.value"), "is required"))?;
+                    script.push((from, scripted_value(&format!("{epath}.value"), v)?));
+                }
+                script
+            }
+            v => vec![(start, scripted_value(&cpath, v)?)],
+        };
+        scripts.insert(name.clone(), script);
+    }
+    Ok(scripts)
 }
 
 fn profile_from(
@@ -338,6 +450,7 @@ impl Scenario {
         let catalog = Catalog::parse(&catalog_spec, "catalog")?;
         let mut members = Vec::new();
         let mut behaviour = BTreeMap::new();
+        let mut member_checks = BTreeMap::new();
         for (i, m) in spec.members.iter().enumerate() {
             let mpath = format!("members[{i}]");
             flotilla_engine::strategy::check_name(&m.name, 50)
@@ -391,6 +504,12 @@ impl Scenario {
                 long_term_support: m.long_term_support,
             };
             let sim = m.sim.clone().unwrap_or_default();
+            if !sim.checks.is_empty() {
+                member_checks.insert(
+                    m.name.clone(),
+                    check_scripts(&format!("{mpath}.sim.checks"), start, &sim.checks)?,
+                );
+            }
             let fail = match sim.outcome.as_deref() {
                 None | Some("succeed") => false,
                 Some("fail") => true,
@@ -563,6 +682,8 @@ impl Scenario {
             profiles,
             releases,
             actions,
+            member_checks,
+            gate_checks: check_scripts("checks", start, &spec.checks)?,
             expect: spec.expect,
         })
     }

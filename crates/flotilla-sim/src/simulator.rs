@@ -31,7 +31,9 @@ use flotilla_engine::strategy::{
 };
 use flotilla_engine::time::Time;
 
-use crate::scenario::{Action, Scenario, SimBehaviour};
+use crate::scenario::{Action, Scenario, Scripted, SimBehaviour, scripted_at};
+use flotilla_engine::checks::Outcome;
+use flotilla_engine::engine::CheckSubject;
 
 /// One simulated cluster.
 #[derive(Clone, Debug)]
@@ -649,6 +651,30 @@ fn run(
                             operation_id: op,
                         }
                     }
+                    Command::Evaluate {
+                        subject,
+                        round,
+                        checks,
+                        ..
+                    } => {
+                        answered = true;
+                        for check in &checks.checks {
+                            let input = Input::CheckEvaluated {
+                                subject: subject.clone(),
+                                round,
+                                check: check.name.clone(),
+                                outcome: scripted_outcome(scenario, &subject, &check.name, now),
+                            };
+                            let _ = fleet.handle(
+                                now,
+                                FleetInput::Run {
+                                    run: run.clone(),
+                                    input,
+                                },
+                            );
+                        }
+                        continue;
+                    }
                     Command::Observe { member, attempt } => {
                         let (cluster, progress) = sim.observe(now, index, &member, attempt);
                         let Some(cluster) = cluster else {
@@ -941,6 +967,37 @@ fn not_found_member(member: &str) -> ApiError {
         format!("member {member:?} is not in the fleet"),
         "member",
     )
+}
+
+/// What a check evaluated now sees, as the scenario scripts it (SEMANTICS §10, `sim.checks`):
+/// a member's checks read its own script, a gate's the scenario's `checks`. A check with no
+/// script cannot be evaluated.
+fn scripted_outcome(
+    scenario: &Scenario,
+    subject: &CheckSubject,
+    check: &str,
+    now: Time,
+) -> Outcome {
+    let scripts = match subject {
+        CheckSubject::Soak { member } | CheckSubject::Readiness { member } => {
+            scenario.member_checks.get(member)
+        }
+        CheckSubject::Gate { .. } => Some(&scenario.gate_checks),
+    };
+    match scripts
+        .and_then(|s| s.get(check))
+        .and_then(|script| scripted_at(script, now))
+    {
+        Some(Scripted::Number(v)) => Outcome::Samples(vec![*v]),
+        Some(Scripted::Passed(passed)) => Outcome::Verdict {
+            passed: *passed,
+            value: passed.to_string(),
+        },
+        Some(Scripted::Unavailable) => Outcome::Unavailable("scripted unavailable".into()),
+        None => Outcome::Unavailable(format!(
+            "the scenario scripts no result for check {check:?}"
+        )),
+    }
 }
 
 /// An operation in flight: (ends at, sequence, run, member, attempt).

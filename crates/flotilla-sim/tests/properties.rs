@@ -15,7 +15,9 @@ use flotilla_engine::forecast::{ForecastParams, completions, forecast};
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
-use flotilla_sim::scenario::{Action, GateLocator, SimBehaviour, TargetSpec, TimedAction};
+use flotilla_sim::scenario::{
+    Action, CheckScript, GateLocator, Scripted, SimBehaviour, TargetSpec, TimedAction,
+};
 use flotilla_sim::simulator::{simulate_checking_invariants, simulate_observing};
 use flotilla_sim::{Scenario, forecast_scenario, simulate};
 
@@ -35,6 +37,9 @@ struct MemberPlan {
     image_current: bool,
     /// Whether it also has a pool of a family only one region lists (Consistent skips it).
     arm_pool: bool,
+    /// What its checks see (SEMANTICS §10): 0 passes, 1 fails from `.1` minutes, 2 fails
+    /// until `.1` minutes, 3 cannot be evaluated until `.1` minutes.
+    checks: (u8, i64),
 }
 
 #[derive(Clone, Debug)]
@@ -47,6 +52,9 @@ struct StagePlan {
     group_failures: Vec<Option<String>>,
     wait_minutes: i64,
     approval_before: bool,
+    /// Checks (SEMANTICS §10): 0 none, 1 member health, 2 readiness, 3 both, 4 a HealthCheck
+    /// before-gate, 5 a HealthCheck after-gate on the first group.
+    checks: u8,
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +67,8 @@ struct Plan {
     stages: Vec<StagePlan>,
     stop_at: Option<(i64, i64)>,
     skip_member: Option<(i64, usize)>,
+    /// Gates' checks fail until this many minutes after the start (`None`: they pass).
+    gate_fails_until: Option<i64>,
 }
 
 fn amount(percent_max: u32) -> impl Strategy<Value = Option<String>> {
@@ -88,6 +98,10 @@ fn plan() -> impl Strategy<Value = Plan> {
         prop_oneof![6 => Just(0usize), 2 => Just(1usize), 1 => Just(2usize)],
         proptest::bool::weighted(0.3),
         proptest::bool::weighted(0.1),
+        (
+            prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
+            0i64..240,
+        ),
     )
         .prop_map(
             |(
@@ -100,6 +114,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 version,
                 image_current,
                 arm_pool,
+                checks,
             )| MemberPlan {
                 group,
                 label,
@@ -110,6 +125,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 version,
                 image_current,
                 arm_pool,
+                checks,
             },
         );
     let stage = (
@@ -121,6 +137,7 @@ fn plan() -> impl Strategy<Value = Plan> {
         proptest::collection::vec(failures(), 3),
         prop_oneof![Just(0i64), 1i64..90],
         proptest::bool::weighted(0.2),
+        prop_oneof![5 => Just(0u8), 1 => 1u8..6],
     )
         .prop_map(
             |(
@@ -132,6 +149,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 gf,
                 wait_minutes,
                 approval_before,
+                checks,
             )| StagePlan {
                 groups,
                 selector_label,
@@ -141,6 +159,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 group_failures: gf,
                 wait_minutes,
                 approval_before,
+                checks,
             },
         );
     (
@@ -150,15 +169,25 @@ fn plan() -> impl Strategy<Value = Plan> {
         proptest::option::weighted(0.3, (0i64..60, 0usize..40)),
         0usize..4,
         proptest::option::weighted(0.8, 0i64..72),
+        proptest::option::weighted(0.4, 0i64..600),
     )
         .prop_map(
-            |(members, stages, stop_at, skip_member, upgrade, west_arrival_hours)| Plan {
+            |(
                 members,
                 stages,
                 stop_at,
                 skip_member,
                 upgrade,
                 west_arrival_hours,
+                gate_fails_until,
+            )| Plan {
+                members,
+                stages,
+                stop_at,
+                skip_member,
+                upgrade,
+                west_arrival_hours,
+                gate_fails_until,
             },
         )
 }
@@ -204,10 +233,37 @@ fn scenario(plan: &Plan) -> Scenario {
         }
         catalog.regions.insert(region.into(), rc);
     }
+    let start = Time::from_unix(START);
     let mut members = Vec::new();
     let mut behaviour = BTreeMap::new();
+    let mut member_checks = BTreeMap::new();
+    // A check's script: a Prometheus value under the condition `< 1` passes.
+    let script = |kind: u8, minutes: i64| -> CheckScript {
+        let at = start.plus(minutes * 60);
+        match kind {
+            1 => vec![(start, Scripted::Number(0.0)), (at, Scripted::Number(5.0))],
+            2 => vec![(start, Scripted::Number(5.0)), (at, Scripted::Number(0.0))],
+            3 => vec![(start, Scripted::Unavailable), (at, Scripted::Number(0.0))],
+            _ => vec![(start, Scripted::Number(0.0))],
+        }
+    };
+    let gate_checks: BTreeMap<String, CheckScript> = [(
+        "c".to_string(),
+        match plan.gate_fails_until {
+            Some(minutes) => script(2, minutes),
+            None => script(0, 0),
+        },
+    )]
+    .into_iter()
+    .collect();
     for (i, m) in plan.members.iter().enumerate() {
         let name = format!("m{i:02}");
+        member_checks.insert(
+            name.clone(),
+            [("c".to_string(), script(m.checks.0, m.checks.1))]
+                .into_iter()
+                .collect(),
+        );
         let window = m.window_start_hour.map(|h| {
             let spec: MaintenanceWindowSpec = serde_json::from_value(json!({
                 "schedule": {"daily": {"intervalDays": 1}}, "durationHours": 4, "startTime": format!("{h:02}:00")
@@ -329,9 +385,47 @@ fn scenario(plan: &Plan) -> Scenario {
         if s.approval_before {
             stage.insert("beforeGates".into(), json!([{"type": "Approval"}]));
         }
+        let check = json!([{"name": "c", "type": "Prometheus", "endpoint": "http://p", "query": "q", "condition": "< 1"}]);
+        let short = |mut block: Value| {
+            block["checks"] = check.clone();
+            block
+        };
+        match s.checks {
+            1 | 3 => {
+                stage.insert(
+                    "memberHealthChecks".into(),
+                    short(json!({"soakSeconds": 600, "intervalSeconds": 120, "unavailableAfterSeconds": 1800})),
+                );
+            }
+            _ => {}
+        }
+        match s.checks {
+            2 | 3 => {
+                stage.insert(
+                    "readinessChecks".into(),
+                    short(json!({"intervalSeconds": 900, "timeoutSeconds": 7200})),
+                );
+            }
+            4 => {
+                let mut gates = stage
+                    .remove("beforeGates")
+                    .and_then(|g| g.as_array().cloned())
+                    .unwrap_or_default();
+                gates.push(short(json!({"type": "HealthCheck", "soakSeconds": 1200, "intervalSeconds": 300, "timeoutSeconds": 36000})));
+                stage.insert("beforeGates".into(), Value::Array(gates));
+            }
+            5 => {
+                stage.insert(
+                    "afterGates".into(),
+                    json!([short(
+                        json!({"type": "HealthCheck", "soakSeconds": 900, "intervalSeconds": 300})
+                    )]),
+                );
+            }
+            _ => {}
+        }
         stages.push(Value::Object(stage));
     }
-    let start = Time::from_unix(START);
     let mut actions = vec![TimedAction {
         at: start,
         action: Action::Start,
@@ -400,6 +494,8 @@ fn scenario(plan: &Plan) -> Scenario {
         strategies: Default::default(),
         profiles: Vec::new(),
         releases: Vec::new(),
+        member_checks,
+        gate_checks,
         actions,
         expect: None,
     }
@@ -429,7 +525,9 @@ proptest! {
 fn as_forecast_assumes(mut plan: Plan) -> Plan {
     for m in &mut plan.members {
         m.fails = false;
+        m.checks = (0, 0);
     }
+    plan.gate_fails_until = None;
     for s in &mut plan.stages {
         s.approval_before = false;
     }
@@ -619,8 +717,12 @@ fn keeps_every_invariant(plan: &Plan) -> Result<(), TestCaseError> {
         let kind = format!("{:?}", e.kind);
         let member = e.member.clone().unwrap_or_default();
         if failed_at == Some(e.time) && !acted.contains(&e.time) && e.member.is_some() {
-            let a_result = matches!(kind.as_str(), "MemberSucceeded" | "MemberFailed")
-                && in_flight.contains(&member);
+            // A member in flight may also go on with its soak: its upgrade ending, its
+            // health checks evaluated (SEMANTICS §10).
+            let a_result = matches!(
+                kind.as_str(),
+                "MemberSucceeded" | "MemberFailed" | "MemberVerifying" | "HealthCheckEvaluated"
+            ) && in_flight.contains(&member);
             prop_assert!(
                 a_result,
                 "{} {} at {} after the run failed in that instant",
@@ -631,7 +733,7 @@ fn keeps_every_invariant(plan: &Plan) -> Result<(), TestCaseError> {
         }
         match kind.as_str() {
             "RunFailed" => failed_at = Some(e.time),
-            "MemberStarted" | "MemberReattached" => {
+            "MemberStarted" | "MemberReattached" | "MemberVerifying" => {
                 in_flight.insert(member);
             }
             "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
@@ -714,6 +816,7 @@ fn member(group: usize, label: usize, region: usize, version: usize, arm_pool: b
         version,
         image_current: false,
         arm_pool,
+        checks: (0, 0),
     }
 }
 
@@ -728,6 +831,7 @@ fn stage(groups: &[usize]) -> StagePlan {
         group_failures: vec![None, None, None],
         wait_minutes: 0,
         approval_before: false,
+        checks: 0,
     }
 }
 
@@ -746,6 +850,7 @@ fn regression_53629d9d_member_waits_for_a_version_never_in_its_region() {
         stages: vec![stage(&[])],
         stop_at: None,
         skip_member: None,
+        gate_fails_until: None,
     });
 }
 
@@ -760,6 +865,7 @@ fn regression_e0f9424f_full_run_target_arrives_at_start() {
         stages: vec![stage(&[])],
         stop_at: None,
         skip_member: None,
+        gate_fails_until: None,
     });
 }
 
@@ -774,5 +880,6 @@ fn regression_18230eac_downgrade_and_late_version_in_named_groups() {
         stages: vec![stage(&[3, 4])],
         stop_at: None,
         skip_member: None,
+        gate_fails_until: None,
     });
 }

@@ -58,6 +58,9 @@ struct Checkpoint {
     chunk_revisions: Vec<u64>,
     polled: u64,
     quiet_changes: u64,
+    /// Health and readiness checks under way and their results (SEMANTICS §10).
+    #[serde(default, skip_serializing_if = "Health::is_empty")]
+    health: Health,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -96,6 +99,10 @@ struct MemberCk {
     reattaching: bool,
     #[serde(rename = "d", default, skip_serializing_if = "is_default")]
     removed: bool,
+    #[serde(rename = "v", default, skip_serializing_if = "is_default")]
+    verifying: bool,
+    #[serde(rename = "rv", default, skip_serializing_if = "is_default")]
+    reverify: bool,
     /// Index into the checkpoint's `holders`.
     #[serde(rename = "l", default, skip_serializing_if = "Option::is_none")]
     locked_by: Option<u32>,
@@ -344,6 +351,8 @@ impl Engine {
                     timer: m.timer,
                     reattaching: m.reattaching,
                     removed: m.removed,
+                    verifying: m.verifying,
+                    reverify: m.reverify,
                     locked_by,
                 })
             })
@@ -399,13 +408,15 @@ impl Engine {
                 .filter_map(|&(t, key)| match key {
                     TimerKey::Gate(g) => Some((t, TimerCk::Gate(g))),
                     TimerKey::Wait(s) => Some((t, TimerCk::Wait(s))),
-                    TimerKey::Member(_) => None,
+                    // Kept by the members and the watches themselves.
+                    TimerKey::Member(_) | TimerKey::Watch(_) => None,
                 })
                 .collect(),
             revision: self.revisions.members,
             chunk_revisions: self.revisions.chunk_revisions(),
             polled: self.polled,
             quiet_changes: self.quiet_changes,
+            health: self.health.clone(),
         };
         serde_json::to_string(&checkpoint).map_err(|e| e.to_string())
     }
@@ -533,6 +544,8 @@ impl Engine {
             }
             m.reattaching = s.reattaching;
             m.removed = s.removed;
+            m.verifying = s.verifying;
+            m.reverify = s.reverify;
         }
         for (g, (group, s)) in self.groups.iter_mut().zip(ck.groups).enumerate() {
             let at = format!("checkpoint: group {}", group.name);
@@ -581,6 +594,19 @@ impl Engine {
         self.events.clear();
         self.polled = ck.polled;
         self.quiet_changes = ck.quiet_changes;
+        self.health = ck.health;
+        let subjects: Vec<_> = self.health.subjects().collect();
+        for subject in subjects {
+            if self.checks_of_checked(subject).is_none() {
+                return Err(format!(
+                    "checkpoint: checks are watched for {subject:?}, which has none in the run"
+                ));
+            }
+        }
+        let watch_timers: Vec<_> = self.health.timers().collect();
+        for (t, subject) in watch_timers {
+            self.timers.insert((t, TimerKey::Watch(subject)));
+        }
         self.check_invariants(ck.at)
             .map_err(|why| format!("checkpoint does not hold together: {why}"))
     }
@@ -630,7 +656,8 @@ impl Engine {
             revisions,
             polled,
             quiet_changes,
-            warnings
+            warnings,
+            health
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

@@ -55,6 +55,8 @@ impl Engine {
                         max_allowed_failures: None,
                         before_gates: vec![],
                         after_gates: vec![],
+                        member_health: None,
+                        readiness: None,
                     }],
                 };
                 &implicit
@@ -86,6 +88,7 @@ impl Engine {
             polled: 0,
             quiet_changes: 0,
             warnings: Vec::new(),
+            health: Health::default(),
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();
@@ -105,6 +108,8 @@ impl Engine {
                     max_allowed_failures: None,
                     before_gates: vec![],
                     after_gates: vec![],
+                    member_health: None,
+                    readiness: None,
                 }];
                 &implicit_group
             } else {
@@ -200,6 +205,8 @@ impl Engine {
                         timer: None,
                         reattaching: false,
                         removed: false,
+                        verifying: false,
+                        reverify: false,
                         locked_by: None,
                     });
                     ids.push(id);
@@ -228,6 +235,14 @@ impl Engine {
                     in_flight: 0,
                     pending: 0,
                     ready: BTreeSet::new(),
+                    member_health: group_def
+                        .member_health
+                        .clone()
+                        .or_else(|| stage.member_health.clone()),
+                    readiness: group_def
+                        .readiness
+                        .clone()
+                        .or_else(|| stage.readiness.clone()),
                     start: None,
                     completed: None,
                     message: None,

@@ -148,6 +148,7 @@ impl Engine {
                         GateKind::ScheduledStart { config, .. } => {
                             ("ScheduledStart", Some(config.clone()))
                         }
+                        GateKind::HealthCheck(_) => ("HealthCheck", None),
                     };
                     views.push(GateView {
                         id: gate.id.clone(),
@@ -260,6 +261,8 @@ impl Engine {
         gate.state = State::Completed;
         gate.completed = Some(now);
         gate.approved_by = Some(by.clone());
+        // A pending HealthCheck gate completed by hand evaluates nothing more.
+        self.end_watch(Subject::Gate(at));
         self.emit_gate(
             now,
             EventType::GateCompleted,
@@ -326,6 +329,7 @@ impl Engine {
                     if let Some(t) = gate.absolute_start {
                         self.timers.remove(&(t, TimerKey::Gate(at)));
                     }
+                    self.end_watch(Subject::Gate(at));
                     if was_pending {
                         self.emit_gate(now, EventType::GateSkipped, at, None);
                     }
@@ -345,6 +349,7 @@ impl Engine {
             gate.state = State::Pending;
             gate.start = Some(now);
             let mut message = gate.gate.display_name.clone();
+            let checks = matches!(gate.gate.kind, GateKind::HealthCheck(_));
             if let GateKind::ScheduledStart {
                 day,
                 time,
@@ -361,6 +366,9 @@ impl Engine {
                 self.timers.insert((at_time, TimerKey::Gate(at)));
             }
             self.emit_gate(now, EventType::GatePending, at, message);
+            if checks {
+                self.begin_watch(now, Subject::Gate(at));
+            }
         }
         // A scheduled time equal to now completes at once.
         self.fire_timers(now);

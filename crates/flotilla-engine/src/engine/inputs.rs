@@ -99,6 +99,16 @@ impl Engine {
                 }
                 Ok(())
             }
+            Input::CheckEvaluated {
+                subject,
+                round,
+                check,
+                outcome,
+            } => {
+                self.check_evaluated(now, &subject, round, &check, &outcome);
+                self.roll_up(now);
+                Ok(())
+            }
             Input::CatalogChanged(catalog) => {
                 self.catalog = catalog;
                 if self.phase == RunPhase::Running && self.current < self.stages.len() {
@@ -188,6 +198,7 @@ impl Engine {
 
     /// After a stop: re-observe stopped members, re-place waiting ones.
     pub(super) fn resume_current_stage(&mut self, now: Time) {
+        self.restart_gate_watches(now);
         let Some(stage) = self.stages.get_mut(self.current) else {
             return;
         };
@@ -273,6 +284,12 @@ impl Engine {
                             error: None,
                         });
                     } else if member.state == State::Failed {
+                        // A member that failed its health checks is verified again, not
+                        // skipped at its target (SEMANTICS §10).
+                        member.reverify = member
+                            .error
+                            .as_ref()
+                            .is_some_and(|e| e.code == "HealthCheckFailed");
                         member.state = State::NotStarted;
                         member.start = None;
                         member.completed = None;
@@ -313,6 +330,7 @@ impl Engine {
             for m in parked {
                 self.repark(now, m);
             }
+            self.reopen_failed_gates(now);
             if self.stages[si].phase == Phase::AfterGates
                 && self.stages[si]
                     .groups
@@ -331,6 +349,7 @@ impl Engine {
             None,
             Some("retrying the failed run".into()),
         );
+        self.restart_gate_watches(now);
     }
 
     pub(super) fn stop(&mut self, now: Time) -> Result<(), ApiError> {
@@ -352,6 +371,11 @@ impl Engine {
                         // Operations already sent are not aborted; the run stops tracking them.
                         State::Running => {
                             self.touch(m);
+                            if self.members[m as usize].verifying {
+                                // Its soak restarts when the run starts again (SEMANTICS §10).
+                                self.end_watch(Subject::Soak(m));
+                                self.members[m as usize].verifying = false;
+                            }
                             self.members[m as usize].state = State::Stopped;
                             self.members[m as usize].reattaching = false;
                             self.add_in_flight(g, -1);
@@ -371,6 +395,7 @@ impl Engine {
                 stage.stopped = true;
             }
         }
+        self.end_dormant_watches();
         self.emit(now, EventType::RunStopped, None, None, None, None);
         Ok(())
     }
@@ -398,6 +423,15 @@ impl Engine {
         self.touch(m);
         let member = &self.members[m as usize];
         let g = member.group;
+        if outcome.is_ok() && !member.removed && self.needs_soak(m) {
+            // Upgraded: verified by its health checks, still in its slot (SEMANTICS §10).
+            let member = &mut self.members[m as usize];
+            if let Some(target) = &member.target {
+                apply_target(Arc::make_mut(&mut member.cluster), target);
+            }
+            self.begin_soak(now, m);
+            return;
+        }
         self.add_in_flight(g, -1);
         self.groups[g as usize].unfinished -= 1;
         if self.members[m as usize].removed {
@@ -443,72 +477,116 @@ impl Engine {
         let si = self.groups[g as usize].stage as usize;
         self.stages[si].failure_count += 1;
         self.failure_count += 1;
-        let mut failed = false;
-        let group = &mut self.groups[g as usize];
-        if !group.user_skipped
-            && group.outcome.is_none()
-            && self.group_failures[g as usize] > group.max_failures
-        {
-            group.outcome = Some(State::Failed);
-            // Members still in flight finish first; the run's end stamps the time then.
-            if group.in_flight == 0 {
-                group.completed = Some(now);
-            }
-            let msg = format!(
-                "{} failures exceed maxAllowedFailures {}",
-                self.group_failures[g as usize], group.max_failures
-            );
-            group.message = Some(msg.clone());
-            group.error = Some(ErrorDetail {
-                code: "MaxAllowedFailuresExceeded".into(),
-                message: msg.clone(),
-            });
-            self.emit_group(now, EventType::GroupFailed, g, Some(msg));
-            failed = true;
-        }
-        let stage = &mut self.stages[si];
-        if !stage.user_skipped
-            && stage.outcome.is_none()
-            && (failed || stage.failure_count > stage.max_failures)
-        {
-            stage.outcome = Some(State::Failed);
-            if stage.in_flight == 0 {
-                stage.completed = Some(now);
-            }
-            let (code, msg) = if failed {
-                (
-                    "GroupFailed",
-                    format!("group {:?} failed", self.groups[g as usize].name),
-                )
-            } else {
-                (
-                    "MaxAllowedFailuresExceeded",
-                    format!(
-                        "{} failures exceed maxAllowedFailures {}",
-                        stage.failure_count, stage.max_failures
-                    ),
-                )
-            };
-            stage.message = Some(msg.clone());
-            stage.error = Some(ErrorDetail {
-                code: code.into(),
-                message: msg.clone(),
-            });
-            self.emit_stage(now, EventType::StageFailed, si, Some(msg));
-            failed = true;
-        }
-        if failed && self.phase == RunPhase::Running {
-            // The run stops progressing; in-flight members finish (SEMANTICS §4).
-            self.phase = RunPhase::Failed;
-            self.emit(
+        let (count, max) = (
+            self.group_failures[g as usize],
+            self.groups[g as usize].max_failures,
+        );
+        let group_failed = count > max
+            && self.fail_group(
                 now,
-                EventType::RunFailed,
-                None,
-                None,
-                None,
-                self.stages[si].message.clone(),
+                g,
+                "MaxAllowedFailuresExceeded",
+                format!("{count} failures exceed maxAllowedFailures {max}"),
             );
+        let stage = &self.stages[si];
+        let (count, max) = (stage.failure_count, stage.max_failures);
+        let stage_failed = if group_failed {
+            let msg = format!("group {:?} failed", self.groups[g as usize].name);
+            self.fail_stage(now, si, "GroupFailed", msg)
+        } else {
+            count > max
+                && self.fail_stage(
+                    now,
+                    si,
+                    "MaxAllowedFailuresExceeded",
+                    format!("{count} failures exceed maxAllowedFailures {max}"),
+                )
+        };
+        if group_failed || stage_failed {
+            self.fail_run(now, si);
         }
+    }
+
+    /// A HealthCheck gate of a stage (`g: None`) or of group `g` failed (SEMANTICS §10): its
+    /// group fails, which fails its stage, or its stage fails; the run stops progressing.
+    pub(super) fn fail_scope(
+        &mut self,
+        now: Time,
+        si: usize,
+        g: Option<u32>,
+        code: &str,
+        message: String,
+    ) {
+        let failed = match g {
+            Some(g) => {
+                let group_failed = self.fail_group(now, g, code, message);
+                if group_failed {
+                    let msg = format!("group {:?} failed", self.groups[g as usize].name);
+                    self.fail_stage(now, si, "GroupFailed", msg);
+                }
+                group_failed
+            }
+            None => self.fail_stage(now, si, code, message),
+        };
+        if failed {
+            self.fail_run(now, si);
+        }
+    }
+
+    /// Fails group `g` unless a user skipped it or it already ended; true if it failed now.
+    fn fail_group(&mut self, now: Time, g: u32, code: &str, msg: String) -> bool {
+        let group = &mut self.groups[g as usize];
+        if group.user_skipped || group.outcome.is_some() {
+            return false;
+        }
+        group.outcome = Some(State::Failed);
+        // Members still in flight finish first; the run's end stamps the time then.
+        if group.in_flight == 0 {
+            group.completed = Some(now);
+        }
+        group.message = Some(msg.clone());
+        group.error = Some(ErrorDetail {
+            code: code.into(),
+            message: msg.clone(),
+        });
+        self.emit_group(now, EventType::GroupFailed, g, Some(msg));
+        true
+    }
+
+    /// Fails stage `si` unless a user skipped it or it already ended; true if it failed now.
+    fn fail_stage(&mut self, now: Time, si: usize, code: &str, msg: String) -> bool {
+        let stage = &mut self.stages[si];
+        if stage.user_skipped || stage.outcome.is_some() {
+            return false;
+        }
+        stage.outcome = Some(State::Failed);
+        if stage.in_flight == 0 {
+            stage.completed = Some(now);
+        }
+        stage.message = Some(msg.clone());
+        stage.error = Some(ErrorDetail {
+            code: code.into(),
+            message: msg.clone(),
+        });
+        self.emit_stage(now, EventType::StageFailed, si, Some(msg));
+        true
+    }
+
+    /// The run stops progressing; in-flight members (and soaks) finish (SEMANTICS §4).
+    fn fail_run(&mut self, now: Time, si: usize) {
+        if self.phase != RunPhase::Running {
+            return;
+        }
+        self.phase = RunPhase::Failed;
+        self.end_dormant_watches();
+        self.emit(
+            now,
+            EventType::RunFailed,
+            None,
+            None,
+            None,
+            self.stages[si].message.clone(),
+        );
     }
 
     pub(super) fn observed(
@@ -552,11 +630,18 @@ impl Engine {
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);
                 self.touch(m);
-                let member = &mut self.members[m as usize];
+                let member = &self.members[m as usize];
                 let at_target = member
                     .target
                     .as_ref()
                     .is_some_and(|t| cluster_at(&member.cluster, t));
+                if at_target && !member.removed && self.needs_soak(m) {
+                    // Upgraded, not yet verified: its soak starts (again), in its slot.
+                    self.add_in_flight(g, 1);
+                    self.begin_soak(now, m);
+                    return;
+                }
+                let member = &mut self.members[m as usize];
                 if at_target {
                     member.state = State::Completed;
                     member.completed = Some(now);

@@ -90,10 +90,60 @@ impl Engine {
         if self.failure_count != self.stages.iter().map(|s| s.failure_count).sum::<u64>() {
             return Err("run failure count is not the sum of its stages'".into());
         }
+        self.check_watches()?;
         if self.phase == RunPhase::Running {
             self.check_reaching(now)?;
         }
         Ok(())
+    }
+
+    /// Every watch of checks belongs to what it watches (SEMANTICS §10): a soak to a member
+    /// Running in it, readiness to a member waiting to start, a gate's to a Pending gate of a
+    /// running run; and every member in its soak is watched.
+    fn check_watches(&self) -> Result<(), String> {
+        for subject in self.health.subjects() {
+            let fits = match subject {
+                Subject::Soak(m) => {
+                    let member = &self.members[m as usize];
+                    member.state == State::Running && member.verifying
+                }
+                Subject::Readiness(m) => {
+                    matches!(
+                        self.members[m as usize].state,
+                        State::Pending | State::NotStarted
+                    ) && self.phase == RunPhase::Running
+                }
+                Subject::Gate(at) => {
+                    self.phase == RunPhase::Running
+                        && self.gate_ref_state(at) == Some(State::Pending)
+                }
+            };
+            if !fits {
+                return Err(format!(
+                    "checks are watched for {subject:?}, which is not waiting for them"
+                ));
+            }
+        }
+        for (m, member) in self.members.iter().enumerate() {
+            if member.verifying && !self.health.watching(Subject::Soak(m as u32)) {
+                return Err(format!(
+                    "member {} is in its soak but nothing watches it",
+                    member.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn gate_ref_state(&self, at: GateRef) -> Option<State> {
+        let gates = match at.group {
+            None => self.stage_gates(at.stage as usize, at.timing),
+            Some(pos) => self.group_gates(
+                *self.stages[at.stage as usize].groups.get(pos as usize)?,
+                at.timing,
+            ),
+        };
+        gates.get(at.index as usize).map(|g| g.state)
     }
 
     /// In a running run's current stage: every member that has not started is queued in its

@@ -31,6 +31,7 @@ mod actions;
 mod checkpoint;
 mod create;
 mod gates;
+mod health;
 mod inputs;
 mod invariants;
 mod readiness;
@@ -40,6 +41,8 @@ mod status;
 pub use checkpoint::CHECKPOINT_FORMAT;
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
+pub use health::CheckSubject;
+use health::{Health, Subject};
 use status::StatusRevisions;
 pub use status::{STATUS_CHUNK, StatusChanges, StatusChunk, apply_target, cluster_at};
 
@@ -170,6 +173,14 @@ pub enum Input {
         member: String,
     },
     CatalogChanged(Catalog),
+    /// One evaluation of one check of a round [`Command::Evaluate`] asked for, made at the
+    /// instant this input is handled (SEMANTICS §10).
+    CheckEvaluated {
+        subject: CheckSubject,
+        round: u64,
+        check: String,
+        outcome: crate::checks::Outcome,
+    },
 }
 
 /// What one node pool is upgraded to.
@@ -198,6 +209,15 @@ pub enum Command {
     },
     /// Ask the driver about `attempt`'s operation and the cluster; answer with `Input::Observed`.
     Observe { member: String, attempt: u64 },
+    /// Evaluate every check of `checks` for `subject` now, each answered with
+    /// [`Input::CheckEvaluated`] naming `round` (SEMANTICS §10). Placeholders are rendered
+    /// with `context` ([`crate::checks::render`]).
+    Evaluate {
+        subject: CheckSubject,
+        round: u64,
+        checks: Arc<crate::checks::Checks>,
+        context: crate::checks::Context,
+    },
 }
 
 /// A gate the run has reached, as the gate resource shows it.
@@ -254,6 +274,7 @@ enum TimerKey {
     Gate(GateRef),
     Wait(u32),
     Member(u32),
+    Watch(Subject),
 }
 
 #[derive(Clone, Debug)]
@@ -288,6 +309,10 @@ struct MemberRt {
     timer: Option<Time>,
     reattaching: bool,
     removed: bool,
+    /// Running in its soak after its upgrade: health checks, no operation (SEMANTICS §10).
+    verifying: bool,
+    /// Failed its health checks and retried: verified again, not skipped at its target.
+    reverify: bool,
     locked_by: Option<Arc<str>>,
 }
 
@@ -309,6 +334,9 @@ struct GroupRt {
     unfinished: u64,
     pending: u64,
     ready: BTreeSet<(u8, u32)>,
+    /// The checks of its members: its own, else its stage's (SEMANTICS §10).
+    member_health: Option<Arc<crate::checks::Checks>>,
+    readiness: Option<Arc<crate::checks::Checks>>,
     start: Option<Time>,
     completed: Option<Time>,
     message: Option<String>,
@@ -391,6 +419,8 @@ pub struct Engine {
     quiet_changes: u64,
     /// What the run's creation warned of, shown in its status.
     warnings: Vec<String>,
+    /// Health and readiness checks under way, and their results.
+    health: Health,
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
@@ -429,6 +459,8 @@ pub enum WaitReason {
     Gate,
     /// The wait after an earlier stage.
     Wait,
+    /// Its readiness checks.
+    Readiness,
 }
 
 enum Decision {
@@ -564,7 +596,7 @@ impl Engine {
     pub fn running_members(&self) -> impl Iterator<Item = (&str, u64)> {
         self.members
             .iter()
-            .filter(|m| m.state == State::Running && !m.reattaching)
+            .filter(|m| m.state == State::Running && !m.reattaching && !m.verifying)
             .map(|m| (&*m.name, m.attempt))
     }
 
@@ -579,7 +611,7 @@ impl Engine {
     pub fn operations_in_flight(&self) -> impl Iterator<Item = (&str, u64, &Target)> {
         self.members
             .iter()
-            .filter(|m| m.state == State::Running)
+            .filter(|m| m.state == State::Running && !m.verifying)
             .filter_map(|m| Some((&*m.name, m.attempt, &**m.target.as_ref()?)))
     }
 

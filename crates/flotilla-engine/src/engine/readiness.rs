@@ -17,6 +17,7 @@ impl Engine {
         }
         member.place = Place::Nowhere;
         self.set_member_timer(m, None);
+        self.end_watch(Subject::Readiness(m));
     }
 
     /// The priority class of a member now (SEMANTICS §3) and the instant it changes.
@@ -88,7 +89,16 @@ impl Engine {
         }
         match self.readiness(m, now) {
             Readiness::Ready => self.enqueue(now, m),
-            Readiness::Wait { wake, message, .. } => self.park(now, m, wake, message),
+            Readiness::Wait {
+                wake,
+                message,
+                reason,
+            } => {
+                self.park(now, m, wake, message);
+                if reason == WaitReason::Readiness {
+                    self.ensure_readiness(now, m);
+                }
+            }
         }
     }
 
@@ -100,9 +110,16 @@ impl Engine {
     }
 
     /// Whether a reached member that will be upgraded can start now, and if not, until when it
-    /// waits (SEMANTICS §3): another run's operation, its target not yet in its region, its
-    /// maintenance window.
+    /// waits (SEMANTICS §3, §10): another run's operation, its target not yet in its region,
+    /// its maintenance window, then its readiness checks.
     pub(super) fn readiness(&self, m: u32, now: Time) -> Readiness {
+        match self.readiness_of_cluster(m, now) {
+            Readiness::Ready => self.readiness_checks(m, now).unwrap_or(Readiness::Ready),
+            wait => wait,
+        }
+    }
+
+    fn readiness_of_cluster(&self, m: u32, now: Time) -> Readiness {
         let member = &self.members[m as usize];
         if let Some(run) = &member.locked_by {
             return Readiness::Wait {

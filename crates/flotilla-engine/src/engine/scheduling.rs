@@ -60,6 +60,7 @@ impl Engine {
                         self.emit_stage(t, EventType::WaitCompleted, si as usize, None);
                     }
                 }
+                TimerKey::Watch(subject) => self.watch_due(now, subject),
                 TimerKey::Member(m) => {
                     self.members[m as usize].timer = None;
                     if self.phase == RunPhase::Running {
@@ -376,7 +377,10 @@ impl Engine {
                     return changed;
                 }
                 if let Some((m, target)) = picked {
-                    self.start_member(now, m, target);
+                    match target {
+                        Some(target) => self.start_member(now, m, target),
+                        None => self.start_verifying(now, m),
+                    }
                     self.stages[si].last_served = pos;
                     changed = true;
                     continue 'slots;
@@ -394,19 +398,37 @@ impl Engine {
     /// Pending members use no slot, so the group goes on to its next member. Returns the member
     /// to start (if any) and whether anything changed. A failure that ends the run ends the
     /// walk (§4: the pass neither starts, skips nor fails anyone after it).
-    pub(super) fn reach(&mut self, now: Time, g: u32) -> (Option<(u32, Target)>, bool) {
+    pub(super) fn reach(&mut self, now: Time, g: u32) -> (Option<(u32, Option<Target>)>, bool) {
         let mut touched = false;
         while let Some(&(class, m)) = self.groups[g as usize].ready.first() {
             touched = true;
-            match self.decide(m, now) {
+            let decision = self.decide(m, now);
+            if self.members[m as usize].reverify && matches!(decision, Decision::Skip(_)) {
+                // At its target after failing its health checks: verified again, in a slot,
+                // with no operation sent (SEMANTICS §10).
+                self.groups[g as usize].ready.remove(&(class, m));
+                self.members[m as usize].place = Place::Nowhere;
+                self.set_member_timer(m, None);
+                return (Some((m, None)), true);
+            }
+            match decision {
                 Decision::Upgrade(target) => match self.readiness(m, now) {
                     Readiness::Ready => {
                         self.groups[g as usize].ready.remove(&(class, m));
                         self.members[m as usize].place = Place::Nowhere;
                         self.set_member_timer(m, None);
-                        return (Some((m, target)), true);
+                        return (Some((m, Some(target))), true);
                     }
-                    Readiness::Wait { wake, message, .. } => self.park(now, m, wake, message),
+                    Readiness::Wait {
+                        wake,
+                        message,
+                        reason,
+                    } => {
+                        self.park(now, m, wake, message);
+                        if reason == WaitReason::Readiness {
+                            self.ensure_readiness(now, m);
+                        }
+                    }
                 },
                 Decision::Skip(why) => {
                     self.unplace(m);
@@ -436,6 +458,7 @@ impl Engine {
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         self.touch(m);
+        self.end_watch(Subject::Readiness(m));
         let member = &mut self.members[m as usize];
         member.state = State::Running;
         member.attempt = attempt;

@@ -146,6 +146,7 @@ impl Engine {
             cluster_resource_id: member.cluster_resource_id.to_string(),
             operation_id: member.operation_id.as_deref().map(String::from),
             message: member.message.as_deref().map(String::from),
+            health_checks: self.member_checks(m),
         }
     }
 
@@ -199,7 +200,8 @@ impl Engine {
                 groups: stage
                     .groups
                     .iter()
-                    .map(|&g| {
+                    .enumerate()
+                    .map(|(pos, &g)| {
                         let group = &self.groups[g as usize];
                         GroupStatus {
                             status: UpdateStatus {
@@ -220,6 +222,7 @@ impl Engine {
                             before_gates: Self::gate_status(&group.before),
                             after_gates: Self::gate_status(&group.after),
                             message: group.message.clone(),
+                            health_checks: self.scope_checks(si, Some(pos as u32)),
                         }
                     })
                     .collect(),
@@ -235,6 +238,7 @@ impl Engine {
                     wait_duration_in_seconds: stage.wait.seconds,
                 }),
                 message: stage.message.clone(),
+                health_checks: self.scope_checks(si, None),
             })
             .collect();
         UpdateRunStatus {
