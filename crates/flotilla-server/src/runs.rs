@@ -1344,7 +1344,13 @@ struct RunMeta {
     /// and that checkpoint's size.
     log_cost: u64,
     checkpoint_bytes: u64,
+    /// When the run was loaded: a finished run loaded for an action (a retry of a Failed run)
+    /// stays until the action, which comes in the next message, has been applied.
+    loaded_at: Instant,
 }
+
+/// How long a finished run loaded for an action is kept loaded at least.
+const LOADED_KEPT: Duration = Duration::from_secs(10);
 
 impl RunMeta {
     /// Counts log entries written, and whether the run is due a checkpoint after them.
@@ -1513,6 +1519,7 @@ impl FleetActor {
                 unwritten: Vec::new(),
                 log_cost: loaded.log_cost,
                 checkpoint_bytes: loaded.checkpoint_bytes,
+                loaded_at: Instant::now(),
             },
         );
         if let Ok(mut driving) = self.driving.lock() {
@@ -2062,6 +2069,7 @@ impl FleetActor {
                 meta.outstanding.is_empty()
                     && !meta.status_dirty
                     && meta.unwritten.is_empty()
+                    && meta.loaded_at.elapsed() >= LOADED_KEPT
                     && self.engine.run(run).is_some_and(|e| e.is_finished())
             })
             .map(|(run, _)| run.clone())
@@ -2957,6 +2965,7 @@ mod tests {
             unwritten: Vec::new(),
             log_cost: 0,
             checkpoint_bytes: 0,
+            loaded_at: Instant::now(),
         };
         // The store's rows: each chunk's list and text, by index.
         let mut stored: std::collections::BTreeMap<u32, (u32, String)> = Default::default();

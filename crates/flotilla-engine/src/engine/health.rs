@@ -706,7 +706,10 @@ impl Engine {
                         Some("health checks passed".into()),
                     );
                 }
-                Some(why) => self.fail_member(now, m, "HealthCheckFailed", why),
+                Some(why) => {
+                    member.message = None;
+                    self.fail_member(now, m, "HealthCheckFailed", why);
+                }
             }
         }
         self.finish_group_if_skipped(now, g);
