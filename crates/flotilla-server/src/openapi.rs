@@ -440,20 +440,38 @@ fn schemas() -> Value {
     fleet["properties"]["location"] = text.clone();
     fleet["properties"]["tags"] = tags.clone();
     fleet["properties"]["identity"] = json!({"type": "object"});
+    // SEMANTICS §10: a check, a block of them on a stage or group, and a HealthCheck gate's.
+    let seconds = json!({"type": "integer"});
+    let check = json!({"type": "object", "required": ["name", "type"], "properties": {
+        "name": text, "type": {"type": "string", "enum": ["Prometheus", "Http", "Exec"]},
+        "endpoint": text, "query": text, "condition": text,
+        "onEmpty": {"type": "string", "enum": ["Fail", "Pass"]},
+        "url": text, "expectStatus": {"type": "integer"}, "bodyContains": text,
+        "command": {"type": "array", "items": text},
+        "requestTimeoutSeconds": seconds, "headers": labels, "caFile": text}});
+    let block = json!({"type": "object", "required": ["checks"], "properties": {
+        "checks": {"type": "array", "items": check.clone()},
+        "soakSeconds": seconds, "intervalSeconds": seconds, "timeoutSeconds": seconds,
+        "unavailableAfterSeconds": seconds}});
     let gate = json!({"type": "object", "required": ["type"], "properties": {
         "type": {"type": "string", "enum": ["Approval", "ScheduledStart", "HealthCheck"]},
-        "displayName": text}});
+        "displayName": text,
+        "checks": {"type": "array", "items": check},
+        "soakSeconds": seconds, "intervalSeconds": seconds, "timeoutSeconds": seconds,
+        "unavailableAfterSeconds": seconds}});
     let stage = json!({"type": "object", "required": ["name"], "properties": {
         "name": text,
         "groups": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
             "name": text, "maxConcurrency": text, "maxAllowedFailures": text,
-            "beforeGates": {"type": "array", "items": gate}, "afterGates": {"type": "array", "items": gate}}}},
+            "beforeGates": {"type": "array", "items": gate}, "afterGates": {"type": "array", "items": gate},
+            "memberHealthChecks": block, "readinessChecks": block}}},
         "memberSelector": {"type": "object"},
         "maxConcurrency": text,
         "maxAllowedFailures": text,
         "afterStageWaitInSeconds": {"type": "integer"},
         "beforeGates": {"type": "array", "items": gate},
-        "afterGates": {"type": "array", "items": gate}}});
+        "afterGates": {"type": "array", "items": gate},
+        "memberHealthChecks": block, "readinessChecks": block}});
     let strategy = json!({"type": "object", "required": ["stages"], "properties": {
         "stages": {"type": "array", "items": stage}}});
     let update = json!({"type": "object", "required": ["upgrade"], "properties": {
