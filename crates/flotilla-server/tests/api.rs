@@ -3486,3 +3486,125 @@ async fn a_target_no_catalog_can_vouch_for_is_warned_of() {
         "{said}"
     );
 }
+
+/// The audit trail of a whole run (issue "Rollouts that watch what they break"): who started
+/// it, stopped it, started it again, skipped a member and approved its gate, each with its
+/// time, in order.
+#[tokio::test]
+async fn the_audit_trail_says_who_started_stopped_skipped_and_approved_a_run() {
+    let h = Harness::start("audit-run").await;
+    let clusters = [
+        ("c-a1", cluster("1.30.5")),
+        ("c-b1", cluster("1.30.5")),
+        ("c-b2", cluster("1.30.5")),
+    ];
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for (name, group) in [("a1", "canary"), ("b1", "prod"), ("b2", "prod")] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let path = "/v1/fleets/f1/updateRuns/r1";
+    h.ok(
+        "operator",
+        Method::PUT,
+        path,
+        Some(json!({"properties": {
+            "strategy": {"stages": [
+                {"name": "canary", "groups": [{"name": "canary"}]},
+                {"name": "prod", "beforeGates": [{"type": "Approval"}], "groups": [{"name": "prod"}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    h.ok("operator", Method::POST, &format!("{path}/start"), None)
+        .await;
+    h.wait_run(path, "the production gate", |r| {
+        r["properties"]["status"]["stages"][1]["beforeGates"][0]["status"]["state"] == "Pending"
+    })
+    .await;
+    h.ok("operator", Method::POST, &format!("{path}/stop"), None)
+        .await;
+    h.ok("operator", Method::POST, &format!("{path}/start"), None)
+        .await;
+    h.ok(
+        "approver",
+        Method::POST,
+        &format!("{path}/skip"),
+        Some(json!({"targets": [{"type": "Member", "name": "b2"}]})),
+    )
+    .await;
+    let gates = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/gates?state=Pending",
+            None,
+        )
+        .await;
+    let gate = gates["value"][0]["name"]
+        .as_str()
+        .expect("the gate")
+        .to_string();
+    h.ok(
+        "approver",
+        Method::PATCH,
+        &format!("/v1/fleets/f1/gates/{gate}"),
+        Some(json!({"properties": {"state": "Completed"}})),
+    )
+    .await;
+    h.wait_run(path, "the end", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    let trail = h
+        .ok("admin", Method::GET, "/v1/audit?fleet=f1&$top=1000", None)
+        .await;
+    let actions: Vec<(String, String, String)> = trail["value"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| {
+            let p = e["path"].as_str().unwrap_or_default();
+            p.starts_with(path) && p != path || p.starts_with("/v1/fleets/f1/gates/")
+        })
+        .map(|e| {
+            assert!(
+                flotilla_engine::time::Time::parse(e["time"].as_str().unwrap_or("")).is_ok(),
+                "{e}"
+            );
+            (
+                e["subject"].as_str().unwrap_or_default().to_string(),
+                e["method"].as_str().unwrap_or_default().to_string(),
+                e["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("operator-user", "POST", "start"),
+        ("operator-user", "POST", "stop"),
+        ("operator-user", "POST", "start"),
+        ("approver-user", "POST", "skip"),
+        ("approver-user", "PATCH", gate.as_str()),
+    ];
+    let got: Vec<(&str, &str, &str)> = actions
+        .iter()
+        .map(|(s, m, p)| (s.as_str(), m.as_str(), p.as_str()))
+        .collect();
+    assert_eq!(got, want, "{trail}");
+}
