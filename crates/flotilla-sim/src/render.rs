@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 
-use flotilla_engine::status::{Event, EventType, GateStatus, UpdateRunStatus, UpdateStatus};
+use flotilla_engine::status::{
+    CheckResult, Event, EventType, GateStatus, UpdateRunStatus, UpdateStatus,
+};
 use flotilla_engine::time::Time;
 
 use crate::simulator::SimResult;
@@ -30,6 +32,41 @@ fn gates(out: &mut String, prefix: &str, label: &str, gates: &[GateStatus]) {
             "{prefix}{label} {name:?}  {:?}{}{id}",
             g.status.state,
             span(&g.status)
+        );
+    }
+}
+
+/// A status's check evaluations (SEMANTICS §10): each check's latest, with how many of those
+/// the status keeps failed.
+fn checks(out: &mut String, prefix: &str, results: &[CheckResult]) {
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        if !names.contains(&r.name.as_str()) {
+            names.push(&r.name);
+        }
+    }
+    for name in names {
+        let of: Vec<&CheckResult> = results.iter().filter(|r| r.name == name).collect();
+        let Some(last) = of.last() else { continue };
+        let mark = match last.passed {
+            Some(true) => "passed",
+            Some(false) => "FAILED",
+            None => "unavailable",
+        };
+        let failing = of.iter().filter(|r| r.passed == Some(false)).count();
+        let _ = writeln!(
+            out,
+            "{prefix}check {name} {mark} at {}{}{}",
+            last.time,
+            last.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default(),
+            if failing > 1 {
+                format!(" ({failing} failing evaluations)")
+            } else {
+                String::new()
+            }
         );
     }
 }
@@ -63,6 +100,10 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
             stage.max_concurrency,
             span(&stage.status)
         );
+        if let Some(e) = &stage.status.error {
+            let _ = writeln!(out, "    error {}: {}", e.code, e.message);
+        }
+        checks(&mut out, "    ", &stage.health_checks);
         gates(&mut out, "    ", "before-gate", &stage.before_gates);
         for group in &stage.groups {
             let _ = writeln!(
@@ -80,6 +121,7 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
                     .map(|m| format!("  ({m})"))
                     .unwrap_or_default()
             );
+            checks(&mut out, "      ", &group.health_checks);
             gates(&mut out, "      ", "before-gate", &group.before_gates);
             for m in &group.members {
                 let detail = m
@@ -97,6 +139,7 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
                     span(&m.status),
                     detail
                 );
+                checks(&mut out, "        ", &m.health_checks);
             }
             gates(&mut out, "      ", "after-gate", &group.after_gates);
         }

@@ -641,7 +641,13 @@ impl Engine {
                 }
                 gate.state = State::Failed;
                 gate.completed = Some(now);
+                let name = gate
+                    .gate
+                    .display_name
+                    .as_ref()
+                    .map_or_else(|| gate.id.clone(), |n| format!("{n:?}"));
                 self.emit_gate(now, EventType::GateFailed, at, Some(why.clone()));
+                let why = format!("the HealthCheck gate {name} failed: {why}");
                 let g = at
                     .group
                     .map(|pos| self.stages[at.stage as usize].groups[pos as usize]);
