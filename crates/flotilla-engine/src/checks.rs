@@ -170,6 +170,15 @@ pub struct Checks {
     pub unavailable_after_seconds: i64,
 }
 
+impl Checks {
+    /// Whether any check's text holds `text` (a placeholder, say).
+    pub fn uses(&self, text: &str) -> bool {
+        self.checks
+            .iter()
+            .any(|c| serde_json::to_string(c).is_ok_and(|json| json.contains(text)))
+    }
+}
+
 /// Where a block of checks sits, which decides its defaults and the placeholders it may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockKind {

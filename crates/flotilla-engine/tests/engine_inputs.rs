@@ -364,3 +364,91 @@ fn a_member_removed_while_reattaching_is_skipped_not_upgraded() {
     assert_eq!(message.as_deref(), Some("member removed from fleet"));
     engine.check_invariants(t0.plus(140)).expect("invariants");
 }
+
+/// A HealthCheck gate's evaluation names its scope's members for `{members}` (SEMANTICS §10),
+/// and a result for a round that is over changes nothing.
+#[test]
+fn a_gate_evaluation_names_its_scope_and_stale_results_are_ignored() {
+    use flotilla_engine::checks::{Outcome, render};
+    use flotilla_engine::engine::CheckSubject;
+    use flotilla_engine::strategy::{StrategySpec, parse_strategy};
+    let strategy: StrategySpec = serde_json::from_value(serde_json::json!({"stages": [{
+        "name": "prod",
+        "memberSelector": {"byLabel": "ring=prod"},
+        "beforeGates": [{"type": "HealthCheck", "soakSeconds": 0, "intervalSeconds": 60, "checks": [{
+            "name": "errors", "type": "Prometheus", "endpoint": "http://p:9090",
+            "query": "max(errors{cluster=~\"{members}\"})", "condition": "< 0.1"}]}]}]}))
+    .expect("wire shape");
+    let mut spec = spec();
+    spec.strategy = Some(parse_strategy(&strategy, "s", 1000).expect("valid"));
+    let mut fleet = vec![
+        member("a", "eastus"),
+        member("b", "eastus"),
+        member("c", "eastus"),
+    ];
+    for m in &mut fleet[..2] {
+        m.labels.insert("ring".into(), "prod".into());
+    }
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec,
+        &fleet,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine.handle(t0, Input::Start).expect("started");
+    engine.settle(t0);
+    let evaluation = std::iter::from_fn(|| engine.poll_command())
+        .find_map(|c| match c {
+            Command::Evaluate {
+                subject,
+                round,
+                checks,
+                context,
+            } => Some((subject, round, checks, context)),
+            _ => None,
+        })
+        .expect("the gate is evaluated when reached");
+    let (subject, round, checks, context) = evaluation;
+    assert!(matches!(subject, CheckSubject::Gate { .. }), "{subject:?}");
+    assert_eq!(context.members, ["a", "b"]);
+    let rendered = match &checks.checks[0].kind {
+        flotilla_engine::checks::CheckKind::Prometheus { query, .. } => {
+            render(query, &context, &|_| None)
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(rendered, "max(errors{cluster=~\"a|b\"})");
+    // The next round begins at the interval; an answer to the first one is stale then.
+    let t1 = t0.plus(60);
+    engine.advance_clock(t1);
+    engine.settle(t1);
+    let evaluated = |engine: &mut Engine, round: u64, value: f64| {
+        engine
+            .handle(
+                t1,
+                Input::CheckEvaluated {
+                    subject: subject.clone(),
+                    round,
+                    check: "errors".into(),
+                    outcome: Outcome::Samples(vec![value]),
+                },
+            )
+            .expect("taken");
+        engine.settle(t1);
+    };
+    evaluated(&mut engine, round, 0.0);
+    assert_eq!(
+        engine.status().stages[0].before_gates[0].status.state,
+        State::Pending,
+        "a stale round's pass completes nothing"
+    );
+    evaluated(&mut engine, round + 1, 0.0);
+    assert_eq!(
+        engine.status().stages[0].before_gates[0].status.state,
+        State::Completed
+    );
+    // One at a time (an implicit group's concurrency).
+    assert_eq!(started(&mut engine), ["a"]);
+}

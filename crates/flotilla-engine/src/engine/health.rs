@@ -237,7 +237,7 @@ impl Engine {
     }
 
     /// What the placeholders of a subject's checks stand for.
-    fn context_of(&self, subject: Subject) -> Context {
+    fn context_of(&self, subject: Subject, checks: &Checks) -> Context {
         match subject {
             Subject::Soak(m) | Subject::Readiness(m) => {
                 let member = &self.members[m as usize];
@@ -269,11 +269,16 @@ impl Engine {
                     member: None,
                     cluster_resource_id: None,
                     region: None,
-                    members: groups
-                        .iter()
-                        .flat_map(|&g| self.groups[g as usize].members.iter())
-                        .map(|&m| self.members[m as usize].name.to_string())
-                        .collect(),
+                    // Only for checks that name them: a stage may hold 100,000 members.
+                    members: if checks.uses("{members}") {
+                        groups
+                            .iter()
+                            .flat_map(|&g| self.groups[g as usize].members.iter())
+                            .map(|&m| self.members[m as usize].name.to_string())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 }
             }
         }
@@ -335,7 +340,7 @@ impl Engine {
         }
     }
 
-    fn begin_round(&mut self, now: Time, subject: Subject, checks: &Checks) {
+    fn begin_round(&mut self, now: Time, subject: Subject, checks: &Arc<Checks>) {
         let round = self.health.next_round;
         self.health.next_round += 1;
         let Some(watch) = self.health.watches.get_mut(&subject) else {
@@ -346,11 +351,11 @@ impl Engine {
         watch.answers.fill(Answer::Awaited);
         let wake = self.watch_wakeup(subject, checks);
         self.set_watch_timer(subject, wake);
-        let context = self.context_of(subject);
+        let context = self.context_of(subject, checks);
         self.commands.push_back(Command::Evaluate {
             subject: self.public_subject(subject),
             round,
-            checks: Arc::new(checks.clone()),
+            checks: checks.clone(),
             context,
         });
     }
