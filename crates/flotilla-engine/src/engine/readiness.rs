@@ -97,6 +97,9 @@ impl Engine {
                 self.park(now, m, wake, message);
                 if reason == WaitReason::Readiness {
                     self.ensure_readiness(now, m);
+                } else {
+                    // Waiting for something else first: evaluated when that comes.
+                    self.end_watch(Subject::Readiness(m));
                 }
             }
         }
