@@ -10,6 +10,10 @@
 //!
 //! `cargo bench -p flotilla-sim --bench scale -- --runs 10 100000`
 //!
+//! With `--checks`, the same run with health checks (SEMANTICS §10): every member soaks five
+//! minutes with a check evaluated each minute, and each later stage waits for a HealthCheck
+//! gate (`-- --checks 10000 100000`).
+//!
 //! With `--forecast`, the time to forecast the fleet's run before its start, and how far the
 //! forecast is from the run simulated (`-- --forecast 10000 100000`).
 
@@ -391,8 +395,43 @@ fn status_forecast_bench(scenario: &Scenario) {
     }
 }
 
+/// The run of [`fleet`] with health checks: a five-minute soak per member (a check each
+/// minute, all passing) and a HealthCheck before-gate on each later stage.
+fn with_checks(mut scenario: Scenario) -> Scenario {
+    use flotilla_sim::scenario::Scripted;
+    let check = json!({"name": "errors", "type": "Prometheus", "endpoint": "http://prometheus:9090",
+                       "query": "errors{cluster=\"{member}\"}", "condition": "< 0.01"});
+    if let Some(stages) = scenario
+        .strategy
+        .as_mut()
+        .and_then(|s| s["stages"].as_array_mut())
+    {
+        for (si, stage) in stages.iter_mut().enumerate() {
+            stage["memberHealthChecks"] =
+                json!({"checks": [check], "soakSeconds": 300, "intervalSeconds": 60});
+            if si > 0 {
+                stage["beforeGates"] = json!([{"type": "HealthCheck", "soakSeconds": 600, "intervalSeconds": 60,
+                    "checks": [{"name": "fleet", "type": "Prometheus", "endpoint": "http://prometheus:9090",
+                                "query": "max(errors)", "condition": "< 0.01"}]}]);
+            }
+        }
+    }
+    let start = scenario.start;
+    for m in &scenario.members {
+        scenario.member_checks.insert(
+            m.name.clone(),
+            [("errors".to_string(), vec![(start, Scripted::Number(0.001))])].into(),
+        );
+    }
+    scenario
+        .gate_checks
+        .insert("fleet".into(), vec![(start, Scripted::Number(0.0))]);
+    scenario
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let checks = args.iter().any(|a| a == "--checks");
     if args.iter().any(|a| a == "--forecast") {
         let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
         for size in if sizes.is_empty() {
@@ -431,7 +470,11 @@ fn main() {
     );
     for size in sizes {
         let t0 = Instant::now();
-        let scenario = fleet(size);
+        let scenario = if checks {
+            with_checks(fleet(size))
+        } else {
+            fleet(size)
+        };
         let built = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let result = simulate(&scenario);
