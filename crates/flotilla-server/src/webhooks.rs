@@ -488,7 +488,8 @@ fn run_summary(d: &Delivery, head: Option<&str>) -> Value {
     });
     if let Some(head) = head.map(RunHead::parse) {
         summary["state"] = json!(head.state());
-        summary["failureCount"] = json!(head.failure_count());
+        // Stored as a JSON number; a count is whole.
+        summary["failureCount"] = json!(head.failure_count() as u64);
         let status = head.status();
         if let Some(t) = &status.start_time {
             summary["startTime"] = json!(t);
@@ -926,7 +927,7 @@ mod tests {
                     "event": event,
                     "sequence": 3,
                     "run": {"fleet": "edge", "name": "r1", "id": "/v1/fleets/edge/updateRuns/r1",
-                        "state": "Running", "failureCount": 1.0, "startTime": "2026-11-30T23:00:00Z"},
+                        "state": "Running", "failureCount": 1, "startTime": "2026-11-30T23:00:00Z"},
                     "link": "https://flotilla.example/#/fleets/edge/runs/r1",
                 },
             })
