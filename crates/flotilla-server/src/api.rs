@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -28,8 +28,9 @@ use crate::auth::{Caller, Role, authenticate, require};
 use crate::clock::now;
 use crate::driver::{MemberRef, validate_driver_config};
 use crate::error::{HttpError, HttpResult};
+use crate::request::{precondition, read_json, read_json_limited, system_data};
 use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
-use crate::state::{AppState, BODY_LIMIT, IMPORT_BODY_LIMIT, Shared};
+use crate::state::{AppState, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
     Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
 };
@@ -77,44 +78,6 @@ fn check_precondition(headers: &HeaderMap, etag: &str) -> HttpResult<()> {
         ));
     }
     Ok(())
-}
-
-fn precondition(headers: &HeaderMap) -> Precondition {
-    if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
-        Precondition::IfMatch(tag.trim().to_string())
-    } else if headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim() == "*")
-    {
-        Precondition::IfNoneMatchAny
-    } else {
-        Precondition::None
-    }
-}
-
-async fn read_json(body: Body) -> HttpResult<Value> {
-    read_json_limited(body, BODY_LIMIT).await
-}
-
-async fn read_json_limited(body: Body, limit: usize) -> HttpResult<Value> {
-    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        HttpError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PayloadTooLarge",
-            format!("the request body is larger than {limit} bytes"),
-        )
-    })?;
-    if bytes.is_empty() {
-        return Ok(Value::Object(Default::default()));
-    }
-    flotilla_engine::body::strict_json(&bytes).map_err(|e| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            format!("the body is not valid JSON: {e}"),
-            "",
-        ))
-    })
 }
 
 fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
@@ -652,29 +615,6 @@ fn check_tags(tags: &BTreeMap<String, String>) -> HttpResult<()> {
         }
     }
     Ok(())
-}
-
-/// `systemData` (API.md, "Fleet Manager (ARM) paths"): who created a resource and when, kept
-/// from the body it replaces, and who changed it last, from the caller's token.
-fn system_data(caller: &Caller, previous: Option<&Value>) -> Value {
-    let at = now();
-    let by_type = if caller.is_system() {
-        "Application"
-    } else {
-        "User"
-    };
-    let mut body = json!({"systemData": {
-        "createdBy": caller.subject,
-        "createdByType": by_type,
-        "createdAt": at,
-        "lastModifiedBy": caller.subject,
-        "lastModifiedByType": by_type,
-        "lastModifiedAt": at,
-    }});
-    if let Some(stored) = previous {
-        crate::store::keep_creation(&mut body, stored);
-    }
-    body["systemData"].take()
 }
 
 /// Writes a resource's new body stamped with `systemData` (its creation kept from `stored`).
@@ -2923,6 +2863,36 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "admin",
     ),
     (
+        "get",
+        "/v1/webhooks",
+        "List webhooks (their secrets are never shown)",
+        "admin",
+    ),
+    (
+        "get",
+        "/v1/webhooks/{webhook}",
+        "Get a webhook (hasSecret, never the secret)",
+        "admin",
+    ),
+    (
+        "put",
+        "/v1/webhooks/{webhook}",
+        "Create or replace a webhook: {\"properties\": {\"url\", \"secret\", \"fleets\": [\"*\"], \"events\": [\"*\"], \"format\": \"CloudEvents\" | \"Slack\" | \"Teams\"}}",
+        "admin",
+    ),
+    (
+        "delete",
+        "/v1/webhooks/{webhook}",
+        "Delete a webhook and its deliveries, sent or not",
+        "admin",
+    ),
+    (
+        "get",
+        "/v1/webhooks/{webhook}/deliveries",
+        "A webhook's deliveries, oldest first: time, event id and type, state, attempts, status code, last error (state=, $top, after=ID)",
+        "admin",
+    ),
+    (
         "post",
         "/v1/fleets/{fleet}/discoverMembers",
         "Register the clusters the fleet's driver finds (aks: properties.driver.discover); answers {\"added\", \"updated\", \"vanished\"}, member names",
@@ -3192,6 +3162,17 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/leases", get(list_leases))
         .route("/v1/audit", get(crate::audit::list))
+        .route("/v1/webhooks", get(crate::webhooks::list))
+        .route(
+            "/v1/webhooks/{webhook}",
+            get(crate::webhooks::get)
+                .put(crate::webhooks::put)
+                .delete(crate::webhooks::delete),
+        )
+        .route(
+            "/v1/webhooks/{webhook}/deliveries",
+            get(crate::webhooks::deliveries),
+        )
         .fallback(|| async {
             HttpError::from(ApiError::new(ErrorCode::NotFound, "no such path", ""))
         })

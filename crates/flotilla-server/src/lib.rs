@@ -29,9 +29,11 @@ pub mod http;
 pub mod journal;
 pub mod metrics;
 pub mod openapi;
+pub mod request;
 pub mod run_head;
 pub mod runs;
 pub mod state;
+pub mod webhooks;
 
 pub use flotilla_driver::{self as driver, clock, operation};
 pub use flotilla_store as store;
@@ -212,6 +214,12 @@ impl Server {
             answers: Default::default(),
             arm: Default::default(),
         });
+        // Webhooks: the outbox the run batches fill, sent from every replica (rows are
+        // claimed one sender at a time).
+        tokio::spawn(webhooks::deliver(
+            state.clone(),
+            webhooks::Pacing::default(),
+        ));
         let feed = state.clone();
         tokio::spawn(async move {
             // The release feed: each fleet's catalog is read from its driver and every enabled

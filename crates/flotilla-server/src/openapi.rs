@@ -31,6 +31,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "gates" => "Gate",
         "autoUpgradeProfiles" => "AutoUpgradeProfile",
         "tokens" => "Token",
+        "webhooks" => "Webhook",
         _ => return None,
     })
 }
@@ -52,6 +53,7 @@ fn shape(path: &str) -> Shape {
         "me" => return Shape::Other("Me"),
         "leases" => return Shape::Other("Leases"),
         "audit" => return Shape::Other("Audit"),
+        "deliveries" => return Shape::Other("Deliveries"),
         "releases" => return Shape::Other("Releases"),
         "events" => return Shape::Other("Events"),
         "importMembers" => return Shape::Other("ImportResult"),
@@ -134,8 +136,21 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             );
             if schema != "Token" {
                 put(400, error("A paging or filter parameter is invalid"));
+            }
+            if !matches!(schema, "Token" | "Webhook") {
                 put(404, error("The fleet does not exist"));
             }
+        }
+        // Webhooks live outside fleets and have no state to conflict with.
+        ("put", Shape::Resource("Webhook")) => {
+            put(200, answer("Replaced", Some(reference("Webhook"))));
+            put(201, answer("Created", Some(reference("Webhook"))));
+            put(412, error("If-Match or If-None-Match does not hold"));
+        }
+        ("delete", Shape::Resource("Webhook")) => {
+            put(200, answer("Deleted, with its deliveries", None));
+            put(404, error("It does not exist"));
+            put(412, error("If-Match does not hold"));
         }
         ("put", Shape::Resource(schema)) => {
             put(200, answer("Replaced", Some(reference(schema))));
@@ -232,6 +247,17 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
                 409,
                 error("The fleet's driver cannot list its releases now"),
             );
+        }
+        ("get", Shape::Other("Deliveries")) => {
+            put(
+                200,
+                answer(
+                    "The webhook's deliveries, oldest first",
+                    Some(reference("Deliveries")),
+                ),
+            );
+            put(400, error("A parameter is invalid"));
+            put(404, error("The webhook does not exist"));
         }
         ("get", Shape::Other("Audit")) => {
             put(
@@ -340,6 +366,17 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
             "since",
             json!({"type": "string", "format": "date-time"}),
         ));
+    }
+    if shape == Shape::Other("Deliveries") {
+        params.push(query(
+            "state",
+            json!({"type": "string", "enum": ["Pending", "Delivered", "Abandoned"]}),
+        ));
+        params.push(query(
+            "$top",
+            json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+        ));
+        params.push(query("after", json!({"type": "integer", "minimum": 0})));
     }
     // Writes to a resource with an eTag take `If-Match`; tokens, imports and profiles' generated
     // runs have none.
@@ -576,5 +613,37 @@ fn schemas() -> Value {
         "OpenApi": {"type": "object", "required": ["openapi", "paths"], "properties": {"openapi": text, "paths": {"type": "object"}}},
     });
     schemas["Audit"] = audit;
+    schemas["Webhook"] = webhook_schema();
+    schemas["Deliveries"] = deliveries_schema();
     schemas
+}
+
+/// A webhook: its secret is sent, never shown (`hasSecret` says there is one).
+fn webhook_schema() -> Value {
+    let text = json!({"type": "string"});
+    let names = json!({"type": "array", "minItems": 1, "maxItems": 100, "items": text});
+    envelope(
+        json!({"type": "object", "required": ["url"], "properties": {
+        "url": {"type": "string", "format": "uri", "maxLength": 2048},
+        "secret": {"type": "string", "minLength": 1, "maxLength": 1024, "writeOnly": true},
+        "hasSecret": {"type": "boolean", "readOnly": true},
+        "fleets": names.clone(),
+        "events": names,
+        "format": {"type": "string", "enum": ["CloudEvents", "Slack", "Teams"]}}}),
+    )
+}
+
+/// A page of a webhook's deliveries.
+fn deliveries_schema() -> Value {
+    let text = json!({"type": "string"});
+    let integer = json!({"type": "integer"});
+    json!({"type": "object", "required": ["value"], "properties": {
+        "value": {"type": "array", "items": {"type": "object",
+            "required": ["id", "time", "eventId", "eventType", "fleet", "run", "state", "attempts"],
+            "properties": {"id": integer, "time": text, "eventId": text, "eventType": text,
+                "fleet": text, "run": text,
+                "state": {"type": "string", "enum": ["Pending", "Delivered", "Abandoned"]},
+                "attempts": integer, "statusCode": integer, "lastError": text,
+                "lastAttemptTime": text, "deliveredTime": text, "nextAttemptTime": text}}},
+        "nextLink": text}})
 }

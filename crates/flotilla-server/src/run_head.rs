@@ -86,6 +86,11 @@ impl RunHead {
         }
     }
 
+    /// The run's own status: its state and when it started and ended.
+    pub fn status(&self) -> &StateHead {
+        &self.properties.status.status
+    }
+
     pub fn failure_count(&self) -> f64 {
         self.properties.status.failure_count
     }

@@ -1070,6 +1070,7 @@ async fn every_documented_route_is_served() {
             .replace("{member}", "m")
             .replace("{strategy}", "s")
             .replace("{gate}", "g")
+            .replace("{webhook}", "w")
             .replace("{id}", "i");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
         let (status, body, _) = h
@@ -3607,4 +3608,223 @@ async fn the_audit_trail_says_who_started_stopped_skipped_and_approved_a_run() {
         .map(|(s, m, p)| (s.as_str(), m.as_str(), p.as_str()))
         .collect();
     assert_eq!(got, want, "{trail}");
+}
+
+/// Webhooks (API.md, "Webhooks and audit") are the admins': every other role is refused; a bad
+/// body is a 400 naming its field and value and changes nothing; the secret is never shown.
+#[tokio::test]
+async fn webhooks_are_for_admins_and_bad_bodies_change_nothing() {
+    let h = Harness::start("webhooks").await;
+    let good = json!({"properties": {"url": "https://hooks.example/flotilla", "secret": "s3cret",
+        "fleets": ["retail"], "events": ["RunCompleted", "GatePending"], "format": "Slack"}});
+    for who in ["reader", "operator", "approver"] {
+        for (method, path) in [
+            (Method::PUT, "/v1/webhooks/ops"),
+            (Method::GET, "/v1/webhooks/ops"),
+            (Method::GET, "/v1/webhooks"),
+            (Method::DELETE, "/v1/webhooks/ops"),
+            (Method::GET, "/v1/webhooks/ops/deliveries"),
+        ] {
+            let body = (method == Method::PUT).then(|| good.clone());
+            assert_eq!(
+                h.status(who, method.clone(), path, body).await,
+                StatusCode::FORBIDDEN,
+                "{who} {method} {path}"
+            );
+        }
+    }
+    assert_eq!(
+        h.status("nobody", Method::GET, "/v1/webhooks", None).await,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, created, headers) = h
+        .call("admin", Method::PUT, "/v1/webhooks/ops", Some(good.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(
+        created["properties"],
+        json!({"url": "https://hooks.example/flotilla", "hasSecret": true, "fleets": ["retail"],
+            "events": ["RunCompleted", "GatePending"], "format": "Slack"})
+    );
+    assert_eq!(created["id"], "/v1/webhooks/ops");
+    assert_eq!(created["systemData"]["createdBy"], "admin-user");
+    assert_eq!(
+        headers
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
+        created["eTag"].as_str().map(String::from)
+    );
+    // Each bad body names its field; the webhook is as it was.
+    let with = |key: &str, value: Value| {
+        let mut body = good.clone();
+        body["properties"][key] = value;
+        body
+    };
+    for (body, target, value) in [
+        (
+            with("events", json!(["RunCompleted", "RunExploded"])),
+            "properties.events[1]",
+            "RunExploded",
+        ),
+        (
+            with("url", json!("ftp://hooks.example/")),
+            "properties.url",
+            "ftp://",
+        ),
+        (
+            with("format", json!("Discord")),
+            "properties.format",
+            "Discord",
+        ),
+        (
+            with("fleets", json!(["Retail!"])),
+            "properties.fleets[0]",
+            "Retail!",
+        ),
+        (with("secret", json!("")), "properties.secret", ""),
+        (with("colour", json!("red")), "properties.colour", "colour"),
+        (json!({"url": "https://x.example"}), "url", "url"),
+        (json!({}), "properties", "properties"),
+    ] {
+        let (status, error, _) = h
+            .call("admin", Method::PUT, "/v1/webhooks/ops", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert_eq!(error["error"]["target"], target, "{body}: {error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(value)),
+            "{body}: {error}"
+        );
+    }
+    let (status, error, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/webhooks/Not_A_Name",
+            Some(good.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["target"], "name");
+    // A new webhook needs a secret.
+    let (status, error, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/webhooks/other",
+            Some(json!({"properties": {"url": "https://x.example"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["error"]["target"], "properties.secret");
+    let shown = h.ok("admin", Method::GET, "/v1/webhooks/ops", None).await;
+    assert_eq!(shown, created);
+    assert!(!shown.to_string().contains("s3cret"), "{shown}");
+    // Sent back as shown, without the secret: replaced, the secret kept.
+    let (status, replaced, _) = h
+        .call(
+            "admin",
+            Method::PUT,
+            "/v1/webhooks/ops",
+            Some(shown.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{replaced}");
+    assert_eq!(
+        h.store
+            .get_webhook("ops")
+            .await
+            .expect("read")
+            .expect("kept")
+            .secret,
+        "s3cret"
+    );
+    assert_eq!(
+        replaced["systemData"]["createdAt"],
+        created["systemData"]["createdAt"]
+    );
+    // eTags: a stale If-Match and an If-None-Match on an existing webhook are refused.
+    let mut stale = h
+        .http
+        .put(format!("{}/v1/webhooks/ops", h.base))
+        .bearer_auth(&h.tokens["admin"])
+        .header("If-Match", created["eTag"].as_str().unwrap_or_default())
+        .json(&good);
+    assert_eq!(
+        stale.send().await.expect("sent").status(),
+        StatusCode::PRECONDITION_FAILED
+    );
+    stale = h
+        .http
+        .put(format!("{}/v1/webhooks/ops", h.base))
+        .bearer_auth(&h.tokens["admin"])
+        .header("If-None-Match", "*")
+        .json(&good);
+    assert_eq!(
+        stale.send().await.expect("sent").status(),
+        StatusCode::PRECONDITION_FAILED
+    );
+    // Listed by name a page at a time; deliveries of an unknown webhook are a 404; bad queries
+    // a 400 naming the parameter.
+    for name in ["a", "b"] {
+        h.ok(
+            "admin",
+            Method::PUT,
+            &format!("/v1/webhooks/{name}"),
+            Some(good.clone()),
+        )
+        .await;
+    }
+    let page = h
+        .ok("admin", Method::GET, "/v1/webhooks?$top=2", None)
+        .await;
+    assert_eq!(page["value"].as_array().map(Vec::len), Some(2));
+    let next = page["nextLink"].as_str().expect("a next page").to_string();
+    let rest = h.ok("admin", Method::GET, &next, None).await;
+    assert_eq!(rest["value"][0]["name"], "ops");
+    assert!(rest.get("nextLink").is_none(), "{rest}");
+    let deliveries = h
+        .ok("admin", Method::GET, "/v1/webhooks/ops/deliveries", None)
+        .await;
+    assert_eq!(deliveries, json!({"value": []}));
+    for (query, target) in [
+        ("state=Lost", "state"),
+        ("$top=0", "$top"),
+        ("after=-1", "after"),
+        ("colour=red", "colour"),
+    ] {
+        let (status, error, _) = h
+            .call(
+                "admin",
+                Method::GET,
+                &format!("/v1/webhooks/ops/deliveries?{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        assert_eq!(error["error"]["target"], target, "{query}: {error}");
+    }
+    assert_eq!(
+        h.status("admin", Method::GET, "/v1/webhooks/none/deliveries", None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.status("admin", Method::DELETE, "/v1/webhooks/ops", None)
+            .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.status("admin", Method::GET, "/v1/webhooks/ops", None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.status("admin", Method::DELETE, "/v1/webhooks/ops", None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
 }

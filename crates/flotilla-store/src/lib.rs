@@ -20,7 +20,7 @@ const ROWS_PER_INSERT: usize = 500;
 
 /// The store's traits, for callers holding a `dyn Store`.
 pub mod prelude {
-    pub use crate::{Audit, Coordination, Resources, RunLog, Store, Tokens};
+    pub use crate::{Audit, Coordination, Resources, RunLog, Store, Tokens, Webhooks};
 }
 
 use std::collections::HashMap;
@@ -560,6 +560,13 @@ impl Notice {
     }
 }
 
+/// The wall clock in Unix milliseconds: when an outbox row is made.
+fn unix_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 fn millis(ttl: std::time::Duration) -> i64 {
     ttl.as_millis().min(i64::MAX as u128) as i64
 }
@@ -603,9 +610,9 @@ pub struct TokenRecord {
 
 /// Everything the server stores, by concern: resources, runs' logs, tokens, and what replicas
 /// coordinate with. Both backends implement all four; the conformance suite runs on each.
-pub trait Store: Resources + RunLog + Tokens + Coordination + Audit {}
+pub trait Store: Resources + RunLog + Tokens + Coordination + Audit + Webhooks {}
 
-impl<T: Resources + RunLog + Tokens + Coordination + Audit> Store for T {}
+impl<T: Resources + RunLog + Tokens + Coordination + Audit + Webhooks> Store for T {}
 
 /// Resources with eTags: fleets, members, strategies, runs, profiles, gates.
 #[async_trait]
@@ -826,6 +833,291 @@ pub trait Audit: Send + Sync {
         since: i64,
         limit: usize,
     ) -> StoreResult<Vec<AuditEntry>>;
+}
+
+/// A webhook (API.md, "Webhooks and audit") as stored: validated by the server, matched by the
+/// store against each run event in the event's own transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Webhook {
+    pub name: String,
+    pub url: String,
+    /// The key deliveries are signed with; never shown by the API.
+    pub secret: String,
+    /// Fleet names, or `*` for every fleet.
+    pub fleets: Vec<String>,
+    /// Event types (`RunCompleted`, ...), or `*` for every type.
+    pub events: Vec<String>,
+    /// `CloudEvents`, `Slack` or `Teams`.
+    pub format: String,
+    /// Who made it and who changed it last, as the API shows it.
+    pub system_data: Value,
+    /// Set by the store on every write (empty when writing).
+    pub etag: String,
+}
+
+impl Webhook {
+    /// Whether an event of `event_type` in `fleet` is sent to this webhook.
+    pub fn wants(&self, fleet: &str, event_type: &str) -> bool {
+        let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);
+        any(&self.fleets, fleet) && any(&self.events, event_type)
+    }
+}
+
+/// Where a delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Not yet answered with success; tried again at `next_attempt_at`.
+    Pending,
+    Delivered,
+    /// Given up on: the receiver did not accept it within the retry period.
+    Abandoned,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "Pending",
+            DeliveryState::Delivered => "Delivered",
+            DeliveryState::Abandoned => "Abandoned",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<DeliveryState> {
+        Some(match text {
+            "Pending" => DeliveryState::Pending,
+            "Delivered" => DeliveryState::Delivered,
+            "Abandoned" => DeliveryState::Abandoned,
+            _ => return None,
+        })
+    }
+}
+
+/// One event to send to one webhook: a row of the outbox, written in the transaction of the
+/// run batch that recorded the event. Times are Unix milliseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Delivery {
+    /// Its place in the outbox (set by the store).
+    pub id: i64,
+    pub webhook: String,
+    /// The event's id ([`event_id`]): the same for every attempt and every webhook.
+    pub event_id: String,
+    pub fleet: String,
+    pub run: String,
+    /// The event's place in its run's event log (its `seq`, counted from 1).
+    pub seq: i64,
+    pub event_type: String,
+    pub event: Value,
+    pub created_at: i64,
+    pub state: DeliveryState,
+    pub attempts: i64,
+    /// When it is due next (Pending only).
+    pub next_attempt_at: Option<i64>,
+    pub last_attempt_at: Option<i64>,
+    /// The receiver's last HTTP status, if it answered.
+    pub last_status: Option<u16>,
+    /// Why the last attempt failed, if it did.
+    pub last_error: Option<String>,
+    pub delivered_at: Option<i64>,
+}
+
+/// A delivery claimed for sending, with what sending it needs: its webhook as it is now (a URL
+/// or secret changed since the event is used), and the run's head as last written (the small
+/// summary of the run's state; `None` for a run deleted since).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DueDelivery {
+    pub delivery: Delivery,
+    pub webhook: Webhook,
+    pub run_head: Option<String>,
+}
+
+/// What one attempt to send a delivery came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryAttempt {
+    pub at: i64,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub outcome: AttemptOutcome,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Delivered,
+    /// Try again at this time (Unix milliseconds).
+    RetryAt(i64),
+    Abandoned,
+}
+
+/// The columns an attempt sets: the delivery's state, when it is due next, when it was
+/// delivered.
+fn attempt_columns(attempt: &DeliveryAttempt) -> (DeliveryState, Option<i64>, Option<i64>) {
+    match attempt.outcome {
+        AttemptOutcome::Delivered => (DeliveryState::Delivered, None, Some(attempt.at)),
+        AttemptOutcome::RetryAt(at) => (DeliveryState::Pending, Some(at), None),
+        AttemptOutcome::Abandoned => (DeliveryState::Abandoned, None, None),
+    }
+}
+
+/// The id of the event at `seq` in a run's event log: its fleet, its run, the run's generation
+/// (the number of its snapshot's eTag, so a run deleted and created again under the same name
+/// gives new ids; `0` when unknown) and the event's place. Stable: every attempt of every
+/// webhook sends the same id for the same event.
+pub fn event_id(fleet: &str, run: &str, snapshot_etag: Option<&str>, seq: i64) -> String {
+    let generation = snapshot_etag
+        .map(|e| e.trim_matches('"'))
+        .filter(|e| !e.is_empty())
+        .unwrap_or("0");
+    format!("{fleet}/{run}/{generation}/{seq}")
+}
+
+/// The outbox rows a batch's events make, one per webhook that wants each event: the one rule
+/// both backends write with. `first_seq` is the `seq` the batch's first event was given.
+fn outbox_rows(batch: &RunBatch, first_seq: i64, hooks: &[Webhook], now: i64) -> Vec<Delivery> {
+    let mut rows = Vec::new();
+    for (i, event) in batch.events.iter().enumerate() {
+        let event_type = event["type"].as_str().unwrap_or_default();
+        let seq = first_seq + i as i64;
+        for hook in hooks.iter().filter(|h| h.wants(&batch.fleet, event_type)) {
+            rows.push(Delivery {
+                id: 0,
+                webhook: hook.name.clone(),
+                event_id: event_id(
+                    &batch.fleet,
+                    &batch.run,
+                    batch.snapshot_etag.as_deref(),
+                    seq,
+                ),
+                fleet: batch.fleet.clone(),
+                run: batch.run.clone(),
+                seq,
+                event_type: event_type.to_string(),
+                event: event.clone(),
+                created_at: now,
+                state: DeliveryState::Pending,
+                attempts: 0,
+                next_attempt_at: Some(now),
+                last_attempt_at: None,
+                last_status: None,
+                last_error: None,
+                delivered_at: None,
+            });
+        }
+    }
+    rows
+}
+
+/// A webhook from its stored columns: name, url, secret, fleets, events, format, system data,
+/// eTag.
+fn webhook_row<R: Row>(r: &R) -> StoreResult<Webhook>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let list = |text: String| {
+        serde_json::from_str::<Vec<String>>(&text)
+            .map_err(|e| StoreError::Corrupt(format!("a webhook's list {text:?}: {e}")))
+    };
+    Ok(Webhook {
+        name: r.col(0)?,
+        url: r.col(1)?,
+        secret: r.col(2)?,
+        fleets: list(r.col(3)?)?,
+        events: list(r.col(4)?)?,
+        format: r.col(5)?,
+        system_data: parse_body(&r.col::<String>(6)?)?,
+        etag: r.col(7)?,
+    })
+}
+
+/// The columns [`webhook_row`] reads, in its order (a macro, so statements are `concat!`ed
+/// constants).
+macro_rules! webhook_columns {
+    () => {
+        "name, url, secret, fleets, events, format, system_data, etag"
+    };
+}
+
+/// The columns [`delivery_row`] reads, in its order.
+macro_rules! delivery_columns {
+    () => {
+        "id, webhook, event_id, fleet, run, seq, event_type, event, created_at, state, attempts, next_attempt_at, last_attempt_at, last_status, last_error, delivered_at"
+    };
+}
+pub(crate) use {delivery_columns, webhook_columns};
+
+/// A delivery from the columns of [`delivery_columns`].
+fn delivery_row<R: Row>(r: &R) -> StoreResult<Delivery>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = r.col(9)?;
+    Ok(Delivery {
+        id: r.col(0)?,
+        webhook: r.col(1)?,
+        event_id: r.col(2)?,
+        fleet: r.col(3)?,
+        run: r.col(4)?,
+        seq: r.col(5)?,
+        event_type: r.col(6)?,
+        event: parse_body(&r.col::<String>(7)?)?,
+        created_at: r.col(8)?,
+        state: DeliveryState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("a delivery in state {state:?}")))?,
+        attempts: r.col(10)?,
+        next_attempt_at: r.col(11)?,
+        last_attempt_at: r.col(12)?,
+        last_status: r
+            .col::<Option<i64>>(13)?
+            .and_then(|s| u16::try_from(s).ok()),
+        last_error: r.col(14)?,
+        delivered_at: r.col(15)?,
+    })
+}
+
+/// Webhooks and their outbox. The outbox is written by [`RunLog::write_run_batch`], in the
+/// transaction of the events it carries, so an event recorded is an event to deliver, across
+/// any crash (at least once).
+#[async_trait]
+pub trait Webhooks: Send + Sync {
+    /// Creates or replaces a webhook; returns its new eTag and whether this created it.
+    async fn put_webhook(
+        &self,
+        webhook: &Webhook,
+        when: &Precondition,
+    ) -> StoreResult<(String, bool)>;
+    async fn get_webhook(&self, name: &str) -> StoreResult<Option<Webhook>>;
+    /// Webhooks by name after `after`, at most `limit`.
+    async fn list_webhooks(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Webhook>>;
+    /// Deletes a webhook and its deliveries (those not yet sent are never sent); false if it
+    /// did not exist.
+    async fn delete_webhook(&self, name: &str, when: &Precondition) -> StoreResult<bool>;
+    /// Claims up to `limit` deliveries due at `now` (Unix milliseconds), oldest due first, for
+    /// `claim_ms`: until then no other caller (no other replica) is given them, unless their
+    /// attempt is recorded first. A claim that lapses (its claimer died) makes them due again.
+    async fn claim_deliveries(
+        &self,
+        now: i64,
+        claim_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<DueDelivery>>;
+    /// Records an attempt of a pending delivery and lets its claim go; a delivery no longer
+    /// pending (deleted, or recorded by another claimer) is left as it is.
+    async fn record_delivery(&self, id: i64, attempt: &DeliveryAttempt) -> StoreResult<()>;
+    /// A webhook's deliveries after `after` (an id), of one state when given, at most `limit`,
+    /// oldest first.
+    async fn list_deliveries(
+        &self,
+        webhook: &str,
+        state: Option<DeliveryState>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>>;
+    /// Deletes deliveries no longer pending that were made before `before` (Unix
+    /// milliseconds); returns how many.
+    async fn prune_deliveries(&self, before: i64) -> StoreResult<u64>;
 }
 
 /// What replicas sharing a database coordinate with: liveness, fleet leases with a fencing

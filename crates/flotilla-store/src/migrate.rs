@@ -44,6 +44,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     9 "0009_run_checkpoints",
     10 "0010_upgrade_durations",
     11 "0011_audit",
+    12 "0012_webhooks",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -57,6 +58,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     8 "0008_run_checkpoints",
     9 "0009_upgrade_durations",
     10 "0010_audit",
+    11 "0011_webhooks",
 );
 
 /// The migrator for a backend's migrations.

@@ -13,11 +13,13 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::broadcast;
 
 use super::{
-    Audit, AuditEntry, Col, Coordination, DurationHistory, Intent, Kind, Lease, MemberWrite,
-    Notice, OperationRecord, PACKED_BODY, PendingAction, Precondition, RegisterMode, Registered,
-    RegistrationPlan, Resource, Resources, RunBatch, RunDocument, RunLog, StoreError, StoreResult,
-    StoredLog, TokenRecord, Tokens, assemble_rows, check, checkpoint_needs_entries, fenced, millis,
-    pack, pack_chunk, parse_body, part_row, same_run, unpack, with_status,
+    Audit, AuditEntry, Col, Coordination, Delivery, DeliveryAttempt, DeliveryState, DueDelivery,
+    DurationHistory, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord, PACKED_BODY,
+    PendingAction, Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources,
+    RunBatch, RunDocument, RunLog, StoreError, StoreResult, StoredLog, TokenRecord, Tokens,
+    Webhook, Webhooks, assemble_rows, attempt_columns, check, checkpoint_needs_entries,
+    delivery_columns, delivery_row, fenced, millis, outbox_rows, pack, pack_chunk, parse_body,
+    part_row, same_run, unix_millis, unpack, webhook_columns, webhook_row, with_status,
 };
 
 /// The channel notices travel on.
@@ -292,7 +294,7 @@ async fn upsert(
     Ok((etag, created.contains(name)))
 }
 
-/// Appends entries to one of a run's numbered logs. Only the fleet's lease holder writes a run's
+/// Appends entries to one of a run's numbered logs; returns the number the first was given. Only the fleet's lease holder writes a run's
 /// logs, and its batch holds the lease row locked, so the numbers do not race.
 async fn append<E: ToString>(
     tx: &mut Transaction<'_, Postgres>,
@@ -300,9 +302,9 @@ async fn append<E: ToString>(
     insert: &'static str,
     batch: &RunBatch,
     entries: &[E],
-) -> StoreResult<()> {
+) -> StoreResult<i64> {
     if entries.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let next: i64 = sqlx::query(last_seq)
         .bind(&batch.fleet)
@@ -322,7 +324,7 @@ async fn append<E: ToString>(
         });
         q.build().execute(&mut **tx).await?;
     }
-    Ok(())
+    Ok(next + 1)
 }
 
 /// Two registrations of one member or one cluster id at the same time: the later is refused
@@ -1306,7 +1308,7 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
         .execute(&mut **tx)
         .await?;
     }
-    append(
+    let first_event = append(
         tx,
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
         "INSERT INTO run_events (fleet, run, seq, event) ",
@@ -1314,6 +1316,9 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
         &batch.events,
     )
     .await?;
+    if !batch.events.is_empty() {
+        write_outbox(tx, batch, first_event).await?;
+    }
     for chunk in batch.durations.chunks(crate::ROWS_PER_INSERT) {
         let mut q = sqlx::QueryBuilder::<Postgres>::new(
             "INSERT INTO upgrade_durations (fleet, upgrade_type, member, finished_at, run, seconds) ",
@@ -1380,4 +1385,281 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
         notify(tx, &notice).await?;
     }
     Ok(())
+}
+
+/// The outbox rows of a batch's events (one per webhook that wants each), in the batch's
+/// transaction; `first_seq` is the first event's number.
+async fn write_outbox(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &RunBatch,
+    first_seq: i64,
+) -> StoreResult<()> {
+    let hooks = sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect::<StoreResult<Vec<_>>>()?;
+    if hooks.is_empty() {
+        return Ok(());
+    }
+    let rows = outbox_rows(batch, first_seq, &hooks, unix_millis());
+    for chunk in rows.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Postgres>::new(
+            "INSERT INTO webhook_deliveries (webhook, event_id, fleet, run, seq, event_type, event, created_at, state, attempts, next_attempt_at) ",
+        );
+        q.push_values(chunk, |mut row, d| {
+            row.push_bind(d.webhook.clone())
+                .push_bind(d.event_id.clone())
+                .push_bind(d.fleet.clone())
+                .push_bind(d.run.clone())
+                .push_bind(d.seq)
+                .push_bind(d.event_type.clone())
+                .push_bind(d.event.to_string())
+                .push_bind(d.created_at)
+                .push_bind(d.state.as_str())
+                .push_bind(d.attempts)
+                .push_bind(d.next_attempt_at);
+        });
+        // The same event twice for one webhook (a batch written again) is one delivery.
+        q.push(" ON CONFLICT (webhook, event_id) DO NOTHING");
+        q.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+async fn webhook_etag(
+    tx: &mut Transaction<'_, Postgres>,
+    name: &str,
+) -> StoreResult<Option<String>> {
+    sqlx::query("SELECT etag FROM webhooks WHERE name = $1 FOR UPDATE")
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|r| r.col(0))
+        .transpose()
+}
+
+#[async_trait]
+impl Webhooks for PgStore {
+    async fn put_webhook(
+        &self,
+        webhook: &Webhook,
+        when: &Precondition,
+    ) -> StoreResult<(String, bool)> {
+        let mut tx = self.pool.begin().await?;
+        let current = webhook_etag(&mut tx, &webhook.name).await?;
+        check(current.as_deref(), when)?;
+        let etag = next_etag(&mut tx).await?;
+        // `xmax = 0` only on a row this statement inserted: of two racing creators, one is told
+        // it created the webhook.
+        let created: bool = sqlx::query(
+            "INSERT INTO webhooks (name, url, secret, fleets, events, format, system_data, etag) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (name) DO UPDATE SET url = excluded.url, secret = excluded.secret, fleets = excluded.fleets, \
+             events = excluded.events, format = excluded.format, system_data = excluded.system_data, etag = excluded.etag \
+             RETURNING (xmax = 0)",
+        )
+        .bind(&webhook.name)
+        .bind(&webhook.url)
+        .bind(&webhook.secret)
+        .bind(serde_json::to_string(&webhook.fleets).unwrap_or_default())
+        .bind(serde_json::to_string(&webhook.events).unwrap_or_default())
+        .bind(&webhook.format)
+        .bind(webhook.system_data.to_string())
+        .bind(&etag)
+        .fetch_one(&mut *tx)
+        .await?
+        .col(0)?;
+        if when == &Precondition::IfNoneMatchAny && !created {
+            return Err(StoreError::Precondition(
+                "If-None-Match *: the resource already exists".into(),
+            ));
+        }
+        tx.commit().await?;
+        Ok((etag, created))
+    }
+
+    async fn get_webhook(&self, name: &str) -> StoreResult<Option<Webhook>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE name = $1"
+        ))
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| webhook_row(&r))
+        .transpose()
+    }
+
+    async fn list_webhooks(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Webhook>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE name > $1 ORDER BY name LIMIT $2"
+        ))
+        .bind(after.unwrap_or(""))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect()
+    }
+
+    async fn delete_webhook(&self, name: &str, when: &Precondition) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await?;
+        let current = webhook_etag(&mut tx, name).await?;
+        check(current.as_deref(), when)?;
+        if current.is_none() {
+            return Ok(false);
+        }
+        for statement in [
+            "DELETE FROM webhooks WHERE name = $1",
+            "DELETE FROM webhook_deliveries WHERE webhook = $1",
+        ] {
+            sqlx::query(statement).bind(name).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn claim_deliveries(
+        &self,
+        now: i64,
+        claim_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<DueDelivery>> {
+        let mut tx = self.pool.begin().await?;
+        // Rows another replica is claiming at this moment are skipped, not waited for; a row
+        // claimed is not due again until its claim lapses, so two replicas do not send it at
+        // once (unless the first takes longer than the claim).
+        let claimed = sqlx::query(concat!(
+            "UPDATE webhook_deliveries SET claimed_until = $1 WHERE id IN (",
+            "SELECT id FROM webhook_deliveries WHERE state = 'Pending' AND next_attempt_at <= $2 ",
+            "AND (claimed_until IS NULL OR claimed_until <= $2) ORDER BY next_attempt_at, id LIMIT $3 ",
+            "FOR UPDATE SKIP LOCKED) RETURNING ",
+            delivery_columns!()
+        ))
+        .bind(now.saturating_add(claim_ms))
+        .bind(now)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(delivery_row)
+        .collect::<StoreResult<Vec<_>>>()?;
+        let mut names: Vec<String> = claimed.iter().map(|d| d.webhook.clone()).collect();
+        names.sort();
+        names.dedup();
+        let hooks: HashMap<String, Webhook> = sqlx::query(concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE name = ANY($1)"
+        ))
+        .bind(&names)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| webhook_row(r).map(|w| (w.name.clone(), w)))
+        .collect::<StoreResult<_>>()?;
+        let (fleets, runs): (Vec<String>, Vec<String>) = claimed
+            .iter()
+            .map(|d| (d.fleet.clone(), d.run.clone()))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .unzip();
+        let heads: HashMap<(String, String), String> = sqlx::query(
+            "SELECT h.fleet, h.run, h.head FROM run_heads h \
+             JOIN UNNEST($1::text[], $2::text[]) AS k(fleet, run) ON h.fleet = k.fleet AND h.run = k.run",
+        )
+        .bind(&fleets)
+        .bind(&runs)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| Ok(((r.col(0)?, r.col(1)?), r.col(2)?)))
+        .collect::<StoreResult<_>>()?;
+        // A row whose webhook was deleted while its batch was being written outlived the
+        // delete: it goes now.
+        let orphans: Vec<i64> = claimed
+            .iter()
+            .filter(|d| !hooks.contains_key(&d.webhook))
+            .map(|d| d.id)
+            .collect();
+        if !orphans.is_empty() {
+            sqlx::query("DELETE FROM webhook_deliveries WHERE id = ANY($1)")
+                .bind(&orphans)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(claimed
+            .into_iter()
+            .filter_map(|delivery| {
+                let webhook = hooks.get(&delivery.webhook)?.clone();
+                let run_head = heads
+                    .get(&(delivery.fleet.clone(), delivery.run.clone()))
+                    .cloned();
+                Some(DueDelivery {
+                    delivery,
+                    webhook,
+                    run_head,
+                })
+            })
+            .collect())
+    }
+
+    async fn record_delivery(&self, id: i64, attempt: &DeliveryAttempt) -> StoreResult<()> {
+        let (state, next, delivered) = attempt_columns(attempt);
+        sqlx::query(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, last_attempt_at = $1, last_status = $2, \
+             last_error = $3, state = $4, next_attempt_at = $5, delivered_at = $6, claimed_until = NULL \
+             WHERE id = $7 AND state = 'Pending'",
+        )
+        .bind(attempt.at)
+        .bind(attempt.status.map(i64::from))
+        .bind(&attempt.error)
+        .bind(state.as_str())
+        .bind(next)
+        .bind(delivered)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_deliveries(
+        &self,
+        webhook: &str,
+        state: Option<DeliveryState>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            delivery_columns!(),
+            " FROM webhook_deliveries WHERE webhook = $1 AND id > $2 ",
+            "AND ($3::text IS NULL OR state = $3) ORDER BY id LIMIT $4"
+        ))
+        .bind(webhook)
+        .bind(after)
+        .bind(state.map(DeliveryState::as_str))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(delivery_row)
+        .collect()
+    }
+
+    async fn prune_deliveries(&self, before: i64) -> StoreResult<u64> {
+        Ok(sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE state <> 'Pending' AND created_at < $1",
+        )
+        .bind(before)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
 }

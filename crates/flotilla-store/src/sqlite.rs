@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -63,6 +63,12 @@ impl SqliteStore {
         sqlx::query("DELETE FROM replicas")
             .execute(&store.pool)
             .await?;
+        // Likewise deliveries claimed by a server that died are due again at once.
+        sqlx::query(
+            "UPDATE webhook_deliveries SET claimed_until = NULL WHERE claimed_until IS NOT NULL",
+        )
+        .execute(&store.pool)
+        .await?;
         Ok(SqliteStore {
             _lock: Some(lock),
             ..store
@@ -315,16 +321,17 @@ async fn current_etag(
         .transpose()
 }
 
-/// Appends entries to one of a run's numbered logs (its input log, its events), in order.
+/// Appends entries to one of a run's numbered logs (its input log, its events), in order;
+/// returns the number the first was given.
 async fn append<E: ToString>(
     tx: &mut Transaction<'_, Sqlite>,
     last_seq: &'static str,
     insert: &'static str,
     batch: &RunBatch,
     entries: &[E],
-) -> StoreResult<()> {
+) -> StoreResult<i64> {
     if entries.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let next: i64 = sqlx::query(last_seq)
         .bind(&batch.fleet)
@@ -344,7 +351,7 @@ async fn append<E: ToString>(
         });
         q.build().execute(&mut **tx).await?;
     }
-    Ok(())
+    Ok(next + 1)
 }
 
 async fn upsert(
@@ -1092,12 +1099,6 @@ impl Coordination for SqliteStore {
     }
 }
 
-fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 #[async_trait]
 impl Audit for SqliteStore {
     async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
@@ -1235,7 +1236,7 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
         .execute(&mut **tx)
         .await?;
     }
-    append(
+    let first_event = append(
         tx,
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
         "INSERT INTO run_events (fleet, run, seq, event) ",
@@ -1243,6 +1244,9 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
         &batch.events,
     )
     .await?;
+    if !batch.events.is_empty() {
+        write_outbox(tx, batch, first_event).await?;
+    }
     for chunk in batch.durations.chunks(crate::ROWS_PER_INSERT) {
         let mut q = sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT INTO upgrade_durations (fleet, upgrade_type, member, finished_at, run, seconds) ",
@@ -1305,4 +1309,254 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
             .await?;
     }
     Ok(())
+}
+
+/// The outbox rows of a batch's events (one per webhook that wants each), in the batch's
+/// transaction; `first_seq` is the first event's number.
+async fn write_outbox(
+    tx: &mut Transaction<'_, Sqlite>,
+    batch: &RunBatch,
+    first_seq: i64,
+) -> StoreResult<()> {
+    let hooks = sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect::<StoreResult<Vec<_>>>()?;
+    if hooks.is_empty() {
+        return Ok(());
+    }
+    let rows = outbox_rows(batch, first_seq, &hooks, unix_millis());
+    for chunk in rows.chunks(crate::ROWS_PER_INSERT) {
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO webhook_deliveries (webhook, event_id, fleet, run, seq, event_type, event, created_at, state, attempts, next_attempt_at) ",
+        );
+        q.push_values(chunk, |mut row, d| {
+            row.push_bind(d.webhook.clone())
+                .push_bind(d.event_id.clone())
+                .push_bind(d.fleet.clone())
+                .push_bind(d.run.clone())
+                .push_bind(d.seq)
+                .push_bind(d.event_type.clone())
+                .push_bind(d.event.to_string())
+                .push_bind(d.created_at)
+                .push_bind(d.state.as_str())
+                .push_bind(d.attempts)
+                .push_bind(d.next_attempt_at);
+        });
+        // The same event twice for one webhook (a batch written again) is one delivery.
+        q.push(" ON CONFLICT (webhook, event_id) DO NOTHING");
+        q.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Webhooks for SqliteStore {
+    async fn put_webhook(
+        &self,
+        webhook: &Webhook,
+        when: &Precondition,
+    ) -> StoreResult<(String, bool)> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let current: Option<String> = sqlx::query("SELECT etag FROM webhooks WHERE name = ?")
+            .bind(&webhook.name)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.col(0))
+            .transpose()?;
+        check(current.as_deref(), when)?;
+        let etag = next_etag(&mut tx).await?;
+        sqlx::query(
+            "INSERT INTO webhooks (name, url, secret, fleets, events, format, system_data, etag) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET url = excluded.url, secret = excluded.secret, fleets = excluded.fleets, \
+             events = excluded.events, format = excluded.format, system_data = excluded.system_data, etag = excluded.etag",
+        )
+        .bind(&webhook.name)
+        .bind(&webhook.url)
+        .bind(&webhook.secret)
+        .bind(serde_json::to_string(&webhook.fleets).unwrap_or_default())
+        .bind(serde_json::to_string(&webhook.events).unwrap_or_default())
+        .bind(&webhook.format)
+        .bind(webhook.system_data.to_string())
+        .bind(&etag)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok((etag, current.is_none()))
+    }
+
+    async fn get_webhook(&self, name: &str) -> StoreResult<Option<Webhook>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE name = ?"
+        ))
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| webhook_row(&r))
+        .transpose()
+    }
+
+    async fn list_webhooks(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Webhook>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE name > ? ORDER BY name LIMIT ?"
+        ))
+        .bind(after.unwrap_or(""))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect()
+    }
+
+    async fn delete_webhook(&self, name: &str, when: &Precondition) -> StoreResult<bool> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let current: Option<String> = sqlx::query("SELECT etag FROM webhooks WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.col(0))
+            .transpose()?;
+        check(current.as_deref(), when)?;
+        if current.is_none() {
+            return Ok(false);
+        }
+        for statement in [
+            "DELETE FROM webhooks WHERE name = ?",
+            "DELETE FROM webhook_deliveries WHERE webhook = ?",
+        ] {
+            sqlx::query(statement).bind(name).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn claim_deliveries(
+        &self,
+        now: i64,
+        claim_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<DueDelivery>> {
+        // One server per file: the claim keeps this server's own passes from sending a row
+        // twice while its first send is under way.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let claimed = sqlx::query(concat!("UPDATE webhook_deliveries SET claimed_until = ?1 WHERE id IN (\
+             SELECT id FROM webhook_deliveries WHERE state = 'Pending' AND next_attempt_at <= ?2 \
+             AND (claimed_until IS NULL OR claimed_until <= ?2) ORDER BY next_attempt_at, id LIMIT ?3) \
+             RETURNING ", delivery_columns!()))
+        .bind(now.saturating_add(claim_ms))
+        .bind(now)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(delivery_row)
+        .collect::<StoreResult<Vec<_>>>()?;
+        let mut due = Vec::with_capacity(claimed.len());
+        let mut hooks: HashMap<String, Option<Webhook>> = HashMap::new();
+        let mut heads: HashMap<(String, String), Option<String>> = HashMap::new();
+        for delivery in claimed {
+            if !hooks.contains_key(&delivery.webhook) {
+                let hook = sqlx::query(concat!(
+                    "SELECT ",
+                    webhook_columns!(),
+                    " FROM webhooks WHERE name = ?"
+                ))
+                .bind(&delivery.webhook)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| webhook_row(&r))
+                .transpose()?;
+                hooks.insert(delivery.webhook.clone(), hook);
+            }
+            let key = (delivery.fleet.clone(), delivery.run.clone());
+            if !heads.contains_key(&key) {
+                let head = sqlx::query("SELECT head FROM run_heads WHERE fleet = ? AND run = ?")
+                    .bind(&key.0)
+                    .bind(&key.1)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .map(|r| r.col::<String>(0))
+                    .transpose()?;
+                heads.insert(key.clone(), head);
+            }
+            match hooks.get(&delivery.webhook) {
+                Some(Some(webhook)) => due.push(DueDelivery {
+                    webhook: webhook.clone(),
+                    run_head: heads.get(&key).cloned().flatten(),
+                    delivery,
+                }),
+                // Its webhook is gone (deleting one deletes its deliveries, so only a row of a
+                // database changed by hand): it goes now.
+                _ => {
+                    sqlx::query("DELETE FROM webhook_deliveries WHERE id = ?")
+                        .bind(delivery.id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(due)
+    }
+
+    async fn record_delivery(&self, id: i64, attempt: &DeliveryAttempt) -> StoreResult<()> {
+        let (state, next, delivered) = attempt_columns(attempt);
+        sqlx::query(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, last_attempt_at = ?, last_status = ?, \
+             last_error = ?, state = ?, next_attempt_at = ?, delivered_at = ?, claimed_until = NULL \
+             WHERE id = ? AND state = 'Pending'",
+        )
+        .bind(attempt.at)
+        .bind(attempt.status.map(i64::from))
+        .bind(&attempt.error)
+        .bind(state.as_str())
+        .bind(next)
+        .bind(delivered)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_deliveries(
+        &self,
+        webhook: &str,
+        state: Option<DeliveryState>,
+        after: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            delivery_columns!(),
+            " FROM webhook_deliveries WHERE webhook = ? AND id > ? \
+             AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"
+        ))
+        .bind(webhook)
+        .bind(after)
+        .bind(state.map(DeliveryState::as_str))
+        .bind(state.map(DeliveryState::as_str))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(delivery_row)
+        .collect()
+    }
+
+    async fn prune_deliveries(&self, before: i64) -> StoreResult<u64> {
+        Ok(sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE state <> 'Pending' AND created_at < ?",
+        )
+        .bind(before)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
 }

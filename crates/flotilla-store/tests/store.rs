@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use flotilla_store::postgres::PgStore;
 use flotilla_store::prelude::*;
 use flotilla_store::{
-    AuditEntry, Chunk, Fence, Intent, Kind, MemberWrite, Notice, OperationRecord, Precondition,
-    RegisterMode, RunBatch, RunDocument, SqliteStore, Store, StoreError, StoredLog, TokenRecord,
-    UpgradeDuration,
+    AttemptOutcome, AuditEntry, Chunk, DeliveryAttempt, DeliveryState, Fence, Intent, Kind,
+    MemberWrite, Notice, OperationRecord, Precondition, RegisterMode, RunBatch, RunDocument,
+    SqliteStore, Store, StoreError, StoredLog, TokenRecord, UpgradeDuration, Webhook,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -153,6 +153,10 @@ on_both_backends!(
     run_logs_are_cut_at_their_checkpoints,
     upgrade_durations_keep_the_recent_ones,
     the_audit_trail_keeps_every_entry_in_order,
+    webhooks_are_kept_with_their_conditions,
+    events_make_deliveries_in_their_own_batch,
+    deliveries_are_claimed_once_and_recorded,
+    deleting_a_webhook_takes_its_deliveries,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -2074,10 +2078,10 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
         .await,
         1
     );
-    // Every migration applied, the audit trail (0011) the last.
+    // Every migration applied, webhooks (0012) the last.
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        11
+        12
     );
     assert_eq!(
         sqlite_count(
@@ -2161,7 +2165,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        10
+        11
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
@@ -2236,4 +2240,482 @@ async fn the_audit_trail_keeps_every_entry_in_order(store: Arc<dyn Store>) {
         since.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
         ["user-4", "user-5"]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Webhooks and their outbox.
+
+fn webhook(name: &str, fleets: &[&str], events: &[&str]) -> Webhook {
+    Webhook {
+        name: name.into(),
+        url: format!("https://hooks.example/{name}"),
+        secret: format!("secret-{name}"),
+        fleets: fleets.iter().map(|s| s.to_string()).collect(),
+        events: events.iter().map(|s| s.to_string()).collect(),
+        format: "CloudEvents".into(),
+        system_data: json!({"createdBy": "admin"}),
+        etag: String::new(),
+    }
+}
+
+fn event(kind: &str, member: Option<&str>) -> Value {
+    let mut e = json!({"time": "2026-12-01T00:00:00Z", "type": kind});
+    if let Some(m) = member {
+        e["member"] = json!(m);
+    }
+    e
+}
+
+fn events_batch(fleet: &str, run: &str, events: Vec<Value>) -> RunBatch {
+    RunBatch {
+        fleet: fleet.into(),
+        run: run.into(),
+        events,
+        ..Default::default()
+    }
+}
+
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+async fn webhooks_are_kept_with_their_conditions(store: Arc<dyn Store>) {
+    let hook = webhook("ops", &["*"], &["RunCompleted", "MemberFailed"]);
+    let (etag, created) = store.put_webhook(&hook, &Precondition::None).await.unwrap();
+    assert!(created);
+    let stored = store.get_webhook("ops").await.unwrap().unwrap();
+    assert_eq!(
+        stored,
+        Webhook {
+            etag: etag.clone(),
+            ..hook.clone()
+        }
+    );
+    // Replaced under its eTag: a new eTag, not created; the old eTag no longer matches.
+    let changed = Webhook {
+        url: "https://hooks.example/moved".into(),
+        ..hook.clone()
+    };
+    let (etag2, created) = store
+        .put_webhook(&changed, &Precondition::IfMatch(etag.clone()))
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_ne!(etag, etag2);
+    assert!(precondition_failed(
+        store
+            .put_webhook(&hook, &Precondition::IfMatch(etag.clone()))
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .put_webhook(&hook, &Precondition::IfNoneMatchAny)
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .put_webhook(
+                &webhook("new", &["*"], &["*"]),
+                &Precondition::IfMatch("*".into())
+            )
+            .await
+    ));
+    assert!(precondition_failed(
+        store
+            .delete_webhook("ops", &Precondition::IfMatch(etag))
+            .await
+    ));
+    let stored = store.get_webhook("ops").await.unwrap().unwrap();
+    assert_eq!(stored.url, "https://hooks.example/moved");
+    assert_eq!(stored.etag, etag2);
+    // Listed by name, a page at a time.
+    for name in ["b", "a", "c"] {
+        store
+            .put_webhook(
+                &webhook(name, &["*"], &["*"]),
+                &Precondition::IfNoneMatchAny,
+            )
+            .await
+            .unwrap();
+    }
+    let names = |hooks: Vec<Webhook>| hooks.into_iter().map(|h| h.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(store.list_webhooks(None, 2).await.unwrap()),
+        ["a", "b"]
+    );
+    assert_eq!(
+        names(store.list_webhooks(Some("b"), 10).await.unwrap()),
+        ["c", "ops"]
+    );
+    assert!(store.get_webhook("none").await.unwrap().is_none());
+    assert!(
+        !store
+            .delete_webhook("none", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .delete_webhook("ops", &Precondition::IfMatch(etag2))
+            .await
+            .unwrap()
+    );
+    assert!(store.get_webhook("ops").await.unwrap().is_none());
+}
+
+async fn events_make_deliveries_in_their_own_batch(store: Arc<dyn Store>) {
+    // Events written before any webhook make no delivery.
+    store
+        .write_run_batch(&events_batch("f", "r", vec![event("RunStarted", None)]))
+        .await
+        .unwrap();
+    for hook in [
+        webhook("all", &["*"], &["*"]),
+        webhook("ends", &["f"], &["RunCompleted"]),
+        webhook("elsewhere", &["g"], &["*"]),
+    ] {
+        store.put_webhook(&hook, &Precondition::None).await.unwrap();
+    }
+    let before = unix_now_ms();
+    store
+        .write_run_batch(&events_batch(
+            "f",
+            "r",
+            vec![
+                event("MemberStarted", Some("m1")),
+                event("MemberSucceeded", Some("m1")),
+                event("RunCompleted", None),
+            ],
+        ))
+        .await
+        .unwrap();
+    let all = store.list_deliveries("all", None, 0, 100).await.unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|d| (d.event_id.as_str(), d.seq, d.event_type.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("f/r/0/2", 2, "MemberStarted"),
+            ("f/r/0/3", 3, "MemberSucceeded"),
+            ("f/r/0/4", 4, "RunCompleted"),
+        ]
+    );
+    let first = &all[0];
+    assert_eq!(first.event, event("MemberStarted", Some("m1")));
+    assert_eq!((first.fleet.as_str(), first.run.as_str()), ("f", "r"));
+    assert_eq!(first.state, DeliveryState::Pending);
+    assert_eq!(first.attempts, 0);
+    assert!(first.created_at >= before && first.created_at <= unix_now_ms());
+    assert_eq!(first.next_attempt_at, Some(first.created_at));
+    assert_eq!(
+        (
+            first.last_status,
+            first.last_error.clone(),
+            first.delivered_at
+        ),
+        (None, None, None)
+    );
+    // Each webhook gets the events it wants, with the same ids.
+    let ends = store.list_deliveries("ends", None, 0, 100).await.unwrap();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].event_id, "f/r/0/4");
+    assert!(
+        store
+            .list_deliveries("elsewhere", None, 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A run's generation (its snapshot's eTag) is part of the id: a run made again under the
+    // same name gives new ids.
+    put(&*store, Kind::RunSnapshot, "s", &json!({"properties": {}})).await;
+    let snapshot = store
+        .get("f", Kind::RunSnapshot, "s")
+        .await
+        .unwrap()
+        .unwrap()
+        .etag;
+    store
+        .write_run_batch(&RunBatch {
+            snapshot_etag: Some(snapshot.clone()),
+            ..events_batch("f", "s", vec![event("RunStarted", None)])
+        })
+        .await
+        .unwrap();
+    let all = store.list_deliveries("all", None, 0, 100).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(
+        all[3].event_id,
+        format!("f/s/{}/1", snapshot.trim_matches('"'))
+    );
+    // A batch refused (its writer lost the lease) makes no delivery: the outbox is in the
+    // events' transaction.
+    assert!(matches!(
+        store
+            .write_run_batch(&RunBatch {
+                fence: Some(Fence {
+                    owner: "nobody".into(),
+                    epoch: 1,
+                }),
+                ..events_batch("f", "r", vec![event("RunFailed", None)])
+            })
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        store
+            .list_deliveries("all", None, 0, 100)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    // Several runs' batches in one transaction make theirs too.
+    store
+        .write_run_batches(&[
+            events_batch("f", "r", vec![event("RunStopped", None)]),
+            events_batch("f", "q", vec![event("RunCompleted", None)]),
+        ])
+        .await
+        .unwrap();
+    let ends = store.list_deliveries("ends", None, 0, 100).await.unwrap();
+    assert_eq!(
+        ends.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        ["f/r/0/4", "f/q/0/1"]
+    );
+}
+
+async fn deliveries_are_claimed_once_and_recorded(store: Arc<dyn Store>) {
+    store
+        .put_webhook(&webhook("all", &["*"], &["*"]), &Precondition::None)
+        .await
+        .unwrap();
+    store
+        .write_run_batch(&RunBatch {
+            run_head: Some(r#"{"properties":{"status":{"status":{"state":"Running"}}}}"#.into()),
+            ..events_batch(
+                "f",
+                "r",
+                (0..6)
+                    .map(|i| event("MemberStarted", Some(&format!("m{i}"))))
+                    .collect(),
+            )
+        })
+        .await
+        .unwrap();
+    let now = unix_now_ms() + 1;
+    // Two claimers at once: each row goes to one of them.
+    let claims = futures_join((0..2).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim_deliveries(now, 60_000, 4).await.unwrap() })
+    }))
+    .await;
+    let mut ids: Vec<i64> = claims.iter().flatten().map(|d| d.delivery.id).collect();
+    assert_eq!(ids.len(), 6, "{claims:?}");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6, "a row was claimed twice: {claims:?}");
+    let due = claims.into_iter().flatten().collect::<Vec<_>>();
+    assert_eq!(due[0].webhook.secret, "secret-all");
+    assert_eq!(
+        due[0].run_head.as_deref(),
+        Some(r#"{"properties":{"status":{"status":{"state":"Running"}}}}"#)
+    );
+    // Claimed: not due again until the claim lapses.
+    assert!(
+        store
+            .claim_deliveries(now + 59_999, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .claim_deliveries(now + 60_000, 60_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        6
+    );
+    let later = now + 120_000;
+    let attempt =
+        |outcome: AttemptOutcome, status: Option<u16>, error: Option<&str>| DeliveryAttempt {
+            at: later,
+            status,
+            error: error.map(String::from),
+            outcome,
+        };
+    let [a, b, c, ..] = ids[..] else {
+        panic!("{ids:?}");
+    };
+    store
+        .record_delivery(a, &attempt(AttemptOutcome::Delivered, Some(204), None))
+        .await
+        .unwrap();
+    store
+        .record_delivery(
+            b,
+            &attempt(
+                AttemptOutcome::RetryAt(later + 1_000),
+                Some(500),
+                Some("HTTP 500"),
+            ),
+        )
+        .await
+        .unwrap();
+    store
+        .record_delivery(
+            c,
+            &attempt(AttemptOutcome::Abandoned, None, Some("connection refused")),
+        )
+        .await
+        .unwrap();
+    // A delivery no longer pending stays as it was recorded.
+    store
+        .record_delivery(a, &attempt(AttemptOutcome::Abandoned, None, Some("late")))
+        .await
+        .unwrap();
+    let all = store.list_deliveries("all", None, 0, 100).await.unwrap();
+    let find = |id: i64| all.iter().find(|d| d.id == id).unwrap().clone();
+    let delivered = find(a);
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    assert_eq!(
+        (
+            delivered.attempts,
+            delivered.last_status,
+            delivered.delivered_at,
+            delivered.next_attempt_at,
+            delivered.last_error
+        ),
+        (1, Some(204), Some(later), None, None)
+    );
+    let retried = find(b);
+    assert_eq!(retried.state, DeliveryState::Pending);
+    assert_eq!(
+        (
+            retried.attempts,
+            retried.last_status,
+            retried.last_attempt_at,
+            retried.next_attempt_at,
+            retried.last_error.as_deref()
+        ),
+        (
+            1,
+            Some(500),
+            Some(later),
+            Some(later + 1_000),
+            Some("HTTP 500")
+        )
+    );
+    let abandoned = find(c);
+    assert_eq!(abandoned.state, DeliveryState::Abandoned);
+    assert_eq!(abandoned.last_error.as_deref(), Some("connection refused"));
+    // The recorded attempt let its claim go: the retry is due at its time, not before.
+    let due_at = |t: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_deliveries(t, 60_000, 10)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| d.delivery.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(due_at(later + 999).await.iter().all(|id| *id != b));
+    assert!(due_at(later + 1_000).await.contains(&b));
+    // By state, and paged by id.
+    let by_state = |state| {
+        let store = store.clone();
+        async move {
+            store
+                .list_deliveries("all", Some(state), 0, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| d.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(by_state(DeliveryState::Delivered).await, [a]);
+    assert_eq!(by_state(DeliveryState::Abandoned).await, [c]);
+    assert_eq!(by_state(DeliveryState::Pending).await.len(), 4);
+    let page = store.list_deliveries("all", None, a, 2).await.unwrap();
+    assert_eq!(
+        page.iter().map(|d| d.id).collect::<Vec<_>>(),
+        ids[1..3].to_vec()
+    );
+    // Pruning takes what is over and older than the limit, never what is pending.
+    assert_eq!(store.prune_deliveries(unix_now_ms() + 1).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .list_deliveries("all", None, 0, 100)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+}
+
+async fn deleting_a_webhook_takes_its_deliveries(store: Arc<dyn Store>) {
+    for name in ["gone", "kept"] {
+        store
+            .put_webhook(&webhook(name, &["*"], &["*"]), &Precondition::None)
+            .await
+            .unwrap();
+    }
+    store
+        .write_run_batch(&events_batch(
+            "f",
+            "r",
+            vec![event("RunStarted", None), event("RunCompleted", None)],
+        ))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete_webhook("gone", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .list_deliveries("gone", None, 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = store
+        .claim_deliveries(unix_now_ms() + 1, 60_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        due.iter()
+            .map(|d| d.webhook.name.as_str())
+            .collect::<Vec<_>>(),
+        ["kept", "kept"]
+    );
+    // Made again under the same name, it starts with no deliveries, and new events reach it.
+    store
+        .put_webhook(&webhook("gone", &["*"], &["*"]), &Precondition::None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .list_deliveries("gone", None, 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store
+        .write_run_batch(&events_batch("f", "r", vec![event("RunStopped", None)]))
+        .await
+        .unwrap();
+    let again = store.list_deliveries("gone", None, 0, 100).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].event_id, "f/r/0/3");
 }

@@ -575,6 +575,195 @@ pub async fn audit(
 }
 
 #[derive(Subcommand)]
+pub enum WebhookCommand {
+    /// Create or replace a webhook: run events POSTed to a URL, signed with its secret
+    /// (replacing one without a secret flag keeps its secret).
+    ///
+    /// Example: `flotilla webhook create -n ops --url https://hooks.example/flotilla
+    /// --secret-env HOOK_SECRET --fleets retail --events RunCompleted,RunFailed,GatePending`.
+    Create {
+        /// The webhook's name: lowercase letters, digits and '-', up to 50 characters.
+        #[arg(short = 'n', long)]
+        name: String,
+        /// Where events are POSTed: an http or https URL (a Slack or Teams incoming webhook's
+        /// URL with --format Slack or Teams).
+        #[arg(long)]
+        url: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+        /// The fleets whose runs' events it gets, comma-separated (default `*`: every fleet).
+        #[arg(long, value_delimiter = ',')]
+        fleets: Vec<String>,
+        /// The event types it gets, comma-separated: RunCompleted, RunFailed, GatePending,
+        /// MemberFailed, ... (default `*`: every event).
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
+        /// What is sent: CloudEvents 1.0 JSON (the default), or a Slack or Teams message.
+        #[arg(long, ignore_case = true, value_parser = choice(&["CloudEvents", "Slack", "Teams"]))]
+        format: Option<String>,
+    },
+    /// Show a webhook (never its secret: `hasSecret` says there is one).
+    ///
+    /// Example: `flotilla webhook show -n ops`.
+    Show {
+        /// The webhook's name.
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+    /// List the webhooks.
+    ///
+    /// Example: `flotilla webhook list -o table`.
+    List,
+    /// Delete a webhook and its deliveries (those not yet sent are never sent).
+    ///
+    /// Example: `flotilla webhook delete -n ops`.
+    Delete {
+        /// The webhook's name.
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+    /// A webhook's deliveries, oldest first: when, which event, its state, attempts, the
+    /// receiver's last status code and error.
+    ///
+    /// Example: `flotilla webhook deliveries -n ops --state Pending -o table`.
+    Deliveries {
+        /// The webhook's name.
+        #[arg(short = 'n', long)]
+        name: String,
+        /// Only deliveries in this state.
+        #[arg(long, ignore_case = true, value_parser = choice(&["Pending", "Delivered", "Abandoned"]))]
+        state: Option<String>,
+    },
+}
+
+// Where a webhook's secret comes from: at most one of the three, so it stays out of shell
+// history and the process list unless given inline.
+#[derive(Args, Clone)]
+#[group(multiple = false)]
+pub struct SecretArgs {
+    /// The secret deliveries are signed with, inline (prefer --secret-file or --secret-env:
+    /// an argument is visible to other users of the machine).
+    #[arg(long)]
+    secret: Option<String>,
+    /// A file holding the secret (a trailing newline is dropped).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// The environment variable holding the secret.
+    #[arg(long)]
+    secret_env: Option<String>,
+}
+
+impl SecretArgs {
+    /// The secret given, if any.
+    fn read(&self) -> anyhow::Result<Option<String>> {
+        if let Some(secret) = &self.secret {
+            return Ok(Some(secret.clone()));
+        }
+        if let Some(path) = &self.secret_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--secret-file {}: cannot read it", path.display()))?;
+            return Ok(Some(text.trim_end_matches(['\r', '\n']).to_string()));
+        }
+        if let Some(name) = &self.secret_env {
+            let value = std::env::var(name)
+                .with_context(|| format!("--secret-env {name}: the variable is not set"))?;
+            return Ok(Some(value));
+        }
+        Ok(None)
+    }
+}
+
+const WEBHOOK_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("format", &["properties", "format"]),
+    ("url", &["properties", "url"]),
+    ("fleets", &["properties", "fleets"]),
+    ("events", &["properties", "events"]),
+];
+
+/// `flotilla webhook …`.
+pub async fn webhook(
+    client: &Client,
+    format: Option<Format>,
+    command: WebhookCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    match command {
+        WebhookCommand::Create {
+            name,
+            url,
+            secret,
+            fleets,
+            events,
+            format: shape,
+        } => {
+            let mut properties = json!({"url": url});
+            if let Some(secret) = secret.read()? {
+                properties["secret"] = json!(secret);
+            }
+            if !fleets.is_empty() {
+                properties["fleets"] = json!(fleets);
+            }
+            if !events.is_empty() {
+                properties["events"] = json!(events);
+            }
+            if let Some(shape) = shape {
+                properties["format"] = json!(shape);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/webhooks/{name}"),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, WEBHOOK_COLUMNS, colour))?;
+        }
+        WebhookCommand::Show { name } => {
+            let v = client.get(&format!("/v1/webhooks/{name}")).await?;
+            print(format, &v, || one_row(&v, WEBHOOK_COLUMNS, colour))?;
+        }
+        WebhookCommand::List => {
+            let items = client.list_all("/v1/webhooks").await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, WEBHOOK_COLUMNS, colour)
+            })?;
+        }
+        WebhookCommand::Delete { name } => {
+            client
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/webhooks/{name}"),
+                    None,
+                )
+                .await?;
+            eprintln!("deleted webhook {name}");
+        }
+        WebhookCommand::Deliveries { name, state } => {
+            let mut path = format!("/v1/webhooks/{name}/deliveries?$top=1000");
+            if let Some(state) = state {
+                path.push_str(&format!("&state={state}"));
+            }
+            let items = client.list_all(&path).await?;
+            let columns: &[(&str, &[&str])] = &[
+                ("time", &["time"]),
+                ("event", &["eventId"]),
+                ("type", &["eventType"]),
+                ("state", &["state"]),
+                ("attempts", &["attempts"]),
+                ("status", &["statusCode"]),
+                ("error", &["lastError"]),
+            ];
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, columns, colour)
+            })?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
 pub enum ServerTokenCommand {
     List,
     Revoke { id: String },

@@ -225,6 +225,13 @@ enum Command {
         #[command(subcommand)]
         command: commands::AuditCommand,
     },
+    /// Webhooks: run events POSTed to a URL as CloudEvents, Slack or Teams messages, signed.
+    Webhook {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: commands::WebhookCommand,
+    },
     /// API tokens.
     Token {
         #[command(flatten)]
@@ -825,6 +832,9 @@ fn main() -> ExitCode {
                         }
                         Command::Audit { client, command } => {
                             commands::audit(&client.client()?, client.output, command).await
+                        }
+                        Command::Webhook { client, command } => {
+                            commands::webhook(&client.client()?, client.output, command).await
                         }
                         Command::Autoupgradeprofile { client, command } => {
                             commands::profile(&client.client()?, client.output, command).await

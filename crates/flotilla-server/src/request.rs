@@ -1,0 +1,76 @@
+//! What every write reads of its request besides its path: the JSON body (strict: a key given
+//! twice is refused), the eTag conditions (`If-Match`, `If-None-Match: *`), and the
+//! `systemData` stamped from the caller. Shared by the handlers of `api` and `webhooks`.
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde_json::{Value, json};
+
+use flotilla_engine::error::{ApiError, ErrorCode};
+
+use crate::auth::Caller;
+use crate::clock::now;
+use crate::error::{HttpError, HttpResult};
+use crate::state::BODY_LIMIT;
+use crate::store::Precondition;
+
+pub(crate) fn precondition(headers: &HeaderMap) -> Precondition {
+    if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
+        Precondition::IfMatch(tag.trim().to_string())
+    } else if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim() == "*")
+    {
+        Precondition::IfNoneMatchAny
+    } else {
+        Precondition::None
+    }
+}
+
+pub(crate) async fn read_json(body: Body) -> HttpResult<Value> {
+    read_json_limited(body, BODY_LIMIT).await
+}
+
+pub(crate) async fn read_json_limited(body: Body, limit: usize) -> HttpResult<Value> {
+    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        HttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PayloadTooLarge",
+            format!("the request body is larger than {limit} bytes"),
+        )
+    })?;
+    if bytes.is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    flotilla_engine::body::strict_json(&bytes).map_err(|e| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("the body is not valid JSON: {e}"),
+            "",
+        ))
+    })
+}
+
+/// `systemData` (API.md, "Fleet Manager (ARM) paths"): who created a resource and when, kept
+/// from the body it replaces, and who changed it last, from the caller's token.
+pub(crate) fn system_data(caller: &Caller, previous: Option<&Value>) -> Value {
+    let at = now();
+    let by_type = if caller.is_system() {
+        "Application"
+    } else {
+        "User"
+    };
+    let mut body = json!({"systemData": {
+        "createdBy": caller.subject,
+        "createdByType": by_type,
+        "createdAt": at,
+        "lastModifiedBy": caller.subject,
+        "lastModifiedByType": by_type,
+        "lastModifiedAt": at,
+    }});
+    if let Some(stored) = previous {
+        crate::store::keep_creation(&mut body, stored);
+    }
+    body["systemData"].take()
+}
