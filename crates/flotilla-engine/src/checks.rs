@@ -199,26 +199,25 @@ fn bad(path: &str, message: String) -> ApiError {
     )
 }
 
-/// The placeholders in `text`: `{name}` or `{label:KEY}`, as spans (start of `{`, end after
-/// `}`) and keys. Other braces are text: a PromQL selector like `up{job="x"}` holds none.
+/// The placeholders in `text`, as spans (start of `{`, end after `}`) and keys: every `{...}`
+/// holding no `{` and none of PromQL's matcher characters (`=`, quotes, `~`, `!`, `,`), so a
+/// selector like `up{job="x"}` or `sum(x{})` is text and `{member}`, `{label:env}` or a
+/// misspelt `{cluster_id}` are placeholders (known or not).
 fn placeholders(text: &str) -> Vec<(usize, usize, &str)> {
     let mut found = Vec::new();
-    let bytes = text.as_bytes();
     let mut i = 0;
     while let Some(open) = text[i..].find('{').map(|o| o + i) {
         let Some(close) = text[open + 1..].find('}').map(|c| c + open + 1) else {
             break;
         };
         let key = &text[open + 1..close];
-        let word = |k: &str| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric());
-        let label = key
-            .strip_prefix("label:")
-            .is_some_and(|k| !k.is_empty() && !k.contains('{'));
-        if !key.contains('{') && (word(key) || label) && bytes[open] == b'{' {
+        let promql =
+            key.is_empty() || key.contains('{') || key.contains(['=', '"', '\'', '~', '!', ',']);
+        if promql {
+            i = open + 1;
+        } else {
             found.push((open, close + 1, key));
             i = close + 1;
-        } else {
-            i = open + 1;
         }
     }
     found
@@ -421,6 +420,16 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
                     format!("{value:?} names no environment variable"),
                 ));
             }
+            // Whoever writes a strategy names where a check sends its headers: only the
+            // variables an administrator set for checks may go there.
+            if !env.starts_with(ENV_PREFIX) {
+                return Err(bad(
+                    &hpath,
+                    format!(
+                        "{value:?}: checks may read only environment variables named {ENV_PREFIX}*"
+                    ),
+                ));
+            }
         } else {
             check_placeholders(value, &hpath, block)?;
         }
@@ -438,6 +447,9 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
         ca_file: spec.ca_file.clone(),
     })
 }
+
+/// The environment variables a check's header may read start with this.
+pub const ENV_PREFIX: &str = "FLOTILLA_CHECK_";
 
 /// `{env:NAME}`: a header value read from the server's environment.
 pub fn env_reference(value: &str) -> Option<&str> {
@@ -771,6 +783,31 @@ mod tests {
                 r#"{"name":"a","type":"Http","url":"http://x","requestTimeoutSeconds":0}"#,
                 "c.requestTimeoutSeconds",
                 "0",
+            ),
+            (
+                r#"{"name":"a","type":"Http","url":"http://x/{cluster_id}"}"#,
+                "c.url",
+                "{cluster_id}",
+            ),
+            (
+                r#"{"name":"a","type":"Http","url":"http://x/{ member }"}"#,
+                "c.url",
+                "{ member }",
+            ),
+            (
+                r#"{"name":"a","type":"Http","url":"http://x/{label:}"}"#,
+                "c.url",
+                "{label:}",
+            ),
+            (
+                r#"{"name":"a","type":"Exec","command":["x","{env:TOKEN}"]}"#,
+                "c.command[1]",
+                "{env:TOKEN}",
+            ),
+            (
+                r#"{"name":"a","type":"Http","url":"http://x","headers":{"A":"{env:HOME}"}}"#,
+                "c.headers.A",
+                "FLOTILLA_CHECK_",
             ),
         ];
         for (json, target, shown) in cases {

@@ -378,17 +378,22 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
             .gate_type
             .as_deref()
             .ok_or_else(|| bad("type", "is required".into()))?;
-        let health_fields = !spec.checks.is_empty()
-            || spec.soak_seconds.is_some()
-            || spec.interval_seconds.is_some()
-            || spec.timeout_seconds.is_some()
-            || spec.unavailable_after_seconds.is_some();
-        if health_fields && gate_type != "HealthCheck" {
-            let field = if spec.checks.is_empty() {
-                "soakSeconds"
-            } else {
-                "checks"
-            };
+        // The first HealthCheck setting given, named as written.
+        let health_field = [
+            ("checks", !spec.checks.is_empty()),
+            ("soakSeconds", spec.soak_seconds.is_some()),
+            ("intervalSeconds", spec.interval_seconds.is_some()),
+            ("timeoutSeconds", spec.timeout_seconds.is_some()),
+            (
+                "unavailableAfterSeconds",
+                spec.unavailable_after_seconds.is_some(),
+            ),
+        ]
+        .into_iter()
+        .find_map(|(field, given)| given.then_some(field));
+        if let Some(field) = health_field
+            && gate_type != "HealthCheck"
+        {
             return Err(bad(field, "is only allowed on a HealthCheck gate".into()));
         }
         let kind = match gate_type {
@@ -413,6 +418,14 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
                         &gpath,
                         BlockKind::Gate,
                     )?;
+                if !after && soak_seconds > timeout_seconds {
+                    return Err(bad(
+                        "soakSeconds",
+                        format!(
+                            "{soak_seconds} is longer than timeoutSeconds {timeout_seconds}: the gate could never complete"
+                        ),
+                    ));
+                }
                 GateKind::HealthCheck(Arc::new(Checks {
                     checks,
                     soak_seconds,

@@ -13,9 +13,23 @@ use flotilla_engine::checks::{Check, CheckKind, Context, Outcome, env_reference,
 
 /// What an evaluation needs from the server: an HTTP client per CA file and the directories
 /// exec checks may run from.
-#[derive(Default)]
 pub struct Evaluator {
     clients: Mutex<HashMap<Option<String>, reqwest::Client>>,
+    /// Evaluations in progress at once, server-wide: a stage of 100,000 soaking members must
+    /// not open 100,000 connections (or processes) each interval.
+    running: tokio::sync::Semaphore,
+}
+
+/// Most evaluations in progress at once.
+const MOST_AT_ONCE: usize = 64;
+
+impl Default for Evaluator {
+    fn default() -> Evaluator {
+        Evaluator {
+            clients: Mutex::default(),
+            running: tokio::sync::Semaphore::new(MOST_AT_ONCE),
+        }
+    }
 }
 
 /// Longest body read from an Http check or Prometheus: enough for any answer worth judging.
@@ -44,6 +58,20 @@ impl Evaluator {
             clients.insert(key, client.clone());
         }
         Ok(client)
+    }
+
+    /// [`Evaluator::evaluate`] once fewer than [`MOST_AT_ONCE`] others are in progress.
+    pub async fn evaluate_limited(
+        &self,
+        check: &Check,
+        context: &Context,
+        labels: &BTreeMap<String, String>,
+        allow: &ExecAllow,
+    ) -> Outcome {
+        let Ok(_turn) = self.running.acquire().await else {
+            return Outcome::Unavailable("the server is shutting down".into());
+        };
+        self.evaluate(check, context, labels, allow).await
     }
 
     /// Evaluates one check now. `labels` answers `{label:KEY}` for a member's checks.
@@ -127,25 +155,25 @@ impl Evaluator {
             };
             request = request.header(name, value);
         }
-        let response = request.send().await.map_err(|e| describe(&e))?;
+        let mut response = request.send().await.map_err(describe)?;
         let status = response.status().as_u16();
-        if response
-            .content_length()
-            .is_some_and(|n| n > MOST_BODY as u64)
-        {
-            return Err(format!("the answer is larger than {MOST_BODY} bytes"));
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(describe)? {
+            if body.len() + chunk.len() > MOST_BODY {
+                return Err(format!("the answer is larger than {MOST_BODY} bytes"));
+            }
+            body.extend_from_slice(&chunk);
         }
-        let body = response.bytes().await.map_err(|e| describe(&e))?;
-        if body.len() > MOST_BODY {
-            return Err(format!("the answer is larger than {MOST_BODY} bytes"));
-        }
-        Ok((status, body.to_vec()))
+        Ok((status, body))
     }
 }
 
-fn describe(e: &reqwest::Error) -> String {
+/// Why a request failed, without its URL (which may hold credentials or tokens; the check's
+/// name says which it was).
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());
@@ -221,10 +249,18 @@ async fn run_command(
         .map_err(|e| format!("{program}: {e}"))?;
     let mut stderr = child.stderr.take();
     let waited = tokio::time::timeout(timeout, async {
+        // All of it is read (a full pipe would stall the command), the first 4 KiB kept.
         let mut text = Vec::new();
         if let Some(err) = stderr.as_mut() {
             use tokio::io::AsyncReadExt;
-            let _ = err.take(4096).read_to_end(&mut text).await;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let room = 4096usize.saturating_sub(text.len());
+                text.extend_from_slice(&buf[..n.min(room)]);
+            }
         }
         (child.wait().await, text)
     })

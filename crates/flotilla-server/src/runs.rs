@@ -2252,8 +2252,6 @@ impl FleetActor {
         });
     }
 
-    /// After a stop and start: is the earlier operation still running, and where is the cluster?
-    /// Asked until answered (`crate::operation::reattach`); then followed if it still runs.
     /// Makes a round of evaluations for real, each check at once, and hands each result back
     /// as an input at the instant it comes (SEMANTICS §10).
     fn spawn_evaluate(
@@ -2298,7 +2296,7 @@ impl FleetActor {
                 tokio::spawn(async move {
                     let outcome = runs
                         .evaluator
-                        .evaluate(&check, &context, &labels, &allow)
+                        .evaluate_limited(&check, &context, &labels, &allow)
                         .await;
                     report.input(
                         Input::CheckEvaluated {
@@ -2314,6 +2312,8 @@ impl FleetActor {
         });
     }
 
+    /// After a stop and start: is the earlier operation still running, and where is the cluster?
+    /// Asked until answered (`crate::operation::reattach`); then followed if it still runs.
     fn spawn_observe(&mut self, run: &str, member: String, attempt: u64) {
         let driver = self.driver.clone();
         let report = self.report(run);

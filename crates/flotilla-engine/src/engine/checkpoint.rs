@@ -597,9 +597,15 @@ impl Engine {
         self.health = ck.health;
         let subjects: Vec<_> = self.health.subjects().collect();
         for subject in subjects {
-            if self.checks_of_checked(subject).is_none() {
+            let Some(checks) = self.checks_of_checked(subject) else {
                 return Err(format!(
                     "checkpoint: checks are watched for {subject:?}, which has none in the run"
+                ));
+            };
+            if !self.health.fits(subject, checks.checks.len()) {
+                return Err(format!(
+                    "checkpoint: the watch of {subject:?} holds answers for another number of checks than its {}",
+                    checks.checks.len()
                 ));
             }
         }

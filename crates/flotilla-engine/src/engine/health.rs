@@ -99,7 +99,8 @@ mod pairs {
     }
 }
 
-/// Failing results a subject keeps for its status, besides the latest of each check.
+/// Failing results a subject keeps for its status per check, besides its latest (the run's
+/// event log keeps them all).
 const FAILURES_SHOWN: usize = 20;
 
 /// How a watch ended.
@@ -124,6 +125,13 @@ impl Health {
         self.shown.get(&subject).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether `subject`'s watch holds one answer, time and error per check.
+    pub(super) fn fits(&self, subject: Subject, checks: usize) -> bool {
+        self.watches.get(&subject).is_none_or(|w| {
+            w.answers.len() == checks && w.last_ok.len() == checks && w.last_error.len() == checks
+        })
+    }
+
     pub(super) fn watching(&self, subject: Subject) -> bool {
         self.watches.contains_key(&subject)
     }
@@ -141,9 +149,9 @@ impl Health {
             list.remove(i);
         }
         if result.passed == Some(false) {
-            let failing = list.iter().filter(|r| r.passed == Some(false)).count();
-            if failing >= FAILURES_SHOWN
-                && let Some(i) = list.iter().position(|r| r.passed == Some(false))
+            let failing = |r: &CheckResult| r.name == result.name && r.passed == Some(false);
+            if list.iter().filter(|r| failing(r)).count() >= FAILURES_SHOWN
+                && let Some(i) = list.iter().position(failing)
             {
                 list.remove(i);
             }
@@ -372,8 +380,9 @@ impl Engine {
         {
             at = at.min(end);
         }
-        if self.times_out(subject) {
-            at = at.min(watch.since.plus(checks.timeout_seconds));
+        let deadline = watch.since.plus(checks.timeout_seconds);
+        if self.times_out(subject) && deadline > watch.round_at {
+            at = at.min(deadline);
         }
         Some(at)
     }
@@ -462,24 +471,29 @@ impl Engine {
         let Some(checks) = self.checks_of(subject) else {
             return;
         };
-        if self.assess(now, subject, &checks) {
-            return;
-        }
         let Some(watch) = self.health.watches.get(&subject) else {
             return;
         };
+        // A round due now is made first, and judged as its answers come: at a soak's end or a
+        // timeout, the evaluation of that instant decides. A timeout whose round was made
+        // (its answers lost) is judged now.
         let soak_end = watch
             .streak
             .filter(|_| !matches!(subject, Subject::Readiness(_)))
             .map(|s| s.plus(checks.soak_seconds));
+        let deadline = watch.since.plus(checks.timeout_seconds);
+        let deadline_round_made = self.times_out(subject) && watch.round_at >= deadline;
         let due = now >= watch.round_at.plus(checks.interval_seconds)
             || soak_end.is_some_and(|end| end <= now && watch.round_at < end);
-        if due {
+        if due && !deadline_round_made {
             self.begin_round(now, subject, &checks);
-        } else {
-            let wake = self.watch_wakeup(subject, &checks);
-            self.set_watch_timer(subject, wake);
+            return;
         }
+        if self.assess(now, subject, &checks) {
+            return;
+        }
+        let wake = self.watch_wakeup(subject, &checks);
+        self.set_watch_timer(subject, wake);
     }
 
     /// Applies a watch's state at `now`; true when the watch ended.
@@ -487,9 +501,10 @@ impl Engine {
         let Some(watch) = self.health.watches.get(&subject) else {
             return true;
         };
-        // A check with no evaluation made for unavailableAfterSeconds counts as failed.
+        // A check whose evaluations could not be made for unavailableAfterSeconds counts as
+        // failed; an answer still to come counts for nothing.
         let unavailable = (0..checks.checks.len()).find(|&i| {
-            watch.answers[i] != Answer::Passed
+            watch.answers[i] == Answer::Unavailable
                 && now.unix() - watch.last_ok[i].unix() >= checks.unavailable_after_seconds
         });
         let failed = watch.answers.iter().position(|a| *a == Answer::Failed);
@@ -517,7 +532,10 @@ impl Engine {
         let Some(watch) = self.health.watches.get_mut(&subject) else {
             return true;
         };
-        let timed_out = now.unix() - watch.since.unix() >= checks.timeout_seconds;
+        // Timed out: past the deadline, with the deadline's round answered (or none made at it).
+        let deadline = watch.since.plus(checks.timeout_seconds);
+        let round_over = !watch.answers.contains(&Answer::Awaited);
+        let timed_out = now >= deadline && (round_over || watch.round_at < deadline);
         let verdict = match subject {
             Subject::Soak(_) => match failure {
                 Some(why) => Verdict::Failed(why),
@@ -738,6 +756,13 @@ impl Engine {
         member.error = None;
         let g = member.group;
         self.add_in_flight(g, 1);
+        // Back in flight with no operation sent: re-attached, as a start after a stop is.
+        self.emit_member(
+            now,
+            EventType::MemberReattached,
+            m,
+            Some("at its target: verified again".into()),
+        );
         self.begin_soak(now, m);
     }
 

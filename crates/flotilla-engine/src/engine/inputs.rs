@@ -638,6 +638,12 @@ impl Engine {
                 if at_target && !member.removed && self.needs_soak(m) {
                     // Upgraded, not yet verified: its soak starts (again), in its slot.
                     self.add_in_flight(g, 1);
+                    self.emit_member(
+                        now,
+                        EventType::MemberReattached,
+                        m,
+                        Some("found at target: verified again".into()),
+                    );
                     self.begin_soak(now, m);
                     return;
                 }
