@@ -4,7 +4,8 @@
 // the demo prints, a dropped event stream that resumes, a reader who cannot approve (neither on
 // the page nor through the API), an approver who approves the gate from the page and sees
 // production start, the fleets page, the failed members and the filter by state, an 800 px
-// wide window, and a large fleet. Screenshots go to target/browser-artifacts/.
+// wide window, and a large fleet; then, on small fleets of their own, health checks the server
+// evaluates for real against stand-ins served here. Screenshots go to target/browser-artifacts/.
 //
 // Environment: FLOTILLA_BIN (the binary), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACTS (default ../../target/browser-artifacts).
@@ -12,6 +13,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -609,6 +611,201 @@ test('a stage of 50 groups and a group of 1,000 members collapse into summaries 
     assert.ok(tilesHeight < 800, `1,000 tiles take ${tilesHeight}px`);
     await page.shot(`deep-${width}`);
   }
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+// ---------------------------------------------------------------------------------------------
+// Health checks (SEMANTICS §10), evaluated for real by the server: a stand-in health endpoint
+// served here answers 200 for every member but c-bad, whose connection it cuts (the evaluation
+// cannot be made), and a stand-in Prometheus whose every query finds 0.5; an unreachable
+// Prometheus is a port nobody listens on.
+
+let healthz;
+/** The stand-in health endpoint's base URL, started once. */
+async function healthEndpoint() {
+  if (!healthz) {
+    healthz = createServer((request, response) => {
+      const path = new URL(request.url, 'http://healthz').pathname;
+      if (path === '/api/v1/query') {
+        response.setHeader('Content-Type', 'application/json');
+        response.end(JSON.stringify({ status: 'success', data: { resultType: 'vector', result: [{ metric: {}, value: [Date.now() / 1000, '0.5'] }] } }));
+        return;
+      }
+      if (path.endsWith('/c-bad')) {
+        request.socket.destroy();
+        return;
+      }
+      response.end('ok');
+    });
+    await new Promise((r) => healthz.listen(0, '127.0.0.1', r));
+  }
+  return `http://127.0.0.1:${healthz.address().port}`;
+}
+after(() => healthz?.close());
+
+/** A fleet over the sim driver whose upgrades take a second, with members name → group. */
+async function simFleet(fleet, members) {
+  const clusters = {};
+  for (const name of Object.keys(members)) {
+    clusters[`/c/${fleet}-${name}`] = { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [], sim: { durationSeconds: 1 } };
+  }
+  const driver = { type: 'sim', timeScale: 1, catalog: { eastus: { kubernetes: [{ version: '1.30.5' }, { version: '1.31.1' }] } }, clusters };
+  assert.equal((await apiCall(`/v1/fleets/${fleet}`, adminToken, { method: 'PUT', body: { properties: { driver } } })).status, 201);
+  for (const [name, group] of Object.entries(members)) {
+    const put = await apiCall(`/v1/fleets/${fleet}/members/${name}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/${fleet}-${name}`, group } } });
+    assert.ok(put.status < 300, JSON.stringify(put.body));
+  }
+}
+
+/** A HealthCheck gate whose Prometheus is unreachable: its evaluations cannot be made. */
+const unreachableGate = (timeoutSeconds) => ({
+  type: 'HealthCheck',
+  displayName: 'fleet error rate',
+  checks: [{ name: 'fleet-errors', type: 'Prometheus', endpoint: 'http://127.0.0.1:9', query: 'max(flotilla_error_ratio)', condition: '< 0.05' }],
+  soakSeconds: 1,
+  intervalSeconds: 1,
+  timeoutSeconds,
+});
+
+async function createAndStart(fleet, run, strategy) {
+  const properties = { strategy, managedClusterUpdate: { upgrade: { type: 'ControlPlaneOnly', kubernetesVersion: '1.31.1' } } };
+  const created = await apiCall(`/v1/fleets/${fleet}/updateRuns/${run}`, adminToken, { method: 'PUT', body: { properties } });
+  assert.ok(created.status < 300, JSON.stringify(created.body));
+  const started = await apiCall(`/v1/fleets/${fleet}/updateRuns/${run}/start`, adminToken, { method: 'POST' });
+  assert.ok(started.status < 300, JSON.stringify(started.body));
+}
+
+test('a HealthCheck gate that cannot be evaluated fails the run: the page shows the evaluations and says why the run stopped', async () => {
+  const endpoint = await healthEndpoint();
+  await simFleet('health', { 'c-ok': 'canary', 'c-bad': 'canary', 'p-1': 'prod' });
+  await createAndStart('health', 'gate-unreachable', {
+    stages: [
+      {
+        name: 'canary',
+        maxAllowedFailures: '1',
+        groups: [{ name: 'canary', maxAllowedFailures: '1' }],
+        memberHealthChecks: { checks: [{ name: 'healthz', type: 'Http', url: `${endpoint}/healthz/{member}` }], soakSeconds: 2, intervalSeconds: 1, unavailableAfterSeconds: 2 },
+      },
+      { name: 'prod', groups: [{ name: 'prod' }], beforeGates: [unreachableGate(3)] },
+    ],
+  });
+  const page = await newPage('health-gate');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/health/runs/gate-unreachable`);
+  const reason = page.locator('#run-reason');
+  await reason.waitFor({ timeout: 60000 });
+  assert.equal(await page.locator('#run-state .badge.s-Failed').count(), 1, 'the run Failed');
+  // Why, in plain words: the gate, the check and what its last evaluation found; and the
+  // engine's own words (the timeout).
+  assert.match(await reason.locator('.reason-text').innerText(), /^Stopped at stage prod: the HealthCheck gate 'fleet error rate' failed — check fleet-errors could not be evaluated: .+/);
+  assert.match(await reason.locator('.reason-detail').innerText(), /the checks did not pass for 1 s within 3 s/);
+  // The gate, Failed, with its evaluations (none could be made) beside it.
+  const gate = page.locator('#pipeline li.checkpoint[data-type="HealthCheck"]');
+  assert.equal(await gate.getAttribute('data-state'), 'Failed');
+  const evaluation = gate.locator('.check[data-check="fleet-errors"]').first();
+  assert.equal(await evaluation.getAttribute('data-verdict'), 'unavailable');
+  assert.match(await evaluation.locator('.check-finding').innerText(), /^could not be evaluated: .*127\.0\.0\.1:9/);
+  assert.match(await evaluation.getAttribute('title'), /^check "fleet-errors" could not be evaluated: .*Connection refused/);
+  assert.equal(await gate.locator('button.approve').count(), 0, 'a failed gate cannot be approved');
+  // The member whose checks could not be made for 2 s failed (tolerated), and says why; the
+  // other passed its soak. Each tile carries its checks' mark.
+  const bad = page.locator('.tile[data-member="c-bad"]');
+  assert.equal(await bad.getAttribute('data-state'), 'Failed');
+  assert.equal(await bad.getAttribute('data-checks'), 'unavailable');
+  assert.match(await bad.getAttribute('aria-label'), /c-bad: Failed\. check "healthz" could not be evaluated for 2 s: .*Checks could not be evaluated/);
+  const ok = page.locator('.tile[data-member="c-ok"]');
+  assert.equal(await ok.getAttribute('data-state'), 'Completed');
+  assert.equal(await ok.getAttribute('data-checks'), 'pass');
+  assert.match(await page.locator('#failures-list li[data-member="c-bad"]').innerText(), /^c-bad canary \/ canary — check "healthz" could not be evaluated for 2 s/);
+  // A member's evaluations are in its details.
+  await bad.click();
+  const details = page.locator('#details');
+  assert.match(await details.innerText(), /HealthCheckFailed: check "healthz" could not be evaluated for 2 s/);
+  assert.equal(await details.locator('.check[data-check="healthz"]').first().getAttribute('data-verdict'), 'unavailable');
+  await ok.click();
+  assert.equal(await details.locator('.check[data-check="healthz"]').first().getAttribute('data-verdict'), 'pass');
+  // The gate's resource says Failed too (the page and API clients read gates there).
+  const resource = await apiCall(`/v1/fleets/health/gates/${await gate.getAttribute('data-gate')}`, approverToken);
+  assert.equal(resource.body.properties.state, 'Failed', JSON.stringify(resource.body));
+  // The reason's button shows the gate: its checks, timings and evaluations.
+  await reason.getByRole('button', { name: 'Show what stopped the run' }).click();
+  assert.match(await details.innerText(), /fleet error rate[\s\S]*HealthCheck[\s\S]*Failed[\s\S]*Fails after\s+3s[\s\S]*max\(flotilla_error_ratio\) < 0\.05/);
+  assert.ok((await details.locator('.check[data-verdict="unavailable"]').count()) >= 1, 'the gate\'s evaluations in its details');
+  // The event log has the evaluations and the gate's failure.
+  assert.ok((await page.locator('#events li.t-HealthCheckEvaluated').count()) >= 2);
+  assert.equal(await page.locator('#events li.t-GateFailed').count(), 1);
+  await page.shot('failed');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('an approver completes a pending HealthCheck gate by hand; a member in its soak reads Verifying', async () => {
+  const endpoint = await healthEndpoint();
+  await simFleet('health-hand', { 'h-1': 'prod' });
+  await createAndStart('health-hand', 'by-hand', {
+    stages: [{
+      name: 'prod',
+      groups: [{ name: 'prod' }],
+      beforeGates: [unreachableGate(600)],
+      memberHealthChecks: { checks: [{ name: 'healthz', type: 'Http', url: `${endpoint}/healthz/{member}` }], soakSeconds: 6, intervalSeconds: 1 },
+    }],
+  });
+  const page = await newPage('health-hand');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/health-hand/runs/by-hand`);
+  const gate = page.locator('#pipeline li.checkpoint[data-type="HealthCheck"]');
+  await eventually('the gate Pending with an evaluation', async () => (await gate.getAttribute('data-state')) === 'Pending' && (await gate.locator('.check[data-verdict="unavailable"]').count()) > 0, 30000);
+  assert.equal(await page.locator('#run-reason').count(), 0, 'a run waiting at a gate has not stopped');
+  await page.shot('pending');
+  await page.getByRole('button', { name: 'Approve gate: fleet error rate' }).click();
+  await eventually('the gate Completed by hand', async () => (await gate.getAttribute('data-state')) === 'Completed', 15000);
+  assert.match(await gate.innerText(), /approved by demo-approver/);
+  // Upgraded, the member soaks: in flight, read as verifying.
+  const tile = page.locator('.tile[data-member="h-1"]');
+  await eventually('the member verifying', async () => (await tile.getAttribute('data-activity')) === 'verifying', 20000);
+  assert.equal(await tile.getAttribute('data-state'), 'Running');
+  assert.match(await tile.getAttribute('aria-label'), /^h-1: Verifying\. verifying: health checks until/);
+  assert.match(await page.locator('#pipeline li.stage[data-stage="prod"] .limits').first().innerText(), /1 \/ \d+ at once \(1 verifying\)/);
+  await page.shot('verifying');
+  await eventually('the member Completed after its soak', async () => (await tile.getAttribute('data-state')) === 'Completed', 30000);
+  await eventually('its passing evaluations', async () => (await tile.getAttribute('data-checks')) === 'pass', 10000);
+  await eventually('the run Completed', async () => (await page.locator('#run-state .badge.s-Completed').count()) === 1, 10000);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a group\'s HealthCheck after-gate that sees a bad value stops the run, and the page says which value broke which condition', async () => {
+  const endpoint = await healthEndpoint();
+  await simFleet('health-value', { 'v-1': 'edge' });
+  const gate = {
+    type: 'HealthCheck',
+    displayName: 'error budget',
+    checks: [{ name: 'errors', type: 'Prometheus', endpoint, query: 'max(flotilla_error_ratio{group="{group}"})', condition: '< 0.05' }],
+    soakSeconds: 5,
+    intervalSeconds: 1,
+  };
+  await createAndStart('health-value', 'bad-value', { stages: [{ name: 'edge', groups: [{ name: 'edge', afterGates: [gate] }] }] });
+  const page = await newPage('health-value');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/health-value/runs/bad-value`);
+  const reason = page.locator('#run-reason');
+  await reason.waitFor({ timeout: 60000 });
+  assert.equal(await reason.locator('.reason-text-words').innerText(), "Stopped at stage edge: the HealthCheck gate 'error budget' after group edge failed — check errors: value 0.5 does not meet condition < 0.05");
+  // The gate, in its group's card, Failed, with the failing evaluation.
+  const checkpoint = page.locator('article.group[data-group="edge"] .checkpoint[data-type="HealthCheck"]');
+  assert.equal(await checkpoint.getAttribute('data-state'), 'Failed');
+  const evaluation = checkpoint.locator('.check[data-check="errors"]').first();
+  assert.equal(await evaluation.getAttribute('data-verdict'), 'fail');
+  assert.equal(await evaluation.getAttribute('data-value'), '0.5');
+  assert.equal(await evaluation.locator('.check-finding').innerText(), 'value 0.5 does not meet condition < 0.05');
+  // The member upgraded; the group and its stage failed with the gate.
+  assert.equal(await page.locator('.tile[data-member="v-1"]').getAttribute('data-state'), 'Completed');
+  assert.equal(await page.locator('article.group[data-group="edge"]').getAttribute('data-state'), 'Failed');
+  await page.shot('failed');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });

@@ -31,6 +31,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("fleet.js", JS, include_str!("../ui/fleet.js")),
     ("runs.js", JS, include_str!("../ui/runs.js")),
     ("run.js", JS, include_str!("../ui/run.js")),
+    ("checks.js", JS, include_str!("../ui/checks.js")),
     ("icon.svg", "image/svg+xml", include_str!("../ui/icon.svg")),
 ];
 

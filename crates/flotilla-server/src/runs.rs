@@ -1833,9 +1833,14 @@ impl FleetActor {
             );
             let step = steps.entry(run).or_default();
             step.durations.extend(duration);
+            // A HealthCheck gate that fails is a gate resource whose state changes too
+            // (SEMANTICS §10): without it, GET …/gates answered Pending for a failed gate.
             step.gates_changed |= matches!(
                 event.kind,
-                EventType::GatePending | EventType::GateCompleted | EventType::GateSkipped
+                EventType::GatePending
+                    | EventType::GateCompleted
+                    | EventType::GateSkipped
+                    | EventType::GateFailed
             );
             // Runs, stages, groups, gates and waits changing are shown at once; member churn is
             // what gets batched.

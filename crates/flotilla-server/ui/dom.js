@@ -1,7 +1,10 @@
 // Small DOM and formatting helpers shared by the views. No framework: views rebuild their
 // part of the page from the API's JSON.
 
-/** h('div', {class: 'x', onclick: f}, child, ...) — children may be strings, nodes, arrays, null. */
+/**
+ * h('div', {class: 'x', onclick: f}, child, ...) — children may be strings, nodes, arrays, null;
+ * null attributes and dataset entries are left out.
+ */
 export function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
@@ -9,7 +12,7 @@ export function h(tag, attrs, ...children) {
     if (key.startsWith('on') && typeof value === 'function') {
       el.addEventListener(key.slice(2), value);
     } else if (key === 'dataset') {
-      Object.assign(el.dataset, value);
+      for (const [k, v] of Object.entries(value)) if (v !== null && v !== undefined) el.dataset[k] = v;
     } else if (key === 'style' && typeof value === 'object') {
       for (const [p, v] of Object.entries(value)) el.style.setProperty(p, v);
     } else {

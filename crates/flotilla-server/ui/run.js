@@ -1,15 +1,20 @@
 // One update run, live: stages left to right (stacked on narrow screens) with their groups and
 // named member tiles, gates as checkpoints between them, waits as countdowns, thresholds
 // against failure counts, the list of failed members, a filter by state, a details panel for
-// whatever is clicked, a timeline of member upgrades and the event log.
+// whatever is clicked, a timeline of member upgrades and the event log. Health and readiness
+// check evaluations (checks.js) show beside the member or gate they belong to, and a run that
+// stopped says why at the top.
 // The run's event stream (server-sent events) keeps it current: a member's event is applied to
 // the run in place; an event that changes more than a member (a stage, a group, a wait, the
-// run) makes the page read the run again, and a gate's event the gates too. A slow poll covers
-// a dropped stream; a reconnected stream resumes after the last event seen.
+// run) makes the page read the run again, and a gate's event the gates too; evaluations of
+// checks are read at most every few seconds (they come every interval, for every soaking
+// member). A slow poll covers a dropped stream; a reconnected stream resumes after the last
+// event seen.
 
 import { api, listAll, enc, streamEvents, can, ApiError } from './api.js';
 import { h, clear, badge, stateBar, countStates, time, fmtDuration, fmtTime, parseTime, STATES, TERMINAL } from './dom.js';
 import { targetText, progress, progressBar } from './runs.js';
+import { checkList, tileMark, splitByGate, healthGates, stopReason, activity, ACTIVITIES, VERDICTS, definitionList } from './checks.js';
 
 /** Above this many members a group shows counts until expanded. */
 const GROUP_COLLAPSE_MEMBERS = 100;
@@ -36,7 +41,12 @@ const MEMBER_EVENTS = {
   MemberFailed: 'Failed',
   MemberSkipped: 'Skipped',
   MemberStopped: 'Stopped',
+  // Upgraded, and soaking under its health checks: still in flight (SEMANTICS §10).
+  MemberVerifying: 'Running',
 };
+/** Evaluations of checks make the page read the run at most this often, or one read per this many members in ms. */
+const CHECKS_READ_MS = 2000;
+const CHECKS_READ_MS_PER_MEMBER = 0.1;
 /** The run's full forecast (stages, groups, members, waits) is asked again at most this often. */
 const FORECAST_MS = 20000;
 
@@ -158,8 +168,62 @@ export async function render(ctx) {
           ? h('div', {}, h('dt', {}, 'Finished'), h('dd', {}, time(status.status.completedTime)))
           : h('div', {}, h('dt', {}, 'Forecast end'), h('dd', { id: 'run-eta' }, etaText(status))),
         nextStage(status)),
-      status.status?.error ? h('p', { class: 'error' }, status.status.error.message) : null,
+      reasonBanner(run),
     ].filter(Boolean));
+  }
+
+  /**
+   * Why a Failed, Stopped or Stopping run stopped, in plain words, with a button that selects
+   * what stopped it (checks.js's stopReason); the run's own error when nothing better is known.
+   */
+  function reasonBanner(run) {
+    const state = runState();
+    const reason = stopReason(run, gateType);
+    if (!reason) {
+      const error = run.properties?.status?.status?.error;
+      return error ? h('p', { class: 'error' }, error.message) : null;
+    }
+    return h('div', { id: 'run-reason', class: `reason s-${state}`, role: 'status', dataset: { state } },
+      h('p', { class: 'reason-text' },
+        h('span', { class: 'reason-text-words' }, reason.text),
+        reason.target ? [' ', button('a:reason', 'Show', () => selectTarget(reason.target), { class: 'link small', 'aria-label': 'Show what stopped the run' })] : null),
+      reason.detail ? h('p', { class: 'reason-detail muted small' }, reason.detail) : null);
+  }
+
+  /** Selects what a reason points at: a gate, a group or a stage. */
+  function selectTarget(target) {
+    if (target.kind !== 'gate') {
+      select(target);
+      return;
+    }
+    const found = findGate(target.gateId);
+    if (found) select({ kind: 'gate', gate: found.gate, type: found.type, where: found.where });
+  }
+
+  /**
+   * A gate of the run as now read, by id: the gate, its type and definition, the stage or group
+   * holding it (whose evaluations include the gate's) and that one's definition.
+   */
+  function findGate(gateId) {
+    const definitions = view.run.properties?.strategy?.stages || [];
+    for (const stage of view.run.properties?.status?.stages || []) {
+      const definition = definitions.find((d) => d.name === stage.name);
+      const scopes = [{ node: stage, nodeDefinition: definition, name: `stage ${stage.name}` }]
+        .concat((stage.groups || []).map((g) => ({ node: g, nodeDefinition: definition?.groups?.find((d) => d.name === g.name), name: `group ${g.name}` })));
+      for (const { node, nodeDefinition, name } of scopes) {
+        for (const [timing, list, defs] of [['Before', node.beforeGates, nodeDefinition?.beforeGates], ['After', node.afterGates, nodeDefinition?.afterGates]]) {
+          const i = (list || []).findIndex((g) => g.gateId === gateId);
+          if (i >= 0) return { gate: list[i], type: gateType(list[i], defs, i), definition: defs?.[i], node, nodeDefinition, timing, where: `${timing} ${name}` };
+        }
+      }
+    }
+    return null;
+  }
+
+  /** The evaluations of a HealthCheck gate: its scope's, made while it was evaluated. */
+  function gateResults(found) {
+    if (!found?.node.healthChecks?.length) return [];
+    return splitByGate(found.node.healthChecks, healthGates(found.node, found.nodeDefinition, gateType)).of.get(found.gate.gateId) || [];
   }
 
   // ------------------------------------------------------------------------------------------
@@ -230,13 +294,21 @@ export async function render(ctx) {
     return view.gates.get(gate.gateId)?.properties?.gateType || definitions?.[index]?.type || 'Approval';
   }
 
-  function checkpoint(gate, type, where, compact) {
+  /** The mark of a gate's type: approval, scheduled start, health check. */
+  const GATE_MARKS = { Approval: '◆', ScheduledStart: '◷', HealthCheck: '♥' };
+
+  /**
+   * A gate between stages (or, compact, inside a group's card): its name, state, who approved
+   * it, a countdown to a scheduled start, the approve button, and a HealthCheck gate's
+   * evaluations (`results`).
+   */
+  function checkpoint(gate, type, where, compact, results = []) {
     const state = gate.status?.state || 'NotStarted';
     const resource = view.gates.get(gate.gateId)?.properties || {};
     const name = gate.displayName || `${type} gate`;
     const key = `g:${gate.gateId}`;
     const parts = [
-      h('span', { class: 'gate-mark', 'aria-hidden': 'true' }, type === 'Approval' ? '◆' : '◷'),
+      h('span', { class: 'gate-mark', 'aria-hidden': 'true' }, GATE_MARKS[type] || '◷'),
       h('button', { type: 'button', class: 'link gate-name', dataset: { key }, onclick: () => select({ kind: 'gate', gate, type, where }) }, name),
       badge(state),
     ];
@@ -247,16 +319,22 @@ export async function render(ctx) {
     if (type !== 'Approval' && start && state === 'Pending') {
       parts.push(h('span', { class: 'countdown', dataset: { deadline: String(start) } }, ''));
     }
-    if (type === 'Approval' && state === 'Pending' && mayChange()) {
+    // An approver may complete a pending HealthCheck gate by hand, recorded like an approval
+    // (SEMANTICS §10).
+    const byHand = type === 'Approval' || type === 'HealthCheck';
+    if (byHand && state === 'Pending' && mayChange()) {
       if (can(me, 'approver')) {
-        parts.push(button(`a:approve:${gate.gateId}`, 'Approve', () => approve(gate.gateId, name), { class: 'primary approve', 'aria-label': `Approve gate: ${name}` }));
+        const title = type === 'HealthCheck' ? 'Complete the gate now, without waiting for its checks (recorded as your approval)' : null;
+        parts.push(button(`a:approve:${gate.gateId}`, 'Approve', () => approve(gate.gateId, name), { class: 'primary approve', 'aria-label': `Approve gate: ${name}`, title }));
       } else {
-        parts.push(h('span', { class: 'muted' }, 'waiting for an approver'));
+        parts.push(h('span', { class: 'muted' }, type === 'HealthCheck' ? 'waiting for its checks or an approver' : 'waiting for an approver'));
       }
     }
+    const checks = checkList(results, `Evaluations of gate ${name}`);
+    if (checks) parts.push(checks);
     return h(compact ? 'div' : 'li', {
-      class: `checkpoint s-${state}${compact ? ' compact' : ''}`,
-      dataset: { gate: gate.gateId, state },
+      class: `checkpoint s-${state}${compact ? ' compact' : ''}${checks ? ' has-checks' : ''}`,
+      dataset: { gate: gate.gateId, state, type },
       role: 'group',
       'aria-label': `${where} ${type} gate ${name}: ${state}`,
     }, parts);
@@ -284,31 +362,41 @@ export async function render(ctx) {
 
   const filteredOut = (state) => view.filter !== 'All' && state !== view.filter;
 
-  /** A member's tile: its state's glyph and its name, or the glyph alone in a dense group. */
+  /**
+   * A member's tile: its state's glyph and its name, or the glyph alone in a dense group. A
+   * member in its soak reads Verifying, one waiting for readiness says so; a member with check
+   * evaluations carries a mark of the worst latest one, and its tooltip lists them.
+   */
   function tile(stage, group, m, named) {
     const state = m.status?.state || 'NotStarted';
+    const doing = activity(m);
+    const label = doing ? ACTIVITIES[doing].label : STATES[state]?.label || state;
     const message = m.status?.error?.message || m.message || '';
+    const mark = m.healthChecks?.length ? tileMark(m.healthChecks) : null;
     const key = `m:${stage.name}/${group.name}/${m.name}`;
     const selected = view.selected?.kind === 'member' && view.selected.name === m.name;
     return h('li', { hidden: filteredOut(state) },
       h('button', {
         type: 'button',
-        class: `tile s-${state}${named ? ' named' : ''}${selected ? ' selected' : ''}`,
-        dataset: { member: m.name, state, key },
-        title: `${m.name}: ${STATES[state]?.label || state}${message ? ` — ${message}` : ''}`,
-        'aria-label': `${m.name}: ${STATES[state]?.label || state}${message ? `. ${message}` : ''}`,
+        class: `tile s-${state}${named ? ' named' : ''}${selected ? ' selected' : ''}${doing ? ` a-${doing}` : ''}${mark ? ` checked v-${mark.verdict}` : ''}`,
+        dataset: { member: m.name, state, key, activity: doing, checks: mark?.verdict },
+        title: `${m.name}: ${label}${message ? ` — ${message}` : ''}${mark ? `\n${mark.text}` : ''}`,
+        'aria-label': `${m.name}: ${label}${message ? `. ${message}` : ''}${mark ? `. Checks ${VERDICTS[mark.verdict].label}` : ''}`,
         'aria-pressed': selected ? 'true' : 'false',
         onclick: () => select({ kind: 'member', stage: stage.name, group: group.name, name: m.name }),
       },
-      h('span', { class: 'glyph', 'aria-hidden': 'true' }, STATES[state]?.glyph || '?'),
-      named ? h('span', { class: 'tile-name', 'aria-hidden': 'true' }, shortName(m.name)) : null));
+      h('span', { class: 'glyph', 'aria-hidden': 'true' }, doing ? ACTIVITIES[doing].glyph : STATES[state]?.glyph || '?'),
+      named ? h('span', { class: 'tile-name', 'aria-hidden': 'true' }, shortName(m.name)) : null,
+      mark && named ? h('span', { class: 'tile-check', 'aria-hidden': 'true' }, VERDICTS[mark.verdict].glyph) : null));
   }
 
   function limits(node, members) {
     const running = members.filter((m) => m.status?.state === 'Running').length;
+    // A member in its soak holds its slot (SEMANTICS §10): counted, and said.
+    const verifying = running ? members.filter((m) => activity(m) === 'verifying').length : 0;
     const over = node.failureCount > node.maxAllowedFailures;
     return h('p', { class: 'limits' },
-      h('span', { title: 'members upgrading now / resolved maxConcurrency' }, `${running} / ${node.maxConcurrency} at once`),
+      h('span', { title: 'members upgrading or verifying now / resolved maxConcurrency' }, `${running} / ${node.maxConcurrency} at once`, verifying ? ` (${verifying} verifying)` : ''),
       ' · ',
       h('span', { class: over ? 'bad' : node.failureCount ? 'warn' : '', title: 'failures / resolved maxAllowedFailures' }, `failures ${node.failureCount} / ${node.maxAllowedFailures} allowed`));
   }
@@ -336,10 +424,13 @@ export async function render(ctx) {
         h('span', { class: 'counts done' }, `${done}/${members.length}`)));
     const beforeGates = group.beforeGates || [];
     const afterGates = group.afterGates || [];
-    beforeGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before group ${group.name}`, true)));
+    const checks = evaluationsOf(group, definition);
+    beforeGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before group ${group.name}`, true, checks.of.get(g.gateId))));
+    if (checks.rest.length) card.append(checkList(checks.rest, `Evaluations of group ${group.name}`));
     if (expanded) {
       card.append(limits(group, members));
-      if (group.message) card.append(h('p', { class: 'muted small' }, group.message));
+      // A failed group's message is its error's: said once.
+      if (group.message && group.message !== group.status?.error?.message) card.append(h('p', { class: 'muted small' }, group.message));
       if (group.status?.error) card.append(h('p', { class: 'error small' }, group.status.error.message));
       // Up to a hundred members a tile carries its name; a larger group, expanded on purpose, is
       // a dense map of glyphs (the name is in each tile's label and tooltip).
@@ -349,8 +440,14 @@ export async function render(ctx) {
         card.append(h('p', { class: 'muted small filtered' }, `No ${(STATES[view.filter]?.label || view.filter).toLowerCase()} members here.`));
       }
     }
-    afterGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After group ${group.name}`, true)));
+    afterGates.forEach((g, i) => card.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After group ${group.name}`, true, checks.of.get(g.gateId))));
     return card;
+  }
+
+  /** A stage's or group's evaluations, by HealthCheck gate and the rest; nothing to do without any. */
+  function evaluationsOf(node, definition) {
+    if (!node.healthChecks?.length) return { of: new Map(), rest: [] };
+    return splitByGate(node.healthChecks, healthGates(node, definition, gateType));
   }
 
   function stageCard(stage, definition) {
@@ -368,8 +465,9 @@ export async function render(ctx) {
           badge(state)),
         limits(stage, members),
         stateBar(countStates(members), members.length),
-        stage.message ? h('p', { class: 'muted small' }, stage.message) : null,
+        stage.message && stage.message !== stage.status?.error?.message ? h('p', { class: 'muted small' }, stage.message) : null,
         stage.status?.error ? h('p', { class: 'error small' }, stage.status.error.message) : null,
+        checkList(evaluationsOf(stage, definition).rest, `Evaluations of stage ${stage.name}`),
         many ? h('p', { class: 'muted small' }, `${groups.length} groups: expand one to see its members.`) : null,
         h('div', { class: many ? 'groups many' : 'groups' }, groups.map((g) => groupCard(stage, g, definition?.groups?.find((d) => d.name === g.name), many)))));
   }
@@ -382,9 +480,10 @@ export async function render(ctx) {
     clear(pipeline);
     for (const stage of status.stages || []) {
       const definition = definitions.find((d) => d.name === stage.name);
-      (stage.beforeGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before stage ${stage.name}`, false)));
+      const checks = evaluationsOf(stage, definition);
+      (stage.beforeGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.beforeGates, i), `Before stage ${stage.name}`, false, checks.of.get(g.gateId))));
       pipeline.append(stageCard(stage, definition));
-      (stage.afterGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After stage ${stage.name}`, false)));
+      (stage.afterGates || []).forEach((g, i) => pipeline.append(checkpoint(g, gateType(g, definition?.afterGates, i), `After stage ${stage.name}`, false, checks.of.get(g.gateId))));
       if (stage.afterStageWaitStatus) pipeline.append(waitItem(stage));
     }
     if (focused) pipeline.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
@@ -477,12 +576,19 @@ export async function render(ctx) {
     const row = (k, v) => rows.push(h('dt', {}, k), h('dd', {}, v ?? '—'));
     let title = '';
     const actions = h('div', { class: 'actions' });
+    /** Evaluations of checks, below the facts: the latest of each check, earlier failing ones folded. */
+    const extra = [];
+    const checks = (results, label) => {
+      const list = checkList(results, label);
+      if (list) extra.push(h('h3', { class: 'checks-title' }, 'Checks'), list);
+    };
     if (sel.kind === 'member') {
       const { member } = find(sel);
       if (!member) { view.selected = null; renderDetails(); return; }
       const state = member.status?.state;
+      const doing = activity(member);
       title = member.name;
-      row('State', badge(state));
+      row('State', [badge(state), doing ? h('span', { class: 'activity' }, ` ${ACTIVITIES[doing].label.toLowerCase()}`) : null]);
       row('Stage / group', `${sel.stage} / ${sel.group}`);
       row('Started', time(member.status?.startTime));
       row('Finished', time(member.status?.completedTime));
@@ -494,6 +600,7 @@ export async function render(ctx) {
       if (error) row('Error', h('span', { class: 'error' }, error.code ? `${error.code}: ${error.message}` : error.message));
       row('Operation', member.operationId);
       row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));
+      checks(member.healthChecks, `Evaluations of ${member.name}`);
       if (can(me, 'operator') && mayChange() && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
     } else if (sel.kind === 'group') {
       const { group } = find(sel);
@@ -507,6 +614,7 @@ export async function render(ctx) {
       row('Finished', time(group.status?.completedTime));
       if (group.message) row('Message', group.message);
       if (group.status?.error) row('Error', h('span', { class: 'error' }, group.status.error.message));
+      checks(group.healthChecks, `Evaluations of group ${group.name}`);
       if (can(me, 'operator') && mayChange() && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
     } else if (sel.kind === 'stage') {
       const { stage } = find(sel);
@@ -520,23 +628,38 @@ export async function render(ctx) {
       row('Finished', time(stage.status?.completedTime));
       if (stage.message) row('Message', stage.message);
       if (stage.status?.error) row('Error', h('span', { class: 'error' }, stage.status.error.message));
+      checks(stage.healthChecks, `Evaluations of stage ${stage.name}`);
       if (can(me, 'operator') && mayChange() && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
     } else if (sel.kind === 'gate') {
-      const resource = view.gates.get(sel.gate.gateId)?.properties || {};
-      title = sel.gate.displayName || `${sel.type} gate`;
+      // The gate as last read (the selection keeps the one clicked, which may be older).
+      const found = findGate(sel.gate.gateId);
+      const gate = found?.gate || sel.gate;
+      const resource = view.gates.get(gate.gateId)?.properties || {};
+      title = gate.displayName || `${sel.type} gate`;
       row('Where', sel.where);
       row('Type', sel.type);
-      row('State', badge(resource.state || sel.gate.status?.state));
-      row('Reached', time(sel.gate.status?.startTime));
-      row('Completed', time(sel.gate.status?.completedTime));
+      // The run's tree, as just read, before the gate resource (read with gate events only).
+      row('State', badge(gate.status?.state || resource.state));
+      row('Reached', time(gate.status?.startTime));
+      row('Completed', time(gate.status?.completedTime));
       if (resource.approvedBy) row('Approved by', resource.approvedBy);
       if (resource.approvedAt) row('Approved at', time(resource.approvedAt));
       if (resource.scheduledStartProperties?.absoluteStartTime) row('Opens at', time(resource.scheduledStartProperties.absoluteStartTime));
-      row('Gate id', h('code', {}, sel.gate.gateId));
+      const definition = found?.definition;
+      if (sel.type === 'HealthCheck' && definition) {
+        // The strategy's timings, defaults as SEMANTICS §10 gives them.
+        const secs = (v, d) => fmtDuration((v ?? d) * 1000);
+        row('Passes after', `${secs(definition.soakSeconds, 600)} of passing evaluations, one every ${secs(definition.intervalSeconds, 60)}`);
+        if (found.timing === 'Before') row('Fails after', secs(definition.timeoutSeconds, 3600));
+        row('Checks', definitionList(definition.checks));
+      }
+      row('Gate id', h('code', {}, gate.gateId));
+      checks(gateResults(found), `Evaluations of gate ${title}`);
     }
     details.append(
       h('div', { class: 'title-row' }, h('h2', {}, title), button('d:close', 'Close', () => { view.selected = null; renderDetails(); renderPipeline(); }, { class: 'link', 'aria-label': 'Close details' })),
       h('dl', { class: 'kv' }, rows),
+      ...extra,
       actions);
     if (focused) details.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
   }
@@ -669,7 +792,11 @@ export async function render(ctx) {
     const status = member.status || (member.status = {});
     const at = parseTime(event.time);
     const latest = Math.max(parseTime(status.startTime) ?? -Infinity, parseTime(status.completedTime) ?? -Infinity);
-    if (at !== null && (at < latest || (at === latest && status.state === state))) return false;
+    // A soak begins in flight at the instant the upgrade ended (or the attempt began, for a
+    // member found at target): at that instant only its message is new, and an end at the
+    // same instant is later.
+    const seen = event.type === 'MemberVerifying' ? !['Running', 'NotStarted', 'Pending'].includes(status.state) : status.state === state;
+    if (at !== null && (at < latest || (at === latest && seen))) return false;
     status.state = state;
     switch (event.type) {
       case 'MemberStarted':
@@ -681,6 +808,7 @@ export async function render(ctx) {
         delete member.operationId;
         break;
       case 'MemberPending':
+      case 'MemberVerifying':
         member.message = event.message;
         break;
       case 'MemberSucceeded':
@@ -781,9 +909,23 @@ export async function render(ctx) {
     }, DEBOUNCE_MS);
   }
 
+  // An evaluation changes a member's, group's or stage's list of evaluations, which only the
+  // run's status carries in full: read it again, but not for each of them (a soak evaluates
+  // every member in it every interval), and less often the larger the run.
+  let checksRead = null;
+  function scheduleChecksRead() {
+    if (checksRead) return;
+    checksRead = setTimeout(() => {
+      checksRead = null;
+      scheduleRefresh(false);
+    }, Math.max(CHECKS_READ_MS, view.members.size * CHECKS_READ_MS_PER_MEMBER));
+  }
+
   /** What an event changes on the page, beyond the log. */
   function onRunEvent(event) {
-    if (MEMBER_EVENTS[event.type]) {
+    if (event.type === 'HealthCheckEvaluated') {
+      scheduleChecksRead();
+    } else if (MEMBER_EVENTS[event.type]) {
       view.replay?.push(event);
       if (applyMember(event)) scheduleRender();
     } else if (event.type.startsWith('Gate')) {
@@ -824,5 +966,6 @@ export async function render(ctx) {
     clearInterval(poll);
     clearInterval(ticker);
     clearTimeout(debounce);
+    clearTimeout(checksRead);
   };
 }

@@ -311,6 +311,17 @@ fn a_real_prometheus_halts_the_run_at_the_gate_that_sees_the_errors() {
             .any(|e| e["name"] == "fleet-errors" && e["passed"] == false)),
         "{prod}"
     );
+    // Its gate resource says so too (the dashboard and API clients read gates there).
+    let gate_id = prod["beforeGates"][0]["gateId"]
+        .as_str()
+        .unwrap_or_default();
+    let gate = api.must(
+        Method::GET,
+        &format!("/v1/fleets/edge/gates/{gate_id}"),
+        None,
+    );
+    assert_eq!(gate["properties"]["gateType"], "HealthCheck", "{gate}");
+    assert_eq!(gate["properties"]["state"], "Failed", "{gate}");
     for name in ["store-02", "store-03"] {
         assert_eq!(state_of(member(&failed, name)), "NotStarted");
     }
