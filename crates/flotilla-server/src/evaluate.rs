@@ -144,8 +144,12 @@ impl Evaluator {
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
         let client = self.client(check.ca_file.as_deref())?;
-        let url = reqwest::Url::parse_with_params(url, query)
-            .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        let parsed = if query.is_empty() {
+            reqwest::Url::parse(url)
+        } else {
+            reqwest::Url::parse_with_params(url, query)
+        };
+        let url = parsed.map_err(|e| format!("{url:?} is not a URL: {e}"))?;
         let mut request = client.get(url).timeout(timeout);
         for (name, value) in &check.headers {
             let value = match env_reference(value) {

@@ -132,12 +132,13 @@ fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigki
         "/v1/fleets/aks/updateRuns/r1/start",
         None,
     );
-    // Someone upgrades c19's control plane from a laptop for a few seconds: the run, reaching
-    // it, waits for it.
+    // Someone upgrades c19's control plane from a laptop: the run, reaching it, meets ARM's
+    // conflict and waits for it. The laptop's upgrade ends once the run has met it (whenever
+    // the run gets there: a loaded machine reaches c19 later).
     fake.lock().expect("fake").start_foreign(
         &fake_arm::cluster_id(SUB, "c19"),
         "1.30.6",
-        Duration::from_secs(4),
+        Duration::from_secs(3600),
     );
 
     // Kill the server while upgrades are in flight, twice: once in the canary, once in prod.
@@ -164,6 +165,12 @@ fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigki
 
     let deadline = Instant::now() + Duration::from_secs(180);
     let run = loop {
+        {
+            let mut f = fake.lock().expect("fake");
+            if f.conflicts >= 1 {
+                f.end_foreign();
+            }
+        }
         let run = api.must(reqwest::Method::GET, "/v1/fleets/aks/updateRuns/r1", None);
         let state = run["properties"]["status"]["status"]["state"].clone();
         if state == "Completed" || state == "Failed" || state == "Stopped" {
