@@ -193,6 +193,34 @@ fn sim_fleet(clusters: &[(&str, Value)]) -> Value {
     }}})
 }
 
+/// Fleet `f1` over the sim driver, with members `(name, group, version)` on clusters `c-{name}`.
+async fn fleet_of(h: &Harness, members: &[(&str, &str, &str)]) {
+    let clusters: Vec<(String, Value)> = members
+        .iter()
+        .map(|(name, _, version)| (format!("c-{name}"), cluster(version)))
+        .collect();
+    let clusters: Vec<(&str, Value)> = clusters
+        .iter()
+        .map(|(id, c)| (id.as_str(), c.clone()))
+        .collect();
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&clusters)),
+    )
+    .await;
+    for (name, group, _) in members {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+}
+
 fn cluster(version: &str) -> Value {
     json!({"region": "eastus", "kubernetesVersion": version,
            "nodePools": [{"name": "sys", "family": "AKSUbuntu-2204gen2containerd", "os": "Linux", "nodeImageVersion": "202602.10.0"}]})
@@ -487,33 +515,16 @@ async fn validation_etags_and_paging() {
 #[tokio::test]
 async fn a_staged_run_with_an_approval_gate_runs_to_completion() {
     let h = Harness::start("run").await;
-    let clusters = [
-        ("c-a1", cluster("1.30.5")),
-        ("c-a2", cluster("1.30.5")),
-        ("c-b1", cluster("1.30.5")),
-        ("c-b2", cluster("1.31.1")),
-    ];
-    h.ok(
-        "admin",
-        Method::PUT,
-        "/v1/fleets/f1",
-        Some(sim_fleet(&clusters)),
+    fleet_of(
+        &h,
+        &[
+            ("a1", "canary", "1.30.5"),
+            ("a2", "canary", "1.30.5"),
+            ("b1", "prod", "1.30.5"),
+            ("b2", "prod", "1.31.1"),
+        ],
     )
     .await;
-    for (name, group) in [
-        ("a1", "canary"),
-        ("a2", "canary"),
-        ("b1", "prod"),
-        ("b2", "prod"),
-    ] {
-        h.ok(
-            "operator",
-            Method::PUT,
-            &format!("/v1/fleets/f1/members/{name}"),
-            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
-        )
-        .await;
-    }
     let strategy = json!({"stages": [
         {"name": "canary", "groups": [{"name": "canary"}]},
         {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "go"}], "groups": [{"name": "prod", "maxConcurrency": "2"}]},
@@ -3494,27 +3505,15 @@ async fn a_target_no_catalog_can_vouch_for_is_warned_of() {
 #[tokio::test]
 async fn the_audit_trail_says_who_started_stopped_skipped_and_approved_a_run() {
     let h = Harness::start("audit-run").await;
-    let clusters = [
-        ("c-a1", cluster("1.30.5")),
-        ("c-b1", cluster("1.30.5")),
-        ("c-b2", cluster("1.30.5")),
-    ];
-    h.ok(
-        "admin",
-        Method::PUT,
-        "/v1/fleets/f1",
-        Some(sim_fleet(&clusters)),
+    fleet_of(
+        &h,
+        &[
+            ("a1", "canary", "1.30.5"),
+            ("b1", "prod", "1.30.5"),
+            ("b2", "prod", "1.30.5"),
+        ],
     )
     .await;
-    for (name, group) in [("a1", "canary"), ("b1", "prod"), ("b2", "prod")] {
-        h.ok(
-            "operator",
-            Method::PUT,
-            &format!("/v1/fleets/f1/members/{name}"),
-            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
-        )
-        .await;
-    }
     let path = "/v1/fleets/f1/updateRuns/r1";
     h.ok(
         "operator",

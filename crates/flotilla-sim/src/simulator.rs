@@ -32,8 +32,9 @@ use flotilla_engine::strategy::{
 use flotilla_engine::time::Time;
 
 use crate::scenario::{Action, Scenario, Scripted, SimBehaviour, scripted_at};
+use flotilla_engine::checks::Check;
 use flotilla_engine::checks::Outcome;
-use flotilla_engine::engine::CheckSubject;
+use flotilla_engine::engine::{CheckSubject, answers};
 
 /// One simulated cluster.
 #[derive(Clone, Debug)]
@@ -658,13 +659,9 @@ fn run(
                         ..
                     } => {
                         answered = true;
-                        for check in &checks.checks {
-                            let input = Input::CheckEvaluated {
-                                subject: subject.clone(),
-                                round,
-                                check: check.name.clone(),
-                                outcome: scripted_outcome(scenario, &subject, &check.name, now),
-                            };
+                        let script =
+                            |check: &Check| scripted_outcome(scenario, &subject, &check.name, now);
+                        for input in answers(&subject, round, &checks, script) {
                             let _ = fleet.handle(
                                 now,
                                 FleetInput::Run {

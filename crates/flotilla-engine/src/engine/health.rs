@@ -35,6 +35,26 @@ pub enum CheckSubject {
     Gate { id: String },
 }
 
+/// The inputs that answer a round of evaluations ([`Command::Evaluate`]), one per check, with
+/// the outcome `outcome` gives each (a simulator's script, a forecast's assumption).
+pub fn answers(
+    subject: &CheckSubject,
+    round: u64,
+    checks: &Checks,
+    mut outcome: impl FnMut(&crate::checks::Check) -> Outcome,
+) -> Vec<Input> {
+    checks
+        .checks
+        .iter()
+        .map(|check| Input::CheckEvaluated {
+            subject: subject.clone(),
+            round,
+            check: check.name.clone(),
+            outcome: outcome(check),
+        })
+        .collect()
+}
+
 /// One check's answer in the current round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Answer {

@@ -41,7 +41,7 @@ mod status;
 pub use checkpoint::CHECKPOINT_FORMAT;
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
-pub use health::CheckSubject;
+pub use health::{CheckSubject, answers};
 use health::{Health, Subject};
 use status::StatusRevisions;
 pub use status::{STATUS_CHUNK, StatusChanges, StatusChunk, apply_target, cluster_at};
