@@ -534,7 +534,8 @@ test('at 800 px wide the stages stack, the details come below, and nothing scrol
   assert.ok(canary.y + canary.height <= box.y, 'canary above production');
   await page.shot('run');
   await page.locator('.tile[data-member="east-store-01"]').click();
-  // The details come into view, below the pipeline.
+  // The details come into view, below the pipeline (once drawn).
+  await page.locator('#details').waitFor({ state: 'visible' });
   const details = await page.locator('#details').boundingBox();
   const after = await production.boundingBox();
   assert.ok(details.y >= after.y + after.height, 'the details below the pipeline');
@@ -798,7 +799,10 @@ test('a group\'s HealthCheck after-gate that sees a bad value stops the run, and
   const reason = page.locator('#run-reason');
   await reason.waitFor({ timeout: 60000 });
   assert.equal(await reason.locator('.reason-text-words').innerText(), "Stopped at stage edge: the HealthCheck gate 'error budget' after group edge failed — check errors: value 0.5 does not meet condition < 0.05");
-  // The gate, in its group's card, Failed, with the failing evaluation.
+  // The gate, in its group's card, Failed, with the failing evaluation (once the page has
+  // drawn the status that failed it).
+  await page.locator('article.group[data-group="edge"][data-state="Failed"] .checkpoint[data-type="HealthCheck"][data-state="Failed"] .check[data-check="errors"][data-verdict="fail"]').first().waitFor();
+  await page.locator('.tile[data-member="v-1"][data-state="Completed"]').waitFor();
   const checkpoint = page.locator('article.group[data-group="edge"] .checkpoint[data-type="HealthCheck"]');
   assert.equal(await checkpoint.getAttribute('data-state'), 'Failed');
   const evaluation = checkpoint.locator('.check[data-check="errors"]').first();
