@@ -2969,6 +2969,15 @@ async fn a_forecast_reads_the_fleets_upgrade_history() {
 /// when) left out.
 fn content(v: &Value) -> Value {
     let mut v = v.clone();
+    // A member's PUT observes its cluster again (as `member reconcile` does): when, is not
+    // content.
+    if let Some(status) = v
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("status"))
+        .and_then(Value::as_object_mut)
+    {
+        status.remove("lastObservedAt");
+    }
     if let Some(map) = v.as_object_mut() {
         map.remove("eTag");
         if let Some(system) = map.get_mut("systemData").and_then(Value::as_object_mut) {
