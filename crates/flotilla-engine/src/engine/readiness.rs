@@ -81,6 +81,25 @@ impl Engine {
         }
     }
 
+    /// Parks a member for `reason`: one waiting for its readiness checks is evaluated (a new
+    /// watch unless one is under way); one waiting for anything else first is not evaluated
+    /// meanwhile (SEMANTICS §10).
+    pub(super) fn park_for(
+        &mut self,
+        now: Time,
+        m: u32,
+        wake: Option<Time>,
+        message: String,
+        reason: WaitReason,
+    ) {
+        self.park(now, m, wake, message);
+        if reason == WaitReason::Readiness {
+            self.ensure_readiness(now, m);
+        } else {
+            self.end_watch(Subject::Readiness(m));
+        }
+    }
+
     /// A Pending member's reason may have changed (a lock taken or released, the catalog): it
     /// stays Pending with the new reason, or is queued again if it may start now.
     pub(super) fn repark(&mut self, now: Time, m: u32) {
@@ -94,13 +113,7 @@ impl Engine {
                 message,
                 reason,
             } => {
-                self.park(now, m, wake, message);
-                if reason == WaitReason::Readiness {
-                    self.ensure_readiness(now, m);
-                } else {
-                    // Waiting for something else first: evaluated when that comes.
-                    self.end_watch(Subject::Readiness(m));
-                }
+                self.park_for(now, m, wake, message, reason);
             }
         }
     }

@@ -424,13 +424,7 @@ impl Engine {
                         message,
                         reason,
                     } => {
-                        self.park(now, m, wake, message);
-                        if reason == WaitReason::Readiness {
-                            self.ensure_readiness(now, m);
-                        } else {
-                            // Waiting for something else first: evaluated when that comes.
-                            self.end_watch(Subject::Readiness(m));
-                        }
+                        self.park_for(now, m, wake, message, reason);
                     }
                 },
                 Decision::Skip(why) => {
