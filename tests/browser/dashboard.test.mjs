@@ -91,6 +91,24 @@ async function eventually(what, fn, deadlineMs = 30000) {
   throw new Error(`timed out after ${deadlineMs} ms waiting for ${what} (last: ${JSON.stringify(last)})`);
 }
 
+/**
+ * The boxes of the elements the selectors name, measured together at one instant. The run page
+ * redraws its pipeline when the run changes, so a locator's boundingBox can race a redraw (the
+ * element it found is gone by the time it is measured); this waits until every selector names
+ * an element of the page as drawn and measures them in the same task.
+ */
+async function boxesOf(page, selectors) {
+  return eventually(`the boxes of ${selectors.join(', ')}`, () => page.evaluate((sels) => {
+    const boxes = sels.map((s) => {
+      const e = document.querySelector(s);
+      if (!e || !e.checkVisibility()) return null;
+      const r = e.getBoundingClientRect();
+      return { x: r.x, y: r.y, width: r.width, height: r.height };
+    });
+    return boxes.every(Boolean) ? boxes : null;
+  }, selectors));
+}
+
 /** The run page of the demo's run, signed in by the link with a token. */
 const runLink = (tokenValue) => `${base}/#/fleets/demo/runs/${runName}?token=${tokenValue}`;
 
@@ -229,7 +247,7 @@ test('the demo prints a link that signs in and opens its run; the token leaves t
   // Each tile names its member, in a compact tile.
   const tile = page.locator('.tile[data-member="east-store-01"]');
   assert.match(await tile.innerText(), /east-store-01/);
-  const box = await tile.boundingBox();
+  const [box] = await boxesOf(page, ['.tile[data-member="east-store-01"]']);
   assert.ok(box.width < 160 && box.height <= 22, `a tile of ${box.width}×${box.height}px`);
   const names = await page.$$eval('#pipeline .tile[data-member]', (tiles) => tiles.filter((t) => !t.innerText.includes(t.dataset.member)).map((t) => t.dataset.member));
   assert.deepEqual(names, [], 'every tile shows its name');
@@ -528,16 +546,15 @@ test('at 800 px wide the stages stack, the details come below, and nothing scrol
   const production = page.locator('#pipeline li.stage[data-stage="production"]');
   await production.locator('.tile[data-member]').first().waitFor();
   await noSidewaysScroll('the run');
-  const box = await production.boundingBox();
+  const stages = ['#pipeline li.stage[data-stage="production"]', '#pipeline li.stage[data-stage="canary"]'];
+  const [box, canary] = await boxesOf(page, stages);
   assert.ok(box.x >= 0 && box.x + box.width <= 800, `production spans ${box.x}..${box.x + box.width}px`);
-  const canary = await page.locator('#pipeline li.stage[data-stage="canary"]').boundingBox();
   assert.ok(canary.y + canary.height <= box.y, 'canary above production');
   await page.shot('run');
   await page.locator('.tile[data-member="east-store-01"]').click();
   // The details come into view, below the pipeline (once drawn).
   await page.locator('#details').waitFor({ state: 'visible' });
-  const details = await page.locator('#details').boundingBox();
-  const after = await production.boundingBox();
+  const [details, after] = await boxesOf(page, ['#details', stages[0]]);
   assert.ok(details.y >= after.y + after.height, 'the details below the pipeline');
   assert.ok(details.y < 900, 'the details in view');
   assert.ok(details.x + details.width <= 800);
