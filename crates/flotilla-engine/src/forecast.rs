@@ -23,6 +23,14 @@ use crate::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use crate::status::{EventType, GateStatus, State, UpdateRunStatus, UpdateStatus};
 use crate::time::{SECONDS_PER_DAY, Time};
 
+/// The median of some durations, the upper middle one of an even count (SEMANTICS §11: a
+/// member's last five upgrades, the fleet's last fifty). `None` for none.
+pub fn median(values: &[i64]) -> Option<i64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied()
+}
+
 /// A forecast's parameters (API.md, "Health checks and forecasts").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForecastParams {
@@ -627,5 +635,18 @@ impl Forecast {
                 "defaultDurationSeconds": params.default_duration_seconds,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_upper_middle() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[5]), Some(5));
+        assert_eq!(median(&[9, 1, 5]), Some(5));
+        assert_eq!(median(&[4, 1, 3, 2]), Some(3));
     }
 }

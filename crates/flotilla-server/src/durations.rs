@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use flotilla_engine::fleet_engine::FleetEngine;
-use flotilla_engine::forecast::ForecastParams;
+use flotilla_engine::forecast::{ForecastParams, median};
 
 use crate::driver::{Driver, MemberRef};
 use crate::store::{DurationHistory, Store, StoreResult};
@@ -25,13 +25,6 @@ enum Source {
     /// What the fleet's driver expects.
     Driver,
     Default,
-}
-
-/// The median of some durations (the upper one of an even count).
-fn median(values: &[i64]) -> Option<i64> {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied()
 }
 
 /// The durations of a fleet's members in a copy of its engine, each decided once.
@@ -118,18 +111,5 @@ impl Durations {
             "driver": count(Source::Driver),
             "default": count(Source::Default),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn the_median_is_the_upper_middle() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[5]), Some(5));
-        assert_eq!(median(&[9, 1, 5]), Some(5));
-        assert_eq!(median(&[4, 1, 3, 2]), Some(3));
     }
 }

@@ -4,8 +4,12 @@
 //! at its ceiling, plus the wait; with equal durations that is
 //! `max(max_g ceil(n_g / c_g), ceil(N / c_s)) × d`.
 //!
-//! Then, for as many random runs with mixed durations, the error of the forecast made once the
-//! first stage has completed (SEMANTICS §11, durations the median of those done so far).
+//! Then, for as many random runs of each, the error of the forecast made once the first stage
+//! has completed (SEMANTICS §11): with mixed durations and no history before the run (every
+//! remaining upgrade taken to last the median of those done so far, the fleet's; beside it the
+//! mean, and the distribution's own mean, which no forecast of one duration can better without
+//! history), and with recurring upgrades (each member's duration varying ±20 % around its own,
+//! five earlier upgrades recorded: the median of the member's own, §11's first rule).
 //!
 //! `cargo bench -p flotilla-sim --bench quality [-- CASES]`
 
@@ -15,7 +19,7 @@ use serde_json::json;
 
 use flotilla_engine::fleet::{Catalog, Cluster, KubeRelease, Member, RegionCatalog};
 use flotilla_engine::fleet_engine::FleetEngine;
-use flotilla_engine::forecast::{ForecastParams, forecast};
+use flotilla_engine::forecast::{ForecastParams, forecast, median};
 use flotilla_engine::status::State;
 use flotilla_engine::time::Time;
 use flotilla_engine::version::KubeVersion;
@@ -36,9 +40,28 @@ impl Rng {
 struct Case {
     scenario: Scenario,
     bound: i64,
+    /// Each member's five earlier upgrades, seconds (recurring durations only).
+    history: BTreeMap<String, Vec<i64>>,
 }
 
-fn case(rng: &mut Rng, equal: bool) -> Case {
+/// How long the members' upgrades take.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durations {
+    /// Ten minutes each.
+    Equal,
+    /// 5–24 minutes, drawn for each member; the fleet has upgraded nothing before.
+    Mixed,
+    /// Each member has its own duration (5–24 minutes) and each of its upgrades, this run's and
+    /// its five earlier ones, lasts that ±20 %.
+    Recurring,
+}
+
+/// The mean of `Durations::Mixed`'s draws, `300 + 60 × k` for k in 0..20.
+const MIXED_MEAN: i64 = 870;
+
+fn case(rng: &mut Rng, kind: Durations) -> Case {
+    let equal = kind == Durations::Equal;
+    let mut history = BTreeMap::new();
     let start = Time::parse("2026-03-02T00:00:00Z").expect("valid");
     let mut catalog = Catalog::default();
     let mut rc = RegionCatalog::default();
@@ -80,10 +103,15 @@ fn case(rng: &mut Rng, equal: bool) -> Case {
             let mut durations = Vec::new();
             for k in 0..*size {
                 let member = format!("{name}m{k:02}");
-                let seconds = if equal {
-                    600
-                } else {
-                    300 + 60 * rng.next(20) as i64
+                let seconds = match kind {
+                    Durations::Equal => 600,
+                    Durations::Mixed => 300 + 60 * rng.next(20) as i64,
+                    Durations::Recurring => {
+                        let own = 300 + 60 * rng.next(20) as i64;
+                        let mut varied = || own * (80 + rng.next(41) as i64) / 100;
+                        history.insert(member.clone(), (0..5).map(|_| varied()).collect());
+                        varied()
+                    }
                 };
                 durations.push(seconds);
                 members.push(Member {
@@ -156,14 +184,42 @@ fn case(rng: &mut Rng, equal: bool) -> Case {
         gate_checks: Default::default(),
         expect: None,
     };
-    Case { scenario, bound }
+    Case {
+        scenario,
+        bound,
+        history,
+    }
 }
 
-/// SEMANTICS §11 accuracy: the run forecast once its first stage has completed, every
-/// remaining upgrade taken to last the median of those done so far (the fleet's history, as
-/// §11 says), and also their mean, each compared with how the run actually ends:
-/// |predicted − actual| / the run's duration. `None` for a run of one stage.
-fn forecast_errors(scenario: &Scenario) -> Option<(f64, f64)> {
+/// How a forecast made after the first stage takes the remaining upgrades' durations.
+#[derive(Clone, Copy)]
+enum Rule {
+    /// The median of the upgrades done so far, the fleet's (§11 when members have no history).
+    FleetMedian,
+    /// Their mean.
+    FleetMean,
+    /// The mean of the distribution the durations are drawn from, known before the run.
+    DistributionMean,
+    /// §11 in full: the median of the member's own history, else the fleet's median.
+    Own,
+}
+
+impl Rule {
+    fn describe(self) -> &'static str {
+        match self {
+            Rule::FleetMedian => "the median of the durations so far (§11, no history)",
+            Rule::FleetMean => "the mean of the durations so far",
+            Rule::DistributionMean => "the distribution's mean, 870 s, known beforehand",
+            Rule::Own => "the median of each member's last five (§11)",
+        }
+    }
+}
+
+/// SEMANTICS §11 accuracy: the run forecast once its first stage has completed, by each rule,
+/// each compared with how the run actually ends: |predicted − actual| / the run's duration.
+/// `None` for a run of one stage.
+fn forecast_errors(case: &Case, rules: &[Rule]) -> Option<Vec<f64>> {
+    let scenario = &case.scenario;
     let mut captured: Option<(FleetEngine, Time)> = None;
     let result = simulate_observing(scenario, &mut |fleet, now| {
         let Some(run) = fleet.run(&scenario.name) else {
@@ -181,7 +237,7 @@ fn forecast_errors(scenario: &Scenario) -> Option<(f64, f64)> {
     let (fleet, at) = captured?;
     let end = result.status?.status.completed_time?;
     let done = fleet.run(&scenario.name)?.status();
-    let mut durations: Vec<i64> = done
+    let durations: Vec<i64> = done
         .stages
         .iter()
         .flat_map(|s| &s.groups)
@@ -189,22 +245,33 @@ fn forecast_errors(scenario: &Scenario) -> Option<(f64, f64)> {
         .filter(|m| m.status.state == State::Completed)
         .filter_map(|m| Some(m.status.completed_time?.unix() - m.status.start_time?.unix()))
         .collect();
-    durations.sort_unstable();
-    let median = *durations.get(durations.len() / 2)?;
-    let mean = durations.iter().sum::<i64>() / durations.len() as i64;
+    let fleet_median = median(&durations)?;
+    let fleet_mean = durations.iter().sum::<i64>() / durations.len() as i64;
     let span = (end.unix() - scenario.start.unix()).max(1) as f64;
-    let error = |d: i64| -> Option<f64> {
-        let f = forecast(
-            &fleet,
-            &scenario.name,
-            at,
-            &ForecastParams::default(),
-            &|_, _| d,
-        )
-        .ok()?;
-        Some((f.completed?.unix() - end.unix()).abs() as f64 / span)
-    };
-    Some((error(median)?, error(mean)?))
+    rules
+        .iter()
+        .map(|rule| {
+            let duration = |_: &str, member: &str| match rule {
+                Rule::FleetMedian => fleet_median,
+                Rule::FleetMean => fleet_mean,
+                Rule::DistributionMean => MIXED_MEAN,
+                Rule::Own => case
+                    .history
+                    .get(member)
+                    .and_then(|own| median(own))
+                    .unwrap_or(fleet_median),
+            };
+            let f = forecast(
+                &fleet,
+                &scenario.name,
+                at,
+                &ForecastParams::default(),
+                &duration,
+            )
+            .ok()?;
+            Some((f.completed?.unix() - end.unix()).abs() as f64 / span)
+        })
+        .collect()
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -220,8 +287,13 @@ fn main() {
     for equal in [true, false] {
         let mut ratios = Vec::with_capacity(cases);
         let mut worst = (0.0, String::new());
+        let durations = if equal {
+            Durations::Equal
+        } else {
+            Durations::Mixed
+        };
         for _ in 0..cases {
-            let c = case(&mut rng, equal);
+            let c = case(&mut rng, durations);
             let result = simulate(&c.scenario);
             let status = result.status.expect("created");
             let end = status.status.completed_time.expect("finished");
@@ -249,25 +321,44 @@ fn main() {
             println!("  worst case ({:.3}): {}", worst.0, worst.1);
         }
     }
-    // Forecasts made after the first stage, mixed durations.
-    let t = std::time::Instant::now();
-    let (mut by_median, mut by_mean): (Vec<f64>, Vec<f64>) = (0..cases)
-        .filter_map(|_| forecast_errors(&case(&mut rng, false).scenario))
-        .unzip();
-    let elapsed = t.elapsed().as_secs_f64();
-    for (rule, errors) in [("median", &mut by_median), ("mean", &mut by_mean)] {
-        errors.sort_by(f64::total_cmp);
-        if errors.is_empty() {
-            continue;
-        }
-        let within = errors.iter().filter(|e| **e <= 0.10).count();
+    // Forecasts made after the first stage.
+    for (durations, rules) in [
+        (
+            Durations::Mixed,
+            &[Rule::FleetMedian, Rule::FleetMean, Rule::DistributionMean][..],
+        ),
+        (Durations::Recurring, &[Rule::Own, Rule::FleetMedian][..]),
+    ] {
+        let t = std::time::Instant::now();
+        let runs: Vec<Vec<f64>> = (0..cases)
+            .filter_map(|_| forecast_errors(&case(&mut rng, durations), rules))
+            .collect();
+        let elapsed = t.elapsed().as_secs_f64();
         println!(
-            "forecast after the first stage ({rule} of the durations so far), mixed durations, {} runs of 2+ stages: error p50 {:.2} % p90 {:.2} % p99 {:.2} % max {:.2} %; {within} within 10 % ({elapsed:.1} s for both)",
-            errors.len(),
-            100.0 * quantile(errors, 0.5),
-            100.0 * quantile(errors, 0.9),
-            100.0 * quantile(errors, 0.99),
-            100.0 * errors[errors.len() - 1],
+            "forecast after the first stage, {} durations, {} runs of 2+ stages ({elapsed:.1} s):",
+            if durations == Durations::Mixed {
+                "mixed"
+            } else {
+                "recurring"
+            },
+            runs.len()
         );
+        for (i, rule) in rules.iter().enumerate() {
+            let mut errors: Vec<f64> = runs.iter().map(|e| e[i]).collect();
+            errors.sort_by(f64::total_cmp);
+            if errors.is_empty() {
+                continue;
+            }
+            let within = errors.iter().filter(|e| **e <= 0.10).count();
+            println!(
+                "  {}: error p50 {:.2} % p90 {:.2} % p99 {:.2} % max {:.2} %; {within} within 10 % ({:.0} %)",
+                rule.describe(),
+                100.0 * quantile(&errors, 0.5),
+                100.0 * quantile(&errors, 0.9),
+                100.0 * quantile(&errors, 0.99),
+                100.0 * errors[errors.len() - 1],
+                100.0 * within as f64 / errors.len() as f64,
+            );
+        }
     }
 }
