@@ -1,6 +1,6 @@
 // The dashboard in a real browser: Debian's headless Chromium driven by playwright-core, against
 // `flotilla demo` (60 simulated clusters, a canary stage, a wait, an approval gate, production).
-// The tests run in order on one demo: the fleet page, a run moving live, the link with a token
+// The tests run in order on one demo: a run moving live, the fleet page, the link with a token
 // the demo prints, a dropped event stream that resumes, a reader who cannot approve (neither on
 // the page nor through the API), an approver who approves the gate from the page and sees
 // production start, the fleets page, the failed members and the filter by state, an 800 px
@@ -71,7 +71,14 @@ async function newPage(name) {
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(e.message));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('console', (m) => {
+    if (m.type() !== 'error') return;
+    // A run that ends between the page's read of it and its forecast request is answered 409
+    // (API.md: a forecast is for a run that has not ended), which the page expects and handles
+    // by showing no forecast; Chromium logs the status all the same. Anything else counts.
+    if (/status of 409/.test(m.text()) && m.location().url.endsWith('/forecast')) return;
+    errors.push(`${m.text()} (${m.location().url})`);
+  });
   page.errors = errors;
   page.shot = async (label, options = {}) => {
     await page.screenshot({ path: join(ARTIFACTS, `${name}-${label}.png`), fullPage: true, ...options });
@@ -107,6 +114,23 @@ async function boxesOf(page, selectors) {
     });
     return boxes.every(Boolean) ? boxes : null;
   }, selectors));
+}
+
+/**
+ * Waits until `list` has not grown for `ms` (at most `deadlineMs` in all: a page that keeps
+ * asking is measured as it is by whatever follows).
+ */
+async function quiet(list, ms = 2000, deadlineMs = 15000) {
+  const end = Date.now() + deadlineMs;
+  let length = list.length;
+  let since = Date.now();
+  while (Date.now() < end && Date.now() - since < ms) {
+    await new Promise((r) => setTimeout(r, 100));
+    if (list.length !== length) {
+      length = list.length;
+      since = Date.now();
+    }
+  }
 }
 
 /** The run page of the demo's run, signed in by the link with a token. */
@@ -148,6 +172,42 @@ after(async () => {
   }
   writeFileSync(join(ARTIFACTS, 'demo.log'), demoLog);
   if (workdir) rmSync(workdir, { recursive: true, force: true });
+});
+
+// First, while the demo's canary stage is still running (its two members take about 23 s at
+// this time scale, from when the run starts): the tiles can only be seen changing before then.
+test('the run page shows tiles changing state live, without a reload', async () => {
+  const page = await newPage('live');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
+  await page.locator('#pipeline .tile[data-member]').first().waitFor();
+  await eventually('the event stream to be live', async () => (await page.locator('#live').getAttribute('data-state')) === 'live');
+  await page.evaluate(() => { window.notReloaded = true; });
+  const first = await tileStates(page);
+  assert.equal(Object.keys(first).length, 60, 'a tile per member');
+  await page.shot('before');
+  const changed = await eventually('a tile to change state', async () => {
+    const now = await tileStates(page);
+    const moved = Object.keys(first).filter((m) => now[m] !== first[m]);
+    return moved.length ? { moved, now } : null;
+  }, 60000);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  // The canary members move first: at least one of them changed, and they end Completed.
+  assert.ok(changed.moved.some((m) => m === 'east-store-01' || m === 'east-store-02'), `moved: ${changed.moved}`);
+  await eventually('both canary members Completed', async () => {
+    const now = await tileStates(page);
+    return now['east-store-01'] === 'Completed' && now['east-store-02'] === 'Completed';
+  }, 60000);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  assert.ok((await page.locator('#events li.event').count()) >= 4, 'the event log fills from the stream');
+  const tile = page.locator('.tile[data-member="east-store-01"]');
+  assert.match(await tile.getAttribute('aria-label'), /east-store-01: Completed/);
+  await tile.click();
+  assert.match(await page.locator('#details').innerText(), /east-store-01[\s\S]*Completed[\s\S]*canary \/ canary/);
+  await page.shot('canary-done');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
 });
 
 test('the page is served with a strict content security policy and asks for a token', async () => {
@@ -192,42 +252,9 @@ test('the fleet page shows the demo fleet: 60 members with group, region, versio
   await page.shot('members');
   await page.getByRole('link', { name: 'Runs', exact: true }).click();
   await page.locator(`#runs tbody tr[data-run="${runName}"]`).waitFor();
-  assert.match(await page.locator(`#runs tbody tr[data-run="${runName}"]`).innerText(), /Running[\s\S]*Full · Kubernetes 1\.31\.2[\s\S]*\/ 60/);
+  // Running, or Pending at the approval gate once the canary is done.
+  assert.match(await page.locator(`#runs tbody tr[data-run="${runName}"]`).innerText(), /(Running|Pending)[\s\S]*Full · Kubernetes 1\.31\.2[\s\S]*\/ 60/);
   await page.shot('runs');
-  assert.deepEqual(page.errors, []);
-  await page.context().close();
-});
-
-test('the run page shows tiles changing state live, without a reload', async () => {
-  const page = await newPage('live');
-  await page.goto(`${base}/#token=${approverToken}`);
-  await page.waitForURL(/#\/fleets\/demo$/);
-  await page.goto(`${base}/#/fleets/demo/runs/${runName}`);
-  await page.locator('#pipeline .tile[data-member]').first().waitFor();
-  await eventually('the event stream to be live', async () => (await page.locator('#live').getAttribute('data-state')) === 'live');
-  await page.evaluate(() => { window.notReloaded = true; });
-  const first = await tileStates(page);
-  assert.equal(Object.keys(first).length, 60, 'a tile per member');
-  await page.shot('before');
-  const changed = await eventually('a tile to change state', async () => {
-    const now = await tileStates(page);
-    const moved = Object.keys(first).filter((m) => now[m] !== first[m]);
-    return moved.length ? { moved, now } : null;
-  }, 60000);
-  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
-  // The canary members move first: at least one of them changed, and they end Completed.
-  assert.ok(changed.moved.some((m) => m === 'east-store-01' || m === 'east-store-02'), `moved: ${changed.moved}`);
-  await eventually('both canary members Completed', async () => {
-    const now = await tileStates(page);
-    return now['east-store-01'] === 'Completed' && now['east-store-02'] === 'Completed';
-  }, 60000);
-  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
-  assert.ok((await page.locator('#events li.event').count()) >= 4, 'the event log fills from the stream');
-  const tile = page.locator('.tile[data-member="east-store-01"]');
-  assert.match(await tile.getAttribute('aria-label'), /east-store-01: Completed/);
-  await tile.click();
-  assert.match(await page.locator('#details').innerText(), /east-store-01[\s\S]*Completed[\s\S]*canary \/ canary/);
-  await page.shot('canary-done');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });
@@ -383,8 +410,8 @@ test('an approver approves the gate from the page, the approver is shown, and pr
   await page.shot('before');
   await approve.click();
   const gate = page.locator('#pipeline li.checkpoint[data-gate]');
-  await eventually('the gate to be Completed', async () => (await gate.getAttribute('data-state')) === 'Completed', 15000);
-  assert.match(await gate.innerText(), /approved by demo-approver/);
+  // Its state comes with the run, its approver with the gates: both drawn, in either order.
+  await eventually('the gate Completed, approved by demo-approver', async () => (await gate.getAttribute('data-state')) === 'Completed' && /approved by demo-approver/.test(await gate.innerText()), 15000);
   await eventually('the production stage to run', async () => (await production.getAttribute('data-state')) === 'Running', 15000);
   await eventually('a production member to start', async () => {
     const states = await production.locator('.tile[data-member]').evaluateAll((tiles) => tiles.map((t) => t.dataset.state));
@@ -427,16 +454,18 @@ test('member events update the tiles in place: no re-read of the run or the gate
   };
   await page.goto(runLink(approverToken));
   await eventually('the event stream to be live', async () => (await page.locator('#live').getAttribute('data-state')) === 'live');
-  // The backlog's gate and stage events asked for one read; from here on, count.
-  await new Promise((r) => setTimeout(r, 1500));
+  // The backlog's gate and stage events asked for reads (a debounce later, and slower on a
+  // loaded machine): once no read has come for two seconds, count from there.
+  await quiet(reads);
   const seen = new Set((await logged()).map((e) => e.id));
   reads.length = 0;
   await eventually('member events from production at three moments', async () => {
     const fresh = (await logged()).filter((e) => !seen.has(e.id));
     return moments(fresh.filter((e) => e.type.startsWith('Member'))) >= 3 ? fresh : null;
   }, 60000);
-  // A read the last moment asked for comes a debounce later; then count.
-  await new Promise((r) => setTimeout(r, 1000));
+  // A read the last moment asked for comes a debounce later; then count (soon: the safety poll
+  // every 30 s is allowed once in the window).
+  await quiet(reads, 1500, 5000);
   const all = (await logged()).filter((e) => !seen.has(e.id));
   const others = all.filter((e) => !e.type.startsWith('Member'));
   const gateEvents = others.filter((e) => e.type.startsWith('Gate'));
@@ -492,10 +521,12 @@ test('the run page lists the failed members with their errors, and clicking one 
   const page = await newPage('failures');
   await page.goto(runLink(approverToken));
   // Two demo stores fail their upgrade (a node drain that times out) once production runs.
-  const first = page.locator('#failures-list li').first();
-  await first.waitFor({ timeout: 150000 });
-  const name = await first.getAttribute('data-member');
+  await page.locator('#failures-list li').first().waitFor({ timeout: 150000 });
+  const name = await page.locator('#failures-list li').first().getAttribute('data-member');
   assert.ok(['west-store-11', 'sout-store-05'].includes(name), name);
+  // That member's entry by name: the list is redrawn in stage and group order, so the other
+  // store failing meanwhile may come first.
+  const first = page.locator(`#failures-list li[data-member="${name}"]`);
   assert.match(await first.innerText(), new RegExp(`^${name} production / prod-\\w+ — .*node drain timed out`));
   assert.match(await page.locator('#failures h2').innerText(), /^Failures \(\d\)$/);
   assert.equal(await page.locator(`.tile[data-member="${name}"]`).getAttribute('data-state'), 'Failed');
@@ -782,14 +813,18 @@ test('an approver completes a pending HealthCheck gate by hand; a member in its 
   assert.equal(await page.locator('#run-reason').count(), 0, 'a run waiting at a gate has not stopped');
   await page.shot('pending');
   await page.getByRole('button', { name: 'Approve gate: fleet error rate' }).click();
-  await eventually('the gate Completed by hand', async () => (await gate.getAttribute('data-state')) === 'Completed', 15000);
-  assert.match(await gate.innerText(), /approved by demo-approver/);
+  await eventually('the gate Completed by hand, approved by demo-approver', async () => (await gate.getAttribute('data-state')) === 'Completed' && /approved by demo-approver/.test(await gate.innerText()), 15000);
   // Upgraded, the member soaks: in flight, read as verifying.
   const tile = page.locator('.tile[data-member="h-1"]');
-  await eventually('the member verifying', async () => (await tile.getAttribute('data-activity')) === 'verifying', 20000);
-  assert.equal(await tile.getAttribute('data-state'), 'Running');
-  assert.match(await tile.getAttribute('aria-label'), /^h-1: Verifying\. verifying: health checks until/);
-  assert.match(await page.locator('#pipeline li.stage[data-stage="prod"] .limits').first().innerText(), /1 \/ \d+ at once \(1 verifying\)/);
+  // The tile and its stage's limits, read together as drawn (the page redraws as it goes).
+  const verifying = await eventually('the member verifying', () => page.evaluate(() => {
+    const t = document.querySelector('.tile[data-member="h-1"]');
+    const limits = document.querySelector('#pipeline li.stage[data-stage="prod"] .limits');
+    return t?.dataset.activity === 'verifying' ? { state: t.dataset.state, label: t.getAttribute('aria-label'), limits: limits?.innerText } : null;
+  }), 20000);
+  assert.equal(verifying.state, 'Running');
+  assert.match(verifying.label, /^h-1: Verifying\. verifying: health checks until/);
+  assert.match(verifying.limits, /1 \/ \d+ at once \(1 verifying\)/);
   await page.shot('verifying');
   await eventually('the member Completed after its soak', async () => (await tile.getAttribute('data-state')) === 'Completed', 30000);
   await eventually('its passing evaluations', async () => (await tile.getAttribute('data-checks')) === 'pass', 10000);

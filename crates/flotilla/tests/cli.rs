@@ -624,6 +624,11 @@ fn gates_watch_and_actions() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("watch");
+    // Its first line is the stream's backlog: watch follows the run before the gate is
+    // approved (were the run to end first, watch would only print how it ended).
+    let mut watched = std::io::BufReader::new(watch.stdout.take().expect("stdout"));
+    let mut out = String::new();
+    std::io::BufRead::read_line(&mut watched, &mut out).expect("watch's first line");
     let approved = env.ok(&[
         "gate", "approve", "-f", "retail", "-n", &gate, "-o", "table",
     ]);
@@ -635,11 +640,9 @@ fn gates_watch_and_actions() {
         &["gate", "approve", "-f", "retail", "-n", &gate],
         "already Completed",
     );
+    std::io::Read::read_to_string(&mut watched, &mut out).expect("read");
     let status = watch.wait().expect("watch ends");
     assert_eq!(status.code(), Some(0), "Completed with no failures");
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut watch.stdout.take().expect("stdout"), &mut out)
-        .expect("read");
     assert!(
         out.contains("GateCompleted") && out.contains("ended Completed") && out.contains("[####"),
         "{out}"

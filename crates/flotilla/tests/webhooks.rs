@@ -749,25 +749,34 @@ fn slack_and_teams_get_their_json_and_the_cli_manages_webhooks() {
         json!([])
     );
     assert!(receiver.accepted("/other").is_empty());
-    let deliveries = cli(
-        &setup,
-        &[
-            "webhook",
-            "deliveries",
-            "-n",
-            "teams",
-            "--state",
-            "delivered",
-        ],
-        &[],
-    );
-    let types: BTreeSet<&str> = deliveries
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|d| d["eventType"].as_str())
-        .collect();
-    assert_eq!(types, BTreeSet::from(["RunStarted", "RunCompleted"]));
+    // The receiver logs a message before it answers, and the server marks the delivery
+    // Delivered once the answer is in: ask until both are.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let deliveries = cli(
+            &setup,
+            &[
+                "webhook",
+                "deliveries",
+                "-n",
+                "teams",
+                "--state",
+                "delivered",
+            ],
+            &[],
+        );
+        let types: BTreeSet<String> = deliveries
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|d| d["eventType"].as_str().map(str::to_string))
+            .collect();
+        if types == BTreeSet::from(["RunStarted".to_string(), "RunCompleted".to_string()]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "delivered: {types:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let shown = cli(&setup, &["webhook", "show", "-n", "teams"], &[]);
     assert_eq!(shown["format"], "Teams");
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
