@@ -20,11 +20,24 @@ impl Lcg {
     }
 }
 
+/// A loopback port for a server the test starts, and starts again on the same port after a
+/// kill. Picked below Linux's ephemeral range (32768–60999): a port there can be handed to any
+/// outgoing connection or `bind(0)` between the check and the server's (re)start. Each call
+/// takes the next port of this process's own run of them (by its pid), free when asked.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(64);
+    for _ in 0..COUNT {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + start.wrapping_add(n) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + COUNT)
 }
 
 /// `flotilla serve` on a loopback port over `database`, its output appended to `log`, allowed
