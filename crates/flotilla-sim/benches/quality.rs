@@ -7,8 +7,8 @@
 //! Then, for as many random runs of each, the error of the forecast made once the first stage
 //! has completed (SEMANTICS §11): with mixed durations and no history before the run (every
 //! remaining upgrade taken to last the median of those done so far, the fleet's; beside it the
-//! mean, and the distribution's own mean, which no forecast of one duration can better without
-//! history), and with recurring upgrades (each member's duration varying ±20 % around its own,
+//! mean, and the distribution's true mean as a yardstick: what a first stage could at best
+//! reveal), and with recurring upgrades (each member's duration varying ±20 % around its own,
 //! five earlier upgrades recorded: the median of the member's own, §11's first rule).
 //!
 //! `cargo bench -p flotilla-sim --bench quality [-- CASES]`
