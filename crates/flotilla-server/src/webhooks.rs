@@ -3,7 +3,8 @@
 //! (webhook, event) in the transaction of the run batch that records the event; this task
 //! claims the rows that are due, renders each as CloudEvents, Slack or Teams JSON, signs it
 //! with the webhook's secret, POSTs it, and records the answer: 2xx is delivered, anything
-//! else is tried again with backoff until 24 hours after the event. At least once: a server
+//! else is tried again with backoff (or after the receiver's `Retry-After`, where longer) until
+//! 24 hours after the event. At least once: a server
 //! killed between a send and its record sends the row again.
 
 use std::collections::HashMap;
@@ -637,6 +638,8 @@ pub struct Pacing {
     /// The first retry's delay, doubled each time up to `backoff_cap`.
     pub backoff_start: Duration,
     pub backoff_cap: Duration,
+    /// The longest wait a receiver's `Retry-After` is granted (a longer one is cut to this).
+    pub retry_after_cap: Duration,
     /// How long after its event a delivery is given up on.
     pub give_up_after: Duration,
     /// How often the outbox is looked at when nothing says it grew.
@@ -655,6 +658,7 @@ impl Default for Pacing {
             backoff_start: Duration::from_secs(1),
             // A receiver down for a minute gets everything within half a minute of coming back.
             backoff_cap: Duration::from_secs(30),
+            retry_after_cap: Duration::from_secs(3600),
             give_up_after: Duration::from_secs(24 * 3600),
             poll: Duration::from_secs(1),
             in_flight: 32,
@@ -674,16 +678,37 @@ fn unix_millis() -> i64 {
 }
 
 /// What to do after a failed attempt: try again after the backoff of its attempt number (1 for
-/// the first), or give up once the event is older than `give_up_after`.
-pub fn after_failure(pacing: &Pacing, created_at: i64, attempt: i64, now: i64) -> AttemptOutcome {
+/// the first), or later where the receiver asked for more (`asked`, milliseconds from `now`, up
+/// to `retry_after_cap`), or give up once the event is older than `give_up_after`.
+pub fn after_failure(
+    pacing: &Pacing,
+    created_at: i64,
+    attempt: i64,
+    now: i64,
+    asked: Option<i64>,
+) -> AttemptOutcome {
     if now.saturating_sub(created_at) >= millis(pacing.give_up_after) {
         return AttemptOutcome::Abandoned;
     }
     let doublings = u32::try_from(attempt.saturating_sub(1).clamp(0, 30)).unwrap_or(30);
-    let delay = millis(pacing.backoff_start)
+    let backoff = millis(pacing.backoff_start)
         .saturating_mul(1i64 << doublings)
         .min(millis(pacing.backoff_cap));
-    AttemptOutcome::RetryAt(now.saturating_add(delay))
+    let asked = asked.unwrap_or(0).clamp(0, millis(pacing.retry_after_cap));
+    AttemptOutcome::RetryAt(now.saturating_add(backoff.max(asked)))
+}
+
+/// How long a receiver asked to be left alone, in milliseconds from `now_ms`: its `Retry-After`
+/// (RFC 9110 §10.2.3), a number of seconds or an HTTP date. `None` without one, or with one
+/// that says neither.
+fn retry_after(headers: &header::HeaderMap, now_ms: i64) -> Option<i64> {
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u32>() {
+        return Some(i64::from(seconds) * 1000);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let at = millis(at.duration_since(std::time::UNIX_EPOCH).ok()?);
+    Some(at.saturating_sub(now_ms).max(0))
 }
 
 /// Sends one delivery and records what came of it.
@@ -710,10 +735,12 @@ async fn send(
         )
         .header("X-Flotilla-Event-Id", &due.delivery.event_id)
         .body(rendered.body);
+    let mut asked = None;
     let (status, error) = match request.send().await {
         Ok(response) if response.status().is_success() => (Some(response.status().as_u16()), None),
         Ok(response) => {
             let status = response.status();
+            asked = retry_after(response.headers(), unix_millis());
             // A little of what the receiver said, for the deliveries list.
             let said: String = response
                 .text()
@@ -733,7 +760,7 @@ async fn send(
     let d = &due.delivery;
     let outcome = match &error {
         None => AttemptOutcome::Delivered,
-        Some(_) => after_failure(&pacing, d.created_at, d.attempts + 1, at),
+        Some(_) => after_failure(&pacing, d.created_at, d.attempts + 1, at, asked),
     };
     if let Some(e) = &error {
         tracing::info!(webhook = %due.webhook.name, event = %d.event_id, attempt = d.attempts + 1, error = %e, "a webhook delivery failed");
@@ -1031,7 +1058,7 @@ mod tests {
     fn failures_back_off_to_the_cap_then_give_up_after_a_day() {
         let pacing = Pacing::default();
         let created = 1_000_000;
-        let retry = |attempt: i64, now: i64| after_failure(&pacing, created, attempt, now);
+        let retry = |attempt: i64, now: i64| after_failure(&pacing, created, attempt, now, None);
         assert_eq!(retry(1, created), AttemptOutcome::RetryAt(created + 1_000));
         assert_eq!(retry(2, created), AttemptOutcome::RetryAt(created + 2_000));
         assert_eq!(retry(5, created), AttemptOutcome::RetryAt(created + 16_000));
@@ -1046,6 +1073,62 @@ mod tests {
             AttemptOutcome::RetryAt(created + day - 1 + 30_000)
         );
         assert_eq!(retry(9, created + day), AttemptOutcome::Abandoned);
+    }
+
+    #[test]
+    fn a_receivers_retry_after_is_waited_for_up_to_an_hour() {
+        let pacing = Pacing::default();
+        let created = 1_000_000;
+        let retry = |attempt: i64, asked: Option<i64>| {
+            after_failure(&pacing, created, attempt, created, asked)
+        };
+        // Longer than the backoff: the receiver's; shorter: the backoff's.
+        assert_eq!(
+            retry(1, Some(20_000)),
+            AttemptOutcome::RetryAt(created + 20_000)
+        );
+        assert_eq!(
+            retry(6, Some(5_000)),
+            AttemptOutcome::RetryAt(created + 30_000)
+        );
+        assert_eq!(retry(1, Some(-5)), AttemptOutcome::RetryAt(created + 1_000));
+        assert_eq!(
+            retry(1, Some(86_400_000)),
+            AttemptOutcome::RetryAt(created + 3_600_000)
+        );
+        // A day after the event, given up on whatever was asked.
+        let late = after_failure(&pacing, created, 3, created + 24 * 3600 * 1000, Some(1_000));
+        assert_eq!(late, AttemptOutcome::Abandoned);
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        use axum::http::{HeaderMap, HeaderValue, header::RETRY_AFTER};
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                RETRY_AFTER,
+                HeaderValue::from_str(v).expect("a header value"),
+            );
+            h
+        };
+        // 2015-10-21T07:28:00Z, as RFC 9110's example date.
+        let now = 1_445_412_480_000;
+        assert_eq!(retry_after(&with("120"), now), Some(120_000));
+        assert_eq!(retry_after(&with(" 0 "), now), Some(0));
+        assert_eq!(
+            retry_after(&with("Wed, 21 Oct 2015 07:29:00 GMT"), now),
+            Some(60_000)
+        );
+        // A date already past: at once (the backoff still applies).
+        assert_eq!(
+            retry_after(&with("Wed, 21 Oct 2015 07:00:00 GMT"), now),
+            Some(0)
+        );
+        for bad in ["-1", "soon", "1.5", ""] {
+            assert_eq!(retry_after(&with(bad), now), None, "{bad:?}");
+        }
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
     }
 
     fn properties(value: Value) -> WebhookProperties {

@@ -3,7 +3,8 @@
 //! the HMAC) and records what it accepts by id: every event of a run arrives, once when
 //! nothing crashes, and at least once across SIGKILLs of the server mid-run; a receiver that
 //! answers 500 for a whole minute still gets everything afterwards; Slack and Teams get their
-//! JSON; the CLI creates, lists, shows and deletes webhooks and lists their deliveries.
+//! JSON; a receiver's `Retry-After` is waited for; the CLI creates, lists, shows and deletes
+//! webhooks and lists their deliveries.
 
 mod common;
 
@@ -44,6 +45,9 @@ struct Shared {
     secret: String,
     /// Until then every delivery is answered 500.
     down_until: Mutex<Option<Instant>>,
+    /// When each event (by id) came to `/throttled`: its first delivery there is answered 429
+    /// with `Retry-After: 4`.
+    throttled: Mutex<BTreeMap<String, Vec<Instant>>>,
     log: Mutex<Log>,
 }
 
@@ -101,12 +105,30 @@ async fn hook(
     uri: axum::http::Uri,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
-) -> axum::http::StatusCode {
+) -> axum::response::Response {
     use axum::http::StatusCode;
+    use axum::response::IntoResponse;
     let mut log = shared.log.lock().expect("log");
     if let Err(why) = verify(&shared.secret, &headers, &body) {
         log.bad.push(why);
-        return StatusCode::UNAUTHORIZED;
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    if uri.path() == "/throttled" {
+        let id = headers
+            .get("x-flotilla-event-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let mut throttled = shared.throttled.lock().expect("throttled");
+        let seen = throttled.entry(id).or_default();
+        seen.push(Instant::now());
+        if seen.len() == 1 {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(axum::http::header::RETRY_AFTER, "4")],
+            )
+                .into_response();
+        }
     }
     if shared
         .down_until
@@ -115,12 +137,12 @@ async fn hook(
         .is_some_and(|until| Instant::now() < until)
     {
         log.refused += 1;
-        return StatusCode::INTERNAL_SERVER_ERROR;
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         log.bad
             .push(format!("not JSON: {}", String::from_utf8_lossy(&body)));
-        return StatusCode::BAD_REQUEST;
+        return StatusCode::BAD_REQUEST.into_response();
     };
     log.accepted.push(Accepted {
         path: uri.path().to_string(),
@@ -131,7 +153,7 @@ async fn hook(
             .to_string(),
         body,
     });
-    StatusCode::NO_CONTENT
+    StatusCode::NO_CONTENT.into_response()
 }
 
 /// A receiver on a loopback port, checking signatures made with `secret`.
@@ -140,6 +162,7 @@ fn receiver(secret: &str) -> Receiver {
     let shared = Arc::new(Shared {
         secret: secret.to_string(),
         down_until: Mutex::new(None),
+        throttled: Mutex::new(BTreeMap::new()),
         log: Mutex::new(Log::default()),
     });
     let app = axum::Router::new()
@@ -571,6 +594,62 @@ fn a_receiver_down_for_a_minute_gets_everything_afterwards() {
                 deliveries.iter().all(|d| d["attempts"].as_i64() > Some(5)),
                 "{deliveries:?}"
             );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{deliveries:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir_all(&setup.dir);
+}
+
+/// A receiver that answers 429 with `Retry-After: 4` is left alone that long (the backoff alone
+/// would try again after 1 s), then gets the event.
+#[test]
+fn a_receivers_retry_after_is_waited_for() {
+    let receiver = receiver("throttle-secret");
+    let setup = Setup::start("webhook-throttled", &[]);
+    put_webhook(
+        &setup.api,
+        "throttled",
+        json!({"url": format!("{}/throttled", receiver.base), "secret": "throttle-secret",
+            "fleets": ["edge"], "events": ["RunStarted"], "format": "CloudEvents"}),
+    );
+    create_exec_run(&setup.api, &setup.dir.join("state"), 2, 2, 100);
+    setup.api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/edge/updateRuns/r1/start",
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.accepted("/throttled").is_empty() {
+        assert!(Instant::now() < deadline, "RunStarted never arrived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    receiver.assert_signatures_held();
+    let accepted = receiver.accepted("/throttled");
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(accepted[0].body["type"], "io.flotilla.run.started");
+    let attempts: Vec<Vec<Instant>> = receiver
+        .shared
+        .throttled
+        .lock()
+        .expect("throttled")
+        .values()
+        .cloned()
+        .collect();
+    assert_eq!(attempts.len(), 1, "one event");
+    let times = &attempts[0];
+    assert_eq!(times.len(), 2, "refused once, then accepted");
+    let waited = times[1] - times[0];
+    assert!(
+        waited >= Duration::from_secs(4),
+        "tried again after {waited:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let deliveries = setup.deliveries("throttled");
+        if deliveries.len() == 1 && deliveries[0]["state"] == "Delivered" {
+            assert_eq!(deliveries[0]["attempts"], 2, "{deliveries:?}");
             break;
         }
         assert!(Instant::now() < deadline, "{deliveries:?}");
