@@ -684,13 +684,7 @@ async fn put_fleet(
                 "properties.driver",
             ))
         })?;
-    let allow = state
-        .runs
-        .drivers
-        .exec_allow
-        .read()
-        .map(|a| a.clone())
-        .unwrap_or_default();
+    let allow = state.runs.drivers.exec_allowed();
     validate_driver_config(&driver, &allow).map_err(|e| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidRequestContent,
@@ -1568,13 +1562,7 @@ async fn run_body(
 /// Exec checks run only commands the server allows (`--exec-allow`, SEMANTICS §10): one that
 /// names any other program is refused when the strategy is written, naming the field.
 fn refuse_disallowed_checks(state: &AppState, spec: &StrategySpec) -> HttpResult<()> {
-    let allow = state
-        .runs
-        .drivers
-        .exec_allow
-        .read()
-        .map(|a| a.clone())
-        .unwrap_or_default();
+    let allow = state.runs.drivers.exec_allowed();
     let value = serde_json::to_value(spec).unwrap_or_default();
     crate::evaluate::refuse_disallowed_commands(&value, &allow).map_err(|(field, message)| {
         HttpError::from(ApiError::new(ErrorCode::InvalidHealthCheck, message, field))

@@ -27,10 +27,16 @@ enum Source {
     Default,
 }
 
+/// An upgrade type's recorded durations, with the fleet's median worked out once.
+struct History {
+    recorded: DurationHistory,
+    fleet_median: Option<i64>,
+}
+
 /// The durations of a fleet's members in a copy of its engine, each decided once.
 pub struct Durations {
     /// The recorded durations of each upgrade type the copy's runs apply.
-    histories: HashMap<String, DurationHistory>,
+    histories: HashMap<String, History>,
     driver: Arc<dyn Driver>,
     params: ForecastParams,
     known: RefCell<HashMap<(String, String), (i64, Source)>>,
@@ -51,8 +57,15 @@ impl Durations {
             .collect();
         let mut histories = HashMap::new();
         for kind in kinds {
-            let history = store.upgrade_durations(fleet, &kind).await?;
-            histories.insert(kind, history);
+            let recorded = store.upgrade_durations(fleet, &kind).await?;
+            let fleet_median = median(&recorded.fleet);
+            histories.insert(
+                kind,
+                History {
+                    recorded,
+                    fleet_median,
+                },
+            );
         }
         Ok(Durations {
             histories,
@@ -82,14 +95,14 @@ impl Durations {
         d
     }
 
-    fn decide(&self, history: Option<&DurationHistory>, member: &MemberRef) -> (i64, Source) {
+    fn decide(&self, history: Option<&History>, member: &MemberRef) -> (i64, Source) {
         if let Some(d) = history
-            .and_then(|h| h.members.get(&member.name))
+            .and_then(|h| h.recorded.members.get(&member.name))
             .and_then(|own| median(own))
         {
             return (d, Source::History);
         }
-        if let Some(d) = history.and_then(|h| median(&h.fleet)) {
+        if let Some(d) = history.and_then(|h| h.fleet_median) {
             return (d, Source::FleetMedian);
         }
         match self.driver.expected_duration(member) {

@@ -307,6 +307,15 @@ pub struct Drivers {
 }
 
 impl Drivers {
+    /// Where `exec` commands may come from, as the server was started. (The list is written
+    /// once at start; were its lock poisoned, nothing is allowed.)
+    pub fn exec_allowed(&self) -> crate::driver::ExecAllow {
+        self.exec_allow
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_default()
+    }
+
     pub async fn for_fleet(
         &self,
         store: &dyn Store,
@@ -333,11 +342,7 @@ impl Drivers {
         {
             return Ok(driver.clone());
         }
-        let allow = self
-            .exec_allow
-            .read()
-            .map_err(|_| ApiError::conflict("exec allow list poisoned"))?
-            .clone();
+        let allow = self.exec_allowed();
         let driver = driver_from_config(&config, &allow).map_err(|e| {
             ApiError::new(
                 ErrorCode::InvalidRequestContent,
@@ -2271,10 +2276,7 @@ impl FleetActor {
         let report = self.report(run);
         let runs = self.runs.clone();
         let fleet = self.fleet.clone();
-        let allow = match self.runs.drivers.exec_allow.read() {
-            Ok(allow) => allow.clone(),
-            Err(_) => return,
-        };
+        let allow = self.runs.drivers.exec_allowed();
         tokio::spawn(async move {
             use crate::operation::Report;
             // `{label:KEY}` is the member's label, read from its resource when a check uses one.

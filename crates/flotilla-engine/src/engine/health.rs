@@ -833,49 +833,46 @@ impl Engine {
     /// Begins the watch of every Pending HealthCheck gate of the current stage (a start after
     /// a stop, a retry): evaluated again from the start.
     pub(super) fn restart_gate_watches(&mut self, now: Time) {
-        let si = self.current;
-        if si >= self.stages.len() {
-            return;
-        }
-        let mut places = vec![None];
-        places.extend((0..self.stages[si].groups.len() as u32).map(Some));
-        for group in places {
-            for timing in [Timing::Before, Timing::After] {
-                for at in self.gate_refs(si, group, timing) {
-                    let pending_check = self.gate_mut(at).is_some_and(|g| {
-                        g.state == State::Pending && matches!(g.gate.kind, GateKind::HealthCheck(_))
-                    });
-                    if pending_check {
-                        self.begin_watch(now, Subject::Gate(at));
-                    }
-                }
+        for at in self.current_stage_gates() {
+            let pending_check = self.gate_mut(at).is_some_and(|g| {
+                g.state == State::Pending && matches!(g.gate.kind, GateKind::HealthCheck(_))
+            });
+            if pending_check {
+                self.begin_watch(now, Subject::Gate(at));
             }
         }
+    }
+
+    /// Every gate of the current stage: its own and its groups', before and after.
+    fn current_stage_gates(&self) -> Vec<GateRef> {
+        let si = self.current;
+        if si >= self.stages.len() {
+            return Vec::new();
+        }
+        let groups = (0..self.stages[si].groups.len() as u32).map(Some);
+        std::iter::once(None)
+            .chain(groups)
+            .flat_map(|group| {
+                [Timing::Before, Timing::After]
+                    .into_iter()
+                    .flat_map(move |timing| self.gate_refs(si, group, timing))
+            })
+            .collect()
     }
 
     /// A failed HealthCheck gate of the current stage is Pending again (a retry evaluates it
     /// from the start).
     pub(super) fn reopen_failed_gates(&mut self, now: Time) {
-        let si = self.current;
-        if si >= self.stages.len() {
-            return;
-        }
-        let mut places = vec![None];
-        places.extend((0..self.stages[si].groups.len() as u32).map(Some));
-        for group in places {
-            for timing in [Timing::Before, Timing::After] {
-                for at in self.gate_refs(si, group, timing) {
-                    let Some(gate) = self.gate_mut(at) else {
-                        continue;
-                    };
-                    if gate.state == State::Failed {
-                        gate.state = State::Pending;
-                        gate.start = Some(now);
-                        gate.completed = None;
-                        let message = gate.gate.display_name.clone();
-                        self.emit_gate(now, EventType::GatePending, at, message);
-                    }
-                }
+        for at in self.current_stage_gates() {
+            let Some(gate) = self.gate_mut(at) else {
+                continue;
+            };
+            if gate.state == State::Failed {
+                gate.state = State::Pending;
+                gate.start = Some(now);
+                gate.completed = None;
+                let message = gate.gate.display_name.clone();
+                self.emit_gate(now, EventType::GatePending, at, message);
             }
         }
     }
