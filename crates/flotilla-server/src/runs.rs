@@ -2284,9 +2284,8 @@ impl FleetActor {
                 CheckSubject::Soak { member } | CheckSubject::Readiness { member } => Some(member),
                 CheckSubject::Gate { .. } => None,
             };
-            let uses_labels = serde_json::to_string(&*checks).is_ok_and(|t| t.contains("{label:"));
             let mut labels = std::collections::BTreeMap::new();
-            if uses_labels
+            if checks.uses("{label:")
                 && let Some(member) = member
                 && let Ok(Some(resource)) = runs.store.get(&fleet, Kind::Member, member).await
                 && let Some(found) = resource.body["properties"]["labels"].as_object()

@@ -226,12 +226,13 @@ fn a_real_prometheus_halts_the_run_at_the_gate_that_sees_the_errors() {
         api.must(
             Method::PUT,
             &format!("/v1/fleets/edge/members/{name}"),
-            Some(&json!({"properties": {"clusterResourceId": name, "group": group}})),
+            Some(&json!({"properties": {"clusterResourceId": name, "group": group, "labels": {"site": name}}})),
         );
     }
+    // The member's own series, named by its label (read from the member's resource).
     let member_check = json!({
         "name": "errors", "type": "Prometheus", "endpoint": prom,
-        "query": "flotilla_test_error_ratio{cluster=\"{member}\"}", "condition": "< 0.05",
+        "query": "flotilla_test_error_ratio{cluster=\"{label:site}\"}", "condition": "< 0.05",
     });
     let fleet_check = json!({
         "name": "fleet-errors", "type": "Prometheus", "endpoint": prom,
