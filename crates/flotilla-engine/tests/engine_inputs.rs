@@ -452,3 +452,61 @@ fn a_gate_evaluation_names_its_scope_and_stale_results_are_ignored() {
     // One at a time (an implicit group's concurrency).
     assert_eq!(started(&mut engine), ["a"]);
 }
+
+#[test]
+fn a_failed_group_or_stage_cannot_be_skipped_and_the_refusal_says_what_to_do() {
+    use flotilla_engine::engine::{SkipKind, SkipTarget};
+    let fleet = [member("a", "eastus"), member("b", "eastus")];
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec(),
+        &fleet,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created");
+    let t0 = Time::from_unix(1_000_000);
+    engine.handle(t0, Input::Start).expect("starts");
+    engine.settle(t0);
+    let first = started(&mut engine);
+    assert_eq!(first, vec!["a".to_string()]);
+    let t1 = t0.plus(600);
+    engine
+        .handle(
+            t1,
+            Input::OperationFinished {
+                member: "a".into(),
+                attempt: 1,
+                outcome: Err("drain timed out".into()),
+            },
+        )
+        .expect("accepted");
+    engine.settle(t1);
+    let before = serde_json::to_string(&engine.status()).expect("serializes");
+    for kind in [SkipKind::Group, SkipKind::Stage] {
+        let err = engine
+            .handle(
+                t1.plus(86_400),
+                Input::Skip(vec![SkipTarget {
+                    kind,
+                    name: "default".into(),
+                }]),
+            )
+            .expect_err("a Failed scope is terminal");
+        assert!(
+            err.message.contains("is already Failed")
+                && err.message.contains("start the run again")
+                && err.message.contains("create a new run"),
+            "{}",
+            err.message
+        );
+    }
+    engine.settle(t1.plus(86_400));
+    assert_eq!(
+        serde_json::to_string(&engine.status()).expect("serializes"),
+        before,
+        "a refused skip changes nothing"
+    );
+    engine
+        .check_invariants(t1.plus(86_400))
+        .expect("consistent");
+}

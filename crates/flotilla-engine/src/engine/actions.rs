@@ -53,16 +53,20 @@ impl Engine {
                 }
                 SkipKind::Group => {
                     let g = self.groups.iter().position(|g| g.name == t.name).ok_or_else(|| unknown("group"))? as u32;
-                    // Completed and Skipped are final; Failed and Stopped resume on retry.
-                    if let Some(state @ (State::Completed | State::Skipped)) = self.groups[g as usize].outcome {
-                        return Err(ApiError::conflict(format!("group {:?} is already {state:?}", t.name)));
+                    // Completed, Failed and Skipped are terminal (SEMANTICS §6); Stopped is not.
+                    if let Some(state) = self.groups[g as usize].outcome
+                        && state != State::Stopped
+                    {
+                        return Err(ApiError::conflict(terminal_scope("group", &t.name, state)));
                     }
                     Resolved::Group(g)
                 }
                 SkipKind::Stage => {
                     let si = self.stages.iter().position(|s| s.name == t.name).ok_or_else(|| unknown("stage"))?;
-                    if let Some(state @ (State::Completed | State::Skipped)) = self.stages[si].outcome {
-                        return Err(ApiError::conflict(format!("stage {:?} is already {state:?}", t.name)));
+                    if let Some(state) = self.stages[si].outcome
+                        && state != State::Stopped
+                    {
+                        return Err(ApiError::conflict(terminal_scope("stage", &t.name, state)));
                     }
                     Resolved::Stage(si)
                 }
@@ -131,8 +135,8 @@ impl Engine {
     pub(super) fn skip_group(&mut self, now: Time, g: u32, why: &str) {
         let group = &mut self.groups[g as usize];
         group.user_skipped = true;
-        if matches!(group.outcome, Some(State::Failed | State::Stopped)) {
-            // Skipped in a failed run instead of being retried.
+        if group.outcome == Some(State::Stopped) {
+            // Skipped while stopped, or in a failed run, instead of being resumed.
             group.outcome = None;
             group.completed = None;
             group.error = None;
@@ -164,7 +168,7 @@ impl Engine {
     pub(super) fn skip_stage(&mut self, now: Time, si: usize, why: &str) {
         let stage = &mut self.stages[si];
         stage.user_skipped = true;
-        if matches!(stage.outcome, Some(State::Failed | State::Stopped)) {
+        if stage.outcome == Some(State::Stopped) {
             stage.outcome = None;
             stage.completed = None;
             stage.error = None;
@@ -174,10 +178,7 @@ impl Engine {
         self.skip_wait(now, si);
         let groups = self.stages[si].groups.clone();
         for g in groups {
-            if !matches!(
-                self.groups[g as usize].outcome,
-                Some(State::Completed | State::Skipped)
-            ) {
+            if matches!(self.groups[g as usize].outcome, None | Some(State::Stopped)) {
                 self.skip_group(now, g, &format!("stage {why}"));
             }
         }
@@ -228,4 +229,14 @@ impl Engine {
 
     // -----------------------------------------------------------------------------------------
     // Placement: ready set or timer set.
+}
+
+/// The 409 for a skip of a terminal group or stage: what it is, and what can be done instead.
+fn terminal_scope(kind: &str, name: &str, state: State) -> String {
+    let instead = if state == State::Failed {
+        "; a Failed one cannot be skipped: start the run again to retry it, or create a new run"
+    } else {
+        ""
+    };
+    format!("{kind} {name:?} is already {state:?}{instead}")
 }

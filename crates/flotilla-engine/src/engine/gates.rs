@@ -366,7 +366,8 @@ impl Engine {
                 self.timers.insert((at_time, TimerKey::Gate(at)));
             }
             self.emit_gate(now, EventType::GatePending, at, message);
-            if checks {
+            // A failed run evaluates no gate; a retry begins its watch (SEMANTICS §4).
+            if checks && self.phase != RunPhase::Failed {
                 self.begin_watch(now, Subject::Gate(at));
             }
         }

@@ -261,6 +261,15 @@ impl Engine {
                     continue;
                 }
                 group.stopped = false;
+                if group.outcome == Some(State::Stopped) && group.phase == Phase::AfterGates {
+                    // Its members were all done and its after-gates reached: it completes once
+                    // they are done, its members kept, Failed ones included (SEMANTICS §4).
+                    group.outcome = None;
+                    group.completed = None;
+                    group.message = None;
+                    group.error = None;
+                    continue;
+                }
                 let mut reset = 0;
                 for &m in &group.members {
                     let member = &mut self.members[m as usize];

@@ -13,9 +13,11 @@ impl Engine {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
             }
-            if self.phase == RunPhase::Failed && self.run_completed.is_none() && self.in_flight == 0
-            {
-                self.finalize_failed(now);
+            if self.phase == RunPhase::Failed && self.run_completed.is_none() {
+                changed |= self.finish_groups_after_failure(now);
+                if self.in_flight == 0 {
+                    self.finalize_failed(now);
+                }
             }
             if !changed {
                 break;
@@ -474,6 +476,29 @@ impl Engine {
             target,
         });
         self.emit_member(now, EventType::MemberStarted, m, None);
+    }
+
+    /// While a failed run waits for its members in flight (SEMANTICS §4): a group of the current
+    /// stage whose members have all finished reaches its after-gates (HealthCheck ones are not
+    /// evaluated while the run is Failed), and completes once they are done. Nothing starts.
+    pub(super) fn finish_groups_after_failure(&mut self, now: Time) -> bool {
+        let Some(stage) = self.stages.get(self.current) else {
+            return false;
+        };
+        if stage.outcome.is_some() && stage.outcome != Some(State::Failed) {
+            return false;
+        }
+        let mut changed = false;
+        let groups = stage.groups.clone();
+        for (pos, g) in groups.into_iter().enumerate() {
+            if matches!(
+                self.groups[g as usize].phase,
+                Phase::Active | Phase::AfterGates
+            ) {
+                changed |= self.advance_group(now, self.current, pos as u32, g);
+            }
+        }
+        changed
     }
 
     /// The run failed and nothing is in flight any more: settle every state (SEMANTICS §4).
