@@ -707,17 +707,36 @@ async function simFleet(fleet, members) {
   }
 }
 
+/** Declares the check providers these tests name (SEMANTICS §10: an admin declares where
+ * checks go): the stand-ins above, and a Prometheus nobody listens for. */
+let providersDeclared;
+async function declareProviders() {
+  if (!providersDeclared) {
+    const endpoint = await healthEndpoint();
+    for (const [name, properties] of Object.entries({
+      unreachable: { type: 'Prometheus', endpoint: 'http://127.0.0.1:9' },
+      'stand-in-prom': { type: 'Prometheus', endpoint },
+      healthz: { type: 'Http', baseUrl: endpoint },
+    })) {
+      const put = await apiCall(`/v1/checkProviders/${name}`, adminToken, { method: 'PUT', body: { properties } });
+      assert.ok(put.status < 300, JSON.stringify(put.body));
+    }
+    providersDeclared = true;
+  }
+}
+
 /** A HealthCheck gate whose Prometheus is unreachable: its evaluations cannot be made. */
 const unreachableGate = (timeoutSeconds) => ({
   type: 'HealthCheck',
   displayName: 'fleet error rate',
-  checks: [{ name: 'fleet-errors', type: 'Prometheus', endpoint: 'http://127.0.0.1:9', query: 'max(flotilla_error_ratio)', condition: '< 0.05' }],
+  checks: [{ name: 'fleet-errors', provider: 'unreachable', query: 'max(flotilla_error_ratio)', condition: '< 0.05' }],
   soakSeconds: 1,
   intervalSeconds: 1,
   timeoutSeconds,
 });
 
 async function createAndStart(fleet, run, strategy) {
+  await declareProviders();
   const properties = { strategy, managedClusterUpdate: { upgrade: { type: 'ControlPlaneOnly', kubernetesVersion: '1.31.1' } } };
   const created = await apiCall(`/v1/fleets/${fleet}/updateRuns/${run}`, adminToken, { method: 'PUT', body: { properties } });
   assert.ok(created.status < 300, JSON.stringify(created.body));
@@ -726,7 +745,6 @@ async function createAndStart(fleet, run, strategy) {
 }
 
 test('a HealthCheck gate that cannot be evaluated fails the run: the page shows the evaluations and says why the run stopped', async () => {
-  const endpoint = await healthEndpoint();
   await simFleet('health', { 'c-ok': 'canary', 'c-bad': 'canary', 'p-1': 'prod' });
   await createAndStart('health', 'gate-unreachable', {
     stages: [
@@ -734,7 +752,7 @@ test('a HealthCheck gate that cannot be evaluated fails the run: the page shows 
         name: 'canary',
         maxAllowedFailures: '1',
         groups: [{ name: 'canary', maxAllowedFailures: '1' }],
-        memberHealthChecks: { checks: [{ name: 'healthz', type: 'Http', url: `${endpoint}/healthz/{member}` }], soakSeconds: 2, intervalSeconds: 1, unavailableAfterSeconds: 2 },
+        memberHealthChecks: { checks: [{ name: 'healthz', provider: 'healthz', path: '/healthz/{member}' }], soakSeconds: 2, intervalSeconds: 1, unavailableAfterSeconds: 2 },
       },
       { name: 'prod', groups: [{ name: 'prod' }], beforeGates: [unreachableGate(3)] },
     ],
@@ -784,6 +802,9 @@ test('a HealthCheck gate that cannot be evaluated fails the run: the page shows 
   // The reason's button shows the gate: its checks, timings and evaluations.
   await reason.getByRole('button', { name: 'Show what stopped the run' }).click();
   assert.match(await details.innerText(), /fleet error rate[\s\S]*HealthCheck[\s\S]*Failed[\s\S]*Fails after\s+3s[\s\S]*max\(flotilla_error_ratio\) < 0\.05/);
+  // Each check's definition names the provider it goes through, never a URL.
+  assert.match(await details.locator('.check-defs li[data-provider="unreachable"]').innerText(), /^fleet-errors \(Prometheus via unreachable\)/);
+  assert.doesNotMatch(await details.innerText(), /127\.0\.0\.1:9/);
   assert.ok((await details.locator('.check[data-verdict="unavailable"]').count()) >= 1, 'the gate\'s evaluations in its details');
   // The event log has the evaluations and the gate's failure.
   assert.ok((await page.locator('#events li.t-HealthCheckEvaluated').count()) >= 2);
@@ -794,14 +815,13 @@ test('a HealthCheck gate that cannot be evaluated fails the run: the page shows 
 });
 
 test('an approver completes a pending HealthCheck gate by hand; a member in its soak reads Verifying', async () => {
-  const endpoint = await healthEndpoint();
   await simFleet('health-hand', { 'h-1': 'prod' });
   await createAndStart('health-hand', 'by-hand', {
     stages: [{
       name: 'prod',
       groups: [{ name: 'prod' }],
       beforeGates: [unreachableGate(600)],
-      memberHealthChecks: { checks: [{ name: 'healthz', type: 'Http', url: `${endpoint}/healthz/{member}` }], soakSeconds: 6, intervalSeconds: 1 },
+      memberHealthChecks: { checks: [{ name: 'healthz', provider: 'healthz', path: '/healthz/{member}' }], soakSeconds: 6, intervalSeconds: 1 },
     }],
   });
   const page = await newPage('health-hand');
@@ -834,12 +854,11 @@ test('an approver completes a pending HealthCheck gate by hand; a member in its 
 });
 
 test('a group\'s HealthCheck after-gate that sees a bad value stops the run, and the page says which value broke which condition', async () => {
-  const endpoint = await healthEndpoint();
   await simFleet('health-value', { 'v-1': 'edge' });
   const gate = {
     type: 'HealthCheck',
     displayName: 'error budget',
-    checks: [{ name: 'errors', type: 'Prometheus', endpoint, query: 'max(flotilla_error_ratio{group="{group}"})', condition: '< 0.05' }],
+    checks: [{ name: 'errors', provider: 'stand-in-prom', query: 'max(flotilla_error_ratio{group="{group}"})', condition: '< 0.05' }],
     soakSeconds: 5,
     intervalSeconds: 1,
   };

@@ -25,15 +25,19 @@ const MAX_SECONDS: i64 = 7 * 24 * 3600;
 // ---------------------------------------------------------------------------------------------
 // Wire shapes.
 
+/// A check as written: it names a check provider an admin declared and carries only data
+/// (SEMANTICS §10). `type` may be left out where the data says it (`query`: Prometheus, `path`:
+/// Http, `args`: Exec). `endpoint`, `url`, `command`, `headers` and `caFile` are the form written
+/// before providers existed: such a check stays readable and is never evaluated.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckSpec {
     #[serde(default)]
     pub name: Option<String>,
-    #[serde(rename = "type", default)]
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub check_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
+    pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,19 +45,59 @@ pub struct CheckSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_empty: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect_status: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_contains: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<Vec<String>>,
+    pub args: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
+}
+
+impl CheckSpec {
+    /// The first field of the form written before check providers that this check carries.
+    pub fn inline_field(&self) -> Option<&'static str> {
+        [
+            ("endpoint", self.endpoint.is_some()),
+            ("url", self.url.is_some()),
+            ("command", self.command.is_some()),
+            ("headers", self.headers.is_some()),
+            ("caFile", self.ca_file.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, given)| given.then_some(field))
+    }
+
+    /// The check's type: as written, else as its data says.
+    pub fn kind_name(&self) -> Option<&str> {
+        if let Some(t) = self.check_type.as_deref() {
+            return Some(t);
+        }
+        if self.query.is_some() || self.condition.is_some() || self.on_empty.is_some() {
+            Some("Prometheus")
+        } else if self.path.is_some()
+            || self.expect_status.is_some()
+            || self.body_contains.is_some()
+        {
+            Some("Http")
+        } else if self.args.is_some() {
+            Some("Exec")
+        } else {
+            None
+        }
+    }
 }
 
 /// `memberHealthChecks` and `readinessChecks` of a stage or group, as written.
@@ -131,33 +175,50 @@ impl Condition {
     }
 }
 
+/// What a check asks of its provider: data only, never a URL, a header, a file or a program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CheckKind {
     Prometheus {
-        endpoint: String,
         query: String,
         condition: Condition,
         /// What an empty result means: passes when true.
         empty_passes: bool,
     },
     Http {
-        url: String,
+        /// Appended to the provider's `baseUrl`; starts with `/`.
+        path: String,
         /// `None`: any 2xx.
         expect_status: Option<u16>,
         body_contains: Option<String>,
     },
     Exec {
-        command: Vec<String>,
+        /// Appended to the provider's command, each one argument.
+        args: Vec<String>,
     },
+    /// Written before check providers (`field` is the first inline field it carries): readable,
+    /// never evaluated; a run holding one is not started (SEMANTICS §10).
+    Inline { field: String },
+}
+
+impl CheckKind {
+    /// The provider type this check needs.
+    pub fn provider_type(&self) -> Option<ProviderType> {
+        match self {
+            CheckKind::Prometheus { .. } => Some(ProviderType::Prometheus),
+            CheckKind::Http { .. } => Some(ProviderType::Http),
+            CheckKind::Exec { .. } => Some(ProviderType::Exec),
+            CheckKind::Inline { .. } => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Check {
     pub name: String,
+    /// The check provider it names (empty for [`CheckKind::Inline`]).
+    pub provider: String,
     pub kind: CheckKind,
     pub request_timeout_seconds: i64,
-    pub headers: BTreeMap<String, String>,
-    pub ca_file: Option<String>,
 }
 
 /// A block of checks with its timings (a member soak, readiness, or a HealthCheck gate).
@@ -266,24 +327,42 @@ fn required_text<'a>(value: &'a Option<String>, path: &str) -> Result<&'a str, A
     }
 }
 
-fn parse_url(text: &str, path: &str, block: BlockKind) -> Result<String, ApiError> {
-    check_placeholders(text, path, block)?;
-    let lower = text.to_ascii_lowercase();
-    let rest = lower
-        .strip_prefix("http://")
-        .or_else(|| lower.strip_prefix("https://"))
-        .ok_or_else(|| bad(path, format!("{text:?} must be an http:// or https:// URL")))?;
-    if rest.is_empty() || rest.starts_with('/') {
-        return Err(bad(path, format!("{text:?} names no host")));
-    }
-    Ok(text.to_string())
-}
-
 fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, ApiError> {
     let name = required_text(&spec.name, &format!("{path}.name"))?;
     crate::strategy::check_name(name, 63).map_err(|m| bad(&format!("{path}.name"), m))?;
+    let request_timeout_seconds = duration(
+        spec.request_timeout_seconds,
+        DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        &format!("{path}.requestTimeoutSeconds"),
+        1,
+    )?;
+    if request_timeout_seconds > 300 {
+        return Err(bad(
+            &format!("{path}.requestTimeoutSeconds"),
+            format!("{request_timeout_seconds} must be at most 300 seconds"),
+        ));
+    }
+    if let Some(field) = spec.inline_field() {
+        // Stored before check providers existed: kept readable, never evaluated. A write
+        // refuses it (`refuse_inline`).
+        return Ok(Check {
+            name: name.to_string(),
+            provider: String::new(),
+            kind: CheckKind::Inline {
+                field: field.to_string(),
+            },
+            request_timeout_seconds,
+        });
+    }
+    let provider = required_text(&spec.provider, &format!("{path}.provider"))?;
+    crate::strategy::check_name(provider, 63).map_err(|m| bad(&format!("{path}.provider"), m))?;
     let kind_path = format!("{path}.type");
-    let kind_text = required_text(&spec.check_type, &kind_path)?;
+    let kind_text = spec.kind_name().ok_or_else(|| {
+        bad(
+            &kind_path,
+            "is required when the check carries none of query, path or args".into(),
+        )
+    })?;
     let only = |field: &str, present: bool, kinds: &str| {
         if present {
             Err(bad(
@@ -295,19 +374,19 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
         }
     };
     let prometheus_fields = |spec: &CheckSpec| {
-        only("endpoint", spec.endpoint.is_some(), "Prometheus")?;
         only("query", spec.query.is_some(), "Prometheus")?;
         only("condition", spec.condition.is_some(), "Prometheus")?;
         only("onEmpty", spec.on_empty.is_some(), "Prometheus")
     };
+    let http_fields = |spec: &CheckSpec| {
+        only("path", spec.path.is_some(), "Http")?;
+        only("expectStatus", spec.expect_status.is_some(), "Http")?;
+        only("bodyContains", spec.body_contains.is_some(), "Http")
+    };
     let kind = match kind_text {
         "Prometheus" => {
-            only("url", spec.url.is_some(), "Http")?;
-            only("expectStatus", spec.expect_status.is_some(), "Http")?;
-            only("bodyContains", spec.body_contains.is_some(), "Http")?;
-            only("command", spec.command.is_some(), "Exec")?;
-            let endpoint = required_text(&spec.endpoint, &format!("{path}.endpoint"))?;
-            let endpoint = parse_url(endpoint, &format!("{path}.endpoint"), block)?;
+            http_fields(spec)?;
+            only("args", spec.args.is_some(), "Exec")?;
             let query = required_text(&spec.query, &format!("{path}.query"))?;
             check_placeholders(query, &format!("{path}.query"), block)?;
             let cpath = format!("{path}.condition");
@@ -329,7 +408,6 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
                 }
             };
             CheckKind::Prometheus {
-                endpoint,
                 query: query.to_string(),
                 condition,
                 empty_passes,
@@ -337,9 +415,11 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
         }
         "Http" => {
             prometheus_fields(spec)?;
-            only("command", spec.command.is_some(), "Exec")?;
-            let url = required_text(&spec.url, &format!("{path}.url"))?;
-            let url = parse_url(url, &format!("{path}.url"), block)?;
+            only("args", spec.args.is_some(), "Exec")?;
+            let ppath = format!("{path}.path");
+            let request_path = spec.path.clone().unwrap_or_else(|| "/".into());
+            check_placeholders(&request_path, &ppath, block)?;
+            check_request_path(&request_path).map_err(|why| bad(&ppath, why))?;
             let expect_status = match spec.expect_status {
                 None => None,
                 Some(s) if (100..=599).contains(&s) => Some(s as u16),
@@ -354,32 +434,32 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
                 check_placeholders(text, &format!("{path}.bodyContains"), block)?;
             }
             CheckKind::Http {
-                url,
+                path: request_path,
                 expect_status,
                 body_contains: spec.body_contains.clone(),
             }
         }
         "Exec" => {
             prometheus_fields(spec)?;
-            only("url", spec.url.is_some(), "Http")?;
-            only("expectStatus", spec.expect_status.is_some(), "Http")?;
-            only("bodyContains", spec.body_contains.is_some(), "Http")?;
-            only("headers", spec.headers.is_some(), "Prometheus or Http")?;
-            only("caFile", spec.ca_file.is_some(), "Prometheus or Http")?;
-            let cpath = format!("{path}.command");
-            let command = spec
-                .command
-                .as_ref()
-                .ok_or_else(|| bad(&cpath, "is required".into()))?;
-            if command.first().is_none_or(|c| c.trim().is_empty()) {
-                return Err(bad(&cpath, "must name a program first".into()));
+            http_fields(spec)?;
+            let args = spec.args.clone().unwrap_or_default();
+            if args.len() > MAX_ARGS {
+                return Err(bad(
+                    &format!("{path}.args"),
+                    format!(
+                        "has {} arguments; at most {MAX_ARGS} are allowed",
+                        args.len()
+                    ),
+                ));
             }
-            for (i, arg) in command.iter().enumerate() {
-                check_placeholders(arg, &format!("{cpath}[{i}]"), block)?;
+            for (i, arg) in args.iter().enumerate() {
+                let apath = format!("{path}.args[{i}]");
+                check_placeholders(arg, &apath, block)?;
+                if arg.bytes().any(|b| b == 0) {
+                    return Err(bad(&apath, format!("{arg:?} holds a NUL byte")));
+                }
             }
-            CheckKind::Exec {
-                command: command.clone(),
-            }
+            CheckKind::Exec { args }
         }
         other => {
             return Err(bad(
@@ -388,64 +468,81 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
             ));
         }
     };
-    let request_timeout_seconds = duration(
-        spec.request_timeout_seconds,
-        DEFAULT_REQUEST_TIMEOUT_SECONDS,
-        &format!("{path}.requestTimeoutSeconds"),
-        1,
-    )?;
-    if request_timeout_seconds > 300 {
-        return Err(bad(
-            &format!("{path}.requestTimeoutSeconds"),
-            format!("{request_timeout_seconds} must be at most 300 seconds"),
-        ));
-    }
-    let headers = spec.headers.clone().unwrap_or_default();
-    for (key, value) in &headers {
-        let hpath = format!("{path}.headers.{key}");
-        if key.is_empty()
-            || !key
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-        {
-            return Err(bad(&hpath, format!("{key:?} is not a header name")));
-        }
-        if value.bytes().any(|b| b.is_ascii_control()) {
-            return Err(bad(&hpath, "holds a control character".into()));
-        }
-        if let Some(env) = env_reference(value) {
-            if env.is_empty() || !env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                return Err(bad(
-                    &hpath,
-                    format!("{value:?} names no environment variable"),
-                ));
-            }
-            // Whoever writes a strategy names where a check sends its headers: only the
-            // variables an administrator set for checks may go there.
-            if !env.starts_with(ENV_PREFIX) {
-                return Err(bad(
-                    &hpath,
-                    format!(
-                        "{value:?}: checks may read only environment variables named {ENV_PREFIX}*"
-                    ),
-                ));
-            }
-        } else {
-            check_placeholders(value, &hpath, block)?;
-        }
-    }
-    if let Some(ca) = &spec.ca_file
-        && ca.trim().is_empty()
-    {
-        return Err(bad(&format!("{path}.caFile"), "must not be empty".into()));
-    }
     Ok(Check {
         name: name.to_string(),
+        provider: provider.to_string(),
         kind,
         request_timeout_seconds,
-        headers,
-        ca_file: spec.ca_file.clone(),
     })
+}
+
+/// The most arguments an Exec check adds to its provider's command.
+const MAX_ARGS: usize = 64;
+
+/// An Http check's path as written (placeholders not yet filled): under the provider's base URL,
+/// never a way out of it (SEMANTICS §10).
+fn check_request_path(text: &str) -> Result<(), String> {
+    if !text.starts_with('/') {
+        return Err(format!("{text:?} must start with /"));
+    }
+    if text.starts_with("//") {
+        return Err(format!("{text:?} names an authority (it starts with //)"));
+    }
+    if text.contains("://") {
+        return Err(format!("{text:?} names a scheme"));
+    }
+    if text
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b'\\' || b == b' ')
+    {
+        return Err(format!(
+            "{text:?} holds a space, a backslash or a control character"
+        ));
+    }
+    if has_dot_segment(text) || has_dot_segment(&percent_decode(text)) {
+        return Err(format!("{text:?} holds a .. segment"));
+    }
+    Ok(())
+}
+
+/// Whether a path (its query left out) holds a `..` segment.
+pub fn has_dot_segment(path: &str) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    path.split('/').any(|segment| segment == "..")
+}
+
+/// `%XX` decoded byte by byte (invalid escapes left as they are), lossily as text.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(hex) = text.get(i + 1..i + 3)
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every byte outside RFC 3986's unreserved set as `%XX` (`/` included): what a placeholder's
+/// value becomes in an Http check's path, so it stays one segment's text.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The environment variables a check's header may read start with this.
@@ -454,6 +551,416 @@ pub const ENV_PREFIX: &str = "FLOTILLA_CHECK_";
 /// `{env:NAME}`: a header value read from the server's environment.
 pub fn env_reference(value: &str) -> Option<&str> {
     value.strip_prefix("{env:")?.strip_suffix('}')
+}
+
+// ---------------------------------------------------------------------------------------------
+// Check providers: what checks may reach, declared by an admin.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProviderType {
+    Prometheus,
+    Http,
+    Exec,
+}
+
+impl ProviderType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderType::Prometheus => "Prometheus",
+            ProviderType::Http => "Http",
+            ProviderType::Exec => "Exec",
+        }
+    }
+}
+
+/// `properties` of a check provider (`/v1/checkProviders/{name}`), as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderSpec {
+    #[serde(rename = "type", default)]
+    pub provider_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_options: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleets: Option<Vec<String>>,
+}
+
+/// Where a provider's evaluations go.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProviderTarget {
+    /// A Prometheus server's base URL; instant queries go to `{endpoint}/api/v1/query`.
+    Prometheus { endpoint: String },
+    /// A base URL (no trailing `/`) that checks' paths are appended to.
+    Http { base_url: String },
+    /// A program and its fixed arguments; checks append theirs.
+    Exec {
+        command: Vec<String>,
+        allow_options: bool,
+    },
+}
+
+/// A check provider, validated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provider {
+    pub name: String,
+    pub target: ProviderTarget,
+    pub headers: BTreeMap<String, String>,
+    pub ca_file: Option<String>,
+    /// The fleets whose strategies and runs may name it; `None`: every fleet.
+    pub fleets: Option<Vec<String>>,
+}
+
+impl Provider {
+    pub fn provider_type(&self) -> ProviderType {
+        match self.target {
+            ProviderTarget::Prometheus { .. } => ProviderType::Prometheus,
+            ProviderTarget::Http { .. } => ProviderType::Http,
+            ProviderTarget::Exec { .. } => ProviderType::Exec,
+        }
+    }
+
+    /// Whether a strategy or run of `fleet` may name it.
+    pub fn serves(&self, fleet: &str) -> bool {
+        self.fleets
+            .as_ref()
+            .is_none_or(|f| f.iter().any(|x| x == fleet))
+    }
+}
+
+fn bad_provider(field: &str, message: String) -> ApiError {
+    let path = format!("properties.{field}");
+    ApiError::new(
+        ErrorCode::InvalidCheckProvider,
+        format!("{path}: {message}"),
+        path,
+    )
+}
+
+/// A base URL an admin declared: http or https, a host, no query, fragment or credentials, no
+/// placeholders. Returned without a trailing `/`.
+fn parse_base_url(text: &str, field: &str) -> Result<String, ApiError> {
+    let lower = text.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+        .ok_or_else(|| {
+            bad_provider(
+                field,
+                format!("{text:?} must be an http:// or https:// URL"),
+            )
+        })?;
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() {
+        return Err(bad_provider(field, format!("{text:?} names no host")));
+    }
+    if authority.contains('@') {
+        return Err(bad_provider(
+            field,
+            format!("{text:?} holds credentials; put them in headers"),
+        ));
+    }
+    if text.contains(['?', '#', '{', '}', ' ', '\\']) || text.bytes().any(|b| b.is_ascii_control())
+    {
+        return Err(bad_provider(
+            field,
+            format!("{text:?} must be a plain base URL: no query, fragment, placeholder or space"),
+        ));
+    }
+    Ok(text.trim_end_matches('/').to_string())
+}
+
+/// Validates a provider's properties (SEMANTICS §10). What needs the machine (a CA file
+/// readable, a command allowed) is the server's to check besides.
+pub fn parse_provider(name: &str, spec: &ProviderSpec) -> Result<Provider, ApiError> {
+    let kind = spec
+        .provider_type
+        .as_deref()
+        .ok_or_else(|| bad_provider("type", "is required: Prometheus, Http or Exec".into()))?;
+    let only = |field: &str, present: bool, kinds: &str| {
+        if present {
+            Err(bad_provider(
+                field,
+                format!("is only allowed on a {kinds} provider"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let target = match kind {
+        "Prometheus" => {
+            only("baseUrl", spec.base_url.is_some(), "Http")?;
+            only("command", spec.command.is_some(), "Exec")?;
+            only("allowOptions", spec.allow_options.is_some(), "Exec")?;
+            let endpoint = spec
+                .endpoint
+                .as_deref()
+                .ok_or_else(|| bad_provider("endpoint", "is required".into()))?;
+            ProviderTarget::Prometheus {
+                endpoint: parse_base_url(endpoint, "endpoint")?,
+            }
+        }
+        "Http" => {
+            only("endpoint", spec.endpoint.is_some(), "Prometheus")?;
+            only("command", spec.command.is_some(), "Exec")?;
+            only("allowOptions", spec.allow_options.is_some(), "Exec")?;
+            let base = spec
+                .base_url
+                .as_deref()
+                .ok_or_else(|| bad_provider("baseUrl", "is required".into()))?;
+            ProviderTarget::Http {
+                base_url: parse_base_url(base, "baseUrl")?,
+            }
+        }
+        "Exec" => {
+            only("endpoint", spec.endpoint.is_some(), "Prometheus")?;
+            only("baseUrl", spec.base_url.is_some(), "Http")?;
+            only("headers", spec.headers.is_some(), "Prometheus or Http")?;
+            only("caFile", spec.ca_file.is_some(), "Prometheus or Http")?;
+            let command = spec
+                .command
+                .as_ref()
+                .ok_or_else(|| bad_provider("command", "is required".into()))?;
+            if command.first().is_none_or(|c| c.trim().is_empty()) {
+                return Err(bad_provider("command", "must name a program first".into()));
+            }
+            if command.len() > MAX_ARGS {
+                return Err(bad_provider(
+                    "command",
+                    format!(
+                        "has {} words; at most {MAX_ARGS} are allowed",
+                        command.len()
+                    ),
+                ));
+            }
+            for (i, word) in command.iter().enumerate() {
+                if word.bytes().any(|b| b == 0) || !placeholders(word).is_empty() {
+                    return Err(bad_provider(
+                        &format!("command[{i}]"),
+                        format!("{word:?} must be plain text (no placeholder, no NUL byte)"),
+                    ));
+                }
+            }
+            ProviderTarget::Exec {
+                command: command.clone(),
+                allow_options: spec.allow_options.unwrap_or(false),
+            }
+        }
+        other => {
+            return Err(bad_provider(
+                "type",
+                format!("{other:?} is not a provider type: Prometheus, Http or Exec"),
+            ));
+        }
+    };
+    let headers = spec.headers.clone().unwrap_or_default();
+    if headers.len() > MAX_CHECKS {
+        return Err(bad_provider(
+            "headers",
+            format!(
+                "has {} headers; at most {MAX_CHECKS} are allowed",
+                headers.len()
+            ),
+        ));
+    }
+    for (key, value) in &headers {
+        let field = format!("headers.{key}");
+        if key.is_empty()
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+        {
+            return Err(bad_provider(
+                &field,
+                format!("{key:?} is not a header name"),
+            ));
+        }
+        if value.bytes().any(|b| b.is_ascii_control()) {
+            return Err(bad_provider(&field, "holds a control character".into()));
+        }
+        if let Some(env) = env_reference(value) {
+            if env.is_empty() || !env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(bad_provider(
+                    &field,
+                    format!("{value:?} names no environment variable"),
+                ));
+            }
+            if !env.starts_with(ENV_PREFIX) {
+                return Err(bad_provider(
+                    &field,
+                    format!(
+                        "{value:?}: providers may read only environment variables named {ENV_PREFIX}*"
+                    ),
+                ));
+            }
+        } else if !placeholders(value).is_empty() {
+            return Err(bad_provider(
+                &field,
+                format!("{value:?}: a header is fixed text or {{env:NAME}}, never a placeholder"),
+            ));
+        }
+    }
+    if let Some(ca) = &spec.ca_file
+        && ca.trim().is_empty()
+    {
+        return Err(bad_provider("caFile", "must not be empty".into()));
+    }
+    if let Some(fleets) = &spec.fleets {
+        if fleets.is_empty() || fleets.len() > 100 {
+            return Err(bad_provider(
+                "fleets",
+                format!(
+                    "lists {} fleets; 1 to 100 (leave it out for every fleet)",
+                    fleets.len()
+                ),
+            ));
+        }
+        for (i, fleet) in fleets.iter().enumerate() {
+            crate::strategy::check_name(fleet, 63)
+                .map_err(|m| bad_provider(&format!("fleets[{i}]"), m))?;
+        }
+    }
+    Ok(Provider {
+        name: name.to_string(),
+        target,
+        headers,
+        ca_file: spec.ca_file.clone(),
+        fleets: spec.fleets.clone(),
+    })
+}
+
+/// Every check a strategy names, with where it sits (`{path}.stages[0].memberHealthChecks.checks[1]`).
+pub fn strategy_checks<'a>(
+    spec: &'a crate::strategy::StrategySpec,
+    path: &str,
+) -> Vec<(String, &'a CheckSpec)> {
+    let mut found = Vec::new();
+    let block = |at: String, block: &'a Option<CheckBlockSpec>, found: &mut Vec<_>| {
+        if let Some(b) = block {
+            for (i, c) in b.checks.iter().enumerate() {
+                found.push((format!("{at}.checks[{i}]"), c));
+            }
+        }
+    };
+    let gates = |at: String, gates: &'a [crate::strategy::GateSpec], found: &mut Vec<_>| {
+        for (k, g) in gates.iter().enumerate() {
+            for (i, c) in g.checks.iter().enumerate() {
+                found.push((format!("{at}[{k}].checks[{i}]"), c));
+            }
+        }
+    };
+    for (si, stage) in spec.stages.iter().flatten().enumerate() {
+        let sp = format!("{path}.stages[{si}]");
+        block(
+            format!("{sp}.memberHealthChecks"),
+            &stage.member_health_checks,
+            &mut found,
+        );
+        block(
+            format!("{sp}.readinessChecks"),
+            &stage.readiness_checks,
+            &mut found,
+        );
+        gates(format!("{sp}.beforeGates"), &stage.before_gates, &mut found);
+        gates(format!("{sp}.afterGates"), &stage.after_gates, &mut found);
+        for (gi, group) in stage.groups.iter().flatten().enumerate() {
+            let gp = format!("{sp}.groups[{gi}]");
+            block(
+                format!("{gp}.memberHealthChecks"),
+                &group.member_health_checks,
+                &mut found,
+            );
+            block(
+                format!("{gp}.readinessChecks"),
+                &group.readiness_checks,
+                &mut found,
+            );
+            gates(format!("{gp}.beforeGates"), &group.before_gates, &mut found);
+            gates(format!("{gp}.afterGates"), &group.after_gates, &mut found);
+        }
+    }
+    found
+}
+
+/// What a write of `fleet` must hold of its checks (SEMANTICS §10): each names a provider that
+/// exists, is of the check's type and serves the fleet; none carries an endpoint, a URL, a
+/// header, a file or a program itself; an Exec check's arguments are not options unless its
+/// provider allows them. `provider` looks a provider up by name. The strategy was parsed.
+pub fn check_providers(
+    spec: &crate::strategy::StrategySpec,
+    path: &str,
+    fleet: &str,
+    provider: &dyn Fn(&str) -> Option<Provider>,
+) -> Result<(), ApiError> {
+    for (at, check) in strategy_checks(spec, path) {
+        if let Some(field) = check.inline_field() {
+            return Err(bad(
+                &format!("{at}.{field}"),
+                format!(
+                    "a check names a check provider and carries only data; {field} is not allowed here \
+                     (an admin declares where checks go: PUT /v1/checkProviders/NAME, then \"provider\": NAME)"
+                ),
+            ));
+        }
+        let name = check.provider.as_deref().unwrap_or_default();
+        let ppath = format!("{at}.provider");
+        let Some(found) = provider(name) else {
+            return Err(bad(
+                &ppath,
+                format!(
+                    "{name:?} is not a check provider (an admin declares them: /v1/checkProviders)"
+                ),
+            ));
+        };
+        let wanted = check.kind_name().unwrap_or_default();
+        if found.provider_type().as_str() != wanted {
+            return Err(bad(
+                &ppath,
+                format!(
+                    "{name:?} is a {} provider; this is a {wanted} check",
+                    found.provider_type().as_str()
+                ),
+            ));
+        }
+        if !found.serves(fleet) {
+            return Err(bad(
+                &ppath,
+                format!("{name:?} may not be named by fleet {fleet:?} (its fleets list it not)"),
+            ));
+        }
+        if let ProviderTarget::Exec {
+            allow_options: false,
+            ..
+        } = found.target
+        {
+            for (i, arg) in check.args.iter().flatten().enumerate() {
+                if arg.starts_with('-') {
+                    return Err(bad(
+                        &format!("{at}.args[{i}]"),
+                        format!("{arg:?} is an option; provider {name:?} does not allow options"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first check written before check providers in a strategy, with where it sits: such a run
+/// is not created from it, nor started or retried (SEMANTICS §10).
+pub fn first_inline(spec: &crate::strategy::StrategySpec, path: &str) -> Option<String> {
+    strategy_checks(spec, path)
+        .into_iter()
+        .find_map(|(at, c)| c.inline_field().map(|f| format!("{at}.{f}")))
 }
 
 /// The checks of a block, validated: at least one, at most [`MAX_CHECKS`], names unique.
@@ -688,6 +1195,25 @@ pub struct Context {
 /// member has no such label). Placeholders were checked at creation; one that does not apply
 /// is left as it is.
 pub fn render(text: &str, context: &Context, label: &dyn Fn(&str) -> Option<String>) -> String {
+    render_with(text, context, label, &|v| v.to_string())
+}
+
+/// [`render`] for an Http check's path: each value a placeholder stands for is percent-encoded
+/// outside the unreserved set, `/` included, so it stays within its segment (SEMANTICS §10).
+pub fn render_path(
+    text: &str,
+    context: &Context,
+    label: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    render_with(text, context, label, &percent_encode)
+}
+
+fn render_with(
+    text: &str,
+    context: &Context,
+    label: &dyn Fn(&str) -> Option<String>,
+    encode: &dyn Fn(&str) -> String,
+) -> String {
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
     for (start, end, key) in placeholders(text) {
@@ -705,7 +1231,7 @@ pub fn render(text: &str, context: &Context, label: &dyn Fn(&str) -> Option<Stri
         };
         if let Some(v) = value {
             out.push_str(&text[last..start]);
-            out.push_str(&v);
+            out.push_str(&encode(&v));
             last = end;
         }
     }
@@ -738,76 +1264,92 @@ mod tests {
     fn errors_name_the_field_and_value() {
         let cases = [
             (
-                r#"{"name":"a","type":"Prometheus","endpoint":"http://p","query":"up","condition":"about 1"}"#,
+                r#"{"name":"a","provider":"p","query":"up","condition":"about 1"}"#,
                 "c.condition",
                 "about 1",
             ),
             (
-                r#"{"name":"a","type":"Prometheus","endpoint":"ftp://p","query":"up","condition":"< 1"}"#,
-                "c.endpoint",
-                "ftp://p",
-            ),
-            (
-                r#"{"name":"a","type":"Http","url":"http://x/{nope}"}"#,
-                "c.url",
+                r#"{"name":"a","provider":"p","path":"/x/{nope}"}"#,
+                "c.path",
                 "{nope}",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x/{members}"}"#,
-                "c.url",
+                r#"{"name":"a","provider":"p","path":"/x/{members}"}"#,
+                "c.path",
                 "{members}",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x","expectStatus":99}"#,
+                r#"{"name":"a","provider":"p","path":"/x","expectStatus":99}"#,
                 "c.expectStatus",
                 "99",
             ),
             (
-                r#"{"name":"a","type":"Exec","command":[]}"#,
-                "c.command",
-                "program",
+                r#"{"name":"a","provider":"p","args":["x"],"path":"/x"}"#,
+                "c.args",
+                "Exec",
             ),
             (
-                r#"{"name":"a","type":"Exec","command":["x"],"url":"http://x"}"#,
-                "c.url",
-                "Http",
+                r#"{"name":"a","provider":"p","type":"Ping"}"#,
+                "c.type",
+                "Ping",
             ),
-            (r#"{"name":"a","type":"Ping"}"#, "c.type", "Ping"),
-            (r#"{"type":"Exec","command":["x"]}"#, "c.name", "required"),
+            (r#"{"name":"a","provider":"p"}"#, "c.type", "required"),
+            (r#"{"provider":"p","args":["x"]}"#, "c.name", "required"),
+            (r#"{"name":"a","args":["x"]}"#, "c.provider", "required"),
             (
-                r#"{"name":"a","type":"Http","url":"http://x","headers":{"A":"{env:}"}}"#,
-                "c.headers.A",
-                "{env:}",
+                r#"{"name":"a","provider":"P","args":["x"]}"#,
+                "c.provider",
+                "\"P\"",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x","requestTimeoutSeconds":0}"#,
+                r#"{"name":"a","provider":"p","path":"/x","requestTimeoutSeconds":0}"#,
                 "c.requestTimeoutSeconds",
                 "0",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x/{cluster_id}"}"#,
-                "c.url",
+                r#"{"name":"a","provider":"p","path":"/x/{cluster_id}"}"#,
+                "c.path",
                 "{cluster_id}",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x/{ member }"}"#,
-                "c.url",
-                "{ member }",
-            ),
-            (
-                r#"{"name":"a","type":"Http","url":"http://x/{label:}"}"#,
-                "c.url",
+                r#"{"name":"a","provider":"p","path":"/x/{label:}"}"#,
+                "c.path",
                 "{label:}",
             ),
             (
-                r#"{"name":"a","type":"Exec","command":["x","{env:TOKEN}"]}"#,
-                "c.command[1]",
+                r#"{"name":"a","provider":"p","args":["x","{env:TOKEN}"]}"#,
+                "c.args[1]",
                 "{env:TOKEN}",
             ),
             (
-                r#"{"name":"a","type":"Http","url":"http://x","headers":{"A":"{env:HOME}"}}"#,
-                "c.headers.A",
-                "FLOTILLA_CHECK_",
+                r#"{"name":"a","provider":"p","path":"x"}"#,
+                "c.path",
+                "start with /",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"//evil.example/x"}"#,
+                "c.path",
+                "authority",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x/../admin"}"#,
+                "c.path",
+                "..",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x/%2e%2E/admin"}"#,
+                "c.path",
+                "..",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/redirect?to=http://127.0.0.1/"}"#,
+                "c.path",
+                "scheme",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x\\..\\y"}"#,
+                "c.path",
+                "backslash",
             ),
         ];
         for (json, target, shown) in cases {
@@ -818,44 +1360,242 @@ mod tests {
         }
         // A gate has {members} but no {member}.
         check(
-            r#"{"name":"a","type":"Prometheus","endpoint":"http://p","query":"x{m=~\"{members}\"}","condition":"< 1"}"#,
+            r#"{"name":"a","provider":"p","query":"x{m=~\"{members}\"}","condition":"< 1"}"#,
             BlockKind::Gate,
         )
         .unwrap();
         let err = check(
-            r#"{"name":"a","type":"Http","url":"http://x/{member}"}"#,
+            r#"{"name":"a","provider":"p","path":"/x/{member}"}"#,
             BlockKind::Gate,
         )
         .unwrap_err();
         assert!(err.message.contains("{member}"), "{}", err.message);
+        // The type is read from the data; an explicit one must agree with it.
+        let http = check(
+            r#"{"name":"a","provider":"p","path":"/h/{member}"}"#,
+            BlockKind::MemberHealth,
+        )
+        .unwrap();
+        assert!(matches!(http.kind, CheckKind::Http { .. }));
+        let exec = check(
+            r#"{"name":"a","provider":"p","type":"Exec"}"#,
+            BlockKind::MemberHealth,
+        )
+        .unwrap();
+        assert_eq!(exec.kind, CheckKind::Exec { args: vec![] });
+        let err = check(
+            r#"{"name":"a","provider":"p","type":"Exec","query":"q"}"#,
+            BlockKind::MemberHealth,
+        )
+        .unwrap_err();
+        assert_eq!(err.target, "c.query");
     }
 
     #[test]
-    fn judging_follows_the_condition_and_on_empty() {
-        let c = check(
-            r#"{"name":"err","type":"Prometheus","endpoint":"http://p","query":"q","condition":"< 0.01"}"#,
-            BlockKind::Gate,
+    fn checks_written_before_providers_are_read_as_inline() {
+        for (json, field) in [
+            (
+                r#"{"name":"a","type":"Prometheus","endpoint":"http://p","query":"q","condition":"< 1"}"#,
+                "endpoint",
+            ),
+            (
+                r#"{"name":"a","type":"Http","url":"http://x/{member}"}"#,
+                "url",
+            ),
+            (
+                r#"{"name":"a","type":"Exec","command":["exec/upgrade.sh","e0"]}"#,
+                "command",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x","headers":{"Metadata":"true"}}"#,
+                "headers",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x","caFile":"/etc/shadow"}"#,
+                "caFile",
+            ),
+        ] {
+            let c = check(json, BlockKind::MemberHealth).unwrap();
+            assert_eq!(
+                c.kind,
+                CheckKind::Inline {
+                    field: field.into()
+                },
+                "{json}"
+            );
+        }
+    }
+
+    fn provider(json: &str) -> Result<Provider, ApiError> {
+        parse_provider("p", &serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn providers_are_validated_field_by_field() {
+        let ok = provider(r#"{"type":"Http","baseUrl":"https://health.example.com/base/","headers":{"Authorization":"{env:FLOTILLA_CHECK_TOKEN}"}}"#).unwrap();
+        assert_eq!(
+            ok.target,
+            ProviderTarget::Http {
+                base_url: "https://health.example.com/base".into()
+            }
+        );
+        provider(r#"{"type":"Exec","command":["/opt/checks/probe","--fixed"],"fleets":["prod"]}"#)
+            .unwrap();
+        provider(r#"{"type":"Prometheus","endpoint":"http://prom:9090"}"#).unwrap();
+        let cases = [
+            (r#"{"type":"Ping"}"#, "properties.type"),
+            (r#"{"endpoint":"http://p"}"#, "properties.type"),
+            (r#"{"type":"Prometheus"}"#, "properties.endpoint"),
+            (
+                r#"{"type":"Prometheus","endpoint":"ftp://p"}"#,
+                "properties.endpoint",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://u:pw@h/"}"#,
+                "properties.baseUrl",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h/{member}"}"#,
+                "properties.baseUrl",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h/?a=b"}"#,
+                "properties.baseUrl",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h","command":["x"]}"#,
+                "properties.command",
+            ),
+            (r#"{"type":"Exec","command":[]}"#, "properties.command"),
+            (
+                r#"{"type":"Exec","command":["x","{member}"]}"#,
+                "properties.command[1]",
+            ),
+            (
+                r#"{"type":"Exec","command":["x"],"headers":{"A":"b"}}"#,
+                "properties.headers",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h","headers":{"A":"{env:HOME}"}}"#,
+                "properties.headers.A",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h","headers":{"A":"{member}"}}"#,
+                "properties.headers.A",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h","fleets":[]}"#,
+                "properties.fleets",
+            ),
+            (
+                r#"{"type":"Http","baseUrl":"http://h","fleets":["Prod"]}"#,
+                "properties.fleets[0]",
+            ),
+        ];
+        for (json, target) in cases {
+            let err = provider(json).unwrap_err();
+            assert_eq!(err.target, target, "{json}: {}", err.message);
+            assert_eq!(err.code, ErrorCode::InvalidCheckProvider);
+        }
+    }
+
+    #[test]
+    fn a_strategy_names_only_providers_of_its_type_that_serve_its_fleet() {
+        let providers = [
+            provider(r#"{"type":"Prometheus","endpoint":"http://prom"}"#)
+                .map(|p| Provider {
+                    name: "prom".into(),
+                    ..p
+                })
+                .unwrap(),
+            provider(r#"{"type":"Exec","command":["/opt/probe"],"fleets":["prod"]}"#)
+                .map(|p| Provider {
+                    name: "probe".into(),
+                    ..p
+                })
+                .unwrap(),
+        ];
+        let lookup = |name: &str| providers.iter().find(|p| p.name == name).cloned();
+        let strategy = |check: &str| -> crate::strategy::StrategySpec {
+            serde_json::from_str(&format!(
+                r#"{{"stages":[{{"name":"s","groups":[{{"name":"g","memberHealthChecks":{{"checks":[{check}]}}}}]}}]}}"#
+            ))
+            .unwrap()
+        };
+        let verdict = |check: &str, fleet: &str| {
+            check_providers(&strategy(check), "p.strategy", fleet, &lookup)
+                .map_err(|e| (e.target, e.message))
+        };
+        verdict(
+            r#"{"name":"e","provider":"prom","query":"q","condition":"< 1"}"#,
+            "dev",
         )
         .unwrap();
-        let j = judge(&c, &Outcome::Samples(vec![0.001, 0.002]));
-        assert_eq!((j.passed, j.value.as_deref()), (Some(true), Some("0.002")));
-        let j = judge(&c, &Outcome::Samples(vec![0.001, 0.5]));
-        assert_eq!((j.passed, j.value.as_deref()), (Some(false), Some("0.5")));
-        assert!(j.message.contains("< 0.01"), "{}", j.message);
-        assert_eq!(judge(&c, &Outcome::Samples(vec![])).passed, Some(false));
-        assert_eq!(
-            judge(&c, &Outcome::Unavailable("refused".into())).passed,
-            None
-        );
-        let pass_empty = check(
-            r#"{"name":"e","type":"Prometheus","endpoint":"http://p","query":"q","condition":"< 1","onEmpty":"Pass"}"#,
-            BlockKind::Gate,
+        verdict(
+            r#"{"name":"e","provider":"probe","args":["{member}"]}"#,
+            "prod",
         )
         .unwrap();
+        let at = "p.strategy.stages[0].groups[0].memberHealthChecks.checks[0]";
+        for (check, fleet, field, says) in [
+            (
+                r#"{"name":"e","provider":"nope","path":"/x"}"#,
+                "dev",
+                "provider",
+                "not a check provider",
+            ),
+            (
+                r#"{"name":"e","provider":"prom","path":"/x"}"#,
+                "dev",
+                "provider",
+                "Prometheus provider",
+            ),
+            (
+                r#"{"name":"e","provider":"probe","args":["x"]}"#,
+                "dev",
+                "provider",
+                "fleet \"dev\"",
+            ),
+            (
+                r#"{"name":"e","provider":"probe","args":["x","--state-dir=/etc"]}"#,
+                "prod",
+                "args[1]",
+                "option",
+            ),
+            (
+                r#"{"name":"e","type":"Exec","command":["exec/upgrade.sh","exec-state","e0"]}"#,
+                "prod",
+                "command",
+                "not allowed",
+            ),
+            (
+                r#"{"name":"e","type":"Http","url":"http://169.254.169.254/","headers":{"Metadata":"true"}}"#,
+                "dev",
+                "url",
+                "not allowed",
+            ),
+        ] {
+            let (target, message) = verdict(check, fleet).unwrap_err();
+            assert_eq!(target, format!("{at}.{field}"), "{check}: {message}");
+            assert!(message.contains(says), "{check}: {message}");
+        }
         assert_eq!(
-            judge(&pass_empty, &Outcome::Samples(vec![])).passed,
-            Some(true)
+            first_inline(
+                &strategy(r#"{"name":"e","type":"Http","url":"http://x"}"#),
+                "s"
+            )
+            .as_deref(),
+            Some("s.stages[0].groups[0].memberHealthChecks.checks[0].url")
         );
+    }
+
+    #[test]
+    fn placeholder_values_stay_one_segment() {
+        assert_eq!(percent_encode("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
+        assert_eq!(percent_encode("node-1.eastus_~"), "node-1.eastus_~");
+        assert_eq!(percent_decode("%2e%2E/%zz"), "../%zz");
+        assert!(has_dot_segment("/a/../b"));
+        assert!(!has_dot_segment("/a/..b/c?x=../"));
     }
 
     #[test]

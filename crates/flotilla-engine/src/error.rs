@@ -17,6 +17,7 @@ pub enum ErrorCode {
     InvalidStrategy,
     InvalidGate,
     InvalidHealthCheck,
+    InvalidCheckProvider,
     InvalidUpgrade,
     InvalidKubernetesVersion,
     InvalidNodeImageSelection,

@@ -376,7 +376,7 @@ fn a_gate_evaluation_names_its_scope_and_stale_results_are_ignored() {
         "name": "prod",
         "memberSelector": {"byLabel": "ring=prod"},
         "beforeGates": [{"type": "HealthCheck", "soakSeconds": 0, "intervalSeconds": 60, "checks": [{
-            "name": "errors", "type": "Prometheus", "endpoint": "http://p:9090",
+            "name": "errors", "provider": "prom",
             "query": "max(errors{cluster=~\"{members}\"})", "condition": "< 0.1"}]}]}]}))
     .expect("wire shape");
     let mut spec = spec();
@@ -509,4 +509,42 @@ fn a_failed_group_or_stage_cannot_be_skipped_and_the_refusal_says_what_to_do() {
     engine
         .check_invariants(t1.plus(86_400))
         .expect("consistent");
+}
+
+/// A run stored with a check written before check providers (it carries its own URL) is read,
+/// never evaluated, and never started or retried (SEMANTICS §10).
+#[test]
+fn a_run_holding_a_check_written_before_providers_is_not_started() {
+    use flotilla_engine::strategy::{StrategySpec, parse_strategy};
+    let strategy: StrategySpec = serde_json::from_value(serde_json::json!({"stages": [{
+        "name": "prod",
+        "groups": [{"name": "g", "memberHealthChecks": {"checks": [{
+            "name": "probe", "type": "Http", "url": "http://169.254.169.254/latest"}]}}]}]}))
+    .expect("wire shape");
+    let mut spec = spec();
+    spec.strategy = Some(parse_strategy(&strategy, "s", 1000).expect("read as stored"));
+    let fleet = [member("a", "eastus")];
+    let (mut engine, _) = Engine::create(
+        "r1",
+        &spec,
+        &fleet,
+        catalog(&[("eastus", &["1.30.5", "1.31.1"])]),
+    )
+    .expect("created (as a stored run is restored)");
+    let t0 = Time::from_unix(1_000_000);
+    let err = engine.handle(t0, Input::Start).expect_err("never started");
+    assert_eq!(
+        err.code,
+        flotilla_engine::error::ErrorCode::Conflict,
+        "{err:?}"
+    );
+    assert!(
+        err.message.contains("check \"probe\" (it carries url)")
+            && err.message.contains("provider"),
+        "{}",
+        err.message
+    );
+    engine.settle(t0);
+    assert!(started(&mut engine).is_empty(), "nothing sent");
+    assert_eq!(engine.status().status.state, State::NotStarted);
 }

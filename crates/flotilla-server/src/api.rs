@@ -390,6 +390,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Gate => "gate",
         Kind::Profile => "autoUpgradeProfile",
         Kind::Fleet => "fleet",
+        Kind::CheckProvider => "checkProvider",
     }
 }
 
@@ -1434,7 +1435,7 @@ async fn put_strategy(
         "properties.strategy",
         DEFAULT_STAGE_CONCURRENCY_LIMIT,
     )?;
-    refuse_disallowed_checks(&state, &spec)?;
+    crate::check_providers::check_strategy(&state, &fleet, &spec).await?;
     let body = json!({
         "id": strategy_id(&fleet, &name),
         "name": name,
@@ -1553,20 +1554,10 @@ async fn run_body(
         from_json_value(update_raw, "properties.managedClusterUpdate")?;
     if let Some(s) = &strategy {
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
-        refuse_disallowed_checks(state, s)?;
+        crate::check_providers::check_strategy(state, fleet, s).await?;
     }
     parse_upgrade(&update, "properties.managedClusterUpdate")?;
     Ok((strategy, strategy_id, update))
-}
-
-/// Exec checks run only commands the server allows (`--exec-allow`, SEMANTICS §10): one that
-/// names any other program is refused when the strategy is written, naming the field.
-fn refuse_disallowed_checks(state: &AppState, spec: &StrategySpec) -> HttpResult<()> {
-    let allow = state.runs.drivers.exec_allowed();
-    let value = serde_json::to_value(spec).unwrap_or_default();
-    crate::evaluate::refuse_disallowed_commands(&value, &allow).map_err(|(field, message)| {
-        HttpError::from(ApiError::new(ErrorCode::InvalidHealthCheck, message, field))
-    })
 }
 
 async fn put_run(
@@ -2852,6 +2843,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/v1/checkProviders",
+        "List check providers: what health and readiness checks may reach (literal header values are never shown)",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/checkProviders/{provider}",
+        "Get a check provider (literal header values shown as <redacted>)",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/checkProviders/{provider}",
+        "Create or replace a check provider: {\"properties\": {\"type\": \"Prometheus\" (endpoint) | \"Http\" (baseUrl) | \"Exec\" (command, allowOptions), \"headers\", \"caFile\", \"fleets\"}}",
+        "admin",
+    ),
+    (
+        "delete",
+        "/v1/checkProviders/{provider}",
+        "Delete a check provider (409 while a strategy or a run that is not over names it)",
+        "admin",
+    ),
+    (
+        "get",
         "/v1/webhooks",
         "List webhooks (their secrets are never shown)",
         "admin",
@@ -3150,6 +3165,13 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/leases", get(list_leases))
         .route("/v1/audit", get(crate::audit::list))
+        .route("/v1/checkProviders", get(crate::check_providers::list))
+        .route(
+            "/v1/checkProviders/{provider}",
+            get(crate::check_providers::get)
+                .put(crate::check_providers::put)
+                .delete(crate::check_providers::delete),
+        )
         .route("/v1/webhooks", get(crate::webhooks::list))
         .route(
             "/v1/webhooks/{webhook}",

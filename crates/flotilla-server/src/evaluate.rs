@@ -1,18 +1,23 @@
-//! Evaluations of health and readiness checks (SEMANTICS §10), for real: a Prometheus instant
-//! query over HTTP, a GET, or a subprocess the server allows. The engine asked for them with
+//! Evaluations of health and readiness checks (SEMANTICS §10), for real, through the check
+//! provider each check names: a Prometheus instant query, a GET under a base URL, or a program
+//! with fixed arguments, all declared by an admin. The engine asked for them with
 //! `Command::Evaluate` and judges what comes back; this module only fetches the facts. An
-//! evaluation that cannot be made (unreachable, timed out, not allowed, a variable not set)
-//! is `Outcome::Unavailable` with why, never a failure.
+//! evaluation that cannot be made (unreachable, timed out, not allowed, a provider gone, a
+//! variable not set) is `Outcome::Unavailable` with why, never a failure. No message quotes a
+//! response body.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use flotilla_driver::ExecAllow;
-use flotilla_engine::checks::{Check, CheckKind, Context, Outcome, env_reference, render};
+use flotilla_engine::checks::{
+    Check, CheckKind, Context, Outcome, Provider, ProviderTarget, env_reference, has_dot_segment,
+    percent_decode, render, render_path,
+};
 
-/// What an evaluation needs from the server: an HTTP client per CA file and the directories
-/// exec checks may run from.
+/// What an evaluation needs from the server: an HTTP client per CA file, and a limit on how
+/// many run at once.
 pub struct Evaluator {
     clients: Mutex<HashMap<Option<String>, reqwest::Client>>,
     /// Evaluations in progress at once, server-wide: a stage of 100,000 soaking members must
@@ -35,6 +40,17 @@ impl Default for Evaluator {
 /// Longest body read from an Http check or Prometheus: enough for any answer worth judging.
 const MOST_BODY: usize = 4 << 20;
 
+/// Reads a CA bundle: every certificate in a PEM file.
+pub fn read_ca_file(path: &str) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {path:?}: {e}"))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|_| format!("{path:?} holds no PEM certificate"))?;
+    if certs.is_empty() {
+        return Err(format!("{path:?} holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
 impl Evaluator {
     fn client(&self, ca_file: Option<&str>) -> Result<reqwest::Client, String> {
         let key = ca_file.map(str::to_string);
@@ -43,13 +59,11 @@ impl Evaluator {
         {
             return Ok(client.clone());
         }
-        let mut builder =
-            reqwest::Client::builder().redirect(reqwest::redirect::Policy::limited(3));
+        // Redirects are not followed: a check reaches what its provider declares, nothing a
+        // server it asks points elsewhere to (SEMANTICS §10).
+        let mut builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
         if let Some(path) = ca_file {
-            let pem = std::fs::read(path).map_err(|e| format!("caFile {path}: {e}"))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("caFile {path}: {e}"))?;
-            for cert in certs {
+            for cert in read_ca_file(path).map_err(|e| format!("caFile: {e}"))? {
                 builder = builder.add_root_certificate(cert);
             }
         }
@@ -64,6 +78,7 @@ impl Evaluator {
     pub async fn evaluate_limited(
         &self,
         check: &Check,
+        provider: Option<&Provider>,
         context: &Context,
         labels: &BTreeMap<String, String>,
         allow: &ExecAllow,
@@ -71,13 +86,15 @@ impl Evaluator {
         let Ok(_turn) = self.running.acquire().await else {
             return Outcome::Unavailable("the server is shutting down".into());
         };
-        self.evaluate(check, context, labels, allow).await
+        self.evaluate(check, provider, context, labels, allow).await
     }
 
-    /// Evaluates one check now. `labels` answers `{label:KEY}` for a member's checks.
+    /// Evaluates one check now through its provider (`None`: it does not exist, or may not be
+    /// named by the run's fleet). `labels` answers `{label:KEY}` for a member's checks.
     pub async fn evaluate(
         &self,
         check: &Check,
+        provider: Option<&Provider>,
         context: &Context,
         labels: &BTreeMap<String, String>,
         allow: &ExecAllow,
@@ -85,77 +102,108 @@ impl Evaluator {
         let label = |k: &str| labels.get(k).cloned();
         let fill = |text: &str| render(text, context, &label);
         let timeout = Duration::from_secs(check.request_timeout_seconds.max(1) as u64);
-        let result = match &check.kind {
-            CheckKind::Prometheus {
-                endpoint, query, ..
-            } => {
-                let url = format!("{}/api/v1/query", fill(endpoint).trim_end_matches('/'));
+        if let CheckKind::Inline { field } = &check.kind {
+            return Outcome::Unavailable(format!(
+                "written before check providers (it carries {field}): never evaluated"
+            ));
+        }
+        let Some(provider) = provider else {
+            return Outcome::Unavailable(format!(
+                "check provider {:?} does not exist, or may not be named by this fleet",
+                check.provider
+            ));
+        };
+        let result = match (&check.kind, &provider.target) {
+            (CheckKind::Prometheus { query, .. }, ProviderTarget::Prometheus { endpoint }) => {
+                let url = format!("{endpoint}/api/v1/query");
                 match self
-                    .get(check, &url, &[("query", fill(query))], &fill, timeout)
+                    .get(provider, &url, &[("query", fill(query))], timeout)
                     .await
                 {
                     Ok((200..=299, body)) => prometheus_samples(&body).map(Outcome::Samples),
-                    Ok((status, body)) => Err(format!(
-                        "Prometheus answered HTTP {status}: {}",
-                        prometheus_error(&body)
-                    )),
+                    Ok((status, _)) => Err(format!("Prometheus answered HTTP {status}")),
                     Err(e) => Err(e),
                 }
             }
-            CheckKind::Http {
-                url,
-                expect_status,
-                body_contains,
-            } => match self.get(check, &fill(url), &[], &fill, timeout).await {
-                Ok((status, body)) => {
-                    let status_ok = match expect_status {
-                        Some(s) => status == *s,
-                        None => (200..=299).contains(&status),
-                    };
-                    let wanted = body_contains.as_ref().map(|t| fill(t));
-                    let body_ok = wanted
-                        .as_ref()
-                        .is_none_or(|t| String::from_utf8_lossy(&body).contains(t.as_str()));
-                    let mut value = format!("HTTP {status}");
-                    if let Some(t) = wanted.filter(|_| !body_ok) {
-                        value.push_str(&format!(", body without {t:?}"));
-                    }
-                    Ok(Outcome::Verdict {
-                        passed: status_ok && body_ok,
-                        value,
-                    })
-                }
+            (
+                CheckKind::Http {
+                    path,
+                    expect_status,
+                    body_contains,
+                },
+                ProviderTarget::Http { base_url },
+            ) => match under_base(base_url, &render_path(path, context, &label)) {
                 Err(e) => Err(e),
+                Ok(url) => match self.get(provider, &url, &[], timeout).await {
+                    Ok((status, body)) => {
+                        let status_ok = match expect_status {
+                            Some(s) => status == *s,
+                            None => (200..=299).contains(&status),
+                        };
+                        let wanted = body_contains.as_ref().map(|t| fill(t));
+                        let body_ok = wanted
+                            .as_ref()
+                            .is_none_or(|t| String::from_utf8_lossy(&body).contains(t.as_str()));
+                        let mut value = format!("HTTP {status}");
+                        if !body_ok {
+                            value.push_str(", without the text bodyContains names");
+                        }
+                        Ok(Outcome::Verdict {
+                            passed: status_ok && body_ok,
+                            value,
+                        })
+                    }
+                    Err(e) => Err(e),
+                },
             },
-            CheckKind::Exec { command } => {
-                let args: Vec<String> = command.iter().map(|a| fill(a)).collect();
-                run_command(&args, allow, timeout).await
+            (
+                CheckKind::Exec { args },
+                ProviderTarget::Exec {
+                    command,
+                    allow_options,
+                },
+            ) => {
+                let rendered: Vec<String> = args.iter().map(|a| fill(a)).collect();
+                match rendered.iter().position(|a| a.starts_with('-')) {
+                    Some(i) if !allow_options => Err(format!(
+                        "argument {i} starts with - once filled in; provider {:?} does not allow options",
+                        provider.name
+                    )),
+                    _ => {
+                        let argv: Vec<String> = command.iter().cloned().chain(rendered).collect();
+                        run_command(&argv, allow, timeout).await
+                    }
+                }
             }
+            _ => Err(format!(
+                "check provider {:?} is not of this check's type",
+                check.provider
+            )),
         };
         result.unwrap_or_else(Outcome::Unavailable)
     }
 
     async fn get(
         &self,
-        check: &Check,
+        provider: &Provider,
         url: &str,
         query: &[(&str, String)],
-        fill: &(dyn Fn(&str) -> String + Sync),
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
-        let client = self.client(check.ca_file.as_deref())?;
+        let client = self.client(provider.ca_file.as_deref())?;
         let parsed = if query.is_empty() {
             reqwest::Url::parse(url)
         } else {
             reqwest::Url::parse_with_params(url, query)
         };
-        let url = parsed.map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        let url =
+            parsed.map_err(|_| "the URL the provider and check make is not valid".to_string())?;
         let mut request = client.get(url).timeout(timeout);
-        for (name, value) in &check.headers {
+        for (name, value) in &provider.headers {
             let value = match env_reference(value) {
                 Some(var) => std::env::var(var)
                     .map_err(|_| format!("header {name}: environment variable {var} is not set"))?,
-                None => fill(value),
+                None => value.clone(),
             };
             request = request.header(name, value);
         }
@@ -170,6 +218,33 @@ impl Evaluator {
         }
         Ok((status, body))
     }
+}
+
+/// `base` followed by `path`, refused unless it stays under `base`: the same scheme, host and
+/// port, a path that begins with the base's and holds no `..` segment, before or after
+/// decoding (SEMANTICS §10).
+pub fn under_base(base: &str, path: &str) -> Result<String, String> {
+    let refused = || Err("the check's path leaves its provider's base URL".to_string());
+    if !path.starts_with('/') || path.starts_with("//") || path.contains('\\') {
+        return refused();
+    }
+    if has_dot_segment(path) || has_dot_segment(&percent_decode(path)) {
+        return refused();
+    }
+    let joined = format!("{base}{path}");
+    let (Ok(b), Ok(j)) = (reqwest::Url::parse(base), reqwest::Url::parse(&joined)) else {
+        return refused();
+    };
+    let base_path = b.path().trim_end_matches('/');
+    let same_origin = b.scheme() == j.scheme()
+        && b.host_str() == j.host_str()
+        && b.port_or_known_default() == j.port_or_known_default()
+        && j.username().is_empty()
+        && j.password().is_none();
+    if !same_origin || !j.path().starts_with(base_path) {
+        return refused();
+    }
+    Ok(joined)
 }
 
 /// Why a request failed, without its URL (which may hold credentials or tokens; the check's
@@ -188,26 +263,23 @@ fn describe(e: reqwest::Error) -> String {
 
 /// The samples of an instant query's answer: every value of a vector, or a scalar's.
 fn prometheus_samples(body: &[u8]) -> Result<Vec<f64>, String> {
-    let doc: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("Prometheus answered no JSON: {e}"))?;
+    let doc: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|_| "Prometheus answered something other than JSON".to_string())?;
     if doc["status"] != "success" {
-        return Err(format!(
-            "Prometheus answered an error: {}",
-            prometheus_error(body)
-        ));
+        return Err("Prometheus answered an error".into());
     }
     let value = |pair: &serde_json::Value| -> Result<f64, String> {
         let text = pair
             .get(1)
             .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| format!("a sample without a value: {pair}"))?;
+            .ok_or_else(|| "a sample without a value".to_string())?;
         match text {
             "NaN" => Ok(f64::NAN),
             "+Inf" => Ok(f64::INFINITY),
             "-Inf" => Ok(f64::NEG_INFINITY),
             t => t
                 .parse()
-                .map_err(|_| format!("a sample value {t:?} is not a number")),
+                .map_err(|_| "a sample value is not a number".to_string()),
         }
     };
     let data = &doc["data"];
@@ -224,13 +296,6 @@ fn prometheus_samples(body: &[u8]) -> Result<Vec<f64>, String> {
             other.unwrap_or("nothing")
         )),
     }
-}
-
-fn prometheus_error(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|d| d["error"].as_str().map(str::to_string))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
 }
 
 /// Runs an Exec check's command if the server allows it: exit 0 passes.
@@ -292,51 +357,33 @@ async fn run_command(
     }
 }
 
-/// The checks of a run's strategy that run commands, with where they sit: refused at creation
-/// when the server does not allow their program (SEMANTICS §10: only commands the server
-/// allows).
-pub fn refuse_disallowed_commands(
-    strategy: &serde_json::Value,
-    allow: &ExecAllow,
-) -> Result<(), (String, String)> {
-    fn walk(
-        value: &serde_json::Value,
-        path: &str,
-        allow: &ExecAllow,
-    ) -> Result<(), (String, String)> {
-        match value {
-            serde_json::Value::Object(map) => {
-                if map.get("type").and_then(|t| t.as_str()) == Some("Exec")
-                    && let Some(program) = map
-                        .get("command")
-                        .and_then(|c| c.get(0))
-                        .and_then(|p| p.as_str())
-                {
-                    let field = format!("{path}.command[0]");
-                    allow
-                        .resolve(program, &field)
-                        .map_err(|e| (field.clone(), e.message))?;
-                }
-                for (k, v) in map {
-                    walk(v, &format!("{path}.{k}"), allow)?;
-                }
-                Ok(())
-            }
-            serde_json::Value::Array(items) => {
-                for (i, v) in items.iter().enumerate() {
-                    walk(v, &format!("{path}[{i}]"), allow)?;
-                }
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-    walk(strategy, "properties.strategy", allow)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_stays_under_its_base() {
+        let base = "http://health.example.test:8080/api";
+        assert_eq!(
+            under_base(base, "/clusters/c%2Fd").unwrap(),
+            "http://health.example.test:8080/api/clusters/c%2Fd"
+        );
+        for path in [
+            "//127.0.0.1/x",
+            "/../admin",
+            "/%2e%2e/admin",
+            "/x/%2E%2e",
+            "@127.0.0.1/",
+            "\\..\\x",
+            "/x\\..",
+        ] {
+            assert!(under_base(base, path).is_err(), "{path}");
+        }
+        // A userinfo or another host cannot be smuggled in after the base.
+        assert!(under_base("http://h", "@127.0.0.1/").is_err());
+        assert!(under_base("http://h", ".evil.example/").is_err());
+        assert!(under_base("http://h", ":9999/").is_err());
+    }
 
     #[test]
     fn instant_query_answers_are_read() {
@@ -349,10 +396,10 @@ mod tests {
         let empty = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
         assert!(prometheus_samples(empty).unwrap().is_empty());
         let error = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 3"}"#;
+        let refused = prometheus_samples(error).unwrap_err();
         assert!(
-            prometheus_samples(error)
-                .unwrap_err()
-                .contains("parse error")
+            !refused.contains("parse error"),
+            "never quotes the body: {refused}"
         );
         let matrix = br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
         assert!(prometheus_samples(matrix).unwrap_err().contains("matrix"));

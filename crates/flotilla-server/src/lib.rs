@@ -19,6 +19,7 @@ pub mod api;
 pub mod arm;
 pub mod audit;
 pub mod auth;
+pub mod check_providers;
 pub mod dashboard;
 pub mod discovery;
 pub mod durations;

@@ -32,6 +32,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "autoUpgradeProfiles" => "AutoUpgradeProfile",
         "tokens" => "Token",
         "webhooks" => "Webhook",
+        "checkProviders" => "CheckProvider",
         _ => return None,
     })
 }
@@ -137,9 +138,26 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             if schema != "Token" {
                 put(400, error("A paging or filter parameter is invalid"));
             }
-            if !matches!(schema, "Token" | "Webhook") {
+            if !matches!(schema, "Token" | "Webhook" | "CheckProvider") {
                 put(404, error("The fleet does not exist"));
             }
+        }
+        // Check providers live outside fleets; a change of type, or a delete, while a strategy
+        // or a run that is not over names one is a conflict.
+        ("put", Shape::Resource("CheckProvider")) => {
+            put(200, answer("Replaced", Some(reference("CheckProvider"))));
+            put(201, answer("Created", Some(reference("CheckProvider"))));
+            put(
+                409,
+                error("Its type changes while a strategy or run names it"),
+            );
+            put(412, error("If-Match or If-None-Match does not hold"));
+        }
+        ("delete", Shape::Resource("CheckProvider")) => {
+            put(200, answer("Deleted", None));
+            put(404, error("It does not exist"));
+            put(409, error("A strategy or a run that is not over names it"));
+            put(412, error("If-Match does not hold"));
         }
         // Webhooks live outside fleets and have no state to conflict with.
         ("put", Shape::Resource("Webhook")) => {
@@ -479,13 +497,15 @@ fn schemas() -> Value {
     fleet["properties"]["identity"] = json!({"type": "object"});
     // SEMANTICS §10: a check, a block of them on a stage or group, and a HealthCheck gate's.
     let seconds = json!({"type": "integer"});
-    let check = json!({"type": "object", "required": ["name", "type"], "properties": {
-        "name": text, "type": {"type": "string", "enum": ["Prometheus", "Http", "Exec"]},
-        "endpoint": text, "query": text, "condition": text,
+    // A check names a provider and carries only data; the type may be left to the data.
+    let check = json!({"type": "object", "required": ["name", "provider"], "properties": {
+        "name": text, "provider": text,
+        "type": {"type": "string", "enum": ["Prometheus", "Http", "Exec"]},
+        "query": text, "condition": text,
         "onEmpty": {"type": "string", "enum": ["Fail", "Pass"]},
-        "url": text, "expectStatus": {"type": "integer"}, "bodyContains": text,
-        "command": {"type": "array", "items": text},
-        "requestTimeoutSeconds": seconds, "headers": labels, "caFile": text}});
+        "path": {"type": "string", "pattern": "^/"}, "expectStatus": {"type": "integer"},
+        "bodyContains": text, "args": {"type": "array", "items": text},
+        "requestTimeoutSeconds": seconds}});
     let block = json!({"type": "object", "required": ["checks"], "properties": {
         "checks": {"type": "array", "items": check.clone()},
         "soakSeconds": seconds, "intervalSeconds": seconds, "timeoutSeconds": seconds,
@@ -614,6 +634,7 @@ fn schemas() -> Value {
     });
     schemas["Audit"] = audit;
     schemas["Webhook"] = webhook_schema();
+    schemas["CheckProvider"] = check_provider_schema();
     schemas["Deliveries"] = deliveries_schema();
     schemas
 }
@@ -631,6 +652,30 @@ fn webhook_schema() -> Value {
         "events": names,
         "format": {"type": "string", "enum": ["CloudEvents", "Slack", "Teams"]}}}),
     )
+}
+
+/// A check provider (SEMANTICS §10): where checks may go, declared by an admin.
+fn check_provider_schema() -> Value {
+    let text = json!({"type": "string"});
+    // No resource `type` beside `name`: `properties.type` is the provider's, and the CLI lifts
+    // `properties` beside `name` as `az` does.
+    let mut schema = envelope(
+        json!({"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["Prometheus", "Http", "Exec"]},
+        "endpoint": {"type": "string", "format": "uri"},
+        "baseUrl": {"type": "string", "format": "uri"},
+        "command": {"type": "array", "minItems": 1, "items": text},
+        "allowOptions": {"type": "boolean"},
+        "headers": {"type": "object", "additionalProperties": text,
+            "description": "Literal values are shown as <redacted>; {env:FLOTILLA_CHECK_*} references as written"},
+        "caFile": text,
+        "fleets": {"type": "array", "minItems": 1, "maxItems": 100, "items": text}}}),
+    );
+    schema["required"] = json!(["id", "name", "eTag", "properties"]);
+    if let Some(fields) = schema["properties"].as_object_mut() {
+        fields.remove("type");
+    }
+    schema
 }
 
 /// A page of a webhook's deliveries.

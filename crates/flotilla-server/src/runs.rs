@@ -384,6 +384,8 @@ pub struct Runs {
     pub checkpoint_after: std::sync::atomic::AtomicU64,
     /// Makes the evaluations health and readiness checks ask for (SEMANTICS §10).
     pub evaluator: Arc<crate::evaluate::Evaluator>,
+    /// The check providers evaluations go through, as last read (SEMANTICS §10).
+    pub providers: crate::check_providers::Providers,
     /// The writer of operation ids drivers name, started on first use.
     operation_ids:
         std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
@@ -656,6 +658,7 @@ impl Runs {
             checkpoint_after: std::sync::atomic::AtomicU64::new(CHECKPOINT_AFTER),
             operation_ids: std::sync::OnceLock::new(),
             evaluator: Arc::default(),
+            providers: Default::default(),
         })
     }
 
@@ -2299,10 +2302,20 @@ impl FleetActor {
             for check in checks.checks.iter().cloned() {
                 let (runs, report, subject) = (runs.clone(), report.clone(), subject.clone());
                 let (context, labels, allow) = (context.clone(), labels.clone(), allow.clone());
+                let fleet = fleet.clone();
                 tokio::spawn(async move {
+                    // A provider that cannot be read now, is gone, or no longer serves this
+                    // fleet makes the evaluation unavailable (SEMANTICS §10).
+                    let provider = runs
+                        .providers
+                        .get(runs.store.as_ref(), &check.provider)
+                        .await
+                        .ok()
+                        .flatten()
+                        .filter(|p| p.serves(&fleet));
                     let outcome = runs
                         .evaluator
-                        .evaluate_limited(&check, &context, &labels, &allow)
+                        .evaluate_limited(&check, provider.as_deref(), &context, &labels, &allow)
                         .await;
                     report.input(
                         Input::CheckEvaluated {

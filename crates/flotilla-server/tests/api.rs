@@ -3848,3 +3848,67 @@ async fn webhooks_are_for_admins_and_bad_bodies_change_nothing() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// A strategy stored with checks written before check providers (they carry their own URL or
+/// program) stays readable, but no run is created from it (400 naming the check) until it is
+/// saved again with providers; such a body is refused as a new write too (SEMANTICS §10).
+#[tokio::test]
+async fn a_strategy_stored_with_inline_checks_makes_no_run() {
+    let h = Harness::start("inline-checks").await;
+    fleet_of(&h, &[("m1", "g", "1.30.5")]).await;
+    let inline = json!({"stages": [{"name": "all", "groups": [{"name": "g"}],
+        "memberHealthChecks": {"checks": [{"name": "probe", "type": "Exec",
+            "command": ["/bin/sh", "-c", "id"]}]}}]});
+    h.store
+        .put(
+            "f1",
+            flotilla_server::store::Kind::Strategy,
+            "old",
+            &json!({"id": "/v1/fleets/f1/updateStrategies/old", "name": "old",
+                "type": "Microsoft.ContainerService/fleets/updateStrategies",
+                "properties": {"provisioningState": "Succeeded", "strategy": inline}}),
+            &flotilla_server::store::Precondition::None,
+        )
+        .await
+        .expect("stored as an older server wrote it");
+    let read = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateStrategies/old",
+            None,
+        )
+        .await;
+    assert_eq!(
+        read["properties"]["strategy"]["stages"][0]["memberHealthChecks"]["checks"][0]["command"]
+            [0],
+        "/bin/sh"
+    );
+    let at = "properties.strategy.stages[0].memberHealthChecks.checks[0].command";
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {"updateStrategyId": "/v1/fleets/f1/updateStrategies/old",
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["target"], at, "{body}");
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateStrategies/old",
+            Some(json!({"properties": {"strategy": inline}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["target"], at, "{body}");
+    assert_eq!(
+        h.status("reader", Method::GET, "/v1/fleets/f1/updateRuns/r1", None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
+}

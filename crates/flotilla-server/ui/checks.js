@@ -226,11 +226,22 @@ export const ACTIVITIES = {
   readiness: { glyph: '‖', label: 'Waiting for readiness' },
 };
 
-/** The check definitions of a gate or block, one line each, for the details panel. */
+/** A check's type: as written, else as its data says (SEMANTICS §10). */
+function checkType(c) {
+  if (c.type) return c.type;
+  if (c.query !== undefined || c.condition !== undefined) return 'Prometheus';
+  if (c.path !== undefined || c.expectStatus !== undefined || c.bodyContains !== undefined) return 'Http';
+  return 'Exec';
+}
+
+/** The check definitions of a gate or block, one line each, for the details panel: each names
+ * its provider and what it asks of it. */
 export function definitionList(checks) {
   if (!checks?.length) return null;
   return h('ul', { class: 'check-defs' }, checks.map((c) => {
-    const what = c.type === 'Prometheus' ? `${c.query} ${c.condition}` : c.type === 'Http' ? `GET ${c.url}${c.expectStatus ? ` → ${c.expectStatus}` : ''}` : (c.command || []).join(' ');
-    return h('li', {}, h('strong', {}, c.name), ` (${c.type}) `, h('code', { class: 'wrap' }, what));
+    const type = checkType(c);
+    const what = type === 'Prometheus' ? `${c.query} ${c.condition}` : type === 'Http' ? `GET ${c.path ?? '/'}${c.expectStatus ? ` → ${c.expectStatus}` : ''}` : (c.args || []).join(' ');
+    const via = c.provider ? ` via ${c.provider}` : ' (written before check providers: never evaluated)';
+    return h('li', { 'data-provider': c.provider ?? '' }, h('strong', {}, c.name), ` (${type}${via}) `, h('code', { class: 'wrap' }, what));
   }));
 }

@@ -166,6 +166,7 @@ fn fleet(size: usize) -> Scenario {
         }],
         member_checks: Default::default(),
         gate_checks: Default::default(),
+        providers: Default::default(),
         expect: None,
     }
 }
@@ -399,7 +400,7 @@ fn status_forecast_bench(scenario: &Scenario) {
 /// minute, all passing) and a HealthCheck before-gate on each later stage.
 fn with_checks(mut scenario: Scenario) -> Scenario {
     use flotilla_sim::scenario::Scripted;
-    let check = json!({"name": "errors", "type": "Prometheus", "endpoint": "http://prometheus:9090",
+    let check = json!({"name": "errors", "provider": "prom",
                        "query": "errors{cluster=\"{member}\"}", "condition": "< 0.01"});
     if let Some(stages) = scenario
         .strategy
@@ -411,11 +412,18 @@ fn with_checks(mut scenario: Scenario) -> Scenario {
                 json!({"checks": [check], "soakSeconds": 300, "intervalSeconds": 60});
             if si > 0 {
                 stage["beforeGates"] = json!([{"type": "HealthCheck", "soakSeconds": 600, "intervalSeconds": 60,
-                    "checks": [{"name": "fleet", "type": "Prometheus", "endpoint": "http://prometheus:9090",
+                    "checks": [{"name": "fleet", "provider": "prom",
                                 "query": "max(errors)", "condition": "< 0.01"}]}]);
             }
         }
     }
+    let prom =
+        serde_json::from_value(json!({"type": "Prometheus", "endpoint": "http://prometheus:9090"}))
+            .expect("provider shape");
+    scenario.providers.insert(
+        "prom".into(),
+        flotilla_engine::checks::parse_provider("prom", &prom).expect("a valid provider"),
+    );
     let start = scenario.start;
     for m in &scenario.members {
         scenario.member_checks.insert(

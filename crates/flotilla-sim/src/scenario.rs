@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use flotilla_engine::checks::{Provider, ProviderSpec, ProviderTarget, parse_provider};
 use flotilla_engine::error::{ApiError, from_json_value};
 use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, Member, NodePool, NodePoolSpec, Os};
 use flotilla_engine::profile::{Profile, ProfileSpec, parse_profile};
 use flotilla_engine::release::{Release, ReleaseSpec, parse_releases};
-use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec};
+use flotilla_engine::strategy::{ManagedClusterUpdateSpec, Strategy, StrategySpec};
 use flotilla_engine::time::{Time, parse_duration};
 use flotilla_engine::version::KubeVersion;
 use flotilla_engine::window::{MaintenanceWindow, MaintenanceWindowSpec};
@@ -95,6 +96,9 @@ pub struct ScenarioSpec {
     /// What HealthCheck gates' checks will see, by check name (SEMANTICS §10).
     #[serde(default)]
     pub checks: BTreeMap<String, Value>,
+    /// Check providers by name: the API's `properties` (SEMANTICS §10).
+    #[serde(default)]
+    pub check_providers: BTreeMap<String, Value>,
     #[serde(default)]
     pub expect: Option<Value>,
 }
@@ -273,6 +277,8 @@ pub struct Scenario {
     pub member_checks: BTreeMap<String, BTreeMap<String, CheckScript>>,
     /// Scripted results of gates' checks: check → script.
     pub gate_checks: BTreeMap<String, CheckScript>,
+    /// Check providers by name (nothing is evaluated for real: checks' results are scripted).
+    pub providers: BTreeMap<String, Provider>,
     pub expect: Option<Value>,
 }
 
@@ -430,7 +436,99 @@ fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
     Ok(NodePool::parse(&spec, path)?)
 }
 
+/// Rewrites every check of a strategy written in the form before providers (`endpoint`, `url`,
+/// `command`, `headers`, `caFile`) as one naming a provider `inline-<type>` of its type, which
+/// is declared if the scenario has none of that name.
+fn inline_to_providers(strategy: &mut Value, providers: &mut BTreeMap<String, Provider>) {
+    match strategy {
+        Value::Object(map) => {
+            let inline = ["endpoint", "url", "command", "headers", "caFile"]
+                .iter()
+                .any(|k| map.contains_key(*k));
+            if inline
+                && map.contains_key("name")
+                && !map.contains_key("provider")
+                && !map.contains_key("checks")
+            {
+                let kind = map
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Http")
+                    .to_string();
+                let command = map.remove("command");
+                for key in ["endpoint", "url", "headers", "caFile"] {
+                    map.remove(key);
+                }
+                let target = match kind.as_str() {
+                    "Prometheus" => ProviderTarget::Prometheus {
+                        endpoint: "http://prometheus.invalid".into(),
+                    },
+                    "Exec" => {
+                        let args: Vec<Value> = command
+                            .and_then(|c| c.as_array().cloned())
+                            .unwrap_or_default()
+                            .into_iter()
+                            .skip(1)
+                            .collect();
+                        map.insert("args".into(), Value::Array(args));
+                        ProviderTarget::Exec {
+                            command: vec!["check".into()],
+                            allow_options: true,
+                        }
+                    }
+                    _ => {
+                        map.entry("path")
+                            .or_insert_with(|| Value::String("/".into()));
+                        ProviderTarget::Http {
+                            base_url: "http://health.invalid".into(),
+                        }
+                    }
+                };
+                let name = format!("inline-{}", kind.to_ascii_lowercase());
+                map.insert("provider".into(), Value::String(name.clone()));
+                providers.entry(name.clone()).or_insert(Provider {
+                    name,
+                    target,
+                    headers: BTreeMap::new(),
+                    ca_file: None,
+                    fleets: None,
+                });
+                return;
+            }
+            for v in map.values_mut() {
+                inline_to_providers(v, providers);
+            }
+        }
+        Value::Array(items) => {
+            for v in items {
+                inline_to_providers(v, providers);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The fleet a scenario's runs belong to (as their resource ids say).
+pub const SIM_FLEET: &str = "simulation";
+
 impl Scenario {
+    /// Parses a strategy as the API does at run creation: its checks name providers the
+    /// scenario declares (SEMANTICS §10).
+    pub fn parse_strategy(&self, spec: &StrategySpec) -> Result<Strategy, ApiError> {
+        let strategy = flotilla_engine::strategy::parse_strategy(
+            spec,
+            "properties.strategy",
+            flotilla_engine::strategy::DEFAULT_STAGE_CONCURRENCY_LIMIT,
+        )?;
+        flotilla_engine::checks::check_providers(
+            spec,
+            "properties.strategy",
+            SIM_FLEET,
+            &|name| self.providers.get(name).cloned(),
+        )?;
+        Ok(strategy)
+    }
+
     /// Parses scenario YAML. `name` becomes the run's name.
     pub fn parse(name: &str, yaml: &str) -> Result<Scenario, ScenarioError> {
         let value: Value = serde_saphyr::from_str(yaml)
@@ -445,6 +543,24 @@ impl Scenario {
             ),
         }
         .min(LATEST);
+        let mut spec = spec;
+        let mut providers = BTreeMap::new();
+        for (name, properties) in &spec.check_providers {
+            let path = format!("checkProviders.{name}");
+            flotilla_engine::strategy::check_name(name, 63).map_err(|e| bad(&path, e))?;
+            let provider_spec: ProviderSpec = from_json_value(properties.clone(), &path)?;
+            let provider =
+                parse_provider(name, &provider_spec).map_err(|e| bad(&path, e.message))?;
+            providers.insert(name.clone(), provider);
+        }
+        // Checks written in the form before providers still run here (their results are
+        // scripted): each is given a provider of its type.
+        if let Some(strategy) = spec.strategy.as_mut() {
+            inline_to_providers(strategy, &mut providers);
+        }
+        for strategy in spec.strategies.values_mut() {
+            inline_to_providers(strategy, &mut providers);
+        }
         let catalog_spec: CatalogSpec =
             from_json_value(Value::Object(spec.catalog.clone()), "catalog")?;
         let catalog = Catalog::parse(&catalog_spec, "catalog")?;
@@ -684,6 +800,7 @@ impl Scenario {
             actions,
             member_checks,
             gate_checks: check_scripts("checks", start, &spec.checks)?,
+            providers,
             expect: spec.expect,
         })
     }

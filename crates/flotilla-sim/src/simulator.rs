@@ -25,10 +25,7 @@ use flotilla_engine::profile::{
 };
 use flotilla_engine::release;
 use flotilla_engine::status::{Event, UpdateRunStatus};
-use flotilla_engine::strategy::{
-    DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, parse_strategy,
-    parse_upgrade,
-};
+use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec, parse_upgrade};
 use flotilla_engine::time::Time;
 
 use crate::scenario::{Action, Scenario, Scripted, SimBehaviour, scripted_at};
@@ -159,7 +156,7 @@ pub fn run_spec(
     let (strategy_spec, update_spec) = scenario.wire_specs()?;
     let strategy = strategy_spec
         .as_ref()
-        .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+        .map(|s| scenario.parse_strategy(s))
         .transpose()?;
     let upgrade = parse_upgrade(&update_spec, "properties.managedClusterUpdate")?;
     let spec = RunSpec {
@@ -824,7 +821,7 @@ fn generate(
         .transpose()?;
     let strategy = strategy_spec
         .as_ref()
-        .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+        .map(|s| scenario.parse_strategy(s))
         .transpose()?;
     let upgrade = parse_upgrade(&planned.update, "properties.managedClusterUpdate")?;
     let spec = RunSpec {

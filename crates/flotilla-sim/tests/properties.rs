@@ -385,7 +385,7 @@ fn scenario(plan: &Plan) -> Scenario {
         if s.approval_before {
             stage.insert("beforeGates".into(), json!([{"type": "Approval"}]));
         }
-        let check = json!([{"name": "c", "type": "Prometheus", "endpoint": "http://p", "query": "q", "condition": "< 1"}]);
+        let check = json!([{"name": "c", "provider": "prom", "query": "q", "condition": "< 1"}]);
         let short = |mut block: Value| {
             block["checks"] = check.clone();
             block
@@ -496,6 +496,16 @@ fn scenario(plan: &Plan) -> Scenario {
         releases: Vec::new(),
         member_checks,
         gate_checks,
+        providers: [(
+            "prom".to_string(),
+            flotilla_engine::checks::parse_provider(
+                "prom",
+                &serde_json::from_value(json!({"type": "Prometheus", "endpoint": "http://p"}))
+                    .expect("provider shape"),
+            )
+            .expect("valid provider"),
+        )]
+        .into(),
         actions,
         expect: None,
     }

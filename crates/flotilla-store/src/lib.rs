@@ -76,6 +76,9 @@ pub enum Kind {
     /// What a run was created from (its members' clusters, the catalog): kept apart from the
     /// run so that the run's frequent status writes do not rewrite it.
     RunSnapshot,
+    /// A check provider (SEMANTICS §10): server-wide, stored under the fleet `""`, which no
+    /// fleet can be named.
+    CheckProvider,
 }
 
 impl Kind {
@@ -88,6 +91,7 @@ impl Kind {
             Kind::Gate => "gates",
             Kind::Profile => "autoUpgradeProfiles",
             Kind::RunSnapshot => "updateRunSnapshots",
+            Kind::CheckProvider => "checkProviders",
         }
     }
 }

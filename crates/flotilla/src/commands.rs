@@ -682,6 +682,159 @@ const WEBHOOK_COLUMNS: &[(&str, &[&str])] = &[
 ];
 
 /// `flotilla webhook …`.
+#[derive(Subcommand)]
+pub enum CheckProviderCommand {
+    /// Create or replace a check provider: what health and readiness checks may reach (admin).
+    /// Strategies and runs name it and carry only data: a query, a path, arguments.
+    ///
+    /// Examples: `flotilla checkprovider create -n prom --type Prometheus --endpoint
+    /// http://prometheus:9090`; `flotilla checkprovider create -n health --type Http --base-url
+    /// https://health.example.com --header Authorization={env:FLOTILLA_CHECK_TOKEN}`;
+    /// `flotilla checkprovider create -n probe --type Exec --command /opt/checks/probe
+    /// --command --quiet --fleets prod`.
+    Create {
+        /// The provider's name: lowercase letters, digits and '-', up to 63 characters.
+        #[arg(short = 'n', long)]
+        name: String,
+        /// What it reaches.
+        #[arg(long = "type", ignore_case = true, value_parser = choice(&["Prometheus", "Http", "Exec"]))]
+        provider_type: String,
+        /// A Prometheus server's base URL (type Prometheus).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// The base URL checks' paths are appended to (type Http).
+        #[arg(long)]
+        base_url: Option<String>,
+        /// The program and its fixed arguments, one word per flag (type Exec; the program must
+        /// be under the server's --exec-allow).
+        #[arg(long = "command", allow_hyphen_values = true)]
+        command: Vec<String>,
+        /// Let checks add arguments that start with `-` (type Exec).
+        #[arg(long)]
+        allow_options: bool,
+        /// A header sent with every request, NAME=VALUE; VALUE may be {env:FLOTILLA_CHECK_*}.
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        /// A PEM file of certificate authorities to trust (read by the server when saved).
+        #[arg(long)]
+        ca_file: Option<String>,
+        /// The fleets whose strategies and runs may name it, comma-separated (default: every
+        /// fleet).
+        #[arg(long, value_delimiter = ',')]
+        fleets: Vec<String>,
+    },
+    /// Show a check provider (literal header values are shown as <redacted>).
+    ///
+    /// Example: `flotilla checkprovider show -n prom`.
+    Show {
+        /// The provider's name.
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+    /// List the check providers.
+    ///
+    /// Example: `flotilla checkprovider list -o table`.
+    List,
+    /// Delete a check provider (refused while a strategy or a run that is not over names it).
+    ///
+    /// Example: `flotilla checkprovider delete -n prom`.
+    Delete {
+        /// The provider's name.
+        #[arg(short = 'n', long)]
+        name: String,
+    },
+}
+
+const CHECK_PROVIDER_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("type", &["properties", "type"]),
+    ("endpoint", &["properties", "endpoint"]),
+    ("baseUrl", &["properties", "baseUrl"]),
+    ("command", &["properties", "command"]),
+    ("fleets", &["properties", "fleets"]),
+];
+
+pub async fn check_provider(
+    client: &Client,
+    format: Option<Format>,
+    command: CheckProviderCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    match command {
+        CheckProviderCommand::Create {
+            name,
+            provider_type,
+            endpoint,
+            base_url,
+            command,
+            allow_options,
+            headers,
+            ca_file,
+            fleets,
+        } => {
+            let mut properties = json!({"type": provider_type});
+            if let Some(endpoint) = endpoint {
+                properties["endpoint"] = json!(endpoint);
+            }
+            if let Some(base) = base_url {
+                properties["baseUrl"] = json!(base);
+            }
+            if !command.is_empty() {
+                properties["command"] = json!(command);
+            }
+            if allow_options {
+                properties["allowOptions"] = json!(true);
+            }
+            if !headers.is_empty() {
+                let mut map = serde_json::Map::new();
+                for h in &headers {
+                    let (key, value) = h
+                        .split_once('=')
+                        .with_context(|| format!("--header {h:?}: must be NAME=VALUE"))?;
+                    map.insert(key.to_string(), json!(value));
+                }
+                properties["headers"] = Value::Object(map);
+            }
+            if let Some(ca) = ca_file {
+                properties["caFile"] = json!(ca);
+            }
+            if !fleets.is_empty() {
+                properties["fleets"] = json!(fleets);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/checkProviders/{name}"),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, CHECK_PROVIDER_COLUMNS, colour))?;
+        }
+        CheckProviderCommand::Show { name } => {
+            let v = client.get(&format!("/v1/checkProviders/{name}")).await?;
+            print(format, &v, || one_row(&v, CHECK_PROVIDER_COLUMNS, colour))?;
+        }
+        CheckProviderCommand::List => {
+            let items = client.list_all("/v1/checkProviders").await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, CHECK_PROVIDER_COLUMNS, colour)
+            })?;
+        }
+        CheckProviderCommand::Delete { name } => {
+            client
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/checkProviders/{name}"),
+                    None,
+                )
+                .await?;
+            eprintln!("deleted check provider {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn webhook(
     client: &Client,
     format: Option<Format>,

@@ -225,6 +225,13 @@ enum Command {
         #[command(subcommand)]
         command: commands::AuditCommand,
     },
+    /// Check providers: what health and readiness checks may reach, declared by an admin.
+    Checkprovider {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: commands::CheckProviderCommand,
+    },
     /// Webhooks: run events POSTed to a URL as CloudEvents, Slack or Teams messages, signed.
     Webhook {
         #[command(flatten)]
@@ -832,6 +839,10 @@ fn main() -> ExitCode {
                         }
                         Command::Audit { client, command } => {
                             commands::audit(&client.client()?, client.output, command).await
+                        }
+                        Command::Checkprovider { client, command } => {
+                            commands::check_provider(&client.client()?, client.output, command)
+                                .await
                         }
                         Command::Webhook { client, command } => {
                             commands::webhook(&client.client()?, client.output, command).await

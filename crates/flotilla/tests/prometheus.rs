@@ -1,5 +1,6 @@
-//! Health checks against a real Prometheus (SEMANTICS §10): Debian's `prometheus` scrapes an
-//! exporter this test serves, whose error ratios the test sets; the real server runs a staged
+//! Health checks against a real Prometheus (SEMANTICS §10), through a check provider an admin
+//! declares: Debian's `prometheus` scrapes an exporter this test serves, whose error ratios the
+//! test sets; the real server runs a staged
 //! run over the exec driver (real subprocesses). A canary whose own check sees errors fails and
 //! is counted; the next stage's HealthCheck gate sees the fleet's error rate and stops the run
 //! there; once the errors are gone, a retry evaluates the gate again and the run finishes.
@@ -229,13 +230,20 @@ fn a_real_prometheus_halts_the_run_at_the_gate_that_sees_the_errors() {
             Some(&json!({"properties": {"clusterResourceId": name, "group": group, "labels": {"site": name}}})),
         );
     }
+    // An admin declares the Prometheus the checks may ask (SEMANTICS §10); the run's checks
+    // name it and carry only their queries.
+    api.must(
+        Method::PUT,
+        "/v1/checkProviders/prom",
+        Some(&json!({"properties": {"type": "Prometheus", "endpoint": prom}})),
+    );
     // The member's own series, named by its label (read from the member's resource).
     let member_check = json!({
-        "name": "errors", "type": "Prometheus", "endpoint": prom,
+        "name": "errors", "provider": "prom",
         "query": "flotilla_test_error_ratio{cluster=\"{label:site}\"}", "condition": "< 0.05",
     });
     let fleet_check = json!({
-        "name": "fleet-errors", "type": "Prometheus", "endpoint": prom,
+        "name": "fleet-errors", "provider": "prom",
         "query": "max(flotilla_test_error_ratio)", "condition": "< 0.05",
     });
     let run = json!({"properties": {

@@ -199,6 +199,39 @@ impl Engine {
         }
     }
 
+    /// The first check of the run written before check providers, described for a message.
+    pub(super) fn inline_check(&self) -> Option<String> {
+        let inline = |checks: &Option<Arc<Checks>>| {
+            checks.as_ref().and_then(|c| {
+                c.checks.iter().find_map(|check| match &check.kind {
+                    crate::checks::CheckKind::Inline { field } => {
+                        Some(format!("check {:?} (it carries {field})", check.name))
+                    }
+                    _ => None,
+                })
+            })
+        };
+        let gates = |gates: &[GateRt]| {
+            gates.iter().find_map(|g| match &g.gate.kind {
+                GateKind::HealthCheck(checks) => inline(&Some(checks.clone())),
+                _ => None,
+            })
+        };
+        self.groups
+            .iter()
+            .find_map(|g| {
+                inline(&g.member_health)
+                    .or_else(|| inline(&g.readiness))
+                    .or_else(|| gates(&g.before))
+                    .or_else(|| gates(&g.after))
+            })
+            .or_else(|| {
+                self.stages
+                    .iter()
+                    .find_map(|s| gates(&s.before).or_else(|| gates(&s.after)))
+            })
+    }
+
     /// The checks a subject evaluates.
     pub(super) fn checks_of(&self, subject: Subject) -> Option<Arc<Checks>> {
         match subject {

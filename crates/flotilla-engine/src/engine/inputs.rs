@@ -128,6 +128,18 @@ impl Engine {
     }
 
     pub(super) fn start(&mut self, now: Time) -> Result<(), ApiError> {
+        if matches!(
+            self.phase,
+            RunPhase::NotStarted | RunPhase::Stopped | RunPhase::Failed
+        ) && let Some(check) = self.inline_check()
+        {
+            // Written before check providers: never evaluated, so never started (SEMANTICS §10).
+            return Err(ApiError::conflict(format!(
+                "update run {:?} holds {check}, written before check providers existed and never evaluated; \
+                 save the strategy again with checks that name a provider, and create a new run",
+                self.run_name
+            )));
+        }
         match self.phase {
             RunPhase::NotStarted => {
                 self.phase = RunPhase::Running;
