@@ -18,6 +18,8 @@ pub enum ErrorCode {
     InvalidGate,
     InvalidHealthCheck,
     InvalidCheckProvider,
+    InvalidFreeze,
+    InvalidDisruptionBudget,
     InvalidUpgrade,
     InvalidKubernetesVersion,
     InvalidNodeImageSelection,

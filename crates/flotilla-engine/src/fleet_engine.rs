@@ -41,6 +41,11 @@ pub enum FleetInput {
     MemberRemoved { member: String },
     /// The release catalog changed: every unfinished run sees the new one.
     CatalogChanged(Catalog),
+    /// A freeze was created or changed (SEMANTICS §12): it holds members of every run from the
+    /// next scheduling pass.
+    PutFreeze(Box<crate::freeze::Freeze>),
+    /// A freeze was deleted.
+    DeleteFreeze { name: String },
 }
 
 /// A run's command, tagged with the run.
@@ -92,6 +97,8 @@ struct RunSlot {
     dirty: bool,
     /// What the engine was given since the shell last took it (when the fleet records).
     journal: Vec<Delivered>,
+    /// The version of the fleet's freezes this run was last given.
+    freezes_seen: u64,
 }
 
 impl RunSlot {
@@ -104,6 +111,7 @@ impl RunSlot {
             news: BTreeSet::new(),
             dirty: true,
             journal: Vec::new(),
+            freezes_seen: 0,
         }
     }
 
@@ -148,6 +156,11 @@ pub struct FleetEngine {
     interned: HashMap<Arc<str>, Interned>,
     /// Members whose cluster the fleet saw change since the shell last took them.
     changed: BTreeSet<Arc<str>>,
+    /// The fleet's freezes by name, and what each covers as every run is given it (SEMANTICS
+    /// §12); the version counts changes, so each run is given each change once.
+    freezes: BTreeMap<String, crate::freeze::Freeze>,
+    covered: Arc<crate::freeze::Freezes>,
+    freezes_version: u64,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -498,6 +511,10 @@ impl FleetEngine {
                 let before = self.current(&name);
                 self.interned.remove(&name);
                 self.members.insert(name.clone(), shared);
+                if !self.freezes.is_empty() {
+                    // Its labels may put it under a freeze's selector, or take it out.
+                    self.cover_freezes();
+                }
                 if before.is_some_and(|b| b != cluster) {
                     self.changed.insert(name.clone());
                     self.fan_out(now, &name, cluster, None);
@@ -514,6 +531,17 @@ impl FleetEngine {
                         };
                         let _ = slot.give(now, input, record);
                     }
+                }
+                Ok(())
+            }
+            FleetInput::PutFreeze(freeze) => {
+                self.freezes.insert(freeze.name.clone(), *freeze);
+                self.cover_freezes();
+                Ok(())
+            }
+            FleetInput::DeleteFreeze { name } => {
+                if self.freezes.remove(&name).is_some() {
+                    self.cover_freezes();
                 }
                 Ok(())
             }
@@ -705,8 +733,32 @@ impl FleetEngine {
         }
     }
 
+    /// What each freeze covers, worked out again against the member table; every run is given
+    /// it at its next turn.
+    fn cover_freezes(&mut self) {
+        self.covered = Arc::new(crate::freeze::Freezes::cover(
+            &self.freezes,
+            self.members.iter().map(|(name, m)| (name, &m.labels)),
+        ));
+        self.freezes_version += 1;
+    }
+
+    /// The fleet's freezes, by name.
+    pub fn freezes(&self) -> impl Iterator<Item = &crate::freeze::Freeze> {
+        self.freezes.values()
+    }
+
     fn deliver_news(&mut self, now: Time, seq: u64) {
         let record = self.record;
+        let (version, covered) = (self.freezes_version, self.covered.clone());
+        // A finished run hears it when started again (its turn comes before it reaches anyone).
+        if let Some(slot) = self.runs.get_mut(&seq)
+            && slot.freezes_seen != version
+            && !slot.engine.is_finished()
+        {
+            slot.freezes_seen = version;
+            let _ = slot.give(now, Input::FreezesChanged(covered), record);
+        }
         let Some(news) = self.runs.get_mut(&seq).map(|s| std::mem::take(&mut s.news)) else {
             return;
         };

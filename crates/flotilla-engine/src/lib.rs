@@ -11,6 +11,7 @@ pub mod error;
 pub mod fleet;
 pub mod fleet_engine;
 pub mod forecast;
+pub mod freeze;
 pub mod profile;
 pub mod release;
 pub mod selector;

@@ -330,7 +330,7 @@ fn parse_failures(text: &Option<AmountText>, path: &str) -> Result<Option<Amount
     )
 }
 
-fn parse_selector(
+pub(crate) fn parse_selector(
     spec: &Option<MemberSelectorSpec>,
     path: &str,
 ) -> Result<Option<Selector>, ApiError> {

@@ -356,7 +356,7 @@ impl MaintenanceWindow {
     }
 
     /// The first schedule date on or after `from`.
-    fn next_schedule_date(&self, from: Date) -> Option<Date> {
+    pub(crate) fn next_schedule_date(&self, from: Date) -> Option<Date> {
         let from = from.max(self.anchor);
         match self.schedule {
             Schedule::Daily { interval_days } => {
@@ -416,7 +416,7 @@ impl MaintenanceWindow {
         None
     }
 
-    fn instance_start(&self, d: Date) -> Time {
+    pub(crate) fn instance_start(&self, d: Date) -> Time {
         Time(d.days() * SECONDS_PER_DAY + self.start_time - self.utc_offset)
     }
 

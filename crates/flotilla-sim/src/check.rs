@@ -68,6 +68,7 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
         return vec![format!("run was rejected at creation: {got}")];
     }
     check_profiles(exp, result, &mut errors);
+    check_pending_messages(exp, result, &mut errors);
     let Some(run) = result.get("run").filter(|v| !v.is_null()) else {
         // A profile scenario without a hand-made run: only the keys about profiles apply.
         if let Some(key) = exp.keys().find(|k| !GLOBAL_KEYS.contains(&k.as_str())) {
@@ -462,9 +463,47 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     errors
 }
 
+/// `pendingMessages` (SEMANTICS §12): member → a text one of its `MemberPending` messages, in
+/// any run of the simulation, contains.
+fn check_pending_messages(
+    exp: &serde_json::Map<String, Value>,
+    result: &Value,
+    errors: &mut Vec<String>,
+) {
+    let Some(wanted) = exp.get("pendingMessages").and_then(Value::as_object) else {
+        return;
+    };
+    let lists = std::iter::once(&result["events"]).chain(
+        ["updateRuns", "generatedRuns"].into_iter().flat_map(|k| {
+            result[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| &r["events"])
+        }),
+    );
+    let events: Vec<&Value> = lists
+        .flat_map(|l| l.as_array().into_iter().flatten())
+        .collect();
+    for (member, text) in wanted {
+        let text = text.as_str().unwrap_or_default();
+        let messages: Vec<&str> = events
+            .iter()
+            .filter(|e| e["type"] == "MemberPending" && e["member"] == member.as_str())
+            .filter_map(|e| e["message"].as_str())
+            .collect();
+        if !messages.iter().any(|m| m.contains(text)) {
+            errors.push(format!(
+                "pendingMessages.{member}: no MemberPending message contains {text:?} (got {messages:?})"
+            ));
+        }
+    }
+}
+
 /// Keys of `expect` about the whole simulation rather than the hand-made run.
-const GLOBAL_KEYS: [&str; 6] = [
+const GLOBAL_KEYS: [&str; 7] = [
     "createError",
+    "pendingMessages",
     "generatedRuns",
     "profiles",
     "runs",

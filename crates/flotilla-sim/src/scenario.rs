@@ -9,6 +9,7 @@ use serde_json::Value;
 use flotilla_engine::checks::{Provider, ProviderSpec, ProviderTarget, parse_provider};
 use flotilla_engine::error::{ApiError, from_json_value};
 use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, Member, NodePool, NodePoolSpec, Os};
+use flotilla_engine::freeze::{Freeze, FreezeSpec, parse_freeze};
 use flotilla_engine::profile::{Profile, ProfileSpec, parse_profile};
 use flotilla_engine::release::{Release, ReleaseSpec, parse_releases};
 use flotilla_engine::strategy::{ManagedClusterUpdateSpec, Strategy, StrategySpec};
@@ -99,6 +100,9 @@ pub struct ScenarioSpec {
     /// Check providers by name: the API's `properties` (SEMANTICS §10).
     #[serde(default)]
     pub check_providers: BTreeMap<String, Value>,
+    /// The fleet's freezes from `start`, by name: the API's `properties` (SEMANTICS §12).
+    #[serde(default)]
+    pub freezes: BTreeMap<String, Value>,
     #[serde(default)]
     pub expect: Option<Value>,
 }
@@ -200,9 +204,12 @@ pub struct ActionSpec {
     pub run: Option<String>,
     #[serde(default)]
     pub profile: Option<String>,
-    /// `updateProfile`: the profile's new `properties`.
+    /// `updateProfile`, `putFreeze`: the new `properties`.
     #[serde(default)]
     pub properties: Option<Value>,
+    /// `putFreeze`, `deleteFreeze`: the freeze's name.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// How a simulated cluster behaves.
@@ -236,6 +243,10 @@ pub enum Action {
         spec: ProfileSpec,
         parsed: Profile,
     },
+    /// Creates or replaces a freeze (SEMANTICS §12).
+    PutFreeze(Box<Freeze>),
+    /// Deletes a freeze.
+    DeleteFreeze(String),
 }
 
 #[derive(Clone, Debug)]
@@ -279,6 +290,8 @@ pub struct Scenario {
     pub gate_checks: BTreeMap<String, CheckScript>,
     /// Check providers by name (nothing is evaluated for real: checks' results are scripted).
     pub providers: BTreeMap<String, Provider>,
+    /// The fleet's freezes at `start` (SEMANTICS §12).
+    pub freezes: Vec<Freeze>,
     pub expect: Option<Value>,
 }
 
@@ -434,6 +447,13 @@ fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
         node_image_version: p.node_image_version.clone(),
     };
     Ok(NodePool::parse(&spec, path)?)
+}
+
+/// A freeze of the scenario, validated as the API does.
+fn freeze_from(path: &str, name: &str, properties: Value) -> Result<Freeze, ScenarioError> {
+    flotilla_engine::strategy::check_name(name, 63).map_err(|e| bad(path, e))?;
+    let spec: FreezeSpec = from_json_value(properties, path)?;
+    parse_freeze(name, &spec).map_err(|e| bad(path, e.message))
 }
 
 /// Rewrites every check of a strategy written in the form before providers (`endpoint`, `url`,
@@ -704,6 +724,26 @@ impl Scenario {
                     }
                 }
                 "refreshCatalog" => Action::RefreshCatalog,
+                "putFreeze" | "deleteFreeze" => {
+                    let name = a.name.clone().ok_or_else(|| {
+                        bad(
+                            &format!("{apath}.name"),
+                            format!("{} needs a name", a.action),
+                        )
+                    })?;
+                    if a.action == "deleteFreeze" {
+                        Action::DeleteFreeze(name)
+                    } else {
+                        let properties = a.properties.clone().ok_or_else(|| {
+                            bad(&format!("{apath}.properties"), "putFreeze needs properties")
+                        })?;
+                        Action::PutFreeze(Box::new(freeze_from(
+                            &format!("{apath}.properties"),
+                            &name,
+                            properties,
+                        )?))
+                    }
+                }
                 "generateUpdateRun" | "updateProfile" => {
                     let profile = a.profile.clone().ok_or_else(|| {
                         bad(
@@ -742,7 +782,7 @@ impl Scenario {
                     return Err(bad(
                         &format!("{apath}.do"),
                         format!(
-                            "unknown action {other:?}: start, stop, approve, skip, removeMember, addNodePool, refreshCatalog, generateUpdateRun or updateProfile"
+                            "unknown action {other:?}: start, stop, approve, skip, removeMember, addNodePool, refreshCatalog, generateUpdateRun, updateProfile, putFreeze or deleteFreeze"
                         ),
                     ));
                 }
@@ -801,6 +841,11 @@ impl Scenario {
             member_checks,
             gate_checks: check_scripts("checks", start, &spec.checks)?,
             providers,
+            freezes: spec
+                .freezes
+                .iter()
+                .map(|(name, p)| freeze_from(&format!("freezes.{name}"), name, p.clone()))
+                .collect::<Result<_, _>>()?,
             expect: spec.expect,
         })
     }

@@ -167,6 +167,18 @@ pub fn run_spec(
     Ok((spec, strategy_spec, update_spec))
 }
 
+/// The scenario's fleet at `start`: its members, its catalog, its freezes.
+fn fleet_of(scenario: &Scenario) -> FleetEngine {
+    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
+    for freeze in &scenario.freezes {
+        let _ = fleet.handle(
+            scenario.start,
+            FleetInput::PutFreeze(Box::new(freeze.clone())),
+        );
+    }
+    fleet
+}
+
 /// Runs a scenario to its end in virtual time.
 /// Forecasts the scenario's hand-made run from the scenario's start (SEMANTICS §11), as the
 /// server forecasts a run over the `sim` driver: each member's upgrade takes its behaviour's
@@ -175,7 +187,7 @@ pub fn forecast_scenario(
     scenario: &Scenario,
     params: &ForecastParams,
 ) -> Result<Forecast, ApiError> {
-    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
+    let mut fleet = fleet_of(scenario);
     let (spec, _, _) = run_spec(scenario)?;
     fleet.create_run(&scenario.name, &spec, scenario.catalog.clone())?;
     let duration = |_: &str, member: &str| {
@@ -366,7 +378,7 @@ fn run(
             .map(|(n, c)| (n.clone(), cluster_out(&c.cluster)))
             .collect()
     };
-    let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
+    let mut fleet = fleet_of(scenario);
     let mut runs: Vec<SimRun> = Vec::new();
     // Checking: each run's engine as created, to restore its checkpoints onto.
     let mut created: BTreeMap<String, Engine> = BTreeMap::new();
@@ -556,6 +568,13 @@ fn run(
                         }
                         None => Err(not_found("profile", name)),
                     }
+                }
+                // Fleet-wide: no run named (SEMANTICS §12).
+                Action::PutFreeze(freeze) => {
+                    fleet.handle(now, FleetInput::PutFreeze(freeze.clone()))
+                }
+                Action::DeleteFreeze(name) => {
+                    fleet.handle(now, FleetInput::DeleteFreeze { name: name.clone() })
                 }
                 Action::UpdateProfile {
                     profile,
@@ -948,10 +967,12 @@ fn act(
                 None => Err(not_found_member(member)),
             }
         }
-        // Profile actions are handled by the caller.
-        Action::RefreshCatalog | Action::GenerateUpdateRun(_) | Action::UpdateProfile { .. } => {
-            Ok(())
-        }
+        // Profile and fleet-wide actions are handled by the caller.
+        Action::RefreshCatalog
+        | Action::GenerateUpdateRun(_)
+        | Action::UpdateProfile { .. }
+        | Action::PutFreeze(_)
+        | Action::DeleteFreeze(_) => Ok(()),
     }
 }
 

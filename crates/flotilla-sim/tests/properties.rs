@@ -496,6 +496,7 @@ fn scenario(plan: &Plan) -> Scenario {
         releases: Vec::new(),
         member_checks,
         gate_checks,
+        freezes: Vec::new(),
         providers: [(
             "prom".to_string(),
             flotilla_engine::checks::parse_provider(

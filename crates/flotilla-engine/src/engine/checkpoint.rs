@@ -39,6 +39,9 @@ struct Checkpoint {
     groups: Vec<GroupCk>,
     stages: Vec<StageCk>,
     catalog: Catalog,
+    /// The fleet's freezes as last given (SEMANTICS §12).
+    #[serde(default, skip_serializing_if = "crate::freeze::Freezes::is_empty")]
+    freezes: crate::freeze::Freezes,
     phase: RunPhase,
     current: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -388,6 +391,7 @@ impl Engine {
                 })
                 .collect(),
             catalog: self.catalog.clone(),
+            freezes: (*self.freezes).clone(),
             phase: self.phase,
             current: self.current,
             run_start: self.run_start,
@@ -568,6 +572,7 @@ impl Engine {
             stage.wait.completed = s.wait.completed;
         }
         self.catalog = ck.catalog;
+        self.freezes = Arc::new(ck.freezes);
         self.phase = ck.phase;
         self.current = ck.current;
         self.run_start = ck.run_start;
@@ -645,6 +650,7 @@ impl Engine {
             upgrade,
             rules,
             catalog,
+            freezes,
             groups,
             group_failures,
             stages,

@@ -68,6 +68,7 @@ impl Engine {
             upgrade: spec.upgrade.clone(),
             rules: spec.rules,
             catalog,
+            freezes: Default::default(),
             members: Vec::new(),
             member_index: HashMap::new(),
             groups: Vec::new(),

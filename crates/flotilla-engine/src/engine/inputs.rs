@@ -109,20 +109,31 @@ impl Engine {
                 self.roll_up(now);
                 Ok(())
             }
+            Input::FreezesChanged(freezes) => {
+                self.freezes = freezes;
+                self.repark_waiting(now);
+                Ok(())
+            }
             Input::CatalogChanged(catalog) => {
                 self.catalog = catalog;
-                if self.phase == RunPhase::Running && self.current < self.stages.len() {
-                    let waiting: Vec<u32> = self.stages[self.current]
-                        .groups
-                        .iter()
-                        .flat_map(|&g| self.groups[g as usize].members.iter().copied())
-                        .filter(|&m| self.members[m as usize].place == Place::Parked)
-                        .collect();
-                    for m in waiting {
-                        self.repark(now, m);
-                    }
-                }
+                self.repark_waiting(now);
                 Ok(())
+            }
+        }
+    }
+
+    /// The Pending members of the current stage are decided again on what changed (the
+    /// catalog, the fleet's freezes).
+    fn repark_waiting(&mut self, now: Time) {
+        if self.phase == RunPhase::Running && self.current < self.stages.len() {
+            let waiting: Vec<u32> = self.stages[self.current]
+                .groups
+                .iter()
+                .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+                .filter(|&m| self.members[m as usize].place == Place::Parked)
+                .collect();
+            for m in waiting {
+                self.repark(now, m);
             }
         }
     }

@@ -160,6 +160,8 @@ pub enum Input {
         cluster: Arc<Cluster>,
         operation: Option<(u64, OperationProgress)>,
     },
+    /// The fleet's freezes changed (SEMANTICS §12): members are held by them from now on.
+    FreezesChanged(Arc<crate::freeze::Freezes>),
     MemberRemoved {
         member: String,
     },
@@ -393,6 +395,8 @@ pub struct Engine {
     upgrade: Upgrade,
     rules: RunRules,
     catalog: Catalog,
+    /// The fleet's freezes, with the members each covers (SEMANTICS §12).
+    freezes: Arc<crate::freeze::Freezes>,
     members: Vec<MemberRt>,
     member_index: HashMap<Arc<str>, u32>,
     groups: Vec<GroupRt>,
@@ -461,6 +465,8 @@ pub enum WaitReason {
     Wait,
     /// Its readiness checks.
     Readiness,
+    /// A freeze covering it (SEMANTICS §12).
+    Freeze,
 }
 
 enum Decision {

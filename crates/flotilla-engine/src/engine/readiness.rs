@@ -145,6 +145,28 @@ impl Engine {
             };
         }
         let cluster = &member.cluster;
+        // A freeze is looked at before the version and the window (SEMANTICS §12): both it and
+        // the window must allow a start.
+        if !self.freezes.is_empty() {
+            let changes_minor = self.upgrade.changes_kubernetes()
+                && self.upgrade.kubernetes_version.is_some_and(|v| {
+                    (v.major, v.minor)
+                        != (
+                            cluster.kubernetes_version.major,
+                            cluster.kubernetes_version.minor,
+                        )
+                });
+            if let Some((freeze, until)) =
+                self.freezes
+                    .holding(&member.name, self.upgrade.upgrade_type, changes_minor, now)
+            {
+                return Readiness::Wait {
+                    wake: Some(until),
+                    message: freeze.message(until),
+                    reason: WaitReason::Freeze,
+                };
+            }
+        }
         let region = cluster.region.as_str();
         let mut needs = Availability::Now;
         let mut what = String::new();
