@@ -480,7 +480,9 @@ fn parse_check(spec: &CheckSpec, path: &str, block: BlockKind) -> Result<Check, 
 const MAX_ARGS: usize = 64;
 
 /// An Http check's path as written (placeholders not yet filled): under the provider's base URL,
-/// never a way out of it (SEMANTICS §10).
+/// never a way out of it (SEMANTICS §10). Outside its placeholders it holds only letters,
+/// digits and `-._~/` (and `=&,:` in a query after `?`): no escape (the server makes those),
+/// no `;`, `\\`, `#` or non-ASCII, and no `.` or `..` segment.
 fn check_request_path(text: &str) -> Result<(), String> {
     if !text.starts_with('/') {
         return Err(format!("{text:?} must start with /"));
@@ -488,27 +490,40 @@ fn check_request_path(text: &str) -> Result<(), String> {
     if text.starts_with("//") {
         return Err(format!("{text:?} names an authority (it starts with //)"));
     }
-    if text.contains("://") {
+    // Each placeholder stands for a value the server encodes: only the text around is judged.
+    let mut plain = String::with_capacity(text.len());
+    let mut last = 0;
+    for (start, end, _) in placeholders(text) {
+        plain.push_str(&text[last..start]);
+        plain.push('x');
+        last = end;
+    }
+    plain.push_str(&text[last..]);
+    if plain.contains("://") {
         return Err(format!("{text:?} names a scheme"));
     }
-    if text
+    let (path, query) = plain.split_once('?').unwrap_or((plain.as_str(), ""));
+    let path_ok = path
         .bytes()
-        .any(|b| b.is_ascii_control() || b == b'\\' || b == b' ')
-    {
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b));
+    let query_ok = query
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/=&,:".contains(&b));
+    if !path_ok || !query_ok {
         return Err(format!(
-            "{text:?} holds a space, a backslash or a control character"
+            "{text:?} may hold only letters, digits and - . _ ~ / in its path (and = & , : in a query after ?), besides placeholders; escapes are made by the server"
         ));
     }
-    if has_dot_segment(text) || has_dot_segment(&percent_decode(text)) {
-        return Err(format!("{text:?} holds a .. segment"));
+    if has_dot_segment(path) {
+        return Err(format!("{text:?} holds a . or .. segment"));
     }
     Ok(())
 }
 
-/// Whether a path (its query left out) holds a `..` segment.
+/// Whether a path (no query) holds a `.` or `..` segment, `/` and `\\` both separating.
 pub fn has_dot_segment(path: &str) -> bool {
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    path.split('/').any(|segment| segment == "..")
+    path.split(['/', '\\'])
+        .any(|segment| segment == ".." || segment == ".")
 }
 
 /// `%XX` decoded byte by byte (invalid escapes left as they are), lossily as text.
@@ -1198,6 +1213,28 @@ pub fn render(text: &str, context: &Context, label: &dyn Fn(&str) -> Option<Stri
     render_with(text, context, label, &|v| v.to_string())
 }
 
+/// [`render`] for a Prometheus query: each value a placeholder stands for is escaped as a PromQL
+/// string's content (`\\`, `"`, `'`, a newline), so a value cannot end the string it is put in.
+pub fn render_query(
+    text: &str,
+    context: &Context,
+    label: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    render_with(text, context, label, &|v| {
+        let mut out = String::with_capacity(v.len());
+        for c in v.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\'' => out.push_str("\\'"),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out
+    })
+}
+
 /// [`render`] for an Http check's path: each value a placeholder stands for is percent-encoded
 /// outside the unreserved set, `/` included, so it stays within its segment (SEMANTICS §10).
 pub fn render_path(
@@ -1339,7 +1376,22 @@ mod tests {
             (
                 r#"{"name":"a","provider":"p","path":"/x/%2e%2E/admin"}"#,
                 "c.path",
-                "..",
+                "escapes are made by the server",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x%3F/%2e%2e/%2e%2e/apix"}"#,
+                "c.path",
+                "escapes are made by the server",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x/..;/..;/admin"}"#,
+                "c.path",
+                "only letters",
+            ),
+            (
+                r#"{"name":"a","provider":"p","path":"/x/./y"}"#,
+                "c.path",
+                ". or ..",
             ),
             (
                 r#"{"name":"a","provider":"p","path":"/redirect?to=http://127.0.0.1/"}"#,
@@ -1349,7 +1401,7 @@ mod tests {
             (
                 r#"{"name":"a","provider":"p","path":"/x\\..\\y"}"#,
                 "c.path",
-                "backslash",
+                "only letters",
             ),
         ];
         for (json, target, shown) in cases {
@@ -1595,7 +1647,16 @@ mod tests {
         assert_eq!(percent_encode("node-1.eastus_~"), "node-1.eastus_~");
         assert_eq!(percent_decode("%2e%2E/%zz"), "../%zz");
         assert!(has_dot_segment("/a/../b"));
-        assert!(!has_dot_segment("/a/..b/c?x=../"));
+        assert!(has_dot_segment("/a\\..\\b"));
+        assert!(!has_dot_segment("/a/..b/c"));
+        let context = Context {
+            member: Some("x\"} or vector(0) or e{c=\"".into()),
+            ..Context::default()
+        };
+        assert_eq!(
+            render_query(r#"max(e{cluster="{member}"})"#, &context, &|_| None),
+            r#"max(e{cluster="x\"} or vector(0) or e{c=\""})"#
+        );
     }
 
     #[test]

@@ -2435,10 +2435,14 @@ pub async fn generate(
                         "the profile's update strategy {strategy:?} no longer exists"
                     )))
                 })?;
-            Some(from_json_value::<StrategySpec>(
+            let spec = from_json_value::<StrategySpec>(
                 found.body["properties"]["strategy"].clone(),
                 "properties.strategy",
-            )?)
+            )?;
+            // A generated run is created as a hand-made one is: its checks name providers
+            // that exist and serve this fleet (SEMANTICS §10).
+            crate::check_providers::check_strategy(state, &fleet, &spec).await?;
+            Some(spec)
         }
         None => None,
     };

@@ -13,7 +13,7 @@ use std::time::Duration;
 use flotilla_driver::ExecAllow;
 use flotilla_engine::checks::{
     Check, CheckKind, Context, Outcome, Provider, ProviderTarget, env_reference, has_dot_segment,
-    percent_decode, render, render_path,
+    percent_decode, render, render_path, render_query,
 };
 
 /// What an evaluation needs from the server: an HTTP client per CA file, and a limit on how
@@ -116,10 +116,8 @@ impl Evaluator {
         let result = match (&check.kind, &provider.target) {
             (CheckKind::Prometheus { query, .. }, ProviderTarget::Prometheus { endpoint }) => {
                 let url = format!("{endpoint}/api/v1/query");
-                match self
-                    .get(provider, &url, &[("query", fill(query))], timeout)
-                    .await
-                {
+                let query = render_query(query, context, &label);
+                match self.get(provider, &url, &[("query", query)], timeout).await {
                     Ok((200..=299, body)) => prometheus_samples(&body).map(Outcome::Samples),
                     Ok((status, _)) => Err(format!("Prometheus answered HTTP {status}")),
                     Err(e) => Err(e),
@@ -220,15 +218,18 @@ impl Evaluator {
     }
 }
 
-/// `base` followed by `path`, refused unless it stays under `base`: the same scheme, host and
-/// port, a path that begins with the base's and holds no `..` segment, before or after
-/// decoding (SEMANTICS §10).
+/// `base` followed by `path` (a check's path, its placeholders filled and encoded), refused
+/// unless it stays under `base`: no `.` or `..` segment before or after decoding (a `\\` counts
+/// as a separator, a decoded `?` or `#` hides nothing), and the parsed URL keeps the base's
+/// scheme, host and port and is exactly the base's path followed by this one, nothing folded
+/// (SEMANTICS §10).
 pub fn under_base(base: &str, path: &str) -> Result<String, String> {
     let refused = || Err("the check's path leaves its provider's base URL".to_string());
-    if !path.starts_with('/') || path.starts_with("//") || path.contains('\\') {
+    let raw_path = path.split_once('?').map_or(path, |(p, _)| p);
+    if !raw_path.starts_with('/') || raw_path.starts_with("//") || path.contains('#') {
         return refused();
     }
-    if has_dot_segment(path) || has_dot_segment(&percent_decode(path)) {
+    if has_dot_segment(raw_path) || has_dot_segment(&percent_decode(raw_path)) {
         return refused();
     }
     let joined = format!("{base}{path}");
@@ -241,7 +242,7 @@ pub fn under_base(base: &str, path: &str) -> Result<String, String> {
         && b.port_or_known_default() == j.port_or_known_default()
         && j.username().is_empty()
         && j.password().is_none();
-    if !same_origin || !j.path().starts_with(base_path) {
+    if !same_origin || j.path() != format!("{base_path}{raw_path}") {
         return refused();
     }
     Ok(joined)
@@ -308,8 +309,16 @@ async fn run_command(
         return Err("the command is empty".into());
     };
     let program = allow.resolve(program, "command").map_err(|e| e.message)?;
+    // The program gets PATH, the locale and the variables set for checks, nothing else of the
+    // server's environment (database URLs, cloud credentials).
+    let kept = std::env::vars().filter(|(k, _)| {
+        matches!(k.as_str(), "PATH" | "LANG" | "LC_ALL" | "TZ")
+            || k.starts_with(flotilla_engine::checks::ENV_PREFIX)
+    });
     let mut child = tokio::process::Command::new(&program)
         .args(rest)
+        .env_clear()
+        .envs(kept)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -344,14 +353,14 @@ async fn run_command(
             let code = status
                 .code()
                 .map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"));
+            // What it said goes to the server's log, not to the run (readers see runs).
             let said = String::from_utf8_lossy(&stderr).trim().to_string();
+            if !said.is_empty() && !status.success() {
+                tracing::info!(program = %program, %code, stderr = %said.chars().take(500).collect::<String>(), "an exec check failed");
+            }
             Ok(Outcome::Verdict {
                 passed: status.success(),
-                value: if said.is_empty() || status.success() {
-                    code
-                } else {
-                    format!("{code}: {}", said.chars().take(200).collect::<String>())
-                },
+                value: code,
             })
         }
     }
@@ -373,12 +382,23 @@ mod tests {
             "/../admin",
             "/%2e%2e/admin",
             "/x/%2E%2e",
+            "/x%3F/%2e%2e/%2e%2e/api-internal/secret",
+            "/x%23/%2e%2e/%2e%2e/api-internal",
+            "/x%5C..%5C..%5Capix",
+            "/x/..%2F..%2Fapix",
+            "/x#/../../apix",
             "@127.0.0.1/",
             "\\..\\x",
             "/x\\..",
         ] {
             assert!(under_base(base, path).is_err(), "{path}");
         }
+        // Nothing folds into a sibling of the base's path.
+        assert!(under_base("http://h/api", "/../apis/x").is_err());
+        assert_eq!(
+            under_base("http://h/api", "/q?cluster=a%2Fb").unwrap(),
+            "http://h/api/q?cluster=a%2Fb"
+        );
         // A userinfo or another host cannot be smuggled in after the base.
         assert!(under_base("http://h", "@127.0.0.1/").is_err());
         assert!(under_base("http://h", ".evil.example/").is_err());
