@@ -741,7 +741,9 @@ async fn write_fleet(
     };
     let (resource, created) =
         write_resource(state, "", Kind::Fleet, fleet, body, stored, caller, &when).await?;
-    state.runs.drivers.forget(fleet);
+    // A changed driver configuration is built again (and kept while it does not change) and
+    // reaches the fleet's runs at once, those going included.
+    state.runs.driver_changed(fleet).await;
     if created {
         // The replica a new fleet is created on drives it, unless another took it already.
         state.runs.own(fleet).await;
@@ -2491,6 +2493,8 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
     else {
         return;
     };
+    // A driver changed through another replica reaches this one's runs within a pass.
+    state.runs.use_driver(fleet, &driver);
     let Ok(catalog) = driver.catalog().await else {
         return;
     };

@@ -1,0 +1,366 @@
+//! The findings of a security and quality review (issue #36), each tested as its report
+//! describes it, over real HTTP on loopback against the real router and a real SQLite file:
+//! a fleet's driver changed by a PUT reaching its runs at once, a failing profile trigger
+//! written once, error messages that name fields and values as the user wrote them, repeats
+//! within one import, the bound of `afterStageWaitInSeconds`, and gates filtered by any state.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use flotilla_server::Server;
+use flotilla_server::auth::{Role, new_token};
+use flotilla_server::store::SqliteStore;
+use flotilla_server::store::prelude::*;
+
+struct Harness {
+    base: String,
+    http: reqwest::Client,
+    tokens: std::collections::HashMap<&'static str, String>,
+    _dir: TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Harness {
+    async fn start(name: &str, timing: flotilla_server::Timing) -> Harness {
+        let dir = std::env::temp_dir().join(format!(
+            "flotilla-review-{name}-{}-{:?}",
+            std::process::id(),
+            Instant::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = TempDir(dir);
+        let store = SqliteStore::open(&dir.0.join("flotilla.db"))
+            .await
+            .expect("store opens");
+        let mut tokens = std::collections::HashMap::new();
+        for (label, role) in [
+            ("admin", Role::Admin),
+            ("approver", Role::Approver),
+            ("operator", Role::Operator),
+            ("reader", Role::Reader),
+        ] {
+            let (secret, record) = new_token(role, &format!("{label}-user")).expect("token");
+            store.create_token(&record).await.expect("token stored");
+            tokens.insert(label, secret);
+        }
+        let store: Arc<dyn Store> = Arc::new(store);
+        let server = Server::start_with(store, "127.0.0.1:0".parse().expect("addr"), false, timing)
+            .await
+            .expect("server starts");
+        let addr = server.local_addr().expect("bound");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.serve(async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            tokens,
+            _dir: dir,
+            stop: Some(stop),
+        }
+    }
+
+    /// Profiles checked only when a test runs the pass itself.
+    async fn quiet(name: &str) -> Harness {
+        Harness::start(
+            name,
+            flotilla_server::Timing {
+                profiles_every: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn send(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        if_match: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = self.tokens.get(who) {
+            request = request.bearer_auth(token);
+        }
+        if let Some(etag) = if_match {
+            request = request.header("If-Match", etag);
+        }
+        if let Some(b) = body {
+            request = request.json(&b);
+        }
+        let response = request.send().await.expect("request sent");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn call(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        self.send(who, method, path, body, None).await
+    }
+
+    async fn ok(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.call(who, method.clone(), path, body).await;
+        assert!(status.is_success(), "{method} {path}: {status} {value}");
+        value
+    }
+
+    /// Reads `path` until `done` holds, with a deadline (never a fixed sleep).
+    async fn wait(&self, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let value = self.ok("reader", Method::GET, path, None).await;
+            if done(&value) {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn cluster(version: &str) -> Value {
+    json!({"region": "eastus", "kubernetesVersion": version,
+           "nodePools": [{"name": "sys", "family": "AKSUbuntu-2204gen2containerd", "os": "Linux", "nodeImageVersion": "202602.10.0"}]})
+}
+
+/// A fleet over the sim driver with these simulated clusters.
+fn sim_fleet(clusters: &[(&str, Value)]) -> Value {
+    let map: serde_json::Map<String, Value> = clusters
+        .iter()
+        .map(|(id, c)| (id.to_string(), c.clone()))
+        .collect();
+    json!({"properties": {"driver": {
+        "type": "sim",
+        "timeScale": 6000,
+        "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}],
+                               "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}}},
+        "clusters": map,
+    }}})
+}
+
+async fn member(h: &Harness, name: &str, cluster: &str, group: &str) {
+    h.ok(
+        "operator",
+        Method::PUT,
+        &format!("/v1/fleets/f1/members/{name}"),
+        Some(json!({"properties": {"clusterResourceId": cluster, "group": group}})),
+    )
+    .await;
+}
+
+fn state_of(run: &Value) -> &str {
+    run["properties"]["status"]["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// A member's entry in a run's status.
+fn member_in<'a>(run: &'a Value, name: &str) -> &'a Value {
+    run["properties"]["status"]["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+        .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("member {name} in {run}"))
+}
+
+fn ended(run: &Value) -> bool {
+    matches!(state_of(run), "Completed" | "Failed" | "Stopped")
+}
+
+const UPGRADE: &str = "1.31.1";
+
+fn run_of(stages: Value) -> Value {
+    json!({"properties": {
+        "strategy": {"stages": stages},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": UPGRADE}},
+    }})
+}
+
+/// Finding 1: a fleet's driver changed by a PUT reaches its runs at once, without a restart —
+/// after a run (the fleet's reconciler already holds a driver) and while one is going (its next
+/// upgrade uses the new driver).
+#[tokio::test]
+async fn a_driver_changed_by_put_reaches_the_runs_at_once() {
+    let h = Harness::quiet("driver-change").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    member(&h, "m1", "c1", "first").await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(run_of(
+            json!([{"name": "s", "groups": [{"name": "first"}]}]),
+        )),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    let r1 = h
+        .wait("/v1/fleets/f1/updateRuns/r1", "r1 to end", ended)
+        .await;
+    assert_eq!(state_of(&r1), "Completed", "{r1}");
+
+    // After the run: a cluster added to the driver's configuration, and a member on it.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", cluster(UPGRADE)),
+            ("c2", cluster("1.30.5")),
+        ])),
+    )
+    .await;
+    member(&h, "m2", "c2", "second").await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r2",
+        Some(run_of(
+            json!([{"name": "s", "groups": [{"name": "second"}]}]),
+        )),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r2/start",
+        None,
+    )
+    .await;
+    let r2 = h
+        .wait("/v1/fleets/f1/updateRuns/r2", "r2 to end", ended)
+        .await;
+    assert_eq!(
+        state_of(&r2),
+        "Completed",
+        "the new cluster is upgraded by the new driver: {}",
+        member_in(&r2, "m2")
+    );
+
+    // While a run is going: its second stage's member fails under the driver the run started
+    // with; the driver is changed while the run waits at the gate between the stages.
+    let mut failing = cluster("1.30.5");
+    failing["sim"] = json!({"outcome": "fail"});
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", cluster(UPGRADE)),
+            ("c2", cluster(UPGRADE)),
+            ("c3", cluster("1.30.5")),
+            ("c4", failing),
+        ])),
+    )
+    .await;
+    member(&h, "m3", "c3", "third").await;
+    member(&h, "m4", "c4", "fourth").await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r3",
+        Some(run_of(json!([
+            {"name": "before", "groups": [{"name": "third"}],
+             "afterGates": [{"type": "Approval", "displayName": "go on"}]},
+            {"name": "after", "groups": [{"name": "fourth"}]},
+        ]))),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r3/start",
+        None,
+    )
+    .await;
+    let waiting = h
+        .wait("/v1/fleets/f1/updateRuns/r3", "r3's gate", |r| {
+            r["properties"]["status"]["stages"][0]["afterGates"][0]["status"]["state"] == "Pending"
+                || ended(r)
+        })
+        .await;
+    assert!(!ended(&waiting), "{}", member_in(&waiting, "m3"));
+    let gate = waiting["properties"]["status"]["stages"][0]["afterGates"][0]["gateId"]
+        .as_str()
+        .and_then(|id| id.rsplit('/').next())
+        .expect("the gate's id")
+        .to_string();
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", cluster(UPGRADE)),
+            ("c2", cluster(UPGRADE)),
+            ("c3", cluster(UPGRADE)),
+            ("c4", cluster("1.30.5")),
+        ])),
+    )
+    .await;
+    h.ok(
+        "approver",
+        Method::PATCH,
+        &format!("/v1/fleets/f1/gates/{gate}"),
+        Some(json!({"properties": {"state": "Completed"}})),
+    )
+    .await;
+    let r3 = h
+        .wait("/v1/fleets/f1/updateRuns/r3", "r3 to end", ended)
+        .await;
+    assert_eq!(
+        state_of(&r3),
+        "Completed",
+        "the running run's next upgrade uses the new driver: {}",
+        member_in(&r3, "m4")
+    );
+}
