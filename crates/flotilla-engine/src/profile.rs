@@ -525,6 +525,25 @@ pub fn trigger_status(at: Time, outcome: &TriggerOutcome) -> Value {
     }
 }
 
+/// Whether a profile's stored `autoUpgradeProfileStatus` already records this outcome: the
+/// same failure as the last trigger's, whenever it was. A failure repeated at every pass is
+/// written once, so the profile's eTag does not climb and users' `If-Match` edits do not race
+/// the server; a run started is always news.
+pub fn already_recorded(status: &Value, outcome: &TriggerOutcome) -> bool {
+    if matches!(outcome, TriggerOutcome::Started { .. }) {
+        return false;
+    }
+    let without_time = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(fields) = v.as_object_mut() {
+            fields.remove("lastTriggeredAt");
+        }
+        v
+    };
+    let fresh = trigger_status(Time::from_unix(0), outcome);
+    without_time(status) == without_time(&fresh)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,5 +897,16 @@ mod tests {
         assert_eq!(failed["lastTriggerStatus"], "Failed");
         assert_eq!(failed["lastTriggerError"]["code"], "Conflict");
         assert!(failed.get("lastTriggerUpgradeVersions").is_none());
+        // The same failure later is already recorded; another failure or a start is not.
+        let again = TriggerOutcome::not_created("Conflict".into(), "gone".into());
+        assert!(already_recorded(&failed, &again));
+        let other = TriggerOutcome::not_created("Conflict".into(), "went".into());
+        assert!(!already_recorded(&failed, &other));
+        let started = TriggerOutcome::Started {
+            run: "r".into(),
+            versions: vec!["1.31.2".into()],
+        };
+        assert!(!already_recorded(&trigger_status(at, &started), &started));
+        assert!(!already_recorded(&Value::Null, &again));
     }
 }

@@ -39,8 +39,8 @@ use flotilla_engine::engine::{RunRules, RunSpec};
 use flotilla_engine::fleet_engine::FleetEngine;
 use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
-    NoRun, Profile, ProfileSpec, TriggerOutcome, next_generation, parse_profile, plan_generation,
-    trigger_status,
+    NoRun, Profile, ProfileSpec, TriggerOutcome, already_recorded, next_generation, parse_profile,
+    plan_generation, trigger_status,
 };
 
 /// The most members one import may carry (API.md, "Batch registration").
@@ -2570,6 +2570,9 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             };
             let mut body = current.body.clone();
+            if already_recorded(&body["properties"]["autoUpgradeProfileStatus"], &outcome) {
+                continue;
+            }
             body["properties"]["autoUpgradeProfileStatus"] = trigger_status(now(), &outcome);
             let _ = state
                 .runs

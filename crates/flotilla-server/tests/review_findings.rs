@@ -20,6 +20,8 @@ struct Harness {
     base: String,
     http: reqwest::Client,
     tokens: std::collections::HashMap<&'static str, String>,
+    /// The server's shared state, to run its background passes on demand.
+    state: flotilla_server::state::Shared,
     _dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -60,6 +62,7 @@ impl Harness {
             .await
             .expect("server starts");
         let addr = server.local_addr().expect("bound");
+        let state = server.state.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(server.serve(async move {
             let _ = stopped.await;
@@ -68,6 +71,7 @@ impl Harness {
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
             tokens,
+            state,
             _dir: dir,
             stop: Some(stop),
         }
@@ -363,4 +367,100 @@ async fn a_driver_changed_by_put_reaches_the_runs_at_once() {
         "the running run's next upgrade uses the new driver: {}",
         member_in(&r3, "m4")
     );
+}
+
+/// Finding 2: a profile whose trigger fails is written once, not at every pass: its eTag stays
+/// the same across passes that fail the same way, so an `If-Match` edit made with the eTag read
+/// earlier is not refused because the server rewrote the profile meanwhile.
+#[tokio::test]
+async fn a_profile_whose_trigger_fails_the_same_way_is_not_written_again() {
+    // The server's own pass every 50 ms, and more run by the test: passes certainly happened.
+    let h = Harness::start(
+        "failing-trigger",
+        flotilla_server::Timing {
+            profiles_every: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    // A member whose cluster the driver cannot reach: a run selecting it cannot be created.
+    member(&h, "m1", "c1", "all").await;
+    member(&h, "m2", "c-gone", "all").await;
+    let profile = json!({"properties": {"channel": "Rapid"}});
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(profile.clone()),
+    )
+    .await;
+    let failed = h
+        .wait(
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            "the trigger to fail",
+            |p| p["properties"]["autoUpgradeProfileStatus"]["lastTriggerStatus"] == "Failed",
+        )
+        .await;
+    let status = failed["properties"]["autoUpgradeProfileStatus"].clone();
+    assert!(
+        status["lastTriggerError"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("m2")),
+        "{status}"
+    );
+    let etag = failed["eTag"].as_str().expect("an eTag").to_string();
+    for _ in 0..5 {
+        flotilla_server::api::trigger_profiles(&h.state).await;
+    }
+    let after = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            None,
+        )
+        .await;
+    assert_eq!(after["eTag"], etag, "the same failure is not written again");
+    assert_eq!(after["properties"]["autoUpgradeProfileStatus"], status);
+    let (code, edited) = h
+        .send(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+            Some(json!({"properties": {"channel": "Rapid", "disabled": true}})),
+            Some(&etag),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "an edit with the eTag read: {edited}");
+    // What changes is written: once the cluster can be reached, the trigger succeeds.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        Some(profile),
+    )
+    .await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", cluster("1.30.5")),
+            ("c-gone", cluster("1.30.5")),
+        ])),
+    )
+    .await;
+    h.wait(
+        "/v1/fleets/f1/autoUpgradeProfiles/rapid",
+        "the trigger to succeed",
+        |p| p["properties"]["autoUpgradeProfileStatus"]["lastTriggerStatus"] == "Succeeded",
+    )
+    .await;
 }
