@@ -200,10 +200,16 @@ pub fn parse_profile(spec: &ProfileSpec) -> Result<Profile, ApiError> {
         }
         Some(Some("Latest")) => false,
         Some(Some("Consistent")) => true,
-        Some(other) => {
+        Some(Some(other)) => {
             return Err(bad(
                 "nodeImageSelection.type",
-                format!("{:?} must be Latest or Consistent", other.unwrap_or("")),
+                format!("{other:?} must be Latest or Consistent"),
+            ));
+        }
+        Some(None) => {
+            return Err(bad(
+                "nodeImageSelection.type",
+                "is required (Latest or Consistent)".into(),
             ));
         }
     };
@@ -320,7 +326,29 @@ impl NoRun {
                 "auto-upgrade profile {profile_name:?} is disabled; a disabled profile generates nothing"
             ),
             NoRun::NothingSelected(channel) => {
-                format!("the {channel:?} channel selects nothing from the fleet's releases yet")
+                // The channel as the profile names it, with its target where it has one.
+                let (name, detail) = match channel {
+                    Channel::Rapid => ("Rapid", String::new()),
+                    Channel::Stable => ("Stable", String::new()),
+                    Channel::NodeImage => ("NodeImage", String::new()),
+                    Channel::SecurityPatch => ("SecurityPatch", String::new()),
+                    Channel::TargetKubernetesVersion {
+                        major,
+                        minor,
+                        long_term_support,
+                    } => (
+                        "TargetKubernetesVersion",
+                        format!(
+                            " (targetKubernetesVersion {major}.{minor}{})",
+                            if long_term_support {
+                                " with longTermSupport"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ),
+                };
+                format!("the {name} channel{detail} selects nothing from the fleet's releases yet")
             }
         })
     }

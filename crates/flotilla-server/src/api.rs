@@ -2066,9 +2066,15 @@ async fn run_action(
                     Some("Stage") => SkipKind::Stage,
                     Some("AfterStageWait") => SkipKind::AfterStageWait,
                     other => {
+                        const KINDS: &str = "Member, Group, Stage or AfterStageWait";
                         return Err(ApiError::new(
                             ErrorCode::InvalidSkipTarget,
-                            format!("targets[{i}].type {other:?}: must be Member, Group, Stage or AfterStageWait"),
+                            match other {
+                                Some(t) => format!(
+                                    "targets[{i}].type: {t:?} is not a skip target type: {KINDS}"
+                                ),
+                                None => format!("targets[{i}].type is required: {KINDS}"),
+                            },
                             format!("targets[{i}].type"),
                         )
                         .into());
@@ -2249,12 +2255,13 @@ async fn patch_gate(
     }
     let patch: GatePatch = envelope(read_json(body).await?)?;
     if patch.state.as_deref() != Some("Completed") {
+        const ONLY: &str = "the only change allowed is Completed (approve)";
         return Err(ApiError::new(
             ErrorCode::InvalidGate,
-            format!(
-                "properties.state {:?}: the only change allowed is Completed (approve)",
-                patch.state
-            ),
+            match &patch.state {
+                Some(s) => format!("properties.state: {s:?} cannot be set; {ONLY}"),
+                None => format!("properties.state is required; {ONLY}"),
+            },
             "properties.state",
         )
         .into());

@@ -149,6 +149,32 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// The error message of a refused call, after checking its status and target.
+    async fn refused(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Value,
+        status: StatusCode,
+        target: &str,
+    ) -> String {
+        let (got, error) = self.call(who, method, path, Some(body)).await;
+        assert_eq!(got, status, "{error}");
+        assert_eq!(error["error"]["target"], target, "{error}");
+        let message = error["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            !message.contains("Some(") && !message.contains("None"),
+            "Rust internals in {message:?}"
+        );
+        message
+    }
+}
+
 impl Drop for Harness {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -463,4 +489,170 @@ async fn a_profile_whose_trigger_fails_the_same_way_is_not_written_again() {
         |p| p["properties"]["autoUpgradeProfileStatus"]["lastTriggerStatus"] == "Succeeded",
     )
     .await;
+}
+
+/// Finding 3: error messages name the field and the value as the user wrote it, never Rust's
+/// rendering of an optional or internal value (`Some("stage")`, `None`, a struct).
+#[tokio::test]
+async fn error_messages_show_values_as_written() {
+    let h = Harness::quiet("messages").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    member(&h, "m1", "c1", "all").await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(run_of(json!([{"name": "s", "groups": [{"name": "all"}]}]))),
+    )
+    .await;
+    let skip = "/v1/fleets/f1/updateRuns/r1/skip";
+    let message = h
+        .refused(
+            "operator",
+            Method::POST,
+            skip,
+            json!({"targets": [{"type": "stage", "name": "s"}]}),
+            StatusCode::BAD_REQUEST,
+            "targets[0].type",
+        )
+        .await;
+    assert_eq!(
+        message,
+        r#"targets[0].type: "stage" is not a skip target type: Member, Group, Stage or AfterStageWait"#
+    );
+    let message = h
+        .refused(
+            "operator",
+            Method::POST,
+            skip,
+            json!({"targets": [{"type": "Stage", "name": "s"}, {"name": "all"}]}),
+            StatusCode::BAD_REQUEST,
+            "targets[1].type",
+        )
+        .await;
+    assert_eq!(
+        message,
+        "targets[1].type is required: Member, Group, Stage or AfterStageWait"
+    );
+
+    // A gate's PATCH with another state, or none.
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/gated",
+        Some(run_of(json!([{"name": "s", "groups": [{"name": "all"}],
+            "beforeGates": [{"type": "Approval"}]}]))),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/gated/start",
+        None,
+    )
+    .await;
+    let gates = h
+        .wait("/v1/fleets/f1/gates", "the gate", |g| {
+            g["value"].as_array().is_some_and(|v| !v.is_empty())
+        })
+        .await;
+    let gate = gates["value"][0]["id"]
+        .as_str()
+        .expect("a gate")
+        .to_string();
+    let message = h
+        .refused(
+            "approver",
+            Method::PATCH,
+            &gate,
+            json!({"properties": {"state": "Pending"}}),
+            StatusCode::BAD_REQUEST,
+            "properties.state",
+        )
+        .await;
+    assert_eq!(
+        message,
+        r#"properties.state: "Pending" cannot be set; the only change allowed is Completed (approve)"#
+    );
+    let message = h
+        .refused(
+            "approver",
+            Method::PATCH,
+            &gate,
+            json!({"properties": {}}),
+            StatusCode::BAD_REQUEST,
+            "properties.state",
+        )
+        .await;
+    assert_eq!(
+        message,
+        "properties.state is required; the only change allowed is Completed (approve)"
+    );
+
+    // An aks driver's credential of an unknown type, or of none.
+    for (credential, said) in [
+        (
+            json!({"type": "Password"}),
+            r#"properties.driver.credential.type: "Password" is not a credential type: ClientSecret, ManagedIdentity, WorkloadIdentity or AzureCli"#,
+        ),
+        (
+            json!({}),
+            "properties.driver.credential.type is required: ClientSecret, ManagedIdentity, WorkloadIdentity or AzureCli",
+        ),
+    ] {
+        let message = h
+            .refused(
+                "admin",
+                Method::PUT,
+                "/v1/fleets/azure",
+                json!({"properties": {"driver": {"type": "aks", "credential": credential}}}),
+                StatusCode::BAD_REQUEST,
+                "properties.driver.credential.type",
+            )
+            .await;
+        assert_eq!(message, said);
+    }
+
+    // A profile whose channel selects nothing says which channel, as written.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1/autoUpgradeProfiles/pinned",
+        Some(json!({"properties": {"channel": "TargetKubernetesVersion", "targetKubernetesVersion": "1.35"}})),
+    )
+    .await;
+    let (status, error) = h
+        .call(
+            "admin",
+            Method::POST,
+            "/v1/fleets/f1/autoUpgradeProfiles/pinned/generateUpdateRun",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(
+        error["error"]["message"],
+        "the TargetKubernetesVersion channel (targetKubernetesVersion 1.35) selects nothing from the fleet's releases yet"
+    );
+    // A profile's node image selection without a type.
+    let message = h
+        .refused(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/f1/autoUpgradeProfiles/images",
+            json!({"properties": {"channel": "Rapid", "nodeImageSelection": {}}}),
+            StatusCode::BAD_REQUEST,
+            "properties.nodeImageSelection.type",
+        )
+        .await;
+    assert_eq!(
+        message,
+        "properties.nodeImageSelection.type: is required (Latest or Consistent)"
+    );
 }
