@@ -1,7 +1,7 @@
 //! The HTTP API of `docs/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 
 use axum::Router;
@@ -32,7 +32,8 @@ use crate::request::{precondition, read_json, read_json_limited, system_data};
 use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
 use crate::state::{AppState, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
-    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
+    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, cluster_key,
+    member_cluster_id,
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::{RunRules, RunSpec};
@@ -1137,6 +1138,7 @@ async fn import_members(
                 .map_err(|e| e.under(&prefix))?,
         );
     }
+    check_no_repeats(&writes)?;
     let registered = state
         .runs
         .store
@@ -1164,6 +1166,41 @@ async fn import_members(
         axum::Json(json!({"created": created, "updated": registered.written.len() - created}))
             .into_response(),
     )
+}
+
+/// An import names each member and each cluster once: a repeat within the request is refused
+/// as one, naming both items (it is neither a member that exists nor another's cluster, and
+/// which of the two items was meant cannot be told). Cluster ids compare case-insensitively.
+fn check_no_repeats(writes: &[MemberWrite]) -> HttpResult<()> {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut clusters: HashMap<String, usize> = HashMap::new();
+    for (i, write) in writes.iter().enumerate() {
+        if let Some(first) = names.insert(&write.name, i) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!(
+                    "value[{i}].name {:?} repeats value[{first}].name",
+                    write.name
+                ),
+                format!("value[{i}].name"),
+            )
+            .into());
+        }
+        let id = member_cluster_id(&write.body);
+        if let Some(first) = clusters.insert(cluster_key(id), i) {
+            let field = "properties.clusterResourceId";
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!(
+                    "value[{i}].{field} {id:?} repeats value[{first}].{field} {:?} (cluster ids are compared case-insensitively)",
+                    member_cluster_id(&writes[first].body)
+                ),
+                format!("value[{i}].{field}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 async fn patch_member(

@@ -656,3 +656,86 @@ async fn error_messages_show_values_as_written() {
         "properties.nodeImageSelection.type: is required (Latest or Consistent)"
     );
 }
+
+/// The members of fleet `f1`, by name.
+async fn member_names(h: &Harness) -> Vec<String> {
+    let page = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/members", None)
+        .await;
+    page["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// Finding 4: a name or a cluster id repeated within one import is refused as a repeat,
+/// naming both items (400), not as a member that "already exists"; nothing is created.
+#[tokio::test]
+async fn an_import_that_repeats_a_name_or_a_cluster_says_so() {
+    let h = Harness::quiet("import-repeats").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(
+            json!({"properties": {"driver": {"type": "sim", "timeScale": 6000,
+            "defaultCluster": cluster("1.30.5")}}}),
+        ),
+    )
+    .await;
+    let item =
+        |name: &str, id: &str| json!({"name": name, "properties": {"clusterResourceId": id}});
+    for mode in ["Create", "Upsert"] {
+        let message = h
+            .refused(
+                "operator",
+                Method::POST,
+                "/v1/fleets/f1/importMembers",
+                json!({"mode": mode, "value": [
+                    item("a", "/sub/rg/a"), item("x", "/sub/rg/x1"),
+                    item("b", "/sub/rg/b"), item("x", "/sub/rg/x2"),
+                ]}),
+                StatusCode::BAD_REQUEST,
+                "value[3].name",
+            )
+            .await;
+        assert_eq!(
+            message, r#"value[3].name "x" repeats value[1].name"#,
+            "mode {mode}"
+        );
+        let message = h
+            .refused(
+                "operator",
+                Method::POST,
+                "/v1/fleets/f1/importMembers",
+                json!({"mode": mode, "value": [
+                    item("a", "/sub/rg/X"), item("b", "/sub/rg/b"), item("c", "/SUB/rg/x"),
+                ]}),
+                StatusCode::BAD_REQUEST,
+                "value[2].properties.clusterResourceId",
+            )
+            .await;
+        assert_eq!(
+            message,
+            r#"value[2].properties.clusterResourceId "/SUB/rg/x" repeats value[0].properties.clusterResourceId "/sub/rg/X" (cluster ids are compared case-insensitively)"#,
+            "mode {mode}"
+        );
+        assert_eq!(
+            member_names(&h).await,
+            Vec::<String>::new(),
+            "nothing created"
+        );
+    }
+    // Without the repeat, the same import is taken.
+    let taken = h
+        .ok(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/importMembers",
+            Some(json!({"value": [item("a", "/sub/rg/a"), item("x", "/sub/rg/x1")]})),
+        )
+        .await;
+    assert_eq!(taken, json!({"created": 2, "updated": 0}));
+}
