@@ -505,7 +505,8 @@ fn schemas() -> Value {
         "memberSelector": {"type": "object"},
         "maxConcurrency": text,
         "maxAllowedFailures": text,
-        "afterStageWaitInSeconds": {"type": "integer"},
+        "afterStageWaitInSeconds": {"type": "integer", "minimum": 0,
+            "maximum": flotilla_engine::strategy::MAX_STAGE_WAIT_SECONDS},
         "beforeGates": {"type": "array", "items": gate},
         "afterGates": {"type": "array", "items": gate},
         "memberHealthChecks": block, "readinessChecks": block}});

@@ -739,3 +739,45 @@ async fn an_import_that_repeats_a_name_or_a_cluster_says_so() {
         .await;
     assert_eq!(taken, json!({"created": 2, "updated": 0}));
 }
+
+/// Finding 5: `afterStageWaitInSeconds` out of range is refused with the actual bound.
+#[tokio::test]
+async fn a_stage_wait_out_of_range_is_refused_with_its_bound() {
+    let h = Harness::quiet("wait-bound").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    let strategy = |wait: i64| {
+        json!({"properties": {"strategy": {"stages": [
+            {"name": "s", "groups": [{"name": "g"}], "afterStageWaitInSeconds": wait}]}}})
+    };
+    for wait in [3_162_240_000, 2_147_483_648, -1] {
+        let message = h
+            .refused(
+                "operator",
+                Method::PUT,
+                "/v1/fleets/f1/updateStrategies/slow",
+                strategy(wait),
+                StatusCode::BAD_REQUEST,
+                "properties.strategy.stages[0].afterStageWaitInSeconds",
+            )
+            .await;
+        assert_eq!(
+            message,
+            format!(
+                "properties.strategy.stages[0].afterStageWaitInSeconds {wait}: must be between 0 and 2147483647 seconds"
+            )
+        );
+    }
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateStrategies/slow",
+        Some(strategy(2_147_483_647)),
+    )
+    .await;
+}
