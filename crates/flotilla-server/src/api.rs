@@ -181,6 +181,18 @@ impl Paging {
             })
     }
 
+    /// The state a list is filtered by: `state=X`, or `$filter=state eq 'X'` (also
+    /// `properties/state eq 'X'`, as Fleet Manager's clients write it).
+    fn wanted_state(&self) -> Option<String> {
+        self.state.clone().or_else(|| {
+            let filter = self.filter.as_deref()?.trim();
+            let value = filter
+                .strip_prefix("properties/state eq ")
+                .or_else(|| filter.strip_prefix("state eq "))?;
+            Some(value.trim().trim_matches('\'').to_string())
+        })
+    }
+
     /// How many items a page holds: `$top`, 100 unless told, at most 1000.
     pub(crate) fn top(&self) -> HttpResult<usize> {
         match &self.top {
@@ -221,13 +233,7 @@ async fn list(
     path: &str,
 ) -> HttpResult<Response> {
     let top = paging.top()?;
-    let wanted_state = paging.state.clone().or_else(|| {
-        paging
-            .filter
-            .as_deref()
-            .and_then(|f| f.strip_prefix("state eq "))
-            .map(|s| s.trim().trim_matches('\'').to_string())
-    });
+    let wanted_state = paging.wanted_state();
     // Kinds shown as stored, unfiltered: the page is made of the stored texts, never parsed
     // (a page of runs carries their whole statuses).
     if kind != Kind::Member && wanted_state.is_none() {
@@ -2257,12 +2263,13 @@ async fn list_gates(
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;
-    if let Some(s) = &paging.state
-        && !matches!(s.as_str(), "Pending" | "Skipped" | "Completed")
+    // Every state a gate resource can have (a HealthCheck gate can fail, SEMANTICS §10).
+    if let Some(s) = paging.wanted_state()
+        && !matches!(s.as_str(), "Pending" | "Completed" | "Skipped" | "Failed")
     {
         return Err(ApiError::new(
             ErrorCode::InvalidRequestContent,
-            format!("state {s:?}: must be Pending, Skipped or Completed"),
+            format!("state {s:?}: must be Pending, Completed, Skipped or Failed"),
             "state",
         )
         .into());

@@ -345,7 +345,7 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
     if method == "get" && shape == Shape::List("Gate") {
         params.push(query(
             "state",
-            json!({"type": "string", "enum": ["Pending", "Skipped", "Completed"]}),
+            json!({"type": "string", "enum": ["Pending", "Completed", "Skipped", "Failed"]}),
         ));
         params.push(query("$filter", json!({"type": "string"})));
     }

@@ -4,6 +4,7 @@
 //! written once, error messages that name fields and values as the user wrote them, repeats
 //! within one import, the bound of `afterStageWaitInSeconds`, and gates filtered by any state.
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -780,4 +781,148 @@ async fn a_stage_wait_out_of_range_is_refused_with_its_bound() {
         Some(strategy(2_147_483_647)),
     )
     .await;
+}
+
+/// A health endpoint that answers every request 503: a check against it fails.
+fn failing_endpoint() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("bound").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = stream.read(&mut [0u8; 4096]);
+            let _ = stream.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nConnection: close\r\n\r\ndown",
+            );
+        }
+    });
+    port
+}
+
+/// The gates of fleet `f1` a list answers: `(gate type, state)`.
+fn gates_of(list: &Value) -> Vec<(String, String)> {
+    list["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            let field = |f: &str| g["properties"][f].as_str().unwrap_or_default().to_string();
+            (field("gateType"), field("state"))
+        })
+        .collect()
+}
+
+/// Finding 6: gates are filtered by any state a gate can have (a HealthCheck gate can fail), by
+/// `state` or `$filter`; an unknown state is refused naming it; the OpenAPI document lists them.
+#[tokio::test]
+async fn gates_are_filtered_by_every_state_they_can_have() {
+    let h = Harness::quiet("gate-states").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", cluster("1.30.5")),
+            ("c2", cluster("1.30.5")),
+        ])),
+    )
+    .await;
+    member(&h, "m1", "c1", "checked").await;
+    member(&h, "m2", "c2", "approved").await;
+    let port = failing_endpoint();
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/checked",
+        Some(run_of(json!([{"name": "s", "groups": [{"name": "checked"}],
+            "afterGates": [{"type": "HealthCheck", "soakSeconds": 1, "intervalSeconds": 1,
+                "checks": [{"name": "up", "type": "Http", "url": format!("http://127.0.0.1:{port}/health")}]}]}]))),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/approved",
+        Some(run_of(
+            json!([{"name": "s", "groups": [{"name": "approved"}],
+            "beforeGates": [{"type": "Approval"}]}]),
+        )),
+    )
+    .await;
+    for run in ["checked", "approved"] {
+        h.ok(
+            "operator",
+            Method::POST,
+            &format!("/v1/fleets/f1/updateRuns/{run}/start"),
+            None,
+        )
+        .await;
+    }
+    let checked = h
+        .wait(
+            "/v1/fleets/f1/updateRuns/checked",
+            "the check to fail",
+            ended,
+        )
+        .await;
+    assert_eq!(
+        checked["properties"]["status"]["stages"][0]["afterGates"][0]["status"]["state"], "Failed",
+        "{checked}"
+    );
+    h.wait("/v1/fleets/f1/gates", "both gates", |g| {
+        gates_of(g).len() == 2
+    })
+    .await;
+    let failed = [("HealthCheck".to_string(), "Failed".to_string())];
+    let pending = [("Approval".to_string(), "Pending".to_string())];
+    for (query, wanted) in [
+        ("state=Failed", &failed),
+        ("state=Pending", &pending),
+        ("$filter=state eq 'Failed'", &failed),
+        ("$filter=properties/state eq 'Failed'", &failed),
+        ("$filter=properties/state eq 'Pending'", &pending),
+    ] {
+        let (status, list) = h
+            .call(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/gates?{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{query}: {list}");
+        assert_eq!(gates_of(&list), wanted, "{query}: {list}");
+    }
+    for query in ["state=Bogus", "$filter=properties/state eq 'Bogus'"] {
+        let (status, error) = h
+            .call(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/gates?{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        assert_eq!(error["error"]["target"], "state", "{error}");
+        assert_eq!(
+            error["error"]["message"],
+            r#"state "Bogus": must be Pending, Completed, Skipped or Failed"#,
+            "{query}"
+        );
+    }
+    let spec = h.ok("reader", Method::GET, "/openapi.json", None).await;
+    let parameters = spec["paths"]["/v1/fleets/{fleet}/gates"]["get"]["parameters"].clone();
+    let state = parameters
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "state")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        state["schema"]["enum"],
+        json!(["Pending", "Completed", "Skipped", "Failed"]),
+        "{parameters}"
+    );
 }
