@@ -279,6 +279,25 @@ async fn a_driver_changed_by_put_reaches_the_runs_at_once() {
         .wait("/v1/fleets/f1/updateRuns/r1", "r1 to end", ended)
         .await;
     assert_eq!(state_of(&r1), "Completed", "{r1}");
+    // A write of the fleet that leaves its driver as it was keeps the driver built (a sim
+    // fleet's clusters keep what its runs did to them).
+    let built = || async {
+        h.state
+            .runs
+            .drivers
+            .for_fleet(h.state.runs.store.as_ref(), "f1")
+            .await
+            .expect("the fleet's driver")
+    };
+    let before = built().await;
+    h.ok(
+        "admin",
+        Method::PATCH,
+        "/v1/fleets/f1",
+        Some(json!({"tags": {"team": "platform"}})),
+    )
+    .await;
+    assert!(Arc::ptr_eq(&before, &built().await), "the same driver");
 
     // After the run: a cluster added to the driver's configuration, and a member on it.
     h.ok(
