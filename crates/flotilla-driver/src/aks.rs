@@ -245,9 +245,13 @@ impl Credential {
                 allowed(&[])?;
                 Ok(Credential::AzureCli)
             }
-            other => Err(DriverError::permanent(format!(
-                "{P}.type {other:?}: must be ClientSecret, ManagedIdentity, WorkloadIdentity or AzureCli"
-            ))),
+            other => {
+                const TYPES: &str = "ClientSecret, ManagedIdentity, WorkloadIdentity or AzureCli";
+                Err(DriverError::permanent(match other {
+                    Some(t) => format!("{P}.type: {t:?} is not a credential type: {TYPES}"),
+                    None => format!("{P}.type is required: {TYPES}"),
+                }))
+            }
         }
     }
 }

@@ -200,10 +200,16 @@ pub fn parse_profile(spec: &ProfileSpec) -> Result<Profile, ApiError> {
         }
         Some(Some("Latest")) => false,
         Some(Some("Consistent")) => true,
-        Some(other) => {
+        Some(Some(other)) => {
             return Err(bad(
                 "nodeImageSelection.type",
-                format!("{:?} must be Latest or Consistent", other.unwrap_or("")),
+                format!("{other:?} must be Latest or Consistent"),
+            ));
+        }
+        Some(None) => {
+            return Err(bad(
+                "nodeImageSelection.type",
+                "is required (Latest or Consistent)".into(),
             ));
         }
     };
@@ -320,7 +326,29 @@ impl NoRun {
                 "auto-upgrade profile {profile_name:?} is disabled; a disabled profile generates nothing"
             ),
             NoRun::NothingSelected(channel) => {
-                format!("the {channel:?} channel selects nothing from the fleet's releases yet")
+                // The channel as the profile names it, with its target where it has one.
+                let (name, detail) = match channel {
+                    Channel::Rapid => ("Rapid", String::new()),
+                    Channel::Stable => ("Stable", String::new()),
+                    Channel::NodeImage => ("NodeImage", String::new()),
+                    Channel::SecurityPatch => ("SecurityPatch", String::new()),
+                    Channel::TargetKubernetesVersion {
+                        major,
+                        minor,
+                        long_term_support,
+                    } => (
+                        "TargetKubernetesVersion",
+                        format!(
+                            " (targetKubernetesVersion {major}.{minor}{})",
+                            if long_term_support {
+                                " with longTermSupport"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ),
+                };
+                format!("the {name} channel{detail} selects nothing from the fleet's releases yet")
             }
         })
     }
@@ -523,6 +551,25 @@ pub fn trigger_status(at: Time, outcome: &TriggerOutcome) -> Value {
             status
         }
     }
+}
+
+/// Whether a profile's stored `autoUpgradeProfileStatus` already records this outcome: the
+/// same failure as the last trigger's, whenever it was. A failure repeated at every pass is
+/// written once, so the profile's eTag does not climb and users' `If-Match` edits do not race
+/// the server; a run started is always news.
+pub fn already_recorded(status: &Value, outcome: &TriggerOutcome) -> bool {
+    if matches!(outcome, TriggerOutcome::Started { .. }) {
+        return false;
+    }
+    let without_time = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(fields) = v.as_object_mut() {
+            fields.remove("lastTriggeredAt");
+        }
+        v
+    };
+    let fresh = trigger_status(Time::from_unix(0), outcome);
+    without_time(status) == without_time(&fresh)
 }
 
 #[cfg(test)]
@@ -878,5 +925,16 @@ mod tests {
         assert_eq!(failed["lastTriggerStatus"], "Failed");
         assert_eq!(failed["lastTriggerError"]["code"], "Conflict");
         assert!(failed.get("lastTriggerUpgradeVersions").is_none());
+        // The same failure later is already recorded; another failure or a start is not.
+        let again = TriggerOutcome::not_created("Conflict".into(), "gone".into());
+        assert!(already_recorded(&failed, &again));
+        let other = TriggerOutcome::not_created("Conflict".into(), "went".into());
+        assert!(!already_recorded(&failed, &other));
+        let started = TriggerOutcome::Started {
+            run: "r".into(),
+            versions: vec!["1.31.2".into()],
+        };
+        assert!(!already_recorded(&trigger_status(at, &started), &started));
+        assert!(!already_recorded(&Value::Null, &again));
     }
 }

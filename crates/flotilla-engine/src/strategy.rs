@@ -21,6 +21,9 @@ pub const MAX_GROUPS_PER_STAGE: usize = 50;
 /// Default server limit on a stage's `maxConcurrency` (SEMANTICS §3).
 pub const DEFAULT_STAGE_CONCURRENCY_LIMIT: u64 = 1000;
 pub const DEFAULT_STAGE_CONCURRENCY: u64 = 50;
+/// The longest wait after a stage, in seconds: Fleet Manager's `afterStageWaitInSeconds` is
+/// an int32.
+pub const MAX_STAGE_WAIT_SECONDS: i64 = i32::MAX as i64;
 
 // ---------------------------------------------------------------------------------------------
 // Wire shapes.
@@ -583,10 +586,12 @@ pub fn parse_strategy(
             ));
         }
         let wait = s.after_stage_wait_in_seconds.unwrap_or(0);
-        if !(0..=i64::from(i32::MAX)).contains(&wait) {
+        if !(0..=MAX_STAGE_WAIT_SECONDS).contains(&wait) {
             return Err(ApiError::new(
                 ErrorCode::InvalidStrategy,
-                format!("{spath}.afterStageWaitInSeconds {wait}: must be 0 or more seconds"),
+                format!(
+                    "{spath}.afterStageWaitInSeconds {wait}: must be between 0 and {MAX_STAGE_WAIT_SECONDS} seconds"
+                ),
                 format!("{spath}.afterStageWaitInSeconds"),
             ));
         }

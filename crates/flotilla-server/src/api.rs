@@ -1,7 +1,7 @@
 //! The HTTP API of `docs/spec/API.md`: resources with eTags and paging, run actions, gates,
 //! the event log and its live stream, releases, tokens, health and metrics.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 
 use axum::Router;
@@ -32,15 +32,16 @@ use crate::request::{precondition, read_json, read_json_limited, system_data};
 use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
 use crate::state::{AppState, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
-    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, member_cluster_id,
+    Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, cluster_key,
+    member_cluster_id,
 };
 use flotilla_engine::body::{RunProperties, StrategyProperties};
 use flotilla_engine::engine::{RunRules, RunSpec};
 use flotilla_engine::fleet_engine::FleetEngine;
 use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
-    NoRun, Profile, ProfileSpec, TriggerOutcome, next_generation, parse_profile, plan_generation,
-    trigger_status,
+    NoRun, Profile, ProfileSpec, TriggerOutcome, already_recorded, next_generation, parse_profile,
+    plan_generation, trigger_status,
 };
 
 /// The most members one import may carry (API.md, "Batch registration").
@@ -180,6 +181,18 @@ impl Paging {
             })
     }
 
+    /// The state a list is filtered by: `state=X`, or `$filter=state eq 'X'` (also
+    /// `properties/state eq 'X'`, as Fleet Manager's clients write it).
+    fn wanted_state(&self) -> Option<String> {
+        self.state.clone().or_else(|| {
+            let filter = self.filter.as_deref()?.trim();
+            let value = filter
+                .strip_prefix("properties/state eq ")
+                .or_else(|| filter.strip_prefix("state eq "))?;
+            Some(value.trim().trim_matches('\'').to_string())
+        })
+    }
+
     /// How many items a page holds: `$top`, 100 unless told, at most 1000.
     pub(crate) fn top(&self) -> HttpResult<usize> {
         match &self.top {
@@ -220,13 +233,7 @@ async fn list(
     path: &str,
 ) -> HttpResult<Response> {
     let top = paging.top()?;
-    let wanted_state = paging.state.clone().or_else(|| {
-        paging
-            .filter
-            .as_deref()
-            .and_then(|f| f.strip_prefix("state eq "))
-            .map(|s| s.trim().trim_matches('\'').to_string())
-    });
+    let wanted_state = paging.wanted_state();
     // Kinds shown as stored, unfiltered: the page is made of the stored texts, never parsed
     // (a page of runs carries their whole statuses).
     if kind != Kind::Member && wanted_state.is_none() {
@@ -742,7 +749,9 @@ async fn write_fleet(
     };
     let (resource, created) =
         write_resource(state, "", Kind::Fleet, fleet, body, stored, caller, &when).await?;
-    state.runs.drivers.forget(fleet);
+    // A changed driver configuration is built again (and kept while it does not change) and
+    // reaches the fleet's runs at once, those going included.
+    state.runs.driver_changed(fleet).await;
     if created {
         // The replica a new fleet is created on drives it, unless another took it already.
         state.runs.own(fleet).await;
@@ -1136,6 +1145,7 @@ async fn import_members(
                 .map_err(|e| e.under(&prefix))?,
         );
     }
+    check_no_repeats(&writes)?;
     let registered = state
         .runs
         .store
@@ -1163,6 +1173,41 @@ async fn import_members(
         axum::Json(json!({"created": created, "updated": registered.written.len() - created}))
             .into_response(),
     )
+}
+
+/// An import names each member and each cluster once: a repeat within the request is refused
+/// as one, naming both items (it is neither a member that exists nor another's cluster, and
+/// which of the two items was meant cannot be told). Cluster ids compare case-insensitively.
+fn check_no_repeats(writes: &[MemberWrite]) -> HttpResult<()> {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut clusters: HashMap<String, usize> = HashMap::new();
+    for (i, write) in writes.iter().enumerate() {
+        if let Some(first) = names.insert(&write.name, i) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!(
+                    "value[{i}].name {:?} repeats value[{first}].name",
+                    write.name
+                ),
+                format!("value[{i}].name"),
+            )
+            .into());
+        }
+        let id = member_cluster_id(&write.body);
+        if let Some(first) = clusters.insert(cluster_key(id), i) {
+            let field = "properties.clusterResourceId";
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!(
+                    "value[{i}].{field} {id:?} repeats value[{first}].{field} {:?} (cluster ids are compared case-insensitively)",
+                    member_cluster_id(&writes[first].body)
+                ),
+                format!("value[{i}].{field}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 async fn patch_member(
@@ -2055,9 +2100,15 @@ async fn run_action(
                     Some("Stage") => SkipKind::Stage,
                     Some("AfterStageWait") => SkipKind::AfterStageWait,
                     other => {
+                        const KINDS: &str = "Member, Group, Stage or AfterStageWait";
                         return Err(ApiError::new(
                             ErrorCode::InvalidSkipTarget,
-                            format!("targets[{i}].type {other:?}: must be Member, Group, Stage or AfterStageWait"),
+                            match other {
+                                Some(t) => format!(
+                                    "targets[{i}].type: {t:?} is not a skip target type: {KINDS}"
+                                ),
+                                None => format!("targets[{i}].type is required: {KINDS}"),
+                            },
                             format!("targets[{i}].type"),
                         )
                         .into());
@@ -2203,12 +2254,13 @@ async fn list_gates(
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;
-    if let Some(s) = &paging.state
-        && !matches!(s.as_str(), "Pending" | "Skipped" | "Completed")
+    // Every state a gate resource can have (a HealthCheck gate can fail, SEMANTICS §10).
+    if let Some(s) = paging.wanted_state()
+        && !matches!(s.as_str(), "Pending" | "Completed" | "Skipped" | "Failed")
     {
         return Err(ApiError::new(
             ErrorCode::InvalidRequestContent,
-            format!("state {s:?}: must be Pending, Skipped or Completed"),
+            format!("state {s:?}: must be Pending, Completed, Skipped or Failed"),
             "state",
         )
         .into());
@@ -2238,12 +2290,13 @@ async fn patch_gate(
     }
     let patch: GatePatch = envelope(read_json(body).await?)?;
     if patch.state.as_deref() != Some("Completed") {
+        const ONLY: &str = "the only change allowed is Completed (approve)";
         return Err(ApiError::new(
             ErrorCode::InvalidGate,
-            format!(
-                "properties.state {:?}: the only change allowed is Completed (approve)",
-                patch.state
-            ),
+            match &patch.state {
+                Some(s) => format!("properties.state: {s:?} cannot be set; {ONLY}"),
+                None => format!("properties.state is required; {ONLY}"),
+            },
             "properties.state",
         )
         .into());
@@ -2486,6 +2539,8 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
     else {
         return;
     };
+    // A driver changed through another replica reaches this one's runs within a pass.
+    state.runs.use_driver(fleet, &driver);
     let Ok(catalog) = driver.catalog().await else {
         return;
     };
@@ -2561,6 +2616,9 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             };
             let mut body = current.body.clone();
+            if already_recorded(&body["properties"]["autoUpgradeProfileStatus"], &outcome) {
+                continue;
+            }
             body["properties"]["autoUpgradeProfileStatus"] = trigger_status(now(), &outcome);
             let _ = state
                 .runs

@@ -363,7 +363,7 @@ fn parameters(method: &str, path: &str, shape: Shape) -> Vec<Value> {
     if method == "get" && shape == Shape::List("Gate") {
         params.push(query(
             "state",
-            json!({"type": "string", "enum": ["Pending", "Skipped", "Completed"]}),
+            json!({"type": "string", "enum": ["Pending", "Completed", "Skipped", "Failed"]}),
         ));
         params.push(query("$filter", json!({"type": "string"})));
     }
@@ -525,7 +525,8 @@ fn schemas() -> Value {
         "memberSelector": {"type": "object"},
         "maxConcurrency": text,
         "maxAllowedFailures": text,
-        "afterStageWaitInSeconds": {"type": "integer"},
+        "afterStageWaitInSeconds": {"type": "integer", "minimum": 0,
+            "maximum": flotilla_engine::strategy::MAX_STAGE_WAIT_SECONDS},
         "beforeGates": {"type": "array", "items": gate},
         "afterGates": {"type": "array", "items": gate},
         "memberHealthChecks": block, "readinessChecks": block}});

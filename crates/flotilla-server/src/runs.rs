@@ -192,6 +192,9 @@ enum Msg {
     Forecast {
         made: Option<(Time, BTreeMap<String, Option<Time>>)>,
     },
+    /// The fleet's driver as its configuration now says (it was changed): every operation sent
+    /// from now on, for every run, goes through it.
+    Driver(Arc<dyn Driver>),
 }
 
 /// How often a fleet's moving runs are forecast for their statuses, at most (SEMANTICS §11).
@@ -284,6 +287,8 @@ struct FleetTask {
     epoch: i64,
     tx: mpsc::UnboundedSender<Msg>,
     driving: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// The driver the task was last given.
+    driver: Arc<dyn Driver>,
 }
 
 impl FleetTask {
@@ -1120,6 +1125,29 @@ impl Runs {
         }
     }
 
+    /// Hands the fleet's driver, as built from its configuration now, to the task driving the
+    /// fleet, if one runs here and drives with another: a changed configuration reaches runs
+    /// already going, without a restart.
+    pub fn use_driver(&self, fleet: &str, driver: &Arc<dyn Driver>) {
+        let Ok(mut fleets) = self.fleets.lock() else {
+            return;
+        };
+        if let Some(task) = fleets.get_mut(fleet)
+            && !Arc::ptr_eq(&task.driver, driver)
+        {
+            task.driver = driver.clone();
+            let _ = task.tx.send(Msg::Driver(driver.clone()));
+        }
+    }
+
+    /// Builds the fleet's driver again if its configuration changed, and hands it to the task
+    /// driving the fleet ([`Runs::use_driver`]).
+    pub async fn driver_changed(&self, fleet: &str) {
+        if let Ok(driver) = self.drivers.for_fleet(self.store.as_ref(), fleet).await {
+            self.use_driver(fleet, &driver);
+        }
+    }
+
     /// Hands a member's observation to the task driving its fleet, if one runs here; false
     /// when none does (the caller records it itself).
     pub fn observed(&self, fleet: &str, member: &str, cluster: Cluster) -> bool {
@@ -1204,6 +1232,7 @@ impl Runs {
             epoch: fence.epoch,
             tx: tx.clone(),
             driving: Default::default(),
+            driver: driver.clone(),
         };
         if let Some(old) = fleets.insert(fleet.to_string(), task.clone()) {
             let _ = old.tx.send(Msg::Abandon);
@@ -1666,7 +1695,11 @@ impl FleetActor {
         self.pace.dirty |= batch.iter().any(|m| {
             matches!(
                 m,
-                Msg::Action { .. } | Msg::Remote { .. } | Msg::Observed { .. } | Msg::Adopt { .. }
+                Msg::Action { .. }
+                    | Msg::Remote { .. }
+                    | Msg::Observed { .. }
+                    | Msg::Adopt { .. }
+                    | Msg::Driver(_)
             )
         });
         for msg in batch {
@@ -1684,6 +1717,7 @@ impl FleetActor {
                     let _ = reply.send(Box::new(self.engine.clone().without_journal()));
                 }
                 Msg::Forecast { made } => self.take_forecast(made),
+                Msg::Driver(driver) => self.driver = driver,
                 Msg::Retire { run } => self.drop_run(&run),
                 Msg::Remote { run, id, input } => {
                     if !self.meta.contains_key(&run) {

@@ -2083,7 +2083,7 @@ async fn members_are_imported_in_batches_and_cluster_ids_are_unique() {
         ),
         (
             vec![item(5000, "/sub/rg/x"), item(5001, "/SUB/rg/X")],
-            StatusCode::CONFLICT,
+            StatusCode::BAD_REQUEST,
             "value[1].properties.clusterResourceId",
         ),
         (

@@ -499,7 +499,7 @@ pub enum GateCommand {
         #[command(flatten)]
         fleet: FleetOnly,
         /// Only gates in this state (az's `--state-filter`).
-        #[arg(long, alias = "state-filter", ignore_case = true, value_parser = choice(&["Pending", "Skipped", "Completed"]))]
+        #[arg(long, alias = "state-filter", ignore_case = true, value_parser = choice(&["Pending", "Completed", "Skipped", "Failed"]))]
         state: Option<String>,
         /// Only gates of this type.
         #[arg(long, ignore_case = true, value_parser = choice(&["Approval", "ScheduledStart", "HealthCheck"]))]
