@@ -851,12 +851,23 @@ async fn gates_are_filtered_by_every_state_they_can_have() {
     member(&h, "m2", "c2", "approved").await;
     let port = failing_endpoint();
     h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/checkProviders/failing",
+        Some(
+            json!({"properties": {"type": "Http", "baseUrl": format!("http://127.0.0.1:{port}")}}),
+        ),
+    )
+    .await;
+    h.ok(
         "operator",
         Method::PUT,
         "/v1/fleets/f1/updateRuns/checked",
-        Some(run_of(json!([{"name": "s", "groups": [{"name": "checked"}],
+        Some(run_of(
+            json!([{"name": "s", "groups": [{"name": "checked"}],
             "afterGates": [{"type": "HealthCheck", "soakSeconds": 1, "intervalSeconds": 1,
-                "checks": [{"name": "up", "type": "Http", "url": format!("http://127.0.0.1:{port}/health")}]}]}]))),
+                "checks": [{"name": "up", "provider": "failing", "path": "/health"}]}]}]),
+        )),
     )
     .await;
     h.ok(
