@@ -81,7 +81,7 @@ fn check_precondition(headers: &HeaderMap, etag: &str) -> HttpResult<()> {
     Ok(())
 }
 
-fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
+pub(crate) fn check_resource_name(name: &str, what: &str, max: usize) -> HttpResult<()> {
     check_name(name, max).map_err(|m| {
         HttpError::from(ApiError::new(
             ErrorCode::InvalidName,
@@ -364,7 +364,7 @@ async fn get_one(
         .ok_or_else(|| not_found(what, name))
 }
 
-async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<Resource> {
+pub(crate) async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<Resource> {
     get_one(state, "", Kind::Fleet, fleet, "fleet").await
 }
 
@@ -398,6 +398,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Profile => "autoUpgradeProfile",
         Kind::Fleet => "fleet",
         Kind::CheckProvider => "checkProvider",
+        Kind::Freeze => "freeze",
     }
 }
 
@@ -513,6 +514,10 @@ async fn delete_child(
         .await?
     {
         return Err(not_found(kind_name(kind), &name));
+    }
+    if kind == Kind::Freeze {
+        // Members it held may start at the next scheduling pass (SEMANTICS §12).
+        state.runs.freezes_changed(&fleet).await;
     }
     Ok(StatusCode::OK.into_response())
 }
@@ -2539,8 +2544,10 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
     else {
         return;
     };
-    // A driver changed through another replica reaches this one's runs within a pass.
+    // A driver changed through another replica reaches this one's runs within a pass, and so
+    // do its freezes.
     state.runs.use_driver(fleet, &driver);
+    state.runs.freezes_changed(fleet).await;
     let Ok(catalog) = driver.catalog().await else {
         return;
     };
@@ -2989,6 +2996,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/v1/fleets/{fleet}/freezes",
+        "List the fleet's freezes, each with its status now (active, nextStart, nextEnd)",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/freezes/{freeze}",
+        "Get a freeze with its status now (active, nextStart, nextEnd, members covered)",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/freezes/{freeze}",
+        "Create or replace a freeze (SEMANTICS §12): {\"properties\": {\"start\", \"end\"} or {\"recurrence\"}, \"selector\", \"scope\": \"AllUpgrades\" | \"MinorUpgrades\" | \"MinorAndNodeUpgrades\", \"reason\"}}; it holds members from the next scheduling pass",
+        "operator",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/freezes/{freeze}",
+        "Delete a freeze: members it held may start at the next scheduling pass",
+        "operator",
+    ),
+    (
+        "get",
         "/v1/fleets/{fleet}/updateStrategies",
         "List update strategies",
         "reader",
@@ -3187,6 +3218,13 @@ pub fn router(state: Shared) -> Router {
             getter(Kind::Strategy)
                 .put(put_strategy)
                 .merge(deleter(Kind::Strategy, Role::Operator)),
+        )
+        .route(&format!("{fleet}/freezes"), get(crate::freezes::list))
+        .route(
+            &format!("{fleet}/freezes/{{freeze}}"),
+            get(crate::freezes::get)
+                .put(crate::freezes::put)
+                .merge(deleter(Kind::Freeze, Role::Operator)),
         )
         .route(&format!("{fleet}/updateRuns"), lister(Kind::Run))
         .route(

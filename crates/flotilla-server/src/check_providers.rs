@@ -2,11 +2,9 @@
 //! admin at `/v1/checkProviders/{name}` (a Prometheus endpoint, an HTTP base URL, a program
 //! with fixed arguments, with their headers and CA). Strategies and runs name a provider and
 //! carry only data; a write that names one checks it here, and evaluations read providers
-//! through a short cache (a change made on another replica is seen within [`FRESH`]).
+//! through a short cache (`crate::evaluate::Providers`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -16,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use flotilla_engine::checks::{
-    Provider, ProviderSpec, ProviderTarget, check_providers, parse_provider, strategy_checks,
+    ProviderSpec, ProviderTarget, check_providers, parse_provider, strategy_checks,
 };
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
 use flotilla_engine::strategy::{StrategySpec, check_name};
@@ -25,62 +23,14 @@ use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
 use crate::request::{precondition, read_json, system_data};
 use crate::state::{AppState, Shared};
-use crate::store::{Kind, Precondition, Resource, Store, StoreResult};
+use crate::store::{Kind, Precondition, Resource};
 
-/// Check providers are server-wide: stored under this fleet, which no fleet can be named.
-const SERVER: &str = "";
-/// How long an evaluation trusts a provider it read.
-pub const FRESH: Duration = Duration::from_secs(5);
+use crate::evaluate::{SERVER, from_body, read};
+
 /// What a GET shows instead of a header's literal value (it may be a credential).
 const REDACTED: &str = "<redacted>";
 /// Providers on one server at most, and a page of them.
 const MOST: usize = 1000;
-
-/// A provider as read, and when (`None`: there was none).
-type Read = (Instant, Option<Arc<Provider>>);
-
-/// Providers as evaluations last read them, by name.
-#[derive(Default)]
-pub struct Providers {
-    cache: Mutex<HashMap<String, Read>>,
-}
-
-impl Providers {
-    /// The provider named `name`, read again once its cached copy is older than [`FRESH`].
-    pub async fn get(&self, store: &dyn Store, name: &str) -> StoreResult<Option<Arc<Provider>>> {
-        if let Ok(cache) = self.cache.lock()
-            && let Some((at, found)) = cache.get(name)
-            && at.elapsed() < FRESH
-        {
-            return Ok(found.clone());
-        }
-        let found = read(store, name).await?.map(Arc::new);
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(name.to_string(), (Instant::now(), found.clone()));
-        }
-        Ok(found)
-    }
-
-    /// Drops a cached copy: this replica wrote or deleted the provider.
-    fn forget(&self, name: &str) {
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.remove(name);
-        }
-    }
-}
-
-/// A stored provider, parsed; one that no longer parses (a rule tightened since) is none.
-async fn read(store: &dyn Store, name: &str) -> StoreResult<Option<Provider>> {
-    Ok(store
-        .get(SERVER, Kind::CheckProvider, name)
-        .await?
-        .and_then(|r| from_body(name, &r.body)))
-}
-
-fn from_body(name: &str, body: &Value) -> Option<Provider> {
-    let spec: ProviderSpec = serde_json::from_value(body["properties"].clone()).ok()?;
-    parse_provider(name, &spec).ok()
-}
 
 /// Checks the checks of a strategy written for `fleet` against the providers they name
 /// (SEMANTICS §10): each exists, is of its check's type, serves the fleet; none carries an

@@ -7,8 +7,10 @@
 //! response body.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::store::{Kind, Store, StoreResult};
 
 use flotilla_driver::ExecAllow;
 use flotilla_engine::checks::{
@@ -39,6 +41,58 @@ impl Default for Evaluator {
 
 /// Longest body read from an Http check or Prometheus: enough for any answer worth judging.
 const MOST_BODY: usize = 4 << 20;
+
+/// Check providers are server-wide: stored under this fleet, which no fleet can be named.
+pub const SERVER: &str = "";
+/// How long an evaluation trusts a provider it read.
+pub const FRESH: Duration = Duration::from_secs(5);
+
+/// A provider as read, and when (`None`: there was none).
+type Read = (Instant, Option<Arc<Provider>>);
+
+/// Providers as evaluations last read them, by name.
+#[derive(Default)]
+pub struct Providers {
+    cache: Mutex<HashMap<String, Read>>,
+}
+
+impl Providers {
+    /// The provider named `name`, read again once its cached copy is older than [`FRESH`].
+    pub async fn get(&self, store: &dyn Store, name: &str) -> StoreResult<Option<Arc<Provider>>> {
+        if let Ok(cache) = self.cache.lock()
+            && let Some((at, found)) = cache.get(name)
+            && at.elapsed() < FRESH
+        {
+            return Ok(found.clone());
+        }
+        let found = read(store, name).await?.map(Arc::new);
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(name.to_string(), (Instant::now(), found.clone()));
+        }
+        Ok(found)
+    }
+
+    /// Drops a cached copy: this replica wrote or deleted the provider.
+    pub fn forget(&self, name: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remove(name);
+        }
+    }
+}
+
+/// A stored provider, parsed; one that no longer parses (a rule tightened since) is none.
+pub async fn read(store: &dyn Store, name: &str) -> StoreResult<Option<Provider>> {
+    Ok(store
+        .get(SERVER, Kind::CheckProvider, name)
+        .await?
+        .and_then(|r| from_body(name, &r.body)))
+}
+
+pub fn from_body(name: &str, body: &serde_json::Value) -> Option<Provider> {
+    let spec: flotilla_engine::checks::ProviderSpec =
+        serde_json::from_value(body["properties"].clone()).ok()?;
+    flotilla_engine::checks::parse_provider(name, &spec).ok()
+}
 
 /// Reads a CA bundle: every certificate in a PEM file.
 pub fn read_ca_file(path: &str) -> Result<Vec<reqwest::Certificate>, String> {

@@ -25,6 +25,8 @@ pub mod discovery;
 pub mod durations;
 pub mod error;
 pub mod evaluate;
+pub mod fleet_rules;
+pub mod freezes;
 pub mod home;
 pub mod http;
 pub mod journal;

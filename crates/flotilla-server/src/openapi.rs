@@ -33,6 +33,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "tokens" => "Token",
         "webhooks" => "Webhook",
         "checkProviders" => "CheckProvider",
+        "freezes" => "Freeze",
         _ => return None,
     })
 }
@@ -636,6 +637,7 @@ fn schemas() -> Value {
     schemas["Audit"] = audit;
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
+    schemas["Freeze"] = freeze_schema();
     schemas["Deliveries"] = deliveries_schema();
     schemas
 }
@@ -653,6 +655,23 @@ fn webhook_schema() -> Value {
         "events": names,
         "format": {"type": "string", "enum": ["CloudEvents", "Slack", "Teams"]}}}),
     )
+}
+
+/// A freeze (SEMANTICS §12): one-off (start, end) or recurring, its status worked out on read.
+fn freeze_schema() -> Value {
+    let text = json!({"type": "string"});
+    let time = json!({"type": "string", "format": "date-time"});
+    envelope(json!({"type": "object", "properties": {
+        "start": time, "end": time,
+        "recurrence": {"type": "object", "required": ["schedule", "durationHours"], "properties": {
+            "schedule": {"type": "object"}, "startTime": text, "utcOffset": text, "startDate": text,
+            "durationHours": {"type": "integer", "minimum": 1, "maximum": 168}}},
+        "selector": {"type": "object", "properties": {"byLabel": text}},
+        "scope": {"type": "string", "enum": ["AllUpgrades", "MinorUpgrades", "MinorAndNodeUpgrades"]},
+        "reason": {"type": "string", "maxLength": 200},
+        "status": {"type": "object", "readOnly": true, "properties": {
+            "active": {"type": "boolean"}, "nextStart": time, "nextEnd": time,
+            "members": {"type": "integer"}}}}}))
 }
 
 /// A check provider (SEMANTICS §10): where checks may go, declared by an admin.

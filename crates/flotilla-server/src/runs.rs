@@ -195,6 +195,35 @@ enum Msg {
     /// The fleet's driver as its configuration now says (it was changed): every operation sent
     /// from now on, for every run, goes through it.
     Driver(Arc<dyn Driver>),
+    /// The fleet's freezes as stored now (SEMANTICS §12): the fleet engine is told of each that
+    /// changed, and decides from the next scheduling pass.
+    Freezes(Vec<flotilla_engine::freeze::Freeze>),
+}
+
+/// Tells the fleet engine of each freeze that is new, changed or gone (SEMANTICS §12); whether
+/// any was.
+fn apply_freezes(
+    engine: &mut FleetEngine,
+    now: Time,
+    freezes: Vec<flotilla_engine::freeze::Freeze>,
+) -> bool {
+    let mut changed = false;
+    let gone: Vec<String> = engine
+        .freezes()
+        .filter(|f| !freezes.iter().any(|n| n.name == f.name))
+        .map(|f| f.name.clone())
+        .collect();
+    for name in gone {
+        changed = true;
+        let _ = engine.handle(now, FleetInput::DeleteFreeze { name });
+    }
+    for freeze in freezes {
+        if !engine.freezes().any(|f| *f == freeze) {
+            changed = true;
+            let _ = engine.handle(now, FleetInput::PutFreeze(Box::new(freeze)));
+        }
+    }
+    changed
 }
 
 /// How often a fleet's moving runs are forecast for their statuses, at most (SEMANTICS §11).
@@ -390,7 +419,7 @@ pub struct Runs {
     /// Makes the evaluations health and readiness checks ask for (SEMANTICS §10).
     pub evaluator: Arc<crate::evaluate::Evaluator>,
     /// The check providers evaluations go through, as last read (SEMANTICS §10).
-    pub providers: crate::check_providers::Providers,
+    pub providers: crate::evaluate::Providers,
     /// The writer of operation ids drivers name, started on first use.
     operation_ids:
         std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
@@ -1148,6 +1177,19 @@ impl Runs {
         }
     }
 
+    /// Reads the fleet's freezes and hands them to the task driving the fleet, if one runs here
+    /// (a write on another replica reaches it at the next catalog pass, which calls this too).
+    pub async fn freezes_changed(&self, fleet: &str) {
+        let Ok(freezes) = crate::fleet_rules::freezes_of(self.store.as_ref(), fleet).await else {
+            return;
+        };
+        if let Ok(fleets) = self.fleets.lock()
+            && let Some(task) = fleets.get(fleet)
+        {
+            let _ = task.tx.send(Msg::Freezes(freezes));
+        }
+    }
+
     /// Hands a member's observation to the task driving its fleet, if one runs here; false
     /// when none does (the caller records it itself).
     pub fn observed(&self, fleet: &str, member: &str, cluster: Cluster) -> bool {
@@ -1211,6 +1253,9 @@ impl Runs {
         // The member table: every run of the fleet decides on it, so a cluster another run
         // upgraded is never upgraded again.
         let table = member_table(&self.store, fleet).await?;
+        let freezes = crate::fleet_rules::freezes_of(self.store.as_ref(), fleet)
+            .await
+            .map_err(|e| ApiError::conflict(format!("cannot read the fleet's freezes: {e}")))?;
         let mut fleets = self
             .fleets
             .lock()
@@ -1237,9 +1282,11 @@ impl Runs {
         if let Some(old) = fleets.insert(fleet.to_string(), task.clone()) {
             let _ = old.tx.send(Msg::Abandon);
         }
+        let mut engine = FleetEngine::from_shared(table, Catalog::default()).recording();
+        let _ = apply_freezes(&mut engine, now(), freezes);
         let actor = FleetActor {
             fleet: fleet.to_string(),
-            engine: FleetEngine::from_shared(table, Catalog::default()).recording(),
+            engine,
             meta: HashMap::new(),
             runs: self.clone(),
             driver,
@@ -1718,6 +1765,9 @@ impl FleetActor {
                 }
                 Msg::Forecast { made } => self.take_forecast(made),
                 Msg::Driver(driver) => self.driver = driver,
+                Msg::Freezes(freezes) => {
+                    self.pace.dirty |= apply_freezes(&mut self.engine, now, freezes);
+                }
                 Msg::Retire { run } => self.drop_run(&run),
                 Msg::Remote { run, id, input } => {
                     if !self.meta.contains_key(&run) {

@@ -3912,3 +3912,158 @@ async fn a_strategy_stored_with_inline_checks_makes_no_run() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// Freezes (SEMANTICS §12) through the API: refused properties name the field and the value
+/// and change nothing; a freeze holds the members it covers Pending, naming it, in a run
+/// already going; deleting it lets them start at once.
+#[tokio::test]
+async fn a_freeze_holds_the_members_it_covers_until_it_is_deleted() {
+    let h = Harness::start("freezes").await;
+    fleet_of(&h, &[("d1", "g", "1.30.5"), ("p1", "g", "1.30.5")]).await;
+    h.ok(
+        "operator",
+        Method::PATCH,
+        "/v1/fleets/f1/members/p1",
+        Some(json!({"properties": {"labels": {"env": "prod"}}})),
+    )
+    .await;
+    for (body, target, says) in [
+        (json!({"properties": {}}), "properties.start", "required"),
+        (
+            json!({"properties": {"start": "2026-03-02T00:00:00Z", "end": "2026-03-01T00:00:00Z"}}),
+            "properties.end",
+            "2026-03-01T00:00:00Z",
+        ),
+        (
+            json!({"properties": {"start": "2026-03-02T00:00:00Z", "end": "2026-03-03T00:00:00Z", "scope": "Most"}}),
+            "properties.scope",
+            "Most",
+        ),
+        (
+            json!({"properties": {"recurrence": {"schedule": {"daily": {"intervalDays": 1}}, "startTime": "00:00", "durationHours": 200}}}),
+            "properties.recurrence.durationHours",
+            "200",
+        ),
+    ] {
+        let (status, answer, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                "/v1/fleets/f1/freezes/peak",
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["target"], target, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        h.status("reader", Method::GET, "/v1/fleets/f1/freezes/peak", None)
+            .await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.status(
+            "reader",
+            Method::PUT,
+            "/v1/fleets/f1/freezes/peak",
+            Some(json!({"properties": {"start": "2026-03-02T00:00:00Z", "end": "2026-03-03T00:00:00Z"}}))
+        )
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    let made = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/freezes/peak",
+            Some(json!({"properties": {"start": "2020-01-01T00:00:00Z", "end": "2020-12-31T00:00:00Z",
+                "selector": {"byLabel": "env=prod"}, "reason": "retail peak"}})),
+        )
+        .await;
+    assert_eq!(made["properties"]["status"]["active"], false, "{made}");
+    assert_eq!(made["properties"]["status"]["members"], 1, "{made}");
+    // In force now (from yesterday for 300 days), over prod only.
+    let day = |offset: i64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64;
+        flotilla_engine::time::Time::from_unix((now / 86_400 + offset) * 86_400).to_string()
+    };
+    let (start, end) = (day(-1), day(300));
+    let made = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/freezes/peak",
+            Some(json!({"properties": {"start": start, "end": end,
+                "selector": {"byLabel": "env=prod"}, "reason": "retail peak"}})),
+        )
+        .await;
+    assert_eq!(made["properties"]["status"]["active"], true, "{made}");
+    assert_eq!(
+        made["properties"]["status"]["nextEnd"],
+        end.as_str(),
+        "{made}"
+    );
+    let listed = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/freezes", None)
+        .await;
+    assert_eq!(listed["value"][0]["name"], "peak", "{listed}");
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(json!({"properties": {
+            "strategy": {"stages": [{"name": "all", "groups": [{"name": "g", "maxConcurrency": "2"}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    let member = |run: &Value, name: &str| -> Value {
+        run["properties"]["status"]["stages"][0]["groups"][0]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let run = h
+        .wait_run("/v1/fleets/f1/updateRuns/r1", "d1 done and p1 held", |r| {
+            member(r, "d1")["status"]["state"] == "Completed"
+                && member(r, "p1")["status"]["state"] == "Pending"
+        })
+        .await;
+    let held = member(&run, "p1");
+    assert!(
+        held["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("frozen by \"peak\" (retail peak) until {end}"))),
+        "{held}"
+    );
+    h.ok(
+        "operator",
+        Method::DELETE,
+        "/v1/fleets/f1/freezes/peak",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r1", "the run to complete", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+}

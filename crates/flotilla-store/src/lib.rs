@@ -79,6 +79,8 @@ pub enum Kind {
     /// A check provider (SEMANTICS §10): server-wide, stored under the fleet `""`, which no
     /// fleet can be named.
     CheckProvider,
+    /// A fleet's freeze (SEMANTICS §12).
+    Freeze,
 }
 
 impl Kind {
@@ -92,6 +94,7 @@ impl Kind {
             Kind::Profile => "autoUpgradeProfiles",
             Kind::RunSnapshot => "updateRunSnapshots",
             Kind::CheckProvider => "checkProviders",
+            Kind::Freeze => "freezes",
         }
     }
 }

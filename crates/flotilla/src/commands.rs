@@ -683,6 +683,148 @@ const WEBHOOK_COLUMNS: &[(&str, &[&str])] = &[
 
 /// `flotilla webhook …`.
 #[derive(Subcommand)]
+pub enum FreezeCommand {
+    /// Create or replace a freeze (SEMANTICS §12): no upgrade of the kinds its scope names
+    /// starts, in any run of the fleet, on the members its selector covers, while it is in
+    /// force. One-off with --start and --end, or recurring with --recurrence (a maintenance
+    /// window's schedule, JSON file or inline, with durationHours 1-168).
+    ///
+    /// Examples: `flotilla freeze create -f retail -n peak --start 2026-11-26T00:00:00Z --end
+    /// 2026-12-01T00:00:00Z --selector env=prod --reason "retail peak"`; `flotilla freeze create
+    /// -f retail -n weekends --recurrence '{"schedule": {"weekly": {"intervalWeeks": 1,
+    /// "dayOfWeek": "Friday"}}, "startTime": "18:00", "utcOffset": "+01:00", "durationHours": 60}'`.
+    Create {
+        #[command(flatten)]
+        target: Target,
+        /// When it begins (RFC 3339).
+        #[arg(long)]
+        start: Option<String>,
+        /// When it ends (RFC 3339), at most 366 days after --start.
+        #[arg(long)]
+        end: Option<String>,
+        /// A recurring freeze's schedule: a JSON file or inline JSON.
+        #[arg(long)]
+        recurrence: Option<String>,
+        /// The members it covers, a label selector (default: every member of the fleet).
+        #[arg(long)]
+        selector: Option<String>,
+        /// What it holds back.
+        #[arg(long, ignore_case = true, value_parser = choice(&["AllUpgrades", "MinorUpgrades", "MinorAndNodeUpgrades"]))]
+        scope: Option<String>,
+        /// Why, shown in the messages of the members it holds.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Show a freeze and its status now: in force or not, its next start and end, the members
+    /// it covers.
+    ///
+    /// Example: `flotilla freeze show -f retail -n peak`.
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List a fleet's freezes.
+    ///
+    /// Example: `flotilla freeze list -f retail -o table`.
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    /// Delete a freeze: the members it held may start at the next scheduling pass.
+    ///
+    /// Example: `flotilla freeze delete -f retail -n peak`.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+const FREEZE_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("active", &["properties", "status", "active"]),
+    ("nextStart", &["properties", "status", "nextStart"]),
+    ("nextEnd", &["properties", "status", "nextEnd"]),
+    ("scope", &["properties", "scope"]),
+    ("reason", &["properties", "reason"]),
+];
+
+pub async fn freeze(
+    client: &Client,
+    format: Option<Format>,
+    command: FreezeCommand,
+) -> anyhow::Result<ExitCode> {
+    let format = default_format(format);
+    let colour = colour_enabled();
+    match command {
+        FreezeCommand::Create {
+            target,
+            start,
+            end,
+            recurrence,
+            selector,
+            scope,
+            reason,
+        } => {
+            let mut properties = json!({});
+            if let Some(start) = start {
+                properties["start"] = json!(start);
+            }
+            if let Some(end) = end {
+                properties["end"] = json!(end);
+            }
+            if let Some(recurrence) = recurrence {
+                properties["recurrence"] = file_or_json(&recurrence, "--recurrence")?;
+            }
+            if let Some(selector) = selector {
+                properties["selector"] = json!({"byLabel": selector});
+            }
+            if let Some(scope) = scope {
+                properties["scope"] = json!(scope);
+            }
+            if let Some(reason) = reason {
+                properties["reason"] = json!(reason);
+            }
+            let v = client
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/fleets/{}/freezes/{}", target.fleet, target.name),
+                    Some(&json!({"properties": properties})),
+                )
+                .await?;
+            print(format, &v, || one_row(&v, FREEZE_COLUMNS, colour))?;
+        }
+        FreezeCommand::Show { target } => {
+            let v = client
+                .get(&format!(
+                    "/v1/fleets/{}/freezes/{}",
+                    target.fleet, target.name
+                ))
+                .await?;
+            print(format, &v, || one_row(&v, FREEZE_COLUMNS, colour))?;
+        }
+        FreezeCommand::List { fleet } => {
+            let items = client
+                .list_all(&format!("/v1/fleets/{}/freezes", fleet.fleet))
+                .await?;
+            print(format, &Value::Array(items.clone()), || {
+                resource_rows(&items, FREEZE_COLUMNS, colour)
+            })?;
+        }
+        FreezeCommand::Delete { target } => {
+            client
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/fleets/{}/freezes/{}", target.fleet, target.name),
+                    None,
+                )
+                .await?;
+            eprintln!("deleted freeze {}", target.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
 pub enum CheckProviderCommand {
     /// Create or replace a check provider: what health and readiness checks may reach (admin).
     /// Strategies and runs name it and carry only data: a query, a path, arguments.

@@ -225,6 +225,13 @@ enum Command {
         #[command(subcommand)]
         command: commands::AuditCommand,
     },
+    /// Freezes: spans in which no upgrade starts on the members they cover, across every run.
+    Freeze {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: commands::FreezeCommand,
+    },
     /// Check providers: what health and readiness checks may reach, declared by an admin.
     Checkprovider {
         #[command(flatten)]
@@ -839,6 +846,9 @@ fn main() -> ExitCode {
                         }
                         Command::Audit { client, command } => {
                             commands::audit(&client.client()?, client.output, command).await
+                        }
+                        Command::Freeze { client, command } => {
+                            commands::freeze(&client.client()?, client.output, command).await
                         }
                         Command::Checkprovider { client, command } => {
                             commands::check_provider(&client.client()?, client.output, command)

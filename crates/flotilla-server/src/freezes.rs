@@ -1,0 +1,261 @@
+//! Freezes (SEMANTICS §12): the `P/freezes/{name}` resource (operators write, like strategies).
+//! A handler validates, stores, and tells the fleet's task ([`crate::runs::Runs::freezes_changed`]);
+//! the fleet engine decides what a freeze holds. A freeze's `status` (in force now, its next
+//! span, the members it covers) is worked out when it is read.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
+use flotilla_engine::freeze::{Freeze, FreezeSpec, parse_freeze};
+use flotilla_engine::time::Time;
+
+use crate::auth::{Caller, Role, require};
+use crate::error::{HttpError, HttpResult};
+use crate::request::{precondition, read_json, system_data};
+use crate::state::{AppState, Shared};
+use crate::store::{Kind, Resource, StoreResult};
+
+use crate::fleet_rules::{MOST_FREEZES as MOST, from_body};
+
+/// The span of the freeze in force at `now` or next: (start, end). Searched day by day for a
+/// recurring one, at most a year ahead.
+fn span(freeze: &Freeze, now: Time) -> Option<(Time, Time)> {
+    if let Some(end) = freeze.active_until(now) {
+        return Some((now, end));
+    }
+    match &freeze.occurrences {
+        flotilla_engine::freeze::Occurrences::Once { start, end } => {
+            (*start > now).then_some((*start, *end))
+        }
+        flotilla_engine::freeze::Occurrences::Recurring { .. } => {
+            // The first hour at which it holds: the schedule's starts are on whole minutes.
+            let mut t = Time::from_unix(now.unix() - now.unix().rem_euclid(60) + 60);
+            let limit = now.plus(366 * 86_400);
+            while t < limit {
+                if let Some(end) = freeze.active_until(t) {
+                    // Back to the minute it began.
+                    let mut start = t;
+                    while start.plus(-60) > now && freeze.active_until(start.plus(-60)).is_some() {
+                        start = start.plus(-60);
+                    }
+                    return Some((start, end));
+                }
+                t = t.plus(15 * 60);
+            }
+            None
+        }
+    }
+}
+
+/// The resource as the API shows it, with its status as of `now`.
+fn shown(resource: Resource, members: Option<usize>, now: Time) -> Value {
+    let mut body = resource.body;
+    if let Some(freeze) = from_body(&resource.name, &body) {
+        let active = freeze.active_until(now).is_some();
+        let (next_start, next_end) = match span(&freeze, now) {
+            Some((s, e)) => (Some(s), Some(e)),
+            None => (None, None),
+        };
+        let mut status = json!({"active": active});
+        if let Some(s) = next_start.filter(|_| !active) {
+            status["nextStart"] = json!(s);
+        }
+        if let Some(e) = next_end {
+            status["nextEnd"] = json!(e);
+        }
+        if let Some(n) = members {
+            status["members"] = json!(n);
+        }
+        body["properties"]["status"] = status;
+    }
+    if let Some(map) = body.as_object_mut() {
+        map.insert("eTag".into(), json!(resource.etag));
+    }
+    body
+}
+
+/// How many of the fleet's members a freeze covers.
+async fn covered(state: &AppState, fleet: &str, freeze: &Freeze) -> StoreResult<usize> {
+    let selector = freeze.selector.as_ref();
+    let mut n = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = state
+            .runs
+            .store
+            .list(fleet, Kind::Member, after.as_deref(), 1000)
+            .await?;
+        for m in &page {
+            let labels: std::collections::BTreeMap<String, String> =
+                serde_json::from_value(m.body["properties"]["labels"].clone()).unwrap_or_default();
+            n += usize::from(selector.is_none_or(|s| s.matches(&labels)));
+        }
+        match page.last() {
+            Some(last) if page.len() == 1000 => after = Some(last.name.clone()),
+            _ => return Ok(n),
+        }
+    }
+}
+
+/// The fleet exists (404 naming it otherwise).
+async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<()> {
+    match state.runs.store.get("", Kind::Fleet, fleet).await? {
+        Some(_) => Ok(()),
+        None => Err(HttpError::from(ApiError::new(
+            ErrorCode::NotFound,
+            format!("fleet {fleet:?} does not exist"),
+            "fleet",
+        ))),
+    }
+}
+
+fn not_found(name: &str) -> HttpError {
+    HttpError::from(ApiError::new(
+        ErrorCode::NotFound,
+        format!("freeze {name:?} does not exist"),
+        "freeze",
+    ))
+}
+
+fn answer(status: StatusCode, body: Value, etag: &str) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        response.headers_mut().insert(header::ETAG, v);
+    }
+    response
+}
+
+/// `PUT P/freezes/{name}` (operator): creates or replaces a freeze; it holds members from the
+/// next scheduling pass.
+pub async fn put(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    require_fleet(&state, &fleet).await?;
+    flotilla_engine::strategy::check_name(&name, 63).map_err(|m| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidName,
+            format!("freeze name: {m}"),
+            "name",
+        ))
+    })?;
+    let envelope: flotilla_engine::body::Envelope<FreezeSpec> =
+        from_json_value(read_json(body).await?, "")?;
+    let spec = envelope.properties.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidFreeze,
+            "properties is required: {\"properties\": {\"start\", \"end\"} or {\"recurrence\"}}",
+            "properties",
+        ))
+    })?;
+    let freeze = parse_freeze(&name, &spec)?;
+    let store = state.runs.store.as_ref();
+    let stored = store.get(&fleet, Kind::Freeze, &name).await?;
+    if stored.is_none() && store.list(&fleet, Kind::Freeze, None, MOST).await?.len() >= MOST {
+        return Err(HttpError::from(ApiError::conflict(format!(
+            "fleet {fleet:?} has {MOST} freezes, the most it may hold; delete one first"
+        ))));
+    }
+    let mut body = json!({
+        "id": format!("/v1/fleets/{fleet}/freezes/{name}"),
+        "name": name,
+        "type": "Flotilla/fleets/freezes",
+        "properties": spec,
+    });
+    body["systemData"] = system_data(&caller, stored.as_ref().map(|r| &r.body));
+    let (resource, created) = store
+        .put(&fleet, Kind::Freeze, &name, &body, &precondition(&headers))
+        .await?;
+    state.runs.freezes_changed(&fleet).await;
+    let members = covered(&state, &fleet, &freeze).await?;
+    let etag = resource.etag.clone();
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(answer(
+        status,
+        shown(resource, Some(members), crate::clock::now()),
+        &etag,
+    ))
+}
+
+/// `GET P/freezes/{name}` (reader), with its status as of now.
+pub async fn get(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, name)): Path<(String, String)>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    let resource = state
+        .runs
+        .store
+        .get(&fleet, Kind::Freeze, &name)
+        .await?
+        .ok_or_else(|| not_found(&name))?;
+    let members = match from_body(&name, &resource.body) {
+        Some(f) => Some(covered(&state, &fleet, &f).await?),
+        None => None,
+    };
+    let etag = resource.etag.clone();
+    Ok(answer(
+        StatusCode::OK,
+        shown(resource, members, crate::clock::now()),
+        &etag,
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    #[serde(rename = "$top")]
+    top: Option<usize>,
+    #[serde(rename = "$skipToken")]
+    skip_token: Option<String>,
+}
+
+/// `GET P/freezes` (reader), in name order, each with its status (members not counted).
+pub async fn list(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(fleet): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    require_fleet(&state, &fleet).await?;
+    let top = query.top.unwrap_or(MOST);
+    if top == 0 || top > MOST {
+        return Err(HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("$top: {top} must be between 1 and {MOST}"),
+            "$top",
+        )));
+    }
+    let mut page = state
+        .runs
+        .store
+        .list(&fleet, Kind::Freeze, query.skip_token.as_deref(), top + 1)
+        .await?;
+    let more = page.len() > top;
+    page.truncate(top);
+    let next = more.then(|| page.last().map(|r| r.name.clone())).flatten();
+    let now = crate::clock::now();
+    let mut body =
+        json!({"value": page.into_iter().map(|r| shown(r, None, now)).collect::<Vec<_>>()});
+    if let Some(token) = next {
+        body["nextLink"] = json!(format!(
+            "/v1/fleets/{fleet}/freezes?$top={top}&$skipToken={token}"
+        ));
+    }
+    Ok(axum::Json(body).into_response())
+}
