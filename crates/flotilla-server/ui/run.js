@@ -262,7 +262,7 @@ export async function render(ctx) {
     if (previous?.afterStageWaitStatus?.status?.state === 'Running') reasons.add('Wait');
     // ...and what the forecast says its members will wait for.
     for (const g of predicted?.groups || []) for (const m of g.members || []) for (const r of m.waitsFor || []) reasons.add(r);
-    const words = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check' };
+    const words = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check', Freeze: 'a freeze' };
     const waits = [...reasons].map((r) => words[r] || r);
     return h('div', {},
       h('dt', {}, 'Next stage'),

@@ -138,3 +138,32 @@ fn the_checker_reports_wrong_profile_expectations() {
     let differences = check(&wrong, &document);
     assert_eq!(differences.len(), 7, "{differences:#?}");
 }
+
+/// SEMANTICS §11, §12: the forecast of a run some of whose members a freeze holds says they wait
+/// for it (`waitsFor` Freeze) and ends when the simulated run does.
+#[test]
+fn a_forecast_waits_for_a_freeze_as_the_run_does() {
+    use flotilla_engine::engine::WaitReason;
+    use flotilla_engine::forecast::ForecastParams;
+    let scenario = load(&workspace().join("tests/conformance/18-freeze-one-off.yaml"));
+    let forecast = flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default())
+        .expect("a forecast");
+    let simulated = simulate(&scenario);
+    let end = simulated
+        .status
+        .as_ref()
+        .and_then(|s| s.status.completed_time)
+        .expect("the run ends");
+    assert_eq!(forecast.completed, Some(end));
+    for member in ["p1", "p2"] {
+        assert!(
+            forecast
+                .waits_for
+                .get(member)
+                .is_some_and(|w| w.contains(&WaitReason::Freeze)),
+            "{member}: {:?}",
+            forecast.waits_for.get(member)
+        );
+    }
+    assert!(forecast.waits_for.get("d1").is_none_or(|w| w.is_empty()));
+}
