@@ -21,7 +21,7 @@ use flotilla_engine::strategy::{StrategySpec, check_name};
 
 use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
-use crate::request::{precondition, read_json, system_data};
+use crate::request::{ListQuery, page, precondition, read_json, system_data};
 use crate::state::{AppState, Shared};
 use crate::store::{Kind, Precondition, Resource};
 
@@ -286,14 +286,6 @@ pub async fn get(
     Ok(answer(StatusCode::OK, resource))
 }
 
-#[derive(Deserialize)]
-pub struct ListQuery {
-    #[serde(rename = "$top")]
-    top: Option<usize>,
-    #[serde(rename = "$skipToken")]
-    skip_token: Option<String>,
-}
-
 /// `GET /v1/checkProviders` (reader), in name order.
 pub async fn list(
     State(state): State<Shared>,
@@ -301,31 +293,17 @@ pub async fn list(
     Query(query): Query<ListQuery>,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
-    let top = query.top.unwrap_or(100);
-    if top == 0 || top > MOST {
-        return Err(HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            format!("$top: {top} must be between 1 and {MOST}"),
-            "$top",
-        )));
-    }
-    let mut page = state
-        .runs
-        .store
-        .list(
-            SERVER,
-            Kind::CheckProvider,
-            query.skip_token.as_deref(),
-            top + 1,
-        )
-        .await?;
-    let more = page.len() > top;
-    page.truncate(top);
-    let next = more.then(|| page.last().map(|r| r.name.clone())).flatten();
-    let mut body = json!({"value": page.into_iter().map(shown).collect::<Vec<_>>()});
-    if let Some(token) = next {
-        body["nextLink"] = json!(format!("/v1/checkProviders?$top={top}&$skipToken={token}"));
-    }
+    let store = state.runs.store.as_ref();
+    let body = page(
+        store,
+        SERVER,
+        Kind::CheckProvider,
+        &query,
+        MOST,
+        "/v1/checkProviders",
+        shown,
+    )
+    .await?;
     Ok(axum::Json(body).into_response())
 }
 

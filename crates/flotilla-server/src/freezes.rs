@@ -7,7 +7,6 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
@@ -16,7 +15,7 @@ use flotilla_engine::time::Time;
 
 use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
-use crate::request::{precondition, read_json, system_data};
+use crate::request::{ListQuery, page, precondition, read_json, system_data};
 use crate::state::{AppState, Shared};
 use crate::store::{Kind, Resource, StoreResult};
 
@@ -216,14 +215,6 @@ pub async fn get(
     ))
 }
 
-#[derive(Deserialize)]
-pub struct ListQuery {
-    #[serde(rename = "$top")]
-    top: Option<usize>,
-    #[serde(rename = "$skipToken")]
-    skip_token: Option<String>,
-}
-
 /// `GET P/freezes` (reader), in name order, each with its status (members not counted).
 pub async fn list(
     State(state): State<Shared>,
@@ -233,29 +224,17 @@ pub async fn list(
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;
-    let top = query.top.unwrap_or(MOST);
-    if top == 0 || top > MOST {
-        return Err(HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            format!("$top: {top} must be between 1 and {MOST}"),
-            "$top",
-        )));
-    }
-    let mut page = state
-        .runs
-        .store
-        .list(&fleet, Kind::Freeze, query.skip_token.as_deref(), top + 1)
-        .await?;
-    let more = page.len() > top;
-    page.truncate(top);
-    let next = more.then(|| page.last().map(|r| r.name.clone())).flatten();
     let now = crate::clock::now();
-    let mut body =
-        json!({"value": page.into_iter().map(|r| shown(r, None, now)).collect::<Vec<_>>()});
-    if let Some(token) = next {
-        body["nextLink"] = json!(format!(
-            "/v1/fleets/{fleet}/freezes?$top={top}&$skipToken={token}"
-        ));
-    }
+    let path = format!("/v1/fleets/{fleet}/freezes");
+    let body = page(
+        state.runs.store.as_ref(),
+        &fleet,
+        Kind::Freeze,
+        &query,
+        MOST,
+        &path,
+        |r| shown(r, None, now),
+    )
+    .await?;
     Ok(axum::Json(body).into_response())
 }

@@ -1,6 +1,7 @@
 //! What every write reads of its request besides its path: the JSON body (strict: a key given
 //! twice is refused), the eTag conditions (`If-Match`, `If-None-Match: *`), and the
-//! `systemData` stamped from the caller. Shared by the handlers of `api` and `webhooks`.
+//! `systemData` stamped from the caller; and a page of a kind of resource, in name order. Shared
+//! by the handlers of `api`, `webhooks`, `check_providers` and `freezes`.
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -12,7 +13,7 @@ use crate::auth::Caller;
 use crate::clock::now;
 use crate::error::{HttpError, HttpResult};
 use crate::state::BODY_LIMIT;
-use crate::store::Precondition;
+use crate::store::{Kind, Precondition, Resource, Store};
 
 pub(crate) fn precondition(headers: &HeaderMap) -> Precondition {
     if let Some(tag) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
@@ -73,4 +74,45 @@ pub(crate) fn system_data(caller: &Caller, previous: Option<&Value>) -> Value {
         crate::store::keep_creation(&mut body, stored);
     }
     body["systemData"].take()
+}
+
+/// `$top` and `$skipToken` of a list.
+#[derive(serde::Deserialize)]
+pub struct ListQuery {
+    #[serde(rename = "$top")]
+    top: Option<usize>,
+    #[serde(rename = "$skipToken")]
+    skip_token: Option<String>,
+}
+
+/// A page of `kind` under `fleet` in name order, each item shown by `shown`, with a `nextLink`
+/// under `path` when more follow; `$top` is 1 to `most` (`most` by default).
+pub(crate) async fn page(
+    store: &dyn Store,
+    fleet: &str,
+    kind: Kind,
+    query: &ListQuery,
+    most: usize,
+    path: &str,
+    shown: impl Fn(Resource) -> Value,
+) -> HttpResult<Value> {
+    let top = query.top.unwrap_or(most);
+    if top == 0 || top > most {
+        return Err(HttpError::from(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("$top: {top} must be between 1 and {most}"),
+            "$top",
+        )));
+    }
+    let mut items = store
+        .list(fleet, kind, query.skip_token.as_deref(), top + 1)
+        .await?;
+    let more = items.len() > top;
+    items.truncate(top);
+    let next = more.then(|| items.last().map(|r| r.name.clone())).flatten();
+    let mut body = json!({"value": items.into_iter().map(shown).collect::<Vec<_>>()});
+    if let Some(token) = next {
+        body["nextLink"] = json!(format!("{path}?$top={top}&$skipToken={token}"));
+    }
+    Ok(body)
 }

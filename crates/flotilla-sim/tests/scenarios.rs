@@ -146,8 +146,8 @@ fn a_forecast_waits_for_a_freeze_as_the_run_does() {
     use flotilla_engine::engine::WaitReason;
     use flotilla_engine::forecast::ForecastParams;
     let scenario = load(&workspace().join("tests/conformance/18-freeze-one-off.yaml"));
-    let forecast = flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default())
-        .expect("a forecast");
+    let forecast =
+        flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default()).expect("a forecast");
     let simulated = simulate(&scenario);
     let end = simulated
         .status

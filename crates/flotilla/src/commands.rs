@@ -682,6 +682,62 @@ const WEBHOOK_COLUMNS: &[(&str, &[&str])] = &[
 ];
 
 /// `flotilla webhook …`.
+/// What the commands of a simple resource share: create or replace it, show it, list them,
+/// delete it, each printed with the resource's columns.
+struct Crud<'a> {
+    client: &'a Client,
+    format: Format,
+    colour: bool,
+    columns: &'a [(&'a str, &'a [&'a str])],
+}
+
+impl Crud<'_> {
+    fn new<'a>(
+        client: &'a Client,
+        format: Option<Format>,
+        columns: &'a [(&'a str, &'a [&'a str])],
+    ) -> Crud<'a> {
+        Crud {
+            client,
+            format: default_format(format),
+            colour: colour_enabled(),
+            columns,
+        }
+    }
+
+    async fn put(&self, path: &str, properties: Value) -> anyhow::Result<()> {
+        let v = self
+            .client
+            .send(
+                reqwest::Method::PUT,
+                path,
+                Some(&json!({"properties": properties})),
+            )
+            .await?;
+        print(self.format, &v, || one_row(&v, self.columns, self.colour))
+    }
+
+    async fn show(&self, path: &str) -> anyhow::Result<()> {
+        let v = self.client.get(path).await?;
+        print(self.format, &v, || one_row(&v, self.columns, self.colour))
+    }
+
+    async fn list(&self, path: &str) -> anyhow::Result<()> {
+        let items = self.client.list_all(path).await?;
+        print(self.format, &Value::Array(items.clone()), || {
+            resource_rows(&items, self.columns, self.colour)
+        })
+    }
+
+    async fn delete(&self, path: &str, what: &str) -> anyhow::Result<()> {
+        self.client
+            .send(reqwest::Method::DELETE, path, None)
+            .await?;
+        eprintln!("deleted {what}");
+        Ok(())
+    }
+}
+
 #[derive(Subcommand)]
 pub enum FreezeCommand {
     /// Create or replace a freeze (SEMANTICS §12): no upgrade of the kinds its scope names
@@ -753,8 +809,8 @@ pub async fn freeze(
     format: Option<Format>,
     command: FreezeCommand,
 ) -> anyhow::Result<ExitCode> {
-    let format = default_format(format);
-    let colour = colour_enabled();
+    let crud = Crud::new(client, format, FREEZE_COLUMNS);
+    let path = |t: &Target| format!("/v1/fleets/{}/freezes/{}", t.fleet, t.name);
     match command {
         FreezeCommand::Create {
             target,
@@ -784,41 +840,16 @@ pub async fn freeze(
             if let Some(reason) = reason {
                 properties["reason"] = json!(reason);
             }
-            let v = client
-                .send(
-                    reqwest::Method::PUT,
-                    &format!("/v1/fleets/{}/freezes/{}", target.fleet, target.name),
-                    Some(&json!({"properties": properties})),
-                )
-                .await?;
-            print(format, &v, || one_row(&v, FREEZE_COLUMNS, colour))?;
+            crud.put(&path(&target), properties).await?;
         }
-        FreezeCommand::Show { target } => {
-            let v = client
-                .get(&format!(
-                    "/v1/fleets/{}/freezes/{}",
-                    target.fleet, target.name
-                ))
-                .await?;
-            print(format, &v, || one_row(&v, FREEZE_COLUMNS, colour))?;
-        }
+        FreezeCommand::Show { target } => crud.show(&path(&target)).await?,
         FreezeCommand::List { fleet } => {
-            let items = client
-                .list_all(&format!("/v1/fleets/{}/freezes", fleet.fleet))
+            crud.list(&format!("/v1/fleets/{}/freezes", fleet.fleet))
                 .await?;
-            print(format, &Value::Array(items.clone()), || {
-                resource_rows(&items, FREEZE_COLUMNS, colour)
-            })?;
         }
         FreezeCommand::Delete { target } => {
-            client
-                .send(
-                    reqwest::Method::DELETE,
-                    &format!("/v1/fleets/{}/freezes/{}", target.fleet, target.name),
-                    None,
-                )
+            crud.delete(&path(&target), &format!("freeze {}", target.name))
                 .await?;
-            eprintln!("deleted freeze {}", target.name);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -901,8 +932,8 @@ pub async fn check_provider(
     format: Option<Format>,
     command: CheckProviderCommand,
 ) -> anyhow::Result<ExitCode> {
-    let format = default_format(format);
-    let colour = colour_enabled();
+    let crud = Crud::new(client, format, CHECK_PROVIDER_COLUMNS);
+    let path = |name: &str| format!("/v1/checkProviders/{name}");
     match command {
         CheckProviderCommand::Create {
             name,
@@ -944,34 +975,13 @@ pub async fn check_provider(
             if !fleets.is_empty() {
                 properties["fleets"] = json!(fleets);
             }
-            let v = client
-                .send(
-                    reqwest::Method::PUT,
-                    &format!("/v1/checkProviders/{name}"),
-                    Some(&json!({"properties": properties})),
-                )
-                .await?;
-            print(format, &v, || one_row(&v, CHECK_PROVIDER_COLUMNS, colour))?;
+            crud.put(&path(&name), properties).await?;
         }
-        CheckProviderCommand::Show { name } => {
-            let v = client.get(&format!("/v1/checkProviders/{name}")).await?;
-            print(format, &v, || one_row(&v, CHECK_PROVIDER_COLUMNS, colour))?;
-        }
-        CheckProviderCommand::List => {
-            let items = client.list_all("/v1/checkProviders").await?;
-            print(format, &Value::Array(items.clone()), || {
-                resource_rows(&items, CHECK_PROVIDER_COLUMNS, colour)
-            })?;
-        }
+        CheckProviderCommand::Show { name } => crud.show(&path(&name)).await?,
+        CheckProviderCommand::List => crud.list("/v1/checkProviders").await?,
         CheckProviderCommand::Delete { name } => {
-            client
-                .send(
-                    reqwest::Method::DELETE,
-                    &format!("/v1/checkProviders/{name}"),
-                    None,
-                )
+            crud.delete(&path(&name), &format!("check provider {name}"))
                 .await?;
-            eprintln!("deleted check provider {name}");
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -982,8 +992,9 @@ pub async fn webhook(
     format: Option<Format>,
     command: WebhookCommand,
 ) -> anyhow::Result<ExitCode> {
-    let format = default_format(format);
-    let colour = colour_enabled();
+    let crud = Crud::new(client, format, WEBHOOK_COLUMNS);
+    let (format, colour) = (default_format(format), colour_enabled());
+    let path = |name: &str| format!("/v1/webhooks/{name}");
     match command {
         WebhookCommand::Create {
             name,
@@ -1006,34 +1017,13 @@ pub async fn webhook(
             if let Some(shape) = shape {
                 properties["format"] = json!(shape);
             }
-            let v = client
-                .send(
-                    reqwest::Method::PUT,
-                    &format!("/v1/webhooks/{name}"),
-                    Some(&json!({"properties": properties})),
-                )
-                .await?;
-            print(format, &v, || one_row(&v, WEBHOOK_COLUMNS, colour))?;
+            crud.put(&path(&name), properties).await?;
         }
-        WebhookCommand::Show { name } => {
-            let v = client.get(&format!("/v1/webhooks/{name}")).await?;
-            print(format, &v, || one_row(&v, WEBHOOK_COLUMNS, colour))?;
-        }
-        WebhookCommand::List => {
-            let items = client.list_all("/v1/webhooks").await?;
-            print(format, &Value::Array(items.clone()), || {
-                resource_rows(&items, WEBHOOK_COLUMNS, colour)
-            })?;
-        }
+        WebhookCommand::Show { name } => crud.show(&path(&name)).await?,
+        WebhookCommand::List => crud.list("/v1/webhooks").await?,
         WebhookCommand::Delete { name } => {
-            client
-                .send(
-                    reqwest::Method::DELETE,
-                    &format!("/v1/webhooks/{name}"),
-                    None,
-                )
+            crud.delete(&path(&name), &format!("webhook {name}"))
                 .await?;
-            eprintln!("deleted webhook {name}");
         }
         WebhookCommand::Deliveries { name, state } => {
             let mut path = format!("/v1/webhooks/{name}/deliveries?$top=1000");

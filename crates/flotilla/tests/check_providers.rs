@@ -7,43 +7,14 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Api, create_exec_run, create_token, free_port, scripts, serve};
+use common::{
+    Api, Killed, TempDir, create_exec_run, create_token, free_port, scripts, serve, wait_for,
+};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("check providers: logs kept in {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn temp_dir(name: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!(
-        "flotilla-providers-{name}-{}-{:?}",
-        std::process::id(),
-        Instant::now()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    TempDir(dir)
-}
 
 /// A loopback HTTP server answering every request with `answer(path)` (a whole HTTP/1.1
 /// response), recording each request's first line and headers.
@@ -118,17 +89,9 @@ fn strategy_with_gate(check: Value) -> Value {
         "groups": [{"name": "stores"}]}]}}})
 }
 
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn an_operator_cannot_run_a_program_of_its_choosing_through_a_check() {
-    let dir = temp_dir("exec");
+    let dir = TempDir::new("providers-exec");
     let database = dir.0.join("flotilla.db").display().to_string();
     let port = free_port();
     let admin = Api {
@@ -281,7 +244,7 @@ static SECRET_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16:
 
 #[test]
 fn an_operator_cannot_make_the_server_fetch_a_url_of_its_choosing() {
-    let dir = temp_dir("http");
+    let dir = TempDir::new("providers-http");
     let database = dir.0.join("flotilla.db").display().to_string();
     let port = free_port();
     let admin = Api {
@@ -546,7 +509,7 @@ fn cli(api: &Api, args: &[&str]) -> (bool, Value, String) {
 
 #[test]
 fn the_cli_manages_check_providers_and_refuses_bad_ones() {
-    let dir = temp_dir("cli");
+    let dir = TempDir::new("providers-cli");
     let database = dir.0.join("flotilla.db").display().to_string();
     let port = free_port();
     let admin = Api {

@@ -5,32 +5,11 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Api, create_token, free_port, serve};
+use common::{Api, Killed, TempDir, create_token, free_port, serve, wait_for};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("freezes: logs kept in {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 fn cli(api: &Api, args: &[&str]) -> (bool, Value, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
@@ -43,14 +22,6 @@ fn cli(api: &Api, args: &[&str]) -> (bool, Value, String) {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
-}
-
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn members(api: &Api) -> Vec<Value> {
@@ -75,12 +46,7 @@ fn state_of(members: &[Value], name: &str) -> String {
 
 #[test]
 fn a_freeze_holds_prod_across_a_restart_until_it_is_deleted() {
-    let dir = TempDir(std::env::temp_dir().join(format!(
-        "flotilla-freezes-{}-{:?}",
-        std::process::id(),
-        Instant::now()
-    )));
-    std::fs::create_dir_all(&dir.0).expect("dir");
+    let dir = TempDir::new("freezes");
     let database = dir.0.join("flotilla.db").display().to_string();
     let port = free_port();
     let api = Api {

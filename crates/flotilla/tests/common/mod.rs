@@ -1,5 +1,7 @@
-//! What the process-level tests share: the real binary started as a server, a blocking API
-//! client, free ports, a seeded random number generator, and the example exec scripts.
+//! What the process-level tests share: the real binary started as a server (killed when
+//! dropped), a blocking API client, free ports, temporary folders that keep their logs when a
+//! test fails, waiting on a condition, a seeded random number generator, and the example exec
+//! scripts.
 
 #![allow(dead_code)]
 
@@ -8,6 +10,55 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+/// A child process killed (and waited for) when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A temporary folder, removed when dropped unless the test is failing (its logs are kept).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "flotilla-{name}-{}-{:?}",
+            std::process::id(),
+            Instant::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("logs kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Waits until `done`, failing the test past `limit` (a condition with a deadline, never a
+/// fixed sleep).
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 pub struct Lcg(pub u64);
 impl Lcg {
