@@ -157,9 +157,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080", env = "FLOTILLA_LISTEN")]
         listen: SocketAddr,
-        /// Where to store everything: `sqlite://PATH` or a file path (default: the user's data
-        /// directory; one server only), or `postgres://USER@HOST:PORT/DATABASE` (several
-        /// replicas may share it).
+        /// Where to store everything: `sqlite://PATH`, `file:PATH` or a file path (default: the
+        /// user's data directory; one server per file, whatever names it), or
+        /// `postgres://USER@HOST:PORT/DATABASE` (several replicas may share it).
         #[arg(long, env = "FLOTILLA_DATABASE")]
         database: Option<String>,
         /// Serve without authentication (loopback addresses only).
@@ -438,11 +438,9 @@ pub fn database_path(database: Option<&str>) -> anyhow::Result<PathBuf> {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             bail!("--database {url}: this command works on a SQLite file only; use sqlite://PATH")
         }
-        Some(url) => Ok(PathBuf::from(
-            url.strip_prefix("sqlite://")
-                .or_else(|| url.strip_prefix("sqlite:"))
-                .unwrap_or(url),
-        )),
+        // One reading of every spelling, the store's: the server's lock and SQLite both get
+        // the file it names.
+        Some(url) => Ok(flotilla_server::store::sqlite::database_file(url)?),
         None => {
             let base = std::env::var_os("XDG_DATA_HOME")
                 .map(PathBuf::from)
