@@ -631,6 +631,7 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
         .backup_to(to)
         .await
         .with_context(|| format!("cannot write {}", to.display()))?;
+    store.close().await;
     eprintln!(
         "flotilla: copied {} to {} (a consistent snapshot; serve it with --database {})",
         from.display(),
@@ -743,6 +744,9 @@ async fn token_command(
             });
             let (secret, record) = new_token(role, &subject).map_err(anyhow::Error::msg)?;
             store.create_token(&record).await?;
+            // As a server at a clean shutdown: the write-ahead log is moved into the database
+            // file, so the file alone (copied, backed up) holds the token.
+            store.close().await;
             outln!("{secret}");
             eprintln!(
                 "flotilla: created {} token {} for {subject:?}; it is shown only this once",

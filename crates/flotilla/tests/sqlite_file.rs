@@ -2,7 +2,8 @@
 //! whatever spelling names it — a `sqlite:` URL with a query string, SQLite's own `file:` URI,
 //! percent-encoding, a relative path, `..`, a symbolic link to the file or to its directory, a
 //! hard link — refused before anything is opened, so the first server keeps its leases and its
-//! write-ahead log.
+//! write-ahead log; and a short-lived command (`token create`) leaves what it wrote in the
+//! database file itself, not in the write-ahead log.
 
 mod common;
 
@@ -231,5 +232,68 @@ fn a_second_server_is_refused_under_every_spelling_of_the_file() {
     api.must(reqwest::Method::GET, "/v1/fleets/kept", None);
     let _ = again.kill();
     let _ = again.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tokens in the database file `db` alone, opened read-only.
+fn tokens_in(db: &Path) -> Result<i64, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use sqlx::{Connection, Row};
+        let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db.display()))
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query("SELECT count(*) FROM tokens")
+            .fetch_one(&mut c)
+            .await
+            .map_err(|e| e.to_string())
+            .map(|r| r.get(0))
+    })
+}
+
+#[test]
+fn a_token_created_offline_is_in_the_database_file_itself() {
+    let dir = temp_dir("token-file");
+    let db = dir.join("f.db");
+    std::fs::create_dir_all(dir.join("copy")).expect("copy dir");
+    let copy = dir.join("copy/f.db");
+    // Each `token create` leaves the database file alone holding every token so far: copied
+    // elsewhere without its write-ahead log, it has them all (a command that left them in the
+    // log did so more often than not).
+    let mut token = String::new();
+    let mut wrong = Vec::new();
+    for n in 1..=5 {
+        token = create_token(&db.display().to_string());
+        let wal = std::fs::metadata(dir.join("f.db-wal")).map_or(0, |m| m.len());
+        std::fs::copy(&db, &copy).expect("copy");
+        let counted = tokens_in(&copy);
+        if counted != Ok(n) || wal > 0 {
+            wrong.push(format!(
+                "after token create {n}: {counted:?} tokens in the file alone, {wal} bytes left in f.db-wal"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // And a server on the copy takes the last token.
+    let port = free_port();
+    let api = Api {
+        http: reqwest::blocking::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    };
+    let mut server = serve(
+        &copy.display().to_string(),
+        port,
+        &dir.join("copy.log"),
+        &[],
+    );
+    api.wait_ready();
+    let me = api.must(reqwest::Method::GET, "/v1/me", None);
+    assert_eq!(me["subject"], "process-test", "{me}");
+    let _ = server.kill();
+    let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
