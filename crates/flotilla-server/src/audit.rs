@@ -1,10 +1,12 @@
 //! The audit trail (API.md, "Webhooks and audit"): every write the API accepted, with who made
 //! it, when, what it asked (the request's body when small, its secrets redacted) and how it was
-//! answered; read with `GET /v1/audit`.
+//! answered; read with `GET /v1/audit`, pruned past its retention by the store
+//! (`prune_audit_forever`).
 //!
 //! Recorded by one layer around every route, once the caller is known and the write has been
 //! answered with success: a rule in one place, whatever the handler. ARM paths reach it
-//! rewritten to their `/v1` form.
+//! rewritten to their `/v1` form. What changes nothing is not a write: a route the route table
+//! lets a reader call (a forecast, a what-if) is not recorded, however often it is called.
 
 use std::collections::HashMap;
 
@@ -46,6 +48,34 @@ fn matches(pattern: &str, path: &str) -> bool {
             (Some(p), Some(s)) if p.starts_with('{') || p == s => {}
             _ => return false,
         }
+    }
+}
+
+/// A route of the route table: method, path (with `{name}` segments), summary, role.
+pub type Route = (&'static str, &'static str, &'static str, &'static str);
+
+/// The layer's state: the server's, and the route table (`api::ROUTES`), which says what a
+/// reader may call.
+#[derive(Clone)]
+pub struct Recorder {
+    pub state: Shared,
+    pub routes: &'static [Route],
+}
+
+impl Recorder {
+    /// Whether `method path` changes nothing: the most specific route of the table that it
+    /// matches is one a reader may call (a reader changes nothing, API.md "Authentication").
+    /// A request no route matches is recorded.
+    fn changes_nothing(&self, method: &Method, path: &str) -> bool {
+        self.routes
+            .iter()
+            .filter(|(m, pattern, _, _)| {
+                m.eq_ignore_ascii_case(method.as_str()) && matches(pattern, path)
+            })
+            .max_by_key(|(_, pattern, _, _)| {
+                pattern.split('/').filter(|p| !p.starts_with('{')).count()
+            })
+            .is_some_and(|(_, _, _, role)| matches!(*role, "reader" | "none"))
     }
 }
 
@@ -118,7 +148,7 @@ fn kept(path: &str, bytes: &[u8]) -> Option<String> {
 }
 
 /// The layer: runs the request, then records it if it was an accepted write.
-pub async fn layer(State(state): State<Shared>, request: Request, next: Next) -> Response {
+pub async fn layer(State(recorder): State<Recorder>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(request).await;
@@ -127,6 +157,9 @@ pub async fn layer(State(state): State<Shared>, request: Request, next: Next) ->
         return next.run(request).await;
     };
     let path = request.uri().path().to_string();
+    if recorder.changes_nothing(&method, &path) {
+        return next.run(request).await;
+    }
     let (parts, body) = request.into_parts();
     // The body was read whole by the body limit around this layer: this is a copy in memory.
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
@@ -162,7 +195,7 @@ pub async fn layer(State(state): State<Shared>, request: Request, next: Next) ->
             status: response.status().as_u16(),
             body: kept,
         };
-        if let Err(e) = state.runs.store.append_audit(&entry).await {
+        if let Err(e) = recorder.state.runs.store.append_audit(&entry).await {
             tracing::warn!(error = %e, subject = entry.subject, path = entry.path, "cannot record the write in the audit trail");
         }
     }

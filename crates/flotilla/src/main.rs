@@ -173,6 +173,15 @@ enum Command {
         /// checkpoint's size): a restart replays at most about this much of each run's log.
         #[arg(long, default_value_t = flotilla_server::runs::CHECKPOINT_AFTER, value_name = "BYTES")]
         checkpoint_after: u64,
+        /// How long the audit trail keeps an entry (`400d`, `12h`, `90m`, `30s`, or seconds):
+        /// older entries are pruned in the background.
+        #[arg(
+            long,
+            default_value = "400d",
+            env = "FLOTILLA_AUDIT_RETENTION",
+            value_name = "DURATION"
+        )]
+        audit_retention: String,
         #[command(flatten)]
         limits: ServeLimits,
     },
@@ -645,6 +654,7 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
 struct ServeTiming {
     lease_ttl: f64,
     checkpoint_after: u64,
+    audit_retention: String,
 }
 
 async fn serve_command(
@@ -657,6 +667,7 @@ async fn serve_command(
     let ServeTiming {
         lease_ttl,
         checkpoint_after,
+        audit_retention,
     } = timing;
     if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
         bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
@@ -664,6 +675,14 @@ async fn serve_command(
     if !(1..=1 << 30).contains(&checkpoint_after) {
         bail!("--checkpoint-after {checkpoint_after}: must be between 1 and 1073741824 bytes");
     }
+    let audit_retention = flotilla_engine::time::parse_duration(&audit_retention)
+        .filter(|s| (1..=100 * 366 * 86_400).contains(s))
+        .map(|s| std::time::Duration::from_secs(s.unsigned_abs()))
+        .with_context(|| {
+            format!(
+                "--audit-retention {audit_retention:?}: must be a duration from 1s to 36600d (400d, 12h, 90m, 30s)"
+            )
+        })?;
     let limits_flags = limits;
     let limits = limits_flags.parse()?;
     // Subprocesses, database files and connections all need file descriptors.
@@ -678,6 +697,7 @@ async fn serve_command(
     let timing = flotilla_server::Timing {
         lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
         checkpoint_after,
+        audit_retention,
         ..Default::default()
     };
     let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
@@ -802,11 +822,13 @@ fn main() -> ExitCode {
                             insecure_no_auth,
                             lease_ttl,
                             checkpoint_after,
+                            audit_retention,
                             limits,
                         } => {
                             let timing = ServeTiming {
                                 lease_ttl,
                                 checkpoint_after,
+                                audit_retention,
                             };
                             serve_command(listen, database, insecure_no_auth, timing, limits).await
                         }
