@@ -3289,7 +3289,10 @@ pub fn router(state: Shared) -> Router {
         // Every accepted write, recorded with its caller (inside the body limit: the body it
         // keeps has been read whole already).
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            crate::audit::Recorder {
+                state: state.clone(),
+                routes: ROUTES,
+            },
             crate::audit::layer,
         ))
         // A body is read only once the caller is known: an unauthenticated client holds

@@ -1,10 +1,12 @@
 //! The audit trail (API.md, "Webhooks and audit"): every write the API accepted, with who made
-//! it, when, what it asked (the request's body when small) and how it was answered; read with
-//! `GET /v1/audit`.
+//! it, when, what it asked (the request's body when small, its secrets redacted) and how it was
+//! answered; read with `GET /v1/audit`, pruned past its retention by the store
+//! (`prune_audit_forever`).
 //!
 //! Recorded by one layer around every route, once the caller is known and the write has been
 //! answered with success: a rule in one place, whatever the handler. ARM paths reach it
-//! rewritten to their `/v1` form.
+//! rewritten to their `/v1` form. What changes nothing is not a write: a route the route table
+//! lets a reader call (a forecast, a what-if) is not recorded, however often it is called.
 
 use std::collections::HashMap;
 
@@ -29,8 +31,124 @@ const BODY_KEPT: usize = 16 * 1024;
 const PAGE: usize = 100;
 const PAGE_MAX: usize = 1000;
 
+/// What stands in the trail for a secret's value (what the API shows in place of one).
+pub const REDACTED: &str = "<redacted>";
+
+/// Objects of a route's body whose every value is a secret, whatever its key (a check
+/// provider's headers: `Authorization`, `X-Api-Key`, any credential a receiver takes), as the
+/// resource's own GET hides them: (route, JSON pointer).
+const SECRET_OBJECTS: &[(&str, &str)] = &[("/v1/checkProviders/{provider}", "/properties/headers")];
+
+/// Whether `path` is an instance of the route `pattern` (`{name}` matches one segment).
+fn matches(pattern: &str, path: &str) -> bool {
+    let (mut parts, mut segments) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (parts.next(), segments.next()) {
+            (None, None) => return true,
+            (Some(p), Some(s)) if p.starts_with('{') || p == s => {}
+            _ => return false,
+        }
+    }
+}
+
+/// A route of the route table: method, path (with `{name}` segments), summary, role.
+pub type Route = (&'static str, &'static str, &'static str, &'static str);
+
+/// The layer's state: the server's, and the route table (`api::ROUTES`), which says what a
+/// reader may call.
+#[derive(Clone)]
+pub struct Recorder {
+    pub state: Shared,
+    pub routes: &'static [Route],
+}
+
+impl Recorder {
+    /// Whether `method path` changes nothing: the most specific route of the table that it
+    /// matches is one a reader may call (a reader changes nothing, API.md "Authentication").
+    /// A request no route matches is recorded.
+    fn changes_nothing(&self, method: &Method, path: &str) -> bool {
+        self.routes
+            .iter()
+            .filter(|(m, pattern, _, _)| {
+                m.eq_ignore_ascii_case(method.as_str()) && matches(pattern, path)
+            })
+            .max_by_key(|(_, pattern, _, _)| {
+                pattern.split('/').filter(|p| !p.starts_with('{')).count()
+            })
+            .is_some_and(|(_, _, _, role)| matches!(*role, "reader" | "none"))
+    }
+}
+
+/// Whether a body's key names a secret: `secret`, `password`, `token`, `authorization`,
+/// `apiKey`, `privateKey`, or a name ending in one of the first three (`clientSecret`,
+/// `accessToken`), in any case, with or without `-`/`_`. A key that names where a secret is
+/// kept (`clientSecretFile`, `clientSecretEnv`, `tokenFile`) is not one: it says nothing of the
+/// secret.
+fn names_a_secret(key: &str) -> bool {
+    let key: String = key
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    ["secret", "password", "passwd", "token"]
+        .iter()
+        .any(|s| key.ends_with(s))
+        || matches!(
+            key.as_str(),
+            "authorization" | "apikey" | "xapikey" | "privatekey"
+        )
+}
+
+/// The body of a write to `path` with its secrets' values replaced by [`REDACTED`]: the value
+/// of every key that names a secret ([`names_a_secret`]) at any depth, and every value of the
+/// route's [`SECRET_OBJECTS`]. The trail keeps that one was sent, never what it was (the API
+/// never shows a secret again, API.md "Webhooks and audit"). A true or false is kept (a
+/// webhook's `hasSecret`, sent back as read): it holds no secret.
+pub fn redacted(path: &str, mut body: Value) -> Value {
+    for (route, pointer) in SECRET_OBJECTS {
+        if matches(route, path)
+            && let Some(object) = body.pointer_mut(pointer).and_then(Value::as_object_mut)
+        {
+            for value in object.values_mut() {
+                *value = json!(REDACTED);
+            }
+        }
+    }
+    fn walk(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    if names_a_secret(key) && !matches!(v, Value::Bool(_) | Value::Null) {
+                        *v = json!(REDACTED);
+                    } else {
+                        walk(v);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut body);
+    body
+}
+
+/// What the trail keeps of a body: nothing for none, the JSON with its secrets redacted when
+/// small, else a note of its size (a body that is not JSON is noted by its size too: what
+/// cannot be read cannot be redacted).
+fn kept(path: &str, bytes: &[u8]) -> Option<String> {
+    match bytes.len() {
+        0 => None,
+        n if n <= BODY_KEPT => Some(match serde_json::from_slice::<Value>(bytes) {
+            Ok(body) => redacted(path, body).to_string(),
+            Err(_) => format!("({n} bytes, not JSON)"),
+        }),
+        n => Some(format!("({n} bytes)")),
+    }
+}
+
 /// The layer: runs the request, then records it if it was an accepted write.
-pub async fn layer(State(state): State<Shared>, request: Request, next: Next) -> Response {
+pub async fn layer(State(recorder): State<Recorder>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(request).await;
@@ -39,6 +157,9 @@ pub async fn layer(State(state): State<Shared>, request: Request, next: Next) ->
         return next.run(request).await;
     };
     let path = request.uri().path().to_string();
+    if recorder.changes_nothing(&method, &path) {
+        return next.run(request).await;
+    }
     let (parts, body) = request.into_parts();
     // The body was read whole by the body limit around this layer: this is a copy in memory.
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
@@ -52,11 +173,7 @@ pub async fn layer(State(state): State<Shared>, request: Request, next: Next) ->
             .into_response();
         }
     };
-    let kept = match bytes.len() {
-        0 => None,
-        n if n <= BODY_KEPT => Some(String::from_utf8_lossy(&bytes).into_owned()),
-        n => Some(format!("({n} bytes)")),
-    };
+    let kept = kept(&path, &bytes);
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
@@ -78,7 +195,7 @@ pub async fn layer(State(state): State<Shared>, request: Request, next: Next) ->
             status: response.status().as_u16(),
             body: kept,
         };
-        if let Err(e) = state.runs.store.append_audit(&entry).await {
+        if let Err(e) = recorder.state.runs.store.append_audit(&entry).await {
             tracing::warn!(error = %e, subject = entry.subject, path = entry.path, "cannot record the write in the audit trail");
         }
     }
@@ -175,4 +292,39 @@ pub async fn list(
         answer["nextLink"] = json!(next);
     }
     Ok(axum::Json(answer).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{REDACTED, redacted};
+    use serde_json::json;
+
+    #[test]
+    fn secrets_are_redacted_wherever_they_are_and_nothing_else_is() {
+        let body = json!({"properties": {
+            "url": "https://hooks.example/x", "secret": "s3", "hasSecret": true,
+            "driver": {"credential": {"type": "ClientSecret", "clientId": "c",
+                "clientSecretFile": "/run/secret", "clientSecret": "cs"}},
+            "list": [{"password": "p"}, {"Api_Key": 7}, {"token": null}],
+            "headers": {"Authorization": "Bearer t", "X-Scope": "org-1"},
+            "accessToken": {"nested": "t"},
+        }});
+        assert_eq!(
+            redacted("/v1/webhooks/w", body.clone()),
+            json!({"properties": {
+                "url": "https://hooks.example/x", "secret": REDACTED, "hasSecret": true,
+                "driver": {"credential": {"type": "ClientSecret", "clientId": "c",
+                    "clientSecretFile": "/run/secret", "clientSecret": REDACTED}},
+                "list": [{"password": REDACTED}, {"Api_Key": REDACTED}, {"token": null}],
+                "headers": {"Authorization": REDACTED, "X-Scope": "org-1"},
+                "accessToken": REDACTED,
+            }})
+        );
+        // A check provider's headers are secrets whatever their names.
+        let provider = redacted("/v1/checkProviders/prom", body);
+        assert_eq!(
+            provider["properties"]["headers"],
+            json!({"Authorization": REDACTED, "X-Scope": REDACTED})
+        );
+    }
 }

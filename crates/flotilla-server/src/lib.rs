@@ -66,6 +66,8 @@ pub struct Timing {
     pub lease_ttl: std::time::Duration,
     /// Bytes of log a run writes before it is checkpointed (at least its checkpoint's size).
     pub checkpoint_after: u64,
+    /// How long the audit trail keeps an entry; older ones are pruned in the background.
+    pub audit_retention: std::time::Duration,
 }
 
 impl Default for Timing {
@@ -75,6 +77,7 @@ impl Default for Timing {
             profiles_every: PROFILES_EVERY,
             lease_ttl: runs::LEASE_TTL,
             checkpoint_after: runs::CHECKPOINT_AFTER,
+            audit_retention: store::AUDIT_RETENTION,
         }
     }
 }
@@ -209,6 +212,10 @@ impl Server {
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
         tokio::spawn(observe_fleets(runs.clone(), timing.observe_every));
+        tokio::spawn(store::prune_audit_forever(
+            runs.store.clone(),
+            timing.audit_retention,
+        ));
         let state = Arc::new(AppState {
             runs,
             insecure,

@@ -827,10 +827,14 @@ pub struct AuditEntry {
     pub body: Option<String>,
 }
 
-/// The audit trail: every accepted write, oldest first.
+/// The audit trail: every accepted write, oldest first, kept for a retention
+/// ([`prune_audit_forever`]).
 #[async_trait]
 pub trait Audit: Send + Sync {
     async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// Deletes up to `limit` entries made before `before` (Unix milliseconds), oldest first,
+    /// found through the trail's index on time; returns how many.
+    async fn prune_audit(&self, before: i64, limit: usize) -> StoreResult<u64>;
     /// Entries after `after` (an id) made at or after `since` (Unix milliseconds), of `fleet`
     /// when given, at most `limit`, oldest first.
     async fn list_audit(
@@ -840,6 +844,38 @@ pub trait Audit: Send + Sync {
         since: i64,
         limit: usize,
     ) -> StoreResult<Vec<AuditEntry>>;
+}
+
+/// How long the audit trail keeps an entry unless told otherwise (`flotilla serve
+/// --audit-retention`): 400 days, a year and a season of any audit.
+pub const AUDIT_RETENTION: Duration = Duration::from_secs(400 * 86_400);
+
+/// Entries one statement of a prune deletes: a short write, so a large first prune does not
+/// hold SQLite's one writer for long.
+const AUDIT_PRUNE_BATCH: usize = 1000;
+
+/// Keeps the audit trail within `retention`, forever: at once, then every quarter of the
+/// retention (at least a second, at most an hour), the entries older than it are deleted, a
+/// batch at a time. The one loop of both backends (every replica sharing a database runs it;
+/// a delete is idempotent).
+pub async fn prune_audit_forever(store: std::sync::Arc<dyn Store>, retention: Duration) {
+    let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let before = unix_millis().saturating_sub(millis(retention));
+        loop {
+            match store.prune_audit(before, AUDIT_PRUNE_BATCH).await {
+                Ok(n) if n as usize == AUDIT_PRUNE_BATCH => tokio::task::yield_now().await,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot prune the audit trail; trying again later");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// A webhook (API.md, "Webhooks and audit") as stored: validated by the server, matched by the

@@ -45,6 +45,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     10 "0010_upgrade_durations",
     11 "0011_audit",
     12 "0012_webhooks",
+    13 "0013_audit_by_time",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -59,6 +60,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     9 "0009_upgrade_durations",
     10 "0010_audit",
     11 "0011_webhooks",
+    12 "0012_audit_by_time",
 );
 
 /// The migrator for a backend's migrations.

@@ -1144,6 +1144,17 @@ impl Audit for PgStore {
         Ok(())
     }
 
+    async fn prune_audit(&self, before: i64, limit: usize) -> StoreResult<u64> {
+        let done = sqlx::query(
+            "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < $1 ORDER BY at LIMIT $2)",
+        )
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn list_audit(
         &self,
         fleet: Option<&str>,

@@ -1,8 +1,7 @@
 //! The SQLite backend: one file, one server (a lock on the file itself), write-ahead logging,
 //! checkpointed into the file at a clean shutdown.
 
-use std::path::Path;
-use std::str::FromStr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,30 +30,37 @@ impl SqliteStore {
     }
 
     /// Opens (creating if needed) the database at `path`, takes the single-server lock, and
-    /// runs migrations.
+    /// runs migrations. The lock is taken on the file's one identity ([`canonical_file`])
+    /// before SQLite opens anything, and SQLite is then given that identity, never the
+    /// spelling: a second server under any name of the file is refused without touching it.
     pub async fn open(path: &Path) -> StoreResult<SqliteStore> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
+        let file = canonical_file(path)?;
         // The lock is taken on the database file itself (an advisory `flock`, which SQLite's own
-        // `fcntl` locks do not see), so every spelling of its path, a symbolic link and a hard
-        // link all find it taken.
+        // `fcntl` locks do not see), so a hard link, which no path resolution finds, finds it
+        // taken too.
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
-            .open(path)
-            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+            .open(&file)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", file.display())))?;
         if lock.try_lock().is_err() {
             return Err(StoreError::Unavailable(format!(
                 "another flotilla server is using {}; SQLite mode serves one replica only (use --database postgres://… for several)",
+                file.display()
+            )));
+        }
+        // What SQLite opens is the file locked: a name swapped for another file between the
+        // two is refused.
+        let opened = canonical_file(path)?;
+        if !same_file(&lock, &opened) {
+            return Err(StoreError::Unavailable(format!(
+                "{} changed while it was being opened; start again",
                 path.display()
             )));
         }
-        let store = SqliteStore::connect(path).await?;
+        let store = SqliteStore::connect(&opened).await?;
         // The file lock proves no other server uses this database, so leases held by a server
         // that died are let go now instead of after their time.
         sqlx::query("UPDATE leases SET expires_at = 0")
@@ -78,6 +84,9 @@ impl SqliteStore {
     /// Writes a consistent copy of the database to `to` (`VACUUM INTO`: a snapshot of one
     /// read transaction, also while a server writes), as one file with no write-ahead log.
     pub async fn backup_to(&self, to: &Path) -> StoreResult<()> {
+        // An absolute path: SQLite reads a name starting `file:` as a URI with parameters.
+        let to = std::path::absolute(to)
+            .map_err(|e| StoreError::Unavailable(format!("{}: {e}", to.display())))?;
         sqlx::query("VACUUM INTO ?")
             .bind(to.display().to_string())
             .execute(&self.pool)
@@ -85,18 +94,19 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Opens the database without the server lock, for short-lived commands (`token create`).
+    /// Opens the database without the server lock, for short-lived commands (`token create`,
+    /// `backup`), at the same identity a server opens it at (so with the same write-ahead
+    /// log). Such a command ends with [`Resources::close`], which leaves what it wrote in the
+    /// database file.
     pub async fn open_unlocked(path: &Path) -> StoreResult<SqliteStore> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
-        SqliteStore::connect(path).await
+        SqliteStore::connect(&canonical_file(path)?).await
     }
 
-    async fn connect(path: &Path) -> StoreResult<SqliteStore> {
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+    /// Connects to `file`, a [`canonical_file`]: given to SQLite as a file name, never parsed
+    /// as a URL or a URI (an absolute path, so SQLite does not read it as one either).
+    async fn connect(file: &Path) -> StoreResult<SqliteStore> {
+        let options = SqliteConnectOptions::new()
+            .filename(file)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             // Every acknowledged write survives a kill at any instant (SEMANTICS §7).
@@ -157,6 +167,154 @@ impl SqliteStore {
             .run(&self.pool)
             .await
             .map_err(crate::migrate::failed)
+    }
+}
+
+/// The SQLite file a `--database` value names: a path (taken as it is, `?` and `%` included),
+/// `sqlite://PATH` or `sqlite:PATH` (a URL: its query string is cut off and its path
+/// percent-decoded, as sqlx reads it), or SQLite's own `file:PATH` URI (`file:///PATH`,
+/// `file://localhost/PATH`), also inside `sqlite:`. Of a URL's parameters only those that
+/// change nothing here are taken (`mode=rw`, `mode=rwc`, `cache=private`, `cache=shared`);
+/// any other (`vfs`, `nolock`, `immutable`, `mode=ro`, ...) would open the file otherwise than
+/// the server's lock assumes, and is refused by name.
+pub fn database_file(spec: &str) -> StoreResult<PathBuf> {
+    let refused = |why: String| StoreError::Unavailable(format!("--database {spec:?}: {why}"));
+    let (rest, url) = match spec
+        .strip_prefix("sqlite://")
+        .or_else(|| spec.strip_prefix("sqlite:"))
+    {
+        Some(rest) => (rest, true),
+        None => (spec, false),
+    };
+    let (rest, url) = match rest.strip_prefix("file:") {
+        Some(uri) => match uri.strip_prefix("//") {
+            // An authority: none, or this machine.
+            Some(authority) => {
+                let slash = authority.find('/').unwrap_or(authority.len());
+                if !matches!(&authority[..slash], "" | "localhost") {
+                    return Err(refused(format!(
+                        "the host {:?}: a SQLite database is a file on this machine",
+                        &authority[..slash]
+                    )));
+                }
+                (&authority[slash..], true)
+            }
+            None => (uri, true),
+        },
+        None => (rest, url),
+    };
+    let path = if url {
+        let (path, query) = match rest.split_once('?') {
+            Some((path, query)) => (path, query),
+            None => (rest, ""),
+        };
+        let (path, query) = match (path.split_once('#'), query.split_once('#')) {
+            (Some((path, _)), _) => (path, ""),
+            (None, Some((query, _))) => (path, query),
+            (None, None) => (path, query),
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !matches!(
+                (key, value),
+                ("mode", "rw" | "rwc") | ("cache", "private" | "shared")
+            ) {
+                return Err(refused(format!(
+                    "the parameter {pair:?} is not taken: Flotilla opens its database one way \
+                     (read-write, write-ahead log, locked for one server); name the file alone"
+                )));
+            }
+        }
+        percent_decoded(path).ok_or_else(|| refused("not a valid percent-encoded path".into()))?
+    } else {
+        PathBuf::from(rest)
+    };
+    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+        return Err(refused("names no file".into()));
+    }
+    Ok(path)
+}
+
+/// `%XX` decoded, the rest as it is; `None` for a `%` not followed by two hex digits.
+fn percent_decoded(text: &str) -> Option<PathBuf> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStringExt;
+        Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+    }
+    #[cfg(not(unix))]
+    {
+        String::from_utf8(out).ok().map(PathBuf::from)
+    }
+}
+
+/// The one identity of the database file at `path`: its directory (created if missing)
+/// resolved to its real, absolute path, and the file's own name, itself resolved when it is a
+/// symbolic link. Every relative spelling, `.`/`..`, doubled `/` and symbolic link of a file
+/// gives the same identity; SQLite names the write-ahead log after it, so every opener uses
+/// the same log. (A hard link is another name of the same file that no resolution finds:
+/// the server's lock, on the file itself, covers it.)
+pub fn canonical_file(path: &Path) -> StoreResult<PathBuf> {
+    let cannot = |what: &str, e: std::io::Error| {
+        StoreError::Unavailable(format!("cannot {what} {}: {e}", path.display()))
+    };
+    let Some(name) = path.file_name() else {
+        return Err(StoreError::Unavailable(format!(
+            "{}: names a directory, not a database file",
+            path.display()
+        )));
+    };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| cannot("create the directory of", e))?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| cannot("resolve the directory of", e))?;
+    let file = dir.join(name);
+    match std::fs::canonicalize(&file) {
+        Ok(real) => Ok(real),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(&file).is_ok() {
+                // A link to nothing: creating the database through it would make a file that
+                // is named here by the link alone.
+                return Err(StoreError::Unavailable(format!(
+                    "{}: a symbolic link to a file that does not exist; name the file itself",
+                    path.display()
+                )));
+            }
+            Ok(file)
+        }
+        Err(e) => Err(cannot("resolve", e)),
+    }
+}
+
+/// Whether the open `file` is the file at `path` (the same device and inode).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        true
     }
 }
 
@@ -1116,6 +1274,17 @@ impl Audit for SqliteStore {
         Ok(())
     }
 
+    async fn prune_audit(&self, before: i64, limit: usize) -> StoreResult<u64> {
+        let done = sqlx::query(
+            "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ? ORDER BY at LIMIT ?)",
+        )
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn list_audit(
         &self,
         fleet: Option<&str>,
@@ -1558,5 +1727,46 @@ impl Webhooks for SqliteStore {
         .execute(&self.pool)
         .await?
         .rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_file;
+    use std::path::PathBuf;
+
+    #[test]
+    fn every_spelling_names_its_file_and_parameters_that_open_it_otherwise_are_refused() {
+        let file = |s: &str| database_file(s).map_err(|e| e.to_string());
+        let p = |s: &str| Ok(PathBuf::from(s));
+        assert_eq!(file("/d/a.db"), p("/d/a.db"));
+        // A path is taken as it is; a URL is decoded and its query cut off.
+        assert_eq!(file("/d/a.db?mode=rw"), p("/d/a.db?mode=rw"));
+        assert_eq!(file("/d/a%2Edb"), p("/d/a%2Edb"));
+        assert_eq!(file("sqlite:///d/a.db?mode=rw"), p("/d/a.db"));
+        assert_eq!(file("sqlite:///d/%61.db"), p("/d/a.db"));
+        assert_eq!(file("sqlite:a.db"), p("a.db"));
+        assert_eq!(file("sqlite://a.db?cache=shared&mode=rwc"), p("a.db"));
+        assert_eq!(file("file:/d/a.db"), p("/d/a.db"));
+        assert_eq!(file("file:///d/a.db#x"), p("/d/a.db"));
+        assert_eq!(file("file://localhost/d/a.db?mode=rw"), p("/d/a.db"));
+        assert_eq!(file("sqlite:file:/d/a.db"), p("/d/a.db"));
+        for (spec, named) in [
+            ("sqlite:///d/a.db?vfs=unix-none", "vfs"),
+            ("file:/d/a.db?nolock=1", "nolock"),
+            ("sqlite:///d/a.db?immutable=1", "immutable"),
+            ("sqlite:///d/a.db?mode=ro", "mode=ro"),
+            ("sqlite:///d/a.db?mode=memory", "mode=memory"),
+            ("file://elsewhere/d/a.db", "elsewhere"),
+            ("sqlite:///d/a%zz.db", "percent"),
+            ("sqlite::memory:", "no file"),
+            ("sqlite://", "no file"),
+        ] {
+            let refused = file(spec);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains(named)),
+                "{spec}: {refused:?}"
+            );
+        }
     }
 }

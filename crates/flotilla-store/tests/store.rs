@@ -153,6 +153,7 @@ on_both_backends!(
     run_logs_are_cut_at_their_checkpoints,
     upgrade_durations_keep_the_recent_ones,
     the_audit_trail_keeps_every_entry_in_order,
+    the_audit_trail_is_pruned_past_its_retention,
     webhooks_are_kept_with_their_conditions,
     events_make_deliveries_in_their_own_batch,
     deliveries_are_claimed_once_and_recorded,
@@ -2075,10 +2076,10 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
         .await,
         1
     );
-    // Every migration applied, webhooks (0012) the last.
+    // Every migration applied, the audit's index by time (0013) the last.
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        12
+        13
     );
     assert_eq!(
         sqlite_count(
@@ -2162,7 +2163,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        11
+        12
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,
@@ -2237,6 +2238,71 @@ async fn the_audit_trail_keeps_every_entry_in_order(store: Arc<dyn Store>) {
         since.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
         ["user-4", "user-5"]
     );
+}
+
+/// Entries older than the retention go, oldest first and a batch at a time; younger ones stay.
+/// The background loop every server runs does it by itself.
+async fn the_audit_trail_is_pruned_past_its_retention(store: Arc<dyn Store>) {
+    const DAY: i64 = 86_400_000;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .expect("clock");
+    let entry = |at: i64, subject: &str| AuditEntry {
+        id: 0,
+        at,
+        subject: subject.into(),
+        role: "admin".into(),
+        method: "PUT".into(),
+        path: "/v1/fleets/f".into(),
+        fleet: Some("f".into()),
+        status: 200,
+        body: None,
+    };
+    for i in 0..2500 {
+        store
+            .append_audit(&entry(now - 30 * DAY + i, "old"))
+            .await
+            .expect("appended");
+    }
+    for subject in ["recent-1", "recent-2"] {
+        store
+            .append_audit(&entry(now - DAY, subject))
+            .await
+            .expect("appended");
+    }
+    let before = now - 10 * DAY;
+    assert_eq!(store.prune_audit(before, 1000).await.expect("pruned"), 1000);
+    assert_eq!(store.prune_audit(before, 1000).await.expect("pruned"), 1000);
+    assert_eq!(store.prune_audit(before, 1000).await.expect("pruned"), 500);
+    assert_eq!(store.prune_audit(before, 1000).await.expect("pruned"), 0);
+    let left = store.list_audit(None, 0, 0, 100).await.expect("listed");
+    assert_eq!(
+        left.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["recent-1", "recent-2"]
+    );
+    // The loop: more old entries, pruned at its first pass, the recent ones kept.
+    for _ in 0..1500 {
+        store
+            .append_audit(&entry(now - 20 * DAY, "old"))
+            .await
+            .expect("appended");
+    }
+    let pruner = tokio::spawn(flotilla_store::prune_audit_forever(
+        store.clone(),
+        std::time::Duration::from_secs(10 * 86_400),
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = store.list_audit(None, 0, 0, 2000).await.expect("listed");
+        if left.iter().all(|e| e.subject != "old") {
+            assert_eq!(left.len(), 2, "the recent entries stay");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{} left", left.len());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    pruner.abort();
 }
 
 // ---------------------------------------------------------------------------------------------

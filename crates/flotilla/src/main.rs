@@ -157,9 +157,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080", env = "FLOTILLA_LISTEN")]
         listen: SocketAddr,
-        /// Where to store everything: `sqlite://PATH` or a file path (default: the user's data
-        /// directory; one server only), or `postgres://USER@HOST:PORT/DATABASE` (several
-        /// replicas may share it).
+        /// Where to store everything: `sqlite://PATH`, `file:PATH` or a file path (default: the
+        /// user's data directory; one server per file, whatever names it), or
+        /// `postgres://USER@HOST:PORT/DATABASE` (several replicas may share it).
         #[arg(long, env = "FLOTILLA_DATABASE")]
         database: Option<String>,
         /// Serve without authentication (loopback addresses only).
@@ -173,6 +173,15 @@ enum Command {
         /// checkpoint's size): a restart replays at most about this much of each run's log.
         #[arg(long, default_value_t = flotilla_server::runs::CHECKPOINT_AFTER, value_name = "BYTES")]
         checkpoint_after: u64,
+        /// How long the audit trail keeps an entry (`400d`, `12h`, `90m`, `30s`, or seconds):
+        /// older entries are pruned in the background.
+        #[arg(
+            long,
+            default_value = "400d",
+            env = "FLOTILLA_AUDIT_RETENTION",
+            value_name = "DURATION"
+        )]
+        audit_retention: String,
         #[command(flatten)]
         limits: ServeLimits,
     },
@@ -452,11 +461,9 @@ pub fn database_path(database: Option<&str>) -> anyhow::Result<PathBuf> {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             bail!("--database {url}: this command works on a SQLite file only; use sqlite://PATH")
         }
-        Some(url) => Ok(PathBuf::from(
-            url.strip_prefix("sqlite://")
-                .or_else(|| url.strip_prefix("sqlite:"))
-                .unwrap_or(url),
-        )),
+        // One reading of every spelling, the store's: the server's lock and SQLite both get
+        // the file it names.
+        Some(url) => Ok(flotilla_server::store::sqlite::database_file(url)?),
         None => {
             let base = std::env::var_os("XDG_DATA_HOME")
                 .map(PathBuf::from)
@@ -647,6 +654,7 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
         .backup_to(to)
         .await
         .with_context(|| format!("cannot write {}", to.display()))?;
+    store.close().await;
     eprintln!(
         "flotilla: copied {} to {} (a consistent snapshot; serve it with --database {})",
         from.display(),
@@ -660,6 +668,7 @@ async fn backup_command(database: Option<&str>, to: &Path) -> anyhow::Result<Exi
 struct ServeTiming {
     lease_ttl: f64,
     checkpoint_after: u64,
+    audit_retention: String,
 }
 
 async fn serve_command(
@@ -672,6 +681,7 @@ async fn serve_command(
     let ServeTiming {
         lease_ttl,
         checkpoint_after,
+        audit_retention,
     } = timing;
     if !(lease_ttl.is_finite() && (0.5..=3600.0).contains(&lease_ttl)) {
         bail!("--lease-ttl {lease_ttl}: must be between 0.5 and 3600 seconds");
@@ -679,6 +689,14 @@ async fn serve_command(
     if !(1..=1 << 30).contains(&checkpoint_after) {
         bail!("--checkpoint-after {checkpoint_after}: must be between 1 and 1073741824 bytes");
     }
+    let audit_retention = flotilla_engine::time::parse_duration(&audit_retention)
+        .filter(|s| (1..=100 * 366 * 86_400).contains(s))
+        .map(|s| std::time::Duration::from_secs(s.unsigned_abs()))
+        .with_context(|| {
+            format!(
+                "--audit-retention {audit_retention:?}: must be a duration from 1s to 36600d (400d, 12h, 90m, 30s)"
+            )
+        })?;
     let limits_flags = limits;
     let limits = limits_flags.parse()?;
     // Subprocesses, database files and connections all need file descriptors.
@@ -693,6 +711,7 @@ async fn serve_command(
     let timing = flotilla_server::Timing {
         lease_ttl: std::time::Duration::from_secs_f64(lease_ttl),
         checkpoint_after,
+        audit_retention,
         ..Default::default()
     };
     let mut allowed_hosts = serve_limits_hosts(&limits_flags)?;
@@ -759,6 +778,9 @@ async fn token_command(
             });
             let (secret, record) = new_token(role, &subject).map_err(anyhow::Error::msg)?;
             store.create_token(&record).await?;
+            // As a server at a clean shutdown: the write-ahead log is moved into the database
+            // file, so the file alone (copied, backed up) holds the token.
+            store.close().await;
             outln!("{secret}");
             eprintln!(
                 "flotilla: created {} token {} for {subject:?}; it is shown only this once",
@@ -814,11 +836,13 @@ fn main() -> ExitCode {
                             insecure_no_auth,
                             lease_ttl,
                             checkpoint_after,
+                            audit_retention,
                             limits,
                         } => {
                             let timing = ServeTiming {
                                 lease_ttl,
                                 checkpoint_after,
+                                audit_retention,
                             };
                             serve_command(listen, database, insecure_no_auth, timing, limits).await
                         }
