@@ -90,16 +90,28 @@ impl From<StoreError> for HttpError {
     }
 }
 
+/// Seconds a client is asked to wait before sending a request answered 503 again: the store
+/// could not be reached or ended the write (nothing was written, unless the message says it
+/// cannot tell), which a moment later it usually does not.
+const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let body =
             json!({"error": {"code": self.code, "message": self.message, "target": self.target}});
-        (
+        let mut response = (
             self.status,
             [(header::CONTENT_TYPE, "application/json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
@@ -107,4 +119,28 @@ pub type HttpResult<T> = Result<T, HttpError>;
 
 pub fn unauthorized(message: &str) -> HttpError {
     HttpError::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HttpError;
+    use crate::store::StoreError;
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+
+    #[test]
+    fn a_write_the_database_ended_is_a_503_to_send_again() {
+        let response = HttpError::from(StoreError::Busy(
+            "the database ended the registration's transaction 3 times; nothing was written: send it again".into(),
+        ))
+        .into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+    }
 }

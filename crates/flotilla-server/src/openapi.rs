@@ -322,7 +322,7 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
     // in plain text).
     put(
         503,
-        json!({"description": "The server is busy, or the store cannot be reached",
+        json!({"description": "The server is busy, or the store cannot be reached or ended the write (nothing was written unless the message says it cannot tell); send it again after the Retry-After header",
             "content": {"application/json": {"schema": reference("Error")},
                 "text/plain": {"schema": {"type": "string"}}}}),
     );

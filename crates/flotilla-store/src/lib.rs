@@ -50,6 +50,11 @@ pub enum StoreError {
     /// The run was replaced or deleted since the writer loaded it.
     #[error("{0}")]
     Superseded(String),
+    /// The database ended the write's transaction for a reason of its own, not the request's
+    /// (a deadlock it broke, a serialization failure, a session it ended), again on every
+    /// attempt: nothing was written, and the same request may be sent again.
+    #[error("{0}")]
+    Busy(String),
     /// A member write the fleet's data refuses: its cluster id is another member's, it would
     /// change a member's cluster id, or (creating only) the member exists. `item` is its index
     /// in the batch, `field` the path inside the item.

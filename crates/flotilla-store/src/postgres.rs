@@ -28,6 +28,19 @@ const CHANNEL: &str = "flotilla";
 /// Any number, the same in every replica: the advisory lock migrations hold.
 const MIGRATION_LOCK: i64 = 0x666c_6f74_696c_6c61;
 
+/// How long a bulk write that holds no lease row (a batch registration, a fleet's observed
+/// statuses) may wait on its client between statements. Every session ends a transaction
+/// idle for a second ([`PgStore::open`]), which protects takeovers from a paused lease
+/// holder; a bulk write does work of its own between its statements (deciding thousands of
+/// members, rendering their bodies) and waits for its turn on a busy server, which under
+/// load took more than a second, and the database ended healthy registrations
+/// (`idle-in-transaction timeout`, then `Broken pipe` on the closed connection).
+const BULK_IDLE: &str = "SET LOCAL idle_in_transaction_session_timeout = '30s'";
+
+/// Attempts a batch registration gets when the database ends its transaction for a reason of
+/// its own ([`rolled_back`]).
+const REGISTER_ATTEMPTS: u32 = 3;
+
 pub struct PgStore {
     pool: PgPool,
     notices: broadcast::Sender<Notice>,
@@ -129,6 +142,99 @@ impl PgStore {
             .run(&self.pool)
             .await
             .map_err(crate::migrate::failed)
+    }
+
+    /// One attempt at [`Resources::register_members`], in one transaction. A few statements
+    /// whatever the number of members, each binding arrays: over a network a statement per
+    /// member costs a round trip each. Rows are read through a lateral lookup per name, by
+    /// key, whatever the table's statistics say: a plan made while a fleet grows faster than
+    /// they follow would otherwise scan the whole fleet.
+    async fn register_once(
+        &self,
+        fleet: &str,
+        writes: &[MemberWrite],
+        mode: RegisterMode,
+    ) -> StoreResult<Registered> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(BULK_IDLE).execute(&mut *tx).await?;
+        let mut names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut stored = HashMap::new();
+        for r in sqlx::query(
+            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = 'members' AND name = u.n FOR UPDATE) r",
+        )
+        .bind(fleet)
+        .bind(&names)
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            stored.insert(r.col(0)?, (r.col(1)?, r.col(2)?));
+        }
+        let mut holders = HashMap::new();
+        for r in sqlx::query(
+            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT cluster_key, member FROM member_clusters WHERE fleet = $1 AND cluster_key = u.n) r",
+        )
+        .bind(fleet)
+        .bind(RegistrationPlan::keys(writes))
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            holders.insert(r.col(0)?, r.col(1)?);
+        }
+        let plan = RegistrationPlan::decide(writes, mode, &stored, &holders)?;
+        if !plan.claims.is_empty() {
+            // Two registrations racing for one id: the primary key decides, and the loser is
+            // told to send again.
+            let (keys, members): (Vec<&str>, Vec<&str>) = plan
+                .claims
+                .iter()
+                .map(|(k, m, _)| (k.as_str(), m.as_str()))
+                .unzip();
+            let won: HashSet<String> = sqlx::query(
+                "INSERT INTO member_clusters (fleet, cluster_key, member)
+                 SELECT $1, k, m FROM UNNEST($2::text[], $3::text[]) AS u(k, m)
+                 ON CONFLICT DO NOTHING RETURNING cluster_key",
+            )
+            .bind(fleet)
+            .bind(&keys)
+            .bind(&members)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.col(0))
+            .collect::<StoreResult<_>>()?;
+            if let Some((_, member, item)) = plan.claims.iter().find(|c| !won.contains(&c.0)) {
+                return Err(racing(*item, member));
+            }
+        }
+        let etags = next_etags(&mut tx, plan.items.len()).await?;
+        // One row per member, its last item's body (an item sees the ones before it): a
+        // statement may not touch a row twice.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, (name, _, _)) in plan.items.iter().enumerate() {
+            last.insert(name, i);
+        }
+        let mut rows: Vec<usize> = last.into_values().collect();
+        rows.sort_unstable();
+        let rows: Vec<(&str, &str, &str)> = rows
+            .into_iter()
+            .map(|i| {
+                let (name, body, _) = &plan.items[i];
+                (name.as_str(), body.as_str(), etags[i].as_str())
+            })
+            .collect();
+        let inserted = put_rows(&mut tx, fleet, Kind::Member, &rows).await?;
+        let mut registered = Registered::default();
+        for (item, ((name, _, created), etag)) in plan.items.iter().zip(etags).enumerate() {
+            if *created && !inserted.contains(name.as_str()) {
+                // Created by another transaction since it was read: nothing is written.
+                return Err(racing(item, name));
+            }
+            registered.written.push((etag, *created));
+        }
+        commit(tx).await?;
+        Ok(registered)
     }
 }
 
@@ -344,6 +450,32 @@ fn unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
 }
 
+/// Whether the database rolled the transaction back for a reason of its own, so that running
+/// it again as it is may succeed: a serialization failure (40001), a deadlock it broke
+/// (40P01), the session ended while the transaction waited on its client (25P03), or the
+/// connection lost before the commit was sent ([`commit`] turns a loss during the commit
+/// into an error of its own: whether that one committed is not known).
+fn rolled_back(e: &StoreError) -> bool {
+    match e {
+        StoreError::Database(sqlx::Error::Database(d)) => {
+            matches!(d.code().as_deref(), Some("40001" | "40P01" | "25P03"))
+        }
+        StoreError::Database(sqlx::Error::Io(_)) => true,
+        _ => false,
+    }
+}
+
+/// Commits; a connection lost during the commit is said so, never taken for a rollback.
+async fn commit(tx: Transaction<'_, Postgres>) -> StoreResult<()> {
+    tx.commit().await.map_err(|e| match e {
+        sqlx::Error::Io(io) => StoreError::Unavailable(format!(
+            "the database connection was lost while committing ({io}): the write may or may \
+             not have been made; read it back before sending it again"
+        )),
+        other => other.into(),
+    })
+}
+
 #[async_trait]
 impl Resources for PgStore {
     async fn etag(&self, fleet: &str, kind: Kind, name: &str) -> StoreResult<Option<String>> {
@@ -541,91 +673,25 @@ impl Resources for PgStore {
         writes: &[MemberWrite],
         mode: RegisterMode,
     ) -> StoreResult<Registered> {
-        // A few statements whatever the number of members, each binding arrays: over a
-        // network a statement per member costs a round trip each. Rows are read through a
-        // lateral lookup per name, by key, whatever the table's statistics say: a plan made
-        // while a fleet grows faster than they follow would otherwise scan the whole fleet.
-        let mut tx = self.pool.begin().await?;
-        let mut names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        let mut stored = HashMap::new();
-        for r in sqlx::query(
-            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT name, body, etag FROM resources WHERE fleet = $1 AND kind = 'members' AND name = u.n FOR UPDATE) r",
-        )
-        .bind(fleet)
-        .bind(&names)
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            stored.insert(r.col(0)?, (r.col(1)?, r.col(2)?));
-        }
-        let mut holders = HashMap::new();
-        for r in sqlx::query(
-            "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT cluster_key, member FROM member_clusters WHERE fleet = $1 AND cluster_key = u.n) r",
-        )
-        .bind(fleet)
-        .bind(RegistrationPlan::keys(writes))
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            holders.insert(r.col(0)?, r.col(1)?);
-        }
-        let plan = RegistrationPlan::decide(writes, mode, &stored, &holders)?;
-        if !plan.claims.is_empty() {
-            // Two registrations racing for one id: the primary key decides, and the loser is
-            // told to send again.
-            let (keys, members): (Vec<&str>, Vec<&str>) = plan
-                .claims
-                .iter()
-                .map(|(k, m, _)| (k.as_str(), m.as_str()))
-                .unzip();
-            let won: HashSet<String> = sqlx::query(
-                "INSERT INTO member_clusters (fleet, cluster_key, member)
-                 SELECT $1, k, m FROM UNNEST($2::text[], $3::text[]) AS u(k, m)
-                 ON CONFLICT DO NOTHING RETURNING cluster_key",
-            )
-            .bind(fleet)
-            .bind(&keys)
-            .bind(&members)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.col(0))
-            .collect::<StoreResult<_>>()?;
-            if let Some((_, member, item)) = plan.claims.iter().find(|c| !won.contains(&c.0)) {
-                return Err(racing(*item, member));
+        // All or nothing: a transaction the database ended by itself wrote nothing, and is run
+        // again from the start (it reads what another writer committed meanwhile).
+        let mut attempt = 1;
+        loop {
+            match self.register_once(fleet, writes, mode).await {
+                Err(e) if rolled_back(&e) && attempt < REGISTER_ATTEMPTS => {
+                    tracing::info!(fleet, attempt, error = %e, "registration rolled back by the database; running it again");
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(e) if rolled_back(&e) => {
+                    return Err(StoreError::Busy(format!(
+                        "the database ended the registration's transaction {attempt} times ({e}); nothing was written: send it again"
+                    )));
+                }
+                other => return other,
             }
         }
-        let etags = next_etags(&mut tx, plan.items.len()).await?;
-        // One row per member, its last item's body (an item sees the ones before it): a
-        // statement may not touch a row twice.
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (i, (name, _, _)) in plan.items.iter().enumerate() {
-            last.insert(name, i);
-        }
-        let mut rows: Vec<usize> = last.into_values().collect();
-        rows.sort_unstable();
-        let rows: Vec<(&str, &str, &str)> = rows
-            .into_iter()
-            .map(|i| {
-                let (name, body, _) = &plan.items[i];
-                (name.as_str(), body.as_str(), etags[i].as_str())
-            })
-            .collect();
-        let inserted = put_rows(&mut tx, fleet, Kind::Member, &rows).await?;
-        let mut registered = Registered::default();
-        for (item, ((name, _, created), etag)) in plan.items.iter().zip(etags).enumerate() {
-            if *created && !inserted.contains(name.as_str()) {
-                // Created by another transaction since it was read: nothing is written.
-                return Err(racing(item, name));
-            }
-            registered.written.push((etag, *created));
-        }
-        tx.commit().await?;
-        Ok(registered)
     }
-
     async fn set_statuses(
         &self,
         fleet: &str,
@@ -643,6 +709,7 @@ impl Resources for PgStore {
         let mut names: Vec<&str> = latest.keys().copied().collect();
         names.sort_unstable();
         let mut tx = self.pool.begin().await?;
+        sqlx::query(BULK_IDLE).execute(&mut *tx).await?;
         let current = sqlx::query(
             "SELECT r.* FROM UNNEST($2::text[]) AS u(n) CROSS JOIN LATERAL (SELECT name, body, packed FROM resources WHERE fleet = $1 AND kind = $3 AND name = u.n FOR UPDATE) r",
         )

@@ -1776,6 +1776,76 @@ async fn postgres_notices_reach_other_replicas() {
     notices_reach(writer.as_ref(), reader.notices()).await;
 }
 
+/// Issue #36, finding 8: a batch registration the database rolls back for a reason of its own
+/// (here a deadlock it breaks, forced by a transaction of the test's holding a cluster id the
+/// registration claims, then claiming one the registration holds) is run again, and succeeds
+/// once the other transaction is gone: the database's own reasons never refuse a batch.
+#[tokio::test]
+async fn postgres_a_registration_the_database_rolls_back_is_run_again() {
+    use sqlx::{Connection, Row};
+    if !postgres_reachable() {
+        return;
+    }
+    let (url, _db) = fresh_database().await;
+    let store: Arc<dyn Store> = Arc::new(PgStore::open(&url).await.unwrap());
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query(
+        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES ('f', 'k-b', 'holder')",
+    )
+    .execute(&mut other)
+    .await
+    .unwrap();
+    // The registration claims k-a, then waits for the test's transaction on k-b.
+    let batch = vec![member("a", "k-a"), member("b", "k-b"), member("c", "k-c")];
+    let registering = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .register_members("f", &batch, RegisterMode::Create)
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE '%member_clusters%'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap()
+        .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the registration never waited for k-b"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The test's transaction claims k-a: each waits for the other. The registration, waiting
+    // longer, is the one the database rolls back; the test's claim then goes through.
+    let claimed = sqlx::query(
+        "INSERT INTO member_clusters (fleet, cluster_key, member) VALUES ('f', 'k-a', 'holder')",
+    )
+    .execute(&mut other)
+    .await;
+    assert!(
+        claimed.is_ok(),
+        "the test's transaction was the one rolled back: {claimed:?}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    let registered = registering.await.unwrap();
+    let registered = registered.expect("the registration rolled back by the deadlock is run again");
+    assert_eq!(registered.written.len(), 3);
+    assert!(registered.written.iter().all(|w| w.1));
+    let members = store.list("f", Kind::Member, None, 10).await.unwrap();
+    assert_eq!(members.len(), 3);
+}
+
 fn member(name: &str, id: &str) -> MemberWrite {
     MemberWrite {
         name: name.into(),
