@@ -68,8 +68,22 @@ pub struct MemberStatus {
     pub operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// What a Pending member waits for, beside its message (API.md): the kind, the name of the
+    /// run, freeze or budget where there is one, and until when where that is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingFor>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks: Vec<CheckResult>,
+}
+
+/// Why a Pending member cannot start yet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingFor {
+    pub kind: crate::engine::WaitReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
 }
 
 /// One evaluation of a check as a status shows it (SEMANTICS §10): the latest of each check

@@ -4055,6 +4055,11 @@ async fn a_freeze_holds_the_members_it_covers_until_it_is_deleted() {
             .is_some_and(|m| m.contains(&format!("frozen by \"peak\" (retail peak) until {end}"))),
         "{held}"
     );
+    assert_eq!(
+        held["waitingFor"],
+        json!({"kind": "Freeze", "name": "peak", "until": end}),
+        "{held}"
+    );
     h.ok(
         "operator",
         Method::DELETE,

@@ -109,6 +109,9 @@ struct MemberCk {
     /// Index into the checkpoint's `holders`.
     #[serde(rename = "l", default, skip_serializing_if = "Option::is_none")]
     locked_by: Option<u32>,
+    /// What it waits for while Pending.
+    #[serde(rename = "wf", default, skip_serializing_if = "Option::is_none")]
+    waiting: Option<WaitReason>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -357,6 +360,7 @@ impl Engine {
                     verifying: m.verifying,
                     reverify: m.reverify,
                     locked_by,
+                    waiting: m.waiting,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -516,6 +520,7 @@ impl Engine {
                 .get(s.cluster as usize)
                 .ok_or_else(|| format!("{at}: cluster {} out of range", s.cluster))?
                 .clone();
+            m.waiting = s.waiting;
             m.locked_by = s
                 .locked_by
                 .map(|h| {

@@ -209,6 +209,7 @@ impl Engine {
                         verifying: false,
                         reverify: false,
                         locked_by: None,
+                        waiting: None,
                     });
                     ids.push(id);
                 }

@@ -643,7 +643,7 @@ impl Engine {
                             format!("waiting for readiness: {why}; evaluated again at {next}");
                         if self.members[m as usize].place == Place::Parked {
                             let wake = self.members[m as usize].timer;
-                            self.park(now, m, wake, message);
+                            self.park(now, m, wake, message, WaitReason::Readiness);
                         }
                     }
                     Verdict::Continue

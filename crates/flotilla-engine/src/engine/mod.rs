@@ -316,6 +316,9 @@ struct MemberRt {
     /// Failed its health checks and retried: verified again, not skipped at its target.
     reverify: bool,
     locked_by: Option<Arc<str>>,
+    /// What it waits for while Pending (its status's `waitingFor`, with `timer` its end and
+    /// `locked_by` or the fleet's freezes its name): a byte, as members are many.
+    waiting: Option<WaitReason>,
 }
 
 #[derive(Clone, Debug)]

@@ -15,6 +15,7 @@ impl Engine {
             self.groups[g].pending -= 1;
             self.revisions.touch(m);
         }
+        member.waiting = None;
         member.place = Place::Nowhere;
         self.set_member_timer(m, None);
         self.end_watch(Subject::Readiness(m));
@@ -51,6 +52,7 @@ impl Engine {
             self.groups[g].pending -= 1;
         }
         member.message = None;
+        member.waiting = None;
         member.place = Place::Queued(class);
         self.groups[g].ready.insert((class, m));
         self.set_member_timer(m, changes);
@@ -58,7 +60,14 @@ impl Engine {
 
     /// A reached member that will be upgraded but cannot start yet: Pending, holding no slot,
     /// until `wake` (or an input) makes it worth reaching again (SEMANTICS §3).
-    pub(super) fn park(&mut self, now: Time, m: u32, wake: Option<Time>, message: String) {
+    pub(super) fn park(
+        &mut self,
+        now: Time,
+        m: u32,
+        wake: Option<Time>,
+        message: String,
+        reason: WaitReason,
+    ) {
         let member = &mut self.members[m as usize];
         let g = member.group as usize;
         if let Place::Queued(class) = member.place {
@@ -74,6 +83,7 @@ impl Engine {
             self.groups[g].pending += 1;
         }
         member.message = Some(message.as_str().into());
+        member.waiting = Some(reason);
         member.place = Place::Parked;
         self.set_member_timer(m, wake);
         if newly || changed {
@@ -92,7 +102,7 @@ impl Engine {
         message: String,
         reason: WaitReason,
     ) {
-        self.park(now, m, wake, message);
+        self.park(now, m, wake, message, reason);
         if reason == WaitReason::Readiness {
             self.ensure_readiness(now, m);
         } else {

@@ -65,6 +65,10 @@ impl Engine {
                 TimerKey::Watch(subject) => self.watch_due(now, subject),
                 TimerKey::Member(m) => {
                     self.members[m as usize].timer = None;
+                    if self.members[m as usize].state == State::Pending {
+                        // Its `waitingFor.until` was this timer.
+                        self.touch(m);
+                    }
                     if self.phase == RunPhase::Running {
                         match self.members[m as usize].place {
                             // Its priority class changes now.

@@ -133,6 +133,32 @@ impl Engine {
             .collect()
     }
 
+    /// A Pending member's `waitingFor`: what holds it, its name (the run holding the cluster,
+    /// the freeze) and its end where known (the member's wake-up).
+    fn waiting_for_of(&self, m: u32) -> Option<crate::status::WaitingFor> {
+        let member = &self.members[m as usize];
+        let kind = member.waiting.filter(|_| member.state == State::Pending)?;
+        let name = match kind {
+            WaitReason::Lock => member.locked_by.as_deref().map(String::from),
+            WaitReason::Freeze => member.timer.and_then(|until| {
+                self.freezes
+                    .freezes
+                    .iter()
+                    .filter(|c| c.members.as_ref().is_none_or(|s| s.contains(&*member.name)))
+                    .find(|c| {
+                        c.freeze.active_until(Time::from_unix(until.unix() - 1)) == Some(until)
+                    })
+                    .map(|c| c.freeze.name.clone())
+            }),
+            _ => None,
+        };
+        Some(crate::status::WaitingFor {
+            kind,
+            name,
+            until: member.timer,
+        })
+    }
+
     fn member_status(&self, m: u32) -> MemberStatus {
         let member = &self.members[m as usize];
         MemberStatus {
@@ -146,6 +172,7 @@ impl Engine {
             cluster_resource_id: member.cluster_resource_id.to_string(),
             operation_id: member.operation_id.as_deref().map(String::from),
             message: member.message.as_deref().map(String::from),
+            waiting_for: self.waiting_for_of(m),
             health_checks: self.member_checks(m),
         }
     }
