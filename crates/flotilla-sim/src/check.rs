@@ -43,9 +43,19 @@ fn text(v: &Value) -> String {
 
 /// Compares `result` (the `--json` document) with `expect`. Empty means every expectation held.
 pub fn check(expect: &Value, result: &Value) -> Vec<String> {
-    let mut errors = Vec::new();
     let empty = serde_json::Map::new();
     let exp = expect.as_object().unwrap_or(&empty);
+    let mut errors = check_run(exp, result, result);
+    check_profiles(exp, result, &mut errors);
+    check_runs(exp, result, &mut errors);
+    errors
+}
+
+/// The expectations of one run: `result` holds its `run`, `events` and `createError` (the
+/// whole document for the run of `update`, a sub-document for one under `runs`); `full` is the
+/// whole document, for what is counted over every run (`pendingMessages`, fleet-wide scopes).
+fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value) -> Vec<String> {
+    let mut errors = Vec::new();
     let create_error = result.get("createError").filter(|v| !v.is_null());
     if let Some(want) = exp
         .get("createError")
@@ -67,8 +77,7 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     if let Some(got) = create_error {
         return vec![format!("run was rejected at creation: {got}")];
     }
-    check_profiles(exp, result, &mut errors);
-    check_pending_messages(exp, result, &mut errors);
+    check_pending_messages(exp, full, &mut errors);
     let Some(run) = result.get("run").filter(|v| !v.is_null()) else {
         // A profile scenario without a hand-made run: only the keys about profiles apply.
         if let Some(key) = exp.keys().find(|k| !GLOBAL_KEYS.contains(&k.as_str())) {
@@ -299,12 +308,25 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
             _ => {}
         }
     }
+    let scoped: Vec<&str> = ["maxInFlight", "inFlightAtMost"]
+        .into_iter()
+        .flat_map(|k| exp.get(k).and_then(Value::as_object).into_iter().flatten())
+        .map(|(key, _)| key.as_str())
+        .filter(|key| is_fleet_scope(key))
+        .collect();
+    if !scoped.is_empty() {
+        peak.extend(fleet_peaks(full, &scoped));
+    }
     for (key, want) in exp
         .get("maxInFlight")
         .and_then(Value::as_object)
         .into_iter()
         .flatten()
     {
+        if key.starts_with("budget:") {
+            errors.push(format!("maxInFlight[{key}]: {UNKNOWN_BUDGET_SCOPE}"));
+            continue;
+        }
         cmp(
             &mut errors,
             format!("maxInFlight[{key}]"),
@@ -318,6 +340,10 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
         .into_iter()
         .flatten()
     {
+        if key.starts_with("budget:") {
+            errors.push(format!("inFlightAtMost[{key}]: {UNKNOWN_BUDGET_SCOPE}"));
+            continue;
+        }
         let got = peak.get(key).copied().unwrap_or(0);
         if bound.as_i64().is_some_and(|b| got > b) {
             errors.push(format!("inFlightAtMost[{key}]: peak {got} exceeds {bound}"));
@@ -463,6 +489,83 @@ pub fn check(expect: &Value, result: &Value) -> Vec<String> {
     errors
 }
 
+/// What a `budget:` scope of `maxInFlight`/`inFlightAtMost` gets: the simulator has no
+/// disruption budgets, so no scope can name one.
+const UNKNOWN_BUDGET_SCOPE: &str = "unknown scope (the simulator has no disruption budgets: scopes are stage:, group:, fleet and members:)";
+
+/// Scopes of `maxInFlight`/`inFlightAtMost` counted over every run of the simulation
+/// (SEMANTICS §12): `fleet`, `members:A,B,…` (and `budget:…`, refused).
+fn is_fleet_scope(key: &str) -> bool {
+    key == "fleet" || key.starts_with("members:") || key.starts_with("budget:")
+}
+
+/// Every run's events together (the run of `update`, then `updateRuns`, then `generatedRuns`),
+/// in time order with, at one instant, ends (`MemberSucceeded`, `MemberFailed`,
+/// `MemberStopped`) before everything else, as `check.py`'s `all_events` sorts them.
+fn all_events(full: &Value) -> Vec<&Value> {
+    let mut events: Vec<&Value> = std::iter::once(&full["events"])
+        .chain(["updateRuns", "generatedRuns"].into_iter().flat_map(|k| {
+            full[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| &r["events"])
+        }))
+        .flat_map(|l| l.as_array().into_iter().flatten())
+        .collect();
+    events.sort_by_key(|e| {
+        let end = matches!(
+            e["type"].as_str(),
+            Some("MemberSucceeded" | "MemberFailed" | "MemberStopped")
+        );
+        (time_of(&e["time"]), !end)
+    });
+    events
+}
+
+/// Peak number of members in flight over every run together, for the fleet-wide scopes
+/// `fleet` and `members:A,B,…` (a member counts in every such scope that lists it). A member
+/// already in flight that starts again (in another run) is counted once, as `check.py` does.
+fn fleet_peaks(full: &Value, keys: &[&str]) -> BTreeMap<String, i64> {
+    let mut current: BTreeMap<String, i64> = BTreeMap::new();
+    let mut peak: BTreeMap<String, i64> = BTreeMap::new();
+    let mut in_flight: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in all_events(full) {
+        let member = text(&e["member"]);
+        match e["type"].as_str().unwrap_or_default() {
+            "MemberStarted" | "MemberReattached" => {
+                if in_flight.contains_key(&member) {
+                    continue;
+                }
+                let scopes: Vec<String> = std::iter::once("fleet".to_string())
+                    .chain(
+                        keys.iter()
+                            .filter(|k| {
+                                k.strip_prefix("members:")
+                                    .is_some_and(|list| list.split(',').any(|m| m == member))
+                            })
+                            .map(|k| k.to_string()),
+                    )
+                    .collect();
+                for k in &scopes {
+                    let c = current.entry(k.clone()).or_default();
+                    *c += 1;
+                    let p = peak.entry(k.clone()).or_default();
+                    *p = (*p).max(*c);
+                }
+                in_flight.insert(member, scopes);
+            }
+            "MemberSucceeded" | "MemberFailed" | "MemberStopped" => {
+                for k in in_flight.remove(&member).into_iter().flatten() {
+                    *current.entry(k).or_default() -= 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    peak
+}
+
 /// `pendingMessages` (SEMANTICS §12): member → a text one of its `MemberPending` messages, in
 /// any run of the simulation, contains.
 fn check_pending_messages(
@@ -586,28 +689,64 @@ fn check_profiles(exp: &serde_json::Map<String, Value>, result: &Value, errors: 
             }
         }
     }
+}
+
+/// `runs` (SEMANTICS §12, tests/scenarios/README.md): a run other than the one of `update`,
+/// named by a generated run's `profile/versions` key, a hand-made run's name (`updateRuns`) or
+/// a generated run's full name, in that order, checked with the same keys as the run of
+/// `update`; what is counted over every run is counted over the whole document. A hand-made run
+/// refused at creation carries its `createError`, so `createError: {mentions}` checks it.
+fn check_runs(exp: &serde_json::Map<String, Value>, result: &Value, errors: &mut Vec<String>) {
+    let generated: Vec<&Value> = result["generatedRuns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let declared: Vec<&Value> = result["updateRuns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
     for (key, want) in exp
         .get("runs")
         .and_then(Value::as_object)
         .into_iter()
         .flatten()
     {
-        let found = generated.iter().find(|g| {
-            g["key"].as_str() == Some(key.as_str()) || g["run"]["name"].as_str() == Some(key)
-        });
-        let Some(g) = found else {
-            let made: Vec<&str> = generated.iter().filter_map(|g| g["key"].as_str()).collect();
+        let found = generated
+            .iter()
+            .find(|g| g["key"].as_str() == Some(key.as_str()))
+            .or_else(|| {
+                declared
+                    .iter()
+                    .find(|r| r["name"].as_str() == Some(key.as_str()))
+            })
+            .or_else(|| {
+                generated
+                    .iter()
+                    .find(|g| g["run"]["name"].as_str() == Some(key.as_str()))
+            });
+        let Some(r) = found else {
+            let made: Vec<&str> = declared
+                .iter()
+                .filter_map(|r| r["name"].as_str())
+                .chain(generated.iter().filter_map(|g| g["key"].as_str()))
+                .collect();
             errors.push(format!(
-                "runs.{key}: no such generated run (generated: {made:?})"
+                "runs.{key}: no such run (updateRuns names, generatedRuns keys: {made:?})"
             ));
             continue;
         };
-        let document = serde_json::json!({
-            "run": g["run"],
-            "events": g["events"],
+        let mut document = serde_json::json!({
+            "run": r["run"],
+            "events": r["events"],
             "clusters": result["clusters"],
         });
-        for e in check(want, &document) {
+        if let Some(error) = r.get("createError") {
+            document["createError"] = error.clone();
+        }
+        let empty = serde_json::Map::new();
+        for e in check_run(want.as_object().unwrap_or(&empty), &document, result) {
             errors.push(format!("runs.{key}.{e}"));
         }
     }

@@ -237,7 +237,9 @@ pub fn report(description: &str, result: &SimResult) -> String {
             "the update run was rejected at creation: {} ({:?}, at {})",
             e.message, e.code, e.target
         );
-        return out;
+        if result.update_runs.is_empty() {
+            return out;
+        }
     }
     if result.run.is_some() || !result.events.is_empty() {
         let _ = writeln!(out, "timeline:");
@@ -246,6 +248,25 @@ pub fn report(description: &str, result: &SimResult) -> String {
     if let (Some(run), Some(status)) = (&result.run, &result.status) {
         let _ = writeln!(out);
         out.push_str(&tree(run["name"].as_str().unwrap_or("run"), status));
+    }
+    for u in &result.update_runs {
+        match (&u.create_error, &u.status) {
+            (Some(e), _) => {
+                let _ = writeln!(
+                    out,
+                    "\nupdate run {} was rejected at creation: {} ({:?}, at {})",
+                    u.name, e.message, e.code, e.target
+                );
+            }
+            (None, status) => {
+                let _ = writeln!(out, "\nupdate run {}:", u.name);
+                out.push_str(&timeline(&u.events));
+                if let Some(status) = status {
+                    let _ = writeln!(out);
+                    out.push_str(&tree(&u.name, status));
+                }
+            }
+        }
     }
     for g in &result.generated_runs {
         let name = g.run["name"].as_str().unwrap_or("run");

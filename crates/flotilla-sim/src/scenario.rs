@@ -103,8 +103,31 @@ pub struct ScenarioSpec {
     /// The fleet's freezes from `start`, by name: the API's `properties` (SEMANTICS §12).
     #[serde(default)]
     pub freezes: BTreeMap<String, Value>,
+    /// Further hand-made runs, by name, in file order (SEMANTICS §12): each
+    /// `{strategy?, update}`, created at `start` right after the run of `update`.
+    #[serde(default)]
+    pub update_runs: serde_json::Map<String, Value>,
     #[serde(default)]
     pub expect: Option<Value>,
+}
+
+/// One entry of `updateRuns`: the strategy and upgrade of a further hand-made run.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateRunEntry {
+    #[serde(default)]
+    strategy: Option<Value>,
+    update: Value,
+}
+
+/// A further hand-made run of `updateRuns` (SEMANTICS §12), as written: its strategy and
+/// upgrade are parsed when it is created, as the API parses a run's body, so a run the API
+/// would refuse is a `createError` of that run rather than a broken scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeclaredRun {
+    pub name: String,
+    pub strategy: Option<Value>,
+    pub update: Value,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -247,6 +270,10 @@ pub enum Action {
     PutFreeze(Box<Freeze>),
     /// Deletes a freeze.
     DeleteFreeze(String),
+    /// Creates (does not start) a further hand-made run of `updateRuns`. Only at `start`,
+    /// right after the run of `update` and before any other action: the simulator creates
+    /// these itself and never plays them as actions ([`Scenario::update_runs`]).
+    CreateRun(Box<DeclaredRun>),
 }
 
 #[derive(Clone, Debug)]
@@ -581,6 +608,25 @@ impl Scenario {
         for strategy in spec.strategies.values_mut() {
             inline_to_providers(strategy, &mut providers);
         }
+        let mut declared = Vec::new();
+        for (name, entry) in &spec.update_runs {
+            let path = format!("updateRuns.{name}");
+            let entry: UpdateRunEntry = from_json_value(entry.clone(), &path)?;
+            let mut strategy = entry.strategy;
+            if let Some(strategy) = strategy.as_mut() {
+                inline_to_providers(strategy, &mut providers);
+            }
+            declared.push(TimedAction {
+                at: start,
+                action: Action::CreateRun(Box::new(DeclaredRun {
+                    name: name.clone(),
+                    strategy,
+                    update: entry.update,
+                })),
+                label: "createRun".into(),
+                run: Some(name.clone()),
+            });
+        }
         let catalog_spec: CatalogSpec =
             from_json_value(Value::Object(spec.catalog.clone()), "catalog")?;
         let catalog = Catalog::parse(&catalog_spec, "catalog")?;
@@ -794,7 +840,10 @@ impl Scenario {
                 run: a.run.clone(),
             });
         }
-        // Actions run in time order, and in file order at the same time.
+        // Actions run in time order, and in file order at the same time; the declared runs
+        // come first (they are created before any action).
+        declared.append(&mut actions);
+        let mut actions = declared;
         actions.sort_by_key(|a| a.at);
         let mut profiles = Vec::new();
         for (name, properties) in &spec.auto_upgrade_profiles {
@@ -853,17 +902,33 @@ impl Scenario {
     /// The strategy and upgrade of the scenario's hand-made run as wire shapes, checked for
     /// unknown fields.
     pub fn wire_specs(&self) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
-        let strategy = self
-            .strategy
-            .clone()
-            .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
-            .transpose()?;
-        let update = from_json_value::<ManagedClusterUpdateSpec>(
-            self.update.clone().unwrap_or(Value::Null),
-            "properties.managedClusterUpdate",
-        )?;
-        Ok((strategy, update))
+        wire_specs_of(self.strategy.as_ref(), self.update.as_ref())
     }
+
+    /// The further hand-made runs of `updateRuns`, in file order (the order they are created).
+    pub fn update_runs(&self) -> impl Iterator<Item = &DeclaredRun> {
+        self.actions.iter().filter_map(|a| match &a.action {
+            Action::CreateRun(run) => Some(run.as_ref()),
+            _ => None,
+        })
+    }
+}
+
+/// A run's strategy and upgrade as wire shapes, checked for unknown fields as the API checks a
+/// run's body.
+pub fn wire_specs_of(
+    strategy: Option<&Value>,
+    update: Option<&Value>,
+) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+    let strategy = strategy
+        .cloned()
+        .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
+        .transpose()?;
+    let update = from_json_value::<ManagedClusterUpdateSpec>(
+        update.cloned().unwrap_or(Value::Null),
+        "properties.managedClusterUpdate",
+    )?;
+    Ok((strategy, update))
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use flotilla_engine::status::{Event, UpdateRunStatus};
 use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec, parse_upgrade};
 use flotilla_engine::time::Time;
 
-use crate::scenario::{Action, Scenario, Scripted, SimBehaviour, scripted_at};
+use crate::scenario::{
+    Action, DeclaredRun, Scenario, Scripted, SimBehaviour, scripted_at, wire_specs_of,
+};
 use flotilla_engine::checks::Check;
 use flotilla_engine::checks::Outcome;
 use flotilla_engine::engine::{CheckSubject, answers};
@@ -67,6 +69,10 @@ pub struct SimResult {
     pub create_error: Option<ApiError>,
     pub clusters: BTreeMap<String, ClusterOut>,
     pub events: Vec<Event>,
+    /// The further hand-made runs of `updateRuns` (SEMANTICS §12), in creation order; left out
+    /// when the scenario declares none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub update_runs: Vec<UpdateRunOut>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Profile scenarios: each auto-upgrade profile as the API returns it, status included.
@@ -76,6 +82,20 @@ pub struct SimResult {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub generated_runs: Vec<GeneratedRunOut>,
     /// The final status, typed, for renderers.
+    #[serde(skip)]
+    pub status: Option<UpdateRunStatus>,
+}
+
+/// A further hand-made run of `updateRuns`, with its own event log: `{name, run, events}`, or
+/// `{name, run: null, createError, events: []}` when the API would have refused it at creation.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateRunOut {
+    pub name: String,
+    pub run: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_error: Option<ApiError>,
+    pub events: Vec<Event>,
     #[serde(skip)]
     pub status: Option<UpdateRunStatus>,
 }
@@ -153,7 +173,21 @@ fn skip_kind(text: &str) -> Option<SkipKind> {
 pub fn run_spec(
     scenario: &Scenario,
 ) -> Result<(RunSpec, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
-    let (strategy_spec, update_spec) = scenario.wire_specs()?;
+    spec_of(
+        scenario,
+        scenario.strategy.as_ref(),
+        scenario.update.as_ref(),
+    )
+}
+
+/// A hand-made run's specification from its strategy and upgrade as written, parsed as the API
+/// would at run creation (its checks name providers the scenario declares).
+fn spec_of(
+    scenario: &Scenario,
+    strategy: Option<&Value>,
+    update: Option<&Value>,
+) -> Result<(RunSpec, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+    let (strategy_spec, update_spec) = wire_specs_of(strategy, update)?;
     let strategy = strategy_spec
         .as_ref()
         .map(|s| scenario.parse_strategy(s))
@@ -229,6 +263,8 @@ struct SimRun {
     update: ManagedClusterUpdateSpec,
     /// The profile that generated it, and its `profile/versions` key.
     generated: Option<(String, String)>,
+    /// A further hand-made run of `updateRuns` (not the run of `update`).
+    declared: bool,
     /// What the profile targeted (`lastTriggerUpgradeVersions`).
     versions: Vec<String>,
     created_at: Time,
@@ -383,6 +419,8 @@ fn run(
     // Checking: each run's engine as created, to restore its checkpoints onto.
     let mut created: BTreeMap<String, Engine> = BTreeMap::new();
     let mut warnings = Vec::new();
+    // The run of `update` refused at creation, when the scenario declares further runs.
+    let mut main_error = None;
     if scenario.update.is_some() {
         let created = run_spec(scenario).and_then(|(spec, strategy, update)| {
             let w = fleet.create_run(&scenario.name, &spec, scenario.catalog.clone())?;
@@ -403,17 +441,20 @@ fn run(
                     strategy,
                     update,
                     generated: None,
+                    declared: false,
                     versions: Vec::new(),
                     created_at: scenario.start,
                     events: Vec::new(),
                 });
             }
-            Err(error) => {
+            // Without further runs there is nothing to simulate.
+            Err(error) if scenario.update_runs().next().is_none() => {
                 let result = SimResult {
                     run: None,
                     create_error: Some(error),
                     clusters: outputs(&clusters),
                     events: Vec::new(),
+                    update_runs: Vec::new(),
                     warnings: Vec::new(),
                     profiles: BTreeMap::new(),
                     generated_runs: Vec::new(),
@@ -421,9 +462,34 @@ fn run(
                 };
                 return (result, None);
             }
+            Err(error) => main_error = Some(error),
         }
     }
-    let hand_made = scenario.update.is_some();
+    let hand_made = scenario.update.is_some() && main_error.is_none();
+    // The further hand-made runs, created in file order right after the run of `update`; one
+    // the API would refuse keeps its error, in its place.
+    let mut refused: Vec<(usize, String, ApiError)> = Vec::new();
+    for (order, declared) in scenario.update_runs().enumerate() {
+        match create_declared(scenario, &mut fleet, declared) {
+            Ok((w, strategy, update)) => {
+                warnings.extend(w.into_iter().map(|w| format!("{}: {w}", declared.name)));
+                if check_invariants {
+                    keep_created(&fleet, &declared.name, &mut created);
+                }
+                runs.push(SimRun {
+                    name: declared.name.clone(),
+                    strategy,
+                    update,
+                    generated: None,
+                    declared: true,
+                    versions: Vec::new(),
+                    created_at: scenario.start,
+                    events: Vec::new(),
+                });
+            }
+            Err(error) => refused.push((order, declared.name.clone(), error)),
+        }
+    }
     let mut profiles: Vec<SimProfile> = scenario
         .profiles
         .iter()
@@ -539,6 +605,10 @@ fn run(
                 break;
             }
             next_action += 1;
+            // Declared runs were created before the loop.
+            if matches!(a.action, Action::CreateRun(_)) {
+                continue;
+            }
             let index = match &a.run {
                 None if hand_made => Some(0),
                 None => None,
@@ -592,9 +662,12 @@ fn run(
                     Some(i) => act(&mut fleet, &runs[i].name, &mut sim, now, &a.action),
                     None => Err(not_found(
                         "update run",
-                        a.run
-                            .as_deref()
-                            .unwrap_or("(the scenario has no hand-made run)"),
+                        a.run.as_deref().unwrap_or(if main_error.is_some() {
+                            // The run of `update`, refused at creation.
+                            &scenario.name
+                        } else {
+                            "(the scenario has no hand-made run)"
+                        }),
                     )),
                 },
             };
@@ -741,9 +814,10 @@ fn run(
     }
     let mut result = SimResult {
         run: None,
-        create_error: None,
+        create_error: main_error,
         clusters: outputs(&clusters),
         events: Vec::new(),
+        update_runs: Vec::new(),
         warnings,
         profiles: profiles
             .iter()
@@ -758,6 +832,13 @@ fn run(
         };
         let mut resource = run_resource(&r.name, r.strategy.as_ref(), &r.update, engine);
         match r.generated {
+            None if r.declared => result.update_runs.push(UpdateRunOut {
+                name: r.name,
+                run: Some(resource),
+                create_error: None,
+                events: r.events,
+                status: Some(engine.status()),
+            }),
             None => {
                 let mut events = r.events;
                 // Rejected profile actions, in time order with the run's own events.
@@ -785,7 +866,40 @@ fn run(
     if !feed_events.is_empty() {
         result.events = feed_events;
     }
+    for (order, name, error) in refused {
+        result.update_runs.insert(
+            order.min(result.update_runs.len()),
+            UpdateRunOut {
+                name,
+                run: None,
+                create_error: Some(error),
+                events: Vec::new(),
+                status: None,
+            },
+        );
+    }
     (result, violation)
+}
+
+/// Creates a further hand-made run of `updateRuns` as the API would (SEMANTICS §12): its name
+/// checked, its strategy parsed with its checks' providers, its upgrade parsed; the fleet
+/// refuses a name already taken.
+fn create_declared(
+    scenario: &Scenario,
+    fleet: &mut FleetEngine,
+    declared: &DeclaredRun,
+) -> Result<(Vec<String>, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+    flotilla_engine::strategy::check_name(&declared.name, 50).map_err(|m| {
+        ApiError::new(
+            ErrorCode::InvalidName,
+            format!("updateRun name: {m}"),
+            "name",
+        )
+    })?;
+    let (spec, strategy, update) =
+        spec_of(scenario, declared.strategy.as_ref(), Some(&declared.update))?;
+    let warnings = fleet.create_run(&declared.name, &spec, scenario.catalog.clone())?;
+    Ok((warnings, strategy, update))
 }
 
 fn not_found(what: &str, name: &str) -> ApiError {
@@ -856,6 +970,7 @@ fn generate(
         strategy: strategy_spec,
         update: planned.update,
         generated: Some((p.name.clone(), key)),
+        declared: false,
         versions: planned.target.versions(),
         created_at: now,
         events: Vec::new(),
@@ -972,7 +1087,8 @@ fn act(
         | Action::GenerateUpdateRun(_)
         | Action::UpdateProfile { .. }
         | Action::PutFreeze(_)
-        | Action::DeleteFreeze(_) => Ok(()),
+        | Action::DeleteFreeze(_)
+        | Action::CreateRun(_) => Ok(()),
     }
 }
 

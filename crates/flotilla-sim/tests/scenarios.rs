@@ -167,3 +167,97 @@ fn a_forecast_waits_for_a_freeze_as_the_run_does() {
     }
     assert!(forecast.waits_for.get("d1").is_none_or(|w| w.is_empty()));
 }
+
+/// SEMANTICS §12, `updateRuns`: an entry the API would refuse at creation (a bad strategy, a
+/// bad name, a name already taken by the run of `update`) is listed in its place as
+/// `{name, run: null, createError, events: []}`; the others are created and run.
+#[test]
+fn declared_runs_refused_at_creation_keep_their_error() {
+    let scenario = load(&workspace().join("tests/scenarios/u03-refused-at-creation.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    let runs = document["updateRuns"].as_array().expect("updateRuns");
+    let names: Vec<&str> = runs.iter().filter_map(|r| r["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "bad-failures",
+            "Not_A_Name",
+            "u03-refused-at-creation",
+            "images"
+        ]
+    );
+    let refused = [
+        ("InvalidMaxAllowedFailures", "maxAllowedFailures"),
+        ("InvalidName", "name"),
+        ("Conflict", "already exists"),
+    ];
+    for (run, (code, mentions)) in runs.iter().zip(refused) {
+        assert!(run["run"].is_null(), "{run}");
+        assert_eq!(run["events"], serde_json::json!([]), "{run}");
+        assert_eq!(run["createError"]["code"], code, "{run}");
+        assert!(run["createError"].to_string().contains(mentions), "{run}");
+    }
+    assert_eq!(runs[3]["run"]["name"], "images");
+    assert!(runs[3].get("createError").is_none());
+    // The checker reads a refused run's error under `runs`.
+    let expect = serde_json::json!({"runs": {
+        "bad-failures": {"createError": {"mentions": "maxAllowedFailures"}},
+        "Not_A_Name": {"run": {"state": "Completed"}},
+    }});
+    let differences = check(&expect, &document);
+    assert_eq!(differences.len(), 1, "{differences:#?}");
+    assert!(
+        differences[0].contains("rejected at creation"),
+        "{differences:#?}"
+    );
+}
+
+/// A scenario without `updateRuns` has no `updateRuns` key in its result document.
+#[test]
+fn a_scenario_without_declared_runs_has_no_update_runs_key() {
+    let scenario = load(&workspace().join("tests/conformance/01-one-by-one.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    assert!(document.get("updateRuns").is_none());
+}
+
+/// An `updateRuns` entry that is not `{strategy?, update}` makes the file broken.
+#[test]
+fn a_malformed_declared_run_is_a_broken_scenario() {
+    let base = "start: 2026-03-02T00:00:00Z\ncatalog: {eastus: {kubernetes: [{version: 1.30.5}]}}\nupdate: {upgrade: {type: NodeImageOnly}}\n";
+    for entry in [
+        "updateRuns: {second: {strategy: {}}}",
+        "updateRuns: {second: {update: {upgrade: {type: NodeImageOnly}}, extra: 1}}",
+    ] {
+        let error = Scenario::parse("s", &format!("{base}{entry}\n"))
+            .expect_err("a broken scenario")
+            .to_string();
+        assert!(error.contains("updateRuns.second"), "{error}");
+    }
+}
+
+/// The expectations on declared runs and fleet-wide scopes can fail too: a wrong member of a
+/// declared run, wrong fleet and `members:` peaks, a run that does not exist, budget scopes
+/// (there are no disruption budgets).
+#[test]
+fn the_checker_reports_wrong_declared_run_and_fleet_expectations() {
+    let scenario = load(&workspace().join("tests/scenarios/u01-two-runs-one-lock.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    let wrong = serde_json::json!({
+        "maxInFlight": {"fleet": 2, "members:a,b": 1, "members:c": 1, "budget:zone": 1},
+        "inFlightAtMost": {"fleet": 2, "budget:zone/east": 1},
+        "runs": {
+            "wide": {"members": {"a": "Completed"}, "maxInFlight": {"fleet": 4}},
+            "narrow": {"run": {"state": "Completed"}},
+        },
+    });
+    let differences = check(&wrong, &document);
+    assert_eq!(differences.len(), 8, "{differences:#?}");
+    assert_eq!(
+        differences
+            .iter()
+            .filter(|d| d.contains("unknown scope"))
+            .count(),
+        2,
+        "{differences:#?}"
+    );
+}
