@@ -1285,26 +1285,14 @@ async fn delete_member(
     {
         return Err(not_found("member", &member));
     }
-    // Active runs that hold the member skip it (SEMANTICS §2).
-    for run in state
-        .runs
-        .store
-        .list(&fleet, Kind::Run, None, 100_000)
-        .await?
-    {
-        if is_active(&run.body)
-            || run.body["properties"]["status"]["status"]["state"] == "NotStarted"
-        {
-            let _ = state
-                .runs
-                .act(
-                    &fleet,
-                    &run.name,
-                    Input::MemberRemoved {
-                        member: member.clone(),
-                    },
-                )
-                .await;
+    // Runs that are not over skip it where it has not started (SEMANTICS §2); which those are
+    // is read from their typed heads, by the rule the engine keeps (`RunHead::is_over`).
+    for (run, head) in crate::run_head::heads(state.runs.store.as_ref(), &fleet).await? {
+        if !head.is_over() {
+            let input = Input::MemberRemoved {
+                member: member.clone(),
+            };
+            let _ = state.runs.act(&fleet, &run, input).await;
         }
     }
     Ok(StatusCode::OK.into_response())
@@ -2562,20 +2550,18 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
     if !changed {
         return;
     }
-    let Ok(runs) = state.runs.store.list(fleet, Kind::Run, None, 100_000).await else {
+    let Ok(runs) = crate::run_head::heads(state.runs.store.as_ref(), fleet).await else {
         return;
     };
-    for run in runs {
-        let run_state = run.body["properties"]["status"]["status"]["state"]
-            .as_str()
-            .unwrap_or("NotStarted");
-        if matches!(run_state, "Completed" | "Failed" | "Skipped") {
-            continue;
+    // Every run that is not over hears it, by the fleet engine's rule: a Failed run whose
+    // members are still in flight too (it was skipped here before).
+    for (run, head) in runs {
+        if !head.is_over() {
+            let _ = state
+                .runs
+                .act(fleet, &run, Input::CatalogChanged(catalog.clone()))
+                .await;
         }
-        let _ = state
-            .runs
-            .act(fleet, &run.name, Input::CatalogChanged(catalog.clone()))
-            .await;
     }
 }
 

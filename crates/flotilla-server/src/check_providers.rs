@@ -87,9 +87,8 @@ async fn named_by(state: &AppState, provider: &str) -> HttpResult<Option<String>
                     _ => break,
                 }
             }
-            for (run, head) in store.run_heads(f).await? {
+            for (run, head) in crate::run_head::heads(store, f).await? {
                 // Completed and Skipped runs are over; Failed and Stopped ones may go on.
-                let head = crate::run_head::RunHead::parse(head.as_deref().unwrap_or_default());
                 if matches!(head.state(), "Completed" | "Skipped") {
                     continue;
                 }
