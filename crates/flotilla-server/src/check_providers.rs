@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -289,7 +289,7 @@ pub async fn get(
 pub async fn list(
     State(state): State<Shared>,
     caller: Caller,
-    Query(query): Query<ListQuery>,
+    query: ListQuery,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     let store = state.runs.store.as_ref();

@@ -4,7 +4,7 @@
 //! span, the members it covers) is worked out when it is read.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -220,7 +220,7 @@ pub async fn list(
     State(state): State<Shared>,
     caller: Caller,
     Path(fleet): Path<String>,
-    Query(query): Query<ListQuery>,
+    query: ListQuery,
 ) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     require_fleet(&state, &fleet).await?;

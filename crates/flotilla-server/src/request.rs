@@ -76,13 +76,37 @@ pub(crate) fn system_data(caller: &Caller, previous: Option<&Value>) -> Value {
     body["systemData"].take()
 }
 
-/// `$top` and `$skipToken` of a list.
+/// `$top` and `$skipToken` of a list, read as text: a malformed or repeated parameter is a 400
+/// in the API's error shape naming it, never the framework's plain-text answer.
 #[derive(serde::Deserialize)]
 pub struct ListQuery {
     #[serde(rename = "$top")]
-    top: Option<usize>,
+    top: Option<String>,
     #[serde(rename = "$skipToken")]
     skip_token: Option<String>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListQuery {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<ListQuery>::try_from_uri(&parts.uri)
+            .map(|axum::extract::Query(q)| q)
+            .map_err(|e| {
+                HttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidQueryParameter",
+                    format!(
+                        "the query {:?}: {}",
+                        parts.uri.query().unwrap_or_default(),
+                        e.body_text()
+                    ),
+                )
+            })
+    }
 }
 
 /// A page of `kind` under `fleet` in name order, each item shown by `shown`, with a `nextLink`
@@ -96,14 +120,19 @@ pub(crate) async fn page(
     path: &str,
     shown: impl Fn(Resource) -> Value,
 ) -> HttpResult<Value> {
-    let top = query.top.unwrap_or(most);
-    if top == 0 || top > most {
-        return Err(HttpError::from(ApiError::new(
-            ErrorCode::InvalidRequestContent,
-            format!("$top: {top} must be between 1 and {most}"),
-            "$top",
-        )));
-    }
+    let top = match query.top.as_deref() {
+        None => most,
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=most).contains(&n) => n,
+            _ => {
+                return Err(HttpError::from(ApiError::new(
+                    ErrorCode::InvalidRequestContent,
+                    format!("$top {text:?}: must be a whole number from 1 to {most}"),
+                    "$top",
+                )));
+            }
+        },
+    };
     let mut items = store
         .list(fleet, kind, query.skip_token.as_deref(), top + 1)
         .await?;

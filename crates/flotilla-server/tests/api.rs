@@ -4017,6 +4017,17 @@ async fn a_freeze_holds_the_members_it_covers_until_it_is_deleted() {
         .ok("reader", Method::GET, "/v1/fleets/f1/freezes", None)
         .await;
     assert_eq!(listed["value"][0]["name"], "peak", "{listed}");
+    // A malformed or repeated list parameter is a 400 in the API's shape, naming it.
+    for path in [
+        "/v1/fleets/f1/freezes?$top=null&$top=null",
+        "/v1/fleets/f1/freezes?$top=0",
+        "/v1/checkProviders?$top=x",
+    ] {
+        let (status, answer, headers) = h.call("reader", Method::GET, path, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {answer}");
+        assert!(answer["error"]["code"].is_string(), "{path}: {answer}");
+        assert_eq!(headers["content-type"], "application/json", "{path}");
+    }
     h.ok(
         "operator",
         Method::PUT,
