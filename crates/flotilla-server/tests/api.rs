@@ -4083,3 +4083,8 @@ async fn a_freeze_holds_the_members_it_covers_until_it_is_deleted() {
     })
     .await;
 }
+
+/// The findings of a review (issue #36), each tested as its report describes it, on this file's
+/// harness.
+#[path = "api/review_findings.rs"]
+mod review_findings;

@@ -5,91 +5,18 @@
 //! within one import, the bound of `afterStageWaitInSeconds`, and gates filtered by any state.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use flotilla_server::Server;
-use flotilla_server::auth::{Role, new_token};
-use flotilla_server::store::SqliteStore;
-use flotilla_server::store::prelude::*;
+use super::{Harness, cluster, sim_fleet};
 
-struct Harness {
-    base: String,
-    http: reqwest::Client,
-    tokens: std::collections::HashMap<&'static str, String>,
-    /// The server's shared state, to run its background passes on demand.
-    state: flotilla_server::state::Shared,
-    _dir: TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
+/// What these tests ask of the API's harness besides its own calls: an `If-Match`, the answer
+/// without its headers, a wait on any resource, and a refusal's message.
 impl Harness {
-    async fn start(name: &str, timing: flotilla_server::Timing) -> Harness {
-        let dir = std::env::temp_dir().join(format!(
-            "flotilla-review-{name}-{}-{:?}",
-            std::process::id(),
-            Instant::now()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let dir = TempDir(dir);
-        let store = SqliteStore::open(&dir.0.join("flotilla.db"))
-            .await
-            .expect("store opens");
-        let mut tokens = std::collections::HashMap::new();
-        for (label, role) in [
-            ("admin", Role::Admin),
-            ("approver", Role::Approver),
-            ("operator", Role::Operator),
-            ("reader", Role::Reader),
-        ] {
-            let (secret, record) = new_token(role, &format!("{label}-user")).expect("token");
-            store.create_token(&record).await.expect("token stored");
-            tokens.insert(label, secret);
-        }
-        let store: Arc<dyn Store> = Arc::new(store);
-        let server = Server::start_with(store, "127.0.0.1:0".parse().expect("addr"), false, timing)
-            .await
-            .expect("server starts");
-        let addr = server.local_addr().expect("bound");
-        let state = server.state.clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(server.serve(async move {
-            let _ = stopped.await;
-        }));
-        Harness {
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-            tokens,
-            state,
-            _dir: dir,
-            stop: Some(stop),
-        }
-    }
-
-    /// Profiles checked only when a test runs the pass itself.
-    async fn quiet(name: &str) -> Harness {
-        Harness::start(
-            name,
-            flotilla_server::Timing {
-                profiles_every: Duration::from_secs(3600),
-                ..Default::default()
-            },
-        )
-        .await
-    }
-
+    /// A call with an `If-Match`, answered without its headers.
     async fn send(
         &self,
         who: &str,
@@ -117,7 +44,8 @@ impl Harness {
         )
     }
 
-    async fn call(
+    /// A call answered without its headers.
+    async fn answer(
         &self,
         who: &str,
         method: Method,
@@ -125,12 +53,6 @@ impl Harness {
         body: Option<Value>,
     ) -> (StatusCode, Value) {
         self.send(who, method, path, body, None).await
-    }
-
-    async fn ok(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> Value {
-        let (status, value) = self.call(who, method.clone(), path, body).await;
-        assert!(status.is_success(), "{method} {path}: {status} {value}");
-        value
     }
 
     /// Reads `path` until `done` holds, with a deadline (never a fixed sleep).
@@ -148,9 +70,7 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
 
-impl Harness {
     /// The error message of a refused call, after checking its status and target.
     async fn refused(
         &self,
@@ -161,7 +81,7 @@ impl Harness {
         status: StatusCode,
         target: &str,
     ) -> String {
-        let (got, error) = self.call(who, method, path, Some(body)).await;
+        let (got, error) = self.answer(who, method, path, Some(body)).await;
         assert_eq!(got, status, "{error}");
         assert_eq!(error["error"]["target"], target, "{error}");
         let message = error["error"]["message"]
@@ -174,34 +94,6 @@ impl Harness {
         );
         message
     }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn cluster(version: &str) -> Value {
-    json!({"region": "eastus", "kubernetesVersion": version,
-           "nodePools": [{"name": "sys", "family": "AKSUbuntu-2204gen2containerd", "os": "Linux", "nodeImageVersion": "202602.10.0"}]})
-}
-
-/// A fleet over the sim driver with these simulated clusters.
-fn sim_fleet(clusters: &[(&str, Value)]) -> Value {
-    let map: serde_json::Map<String, Value> = clusters
-        .iter()
-        .map(|(id, c)| (id.to_string(), c.clone()))
-        .collect();
-    json!({"properties": {"driver": {
-        "type": "sim",
-        "timeScale": 6000,
-        "catalog": {"eastus": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}],
-                               "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}]}}},
-        "clusters": map,
-    }}})
 }
 
 async fn member(h: &Harness, name: &str, cluster: &str, group: &str) {
@@ -250,7 +142,7 @@ fn run_of(stages: Value) -> Value {
 /// upgrade uses the new driver).
 #[tokio::test]
 async fn a_driver_changed_by_put_reaches_the_runs_at_once() {
-    let h = Harness::quiet("driver-change").await;
+    let h = Harness::start("driver-change").await;
     h.ok(
         "admin",
         Method::PUT,
@@ -421,7 +313,7 @@ async fn a_driver_changed_by_put_reaches_the_runs_at_once() {
 #[tokio::test]
 async fn a_profile_whose_trigger_fails_the_same_way_is_not_written_again() {
     // The server's own pass every 50 ms, and more run by the test: passes certainly happened.
-    let h = Harness::start(
+    let h = Harness::start_with(
         "failing-trigger",
         flotilla_server::Timing {
             profiles_every: Duration::from_millis(50),
@@ -515,7 +407,7 @@ async fn a_profile_whose_trigger_fails_the_same_way_is_not_written_again() {
 /// rendering of an optional or internal value (`Some("stage")`, `None`, a struct).
 #[tokio::test]
 async fn error_messages_show_values_as_written() {
-    let h = Harness::quiet("messages").await;
+    let h = Harness::start("messages").await;
     h.ok(
         "admin",
         Method::PUT,
@@ -648,7 +540,7 @@ async fn error_messages_show_values_as_written() {
     )
     .await;
     let (status, error) = h
-        .call(
+        .answer(
             "admin",
             Method::POST,
             "/v1/fleets/f1/autoUpgradeProfiles/pinned/generateUpdateRun",
@@ -694,7 +586,7 @@ async fn member_names(h: &Harness) -> Vec<String> {
 /// naming both items (400), not as a member that "already exists"; nothing is created.
 #[tokio::test]
 async fn an_import_that_repeats_a_name_or_a_cluster_says_so() {
-    let h = Harness::quiet("import-repeats").await;
+    let h = Harness::start("import-repeats").await;
     h.ok(
         "admin",
         Method::PUT,
@@ -763,7 +655,7 @@ async fn an_import_that_repeats_a_name_or_a_cluster_says_so() {
 /// Finding 5: `afterStageWaitInSeconds` out of range is refused with the actual bound.
 #[tokio::test]
 async fn a_stage_wait_out_of_range_is_refused_with_its_bound() {
-    let h = Harness::quiet("wait-bound").await;
+    let h = Harness::start("wait-bound").await;
     h.ok(
         "admin",
         Method::PUT,
@@ -836,7 +728,7 @@ fn gates_of(list: &Value) -> Vec<(String, String)> {
 /// `state` or `$filter`; an unknown state is refused naming it; the OpenAPI document lists them.
 #[tokio::test]
 async fn gates_are_filtered_by_every_state_they_can_have() {
-    let h = Harness::quiet("gate-states").await;
+    let h = Harness::start("gate-states").await;
     h.ok(
         "admin",
         Method::PUT,
@@ -914,7 +806,7 @@ async fn gates_are_filtered_by_every_state_they_can_have() {
         ("$filter=properties/state eq 'Pending'", &pending),
     ] {
         let (status, list) = h
-            .call(
+            .answer(
                 "reader",
                 Method::GET,
                 &format!("/v1/fleets/f1/gates?{query}"),
@@ -926,7 +818,7 @@ async fn gates_are_filtered_by_every_state_they_can_have() {
     }
     for query in ["state=Bogus", "$filter=properties/state eq 'Bogus'"] {
         let (status, error) = h
-            .call(
+            .answer(
                 "reader",
                 Method::GET,
                 &format!("/v1/fleets/f1/gates?{query}"),
