@@ -161,6 +161,8 @@ pub struct FleetEngine {
     freezes: BTreeMap<String, crate::freeze::Freeze>,
     covered: Arc<crate::freeze::Freezes>,
     freezes_version: u64,
+    /// Members changed since `covered` was worked out.
+    freezes_stale: bool,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -512,8 +514,9 @@ impl FleetEngine {
                 self.interned.remove(&name);
                 self.members.insert(name.clone(), shared);
                 if !self.freezes.is_empty() {
-                    // Its labels may put it under a freeze's selector, or take it out.
-                    self.cover_freezes();
+                    // Its labels may put it under a freeze's selector, or take it out: worked
+                    // out once before the next turns, not once per member of an import.
+                    self.freezes_stale = true;
                 }
                 if before.is_some_and(|b| b != cluster) {
                     self.changed.insert(name.clone());
@@ -715,6 +718,9 @@ impl FleetEngine {
     /// Moves every run forward, one after another in creation order. Before its turn a run
     /// learns which of its members other runs now hold or let go.
     pub fn settle(&mut self, now: Time) {
+        if self.freezes_stale {
+            self.cover_freezes();
+        }
         let seqs: Vec<u64> = self.runs.keys().copied().collect();
         for seq in seqs {
             self.deliver_news(now, seq);
@@ -741,6 +747,7 @@ impl FleetEngine {
             self.members.iter().map(|(name, m)| (name, &m.labels)),
         ));
         self.freezes_version += 1;
+        self.freezes_stale = false;
     }
 
     /// The fleet's freezes, by name.

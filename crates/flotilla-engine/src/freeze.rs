@@ -238,6 +238,30 @@ impl Freeze {
         }
     }
 
+    /// The span in force at `now` (from `now`), else the next one to begin: (start, end).
+    /// `None` when none begins within a year (a recurring schedule is walked date by date).
+    pub fn next_span(&self, now: Time) -> Option<(Time, Time)> {
+        if let Some(end) = self.active_until(now) {
+            return Some((now, end));
+        }
+        match &self.occurrences {
+            Occurrences::Once { start, end } => (*start > now).then_some((*start, *end)),
+            Occurrences::Recurring { window, .. } => {
+                let (today, _) = now.civil(window_offset(window));
+                let mut date = Date::from_days(today.days() - 1);
+                for _ in 0..400 {
+                    let d = window.next_schedule_date(date)?;
+                    let start = window.instance_start(d);
+                    if start > now {
+                        return Some((start, self.active_until(start)?));
+                    }
+                    date = Date::from_days(d.days() + 1);
+                }
+                None
+            }
+        }
+    }
+
     /// Whether an upgrade of `upgrade_type` that changes the member's minor version
     /// (`changes_minor`) is one this freeze holds back.
     pub fn blocks(&self, upgrade_type: UpgradeType, changes_minor: bool) -> bool {
@@ -374,6 +398,15 @@ mod tests {
         assert_eq!(
             f.active_until(at("2026-03-13T18:00:00Z")),
             Some(at("2026-03-16T05:00:00Z"))
+        );
+        // Not in force: the next span; in force: from now to its end.
+        assert_eq!(
+            f.next_span(at("2026-03-10T00:00:00Z")),
+            Some((at("2026-03-13T17:00:00Z"), at("2026-03-16T05:00:00Z")))
+        );
+        assert_eq!(
+            f.next_span(at("2026-03-08T00:00:00Z")),
+            Some((at("2026-03-08T00:00:00Z"), at("2026-03-09T05:00:00Z")))
         );
     }
 

@@ -795,15 +795,10 @@ async fn delete_fleet(
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
-    let runs = state
-        .runs
-        .store
-        .list(&fleet, Kind::Run, None, 100_000)
-        .await?;
-    if let Some(active) = runs.iter().find(|r| is_active(&r.body)) {
+    let runs = crate::run_head::heads(state.runs.store.as_ref(), &fleet).await?;
+    if let Some((active, _)) = runs.iter().find(|(_, head)| head.is_active()) {
         return Err(ApiError::conflict(format!(
-            "fleet {fleet:?} has an active update run {:?}; stop it first",
-            active.name
+            "fleet {fleet:?} has an active update run {active:?}; stop it first"
         ))
         .into());
     }
@@ -1498,15 +1493,6 @@ async fn put_strategy(
 // ---------------------------------------------------------------------------------------------
 // Update runs.
 
-fn is_active(body: &Value) -> bool {
-    let state = body["properties"]["status"]["status"]["state"]
-        .as_str()
-        .unwrap_or("NotStarted");
-    matches!(state, "Running" | "Pending" | "Stopping")
-        || (state == "Failed"
-            && !body["properties"]["status"]["status"]["completedTime"].is_string())
-}
-
 /// A strategy's id as stored (answered as an ARM id on the ARM paths).
 fn strategy_id(fleet: &str, name: &str) -> String {
     format!("/v1/fleets/{fleet}/updateStrategies/{name}")
@@ -2024,8 +2010,13 @@ async fn delete_run(
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     require(&caller, Role::Operator)?;
-    let current = get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
-    if is_active(&current.body) {
+    let (text, _) = state
+        .runs
+        .store
+        .get_raw(&fleet, Kind::Run, &run)
+        .await?
+        .ok_or_else(|| not_found("updateRun", &run))?;
+    if crate::run_head::RunHead::parse(&text).is_active() {
         return Err(ApiError::conflict(format!(
             "update run {run:?} is running; stop it before deleting it"
         ))

@@ -21,42 +21,12 @@ use crate::store::{Kind, Resource, StoreResult};
 
 use crate::fleet_rules::{MOST_FREEZES as MOST, from_body};
 
-/// The span of the freeze in force at `now` or next: (start, end). Searched day by day for a
-/// recurring one, at most a year ahead.
-fn span(freeze: &Freeze, now: Time) -> Option<(Time, Time)> {
-    if let Some(end) = freeze.active_until(now) {
-        return Some((now, end));
-    }
-    match &freeze.occurrences {
-        flotilla_engine::freeze::Occurrences::Once { start, end } => {
-            (*start > now).then_some((*start, *end))
-        }
-        flotilla_engine::freeze::Occurrences::Recurring { .. } => {
-            // The first hour at which it holds: the schedule's starts are on whole minutes.
-            let mut t = Time::from_unix(now.unix() - now.unix().rem_euclid(60) + 60);
-            let limit = now.plus(366 * 86_400);
-            while t < limit {
-                if let Some(end) = freeze.active_until(t) {
-                    // Back to the minute it began.
-                    let mut start = t;
-                    while start.plus(-60) > now && freeze.active_until(start.plus(-60)).is_some() {
-                        start = start.plus(-60);
-                    }
-                    return Some((start, end));
-                }
-                t = t.plus(15 * 60);
-            }
-            None
-        }
-    }
-}
-
 /// The resource as the API shows it, with its status as of `now`.
 fn shown(resource: Resource, members: Option<usize>, now: Time) -> Value {
     let mut body = resource.body;
     if let Some(freeze) = from_body(&resource.name, &body) {
         let active = freeze.active_until(now).is_some();
-        let (next_start, next_end) = match span(&freeze, now) {
+        let (next_start, next_end) = match freeze.next_span(now) {
             Some((s, e)) => (Some(s), Some(e)),
             None => (None, None),
         };

@@ -86,6 +86,16 @@ impl RunHead {
         }
     }
 
+    /// The run moves, or has members in flight: a delete of it, or of its fleet, waits for a
+    /// stop (a Failed run is active until its last member in flight ends).
+    pub fn is_active(&self) -> bool {
+        match self.state() {
+            "Running" | "Pending" | "Stopping" => true,
+            "Failed" => self.properties.status.status.completed_time.is_none(),
+            _ => false,
+        }
+    }
+
     /// The run's own status: its state and when it started and ended.
     pub fn status(&self) -> &StateHead {
         &self.properties.status.status
