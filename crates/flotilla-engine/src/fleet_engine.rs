@@ -46,6 +46,11 @@ pub enum FleetInput {
     PutFreeze(Box<crate::freeze::Freeze>),
     /// A freeze was deleted.
     DeleteFreeze { name: String },
+    /// A disruption budget was created or changed (SEMANTICS §12): it holds members of every
+    /// run from the next scheduling pass.
+    PutBudget(Box<crate::budget::Budget>),
+    /// A disruption budget was deleted.
+    DeleteBudget { name: String },
 }
 
 /// A run's command, tagged with the run.
@@ -99,6 +104,10 @@ struct RunSlot {
     journal: Vec<Delivered>,
     /// The version of the fleet's freezes this run was last given.
     freezes_seen: u64,
+    /// The versions of the fleet's budgets and of their counts in flight this run was last
+    /// given.
+    budgets_seen: u64,
+    room_seen: u64,
 }
 
 impl RunSlot {
@@ -112,6 +121,8 @@ impl RunSlot {
             dirty: true,
             journal: Vec::new(),
             freezes_seen: 0,
+            budgets_seen: 0,
+            room_seen: 0,
         }
     }
 
@@ -163,6 +174,18 @@ pub struct FleetEngine {
     freezes_version: u64,
     /// Members changed since `covered` was worked out.
     freezes_stale: bool,
+    /// The fleet's disruption budgets by name, split into partitions as every run is given
+    /// them, and the members in flight in each partition now (SEMANTICS §12).
+    budgets: BTreeMap<String, crate::budget::Budget>,
+    partitions: Arc<crate::budget::Budgets>,
+    in_flight: Vec<u64>,
+    /// Versions of `partitions` and of `in_flight`, so each run is given each change once.
+    budgets_version: u64,
+    room_version: u64,
+    /// Members changed since `partitions` was worked out.
+    budgets_stale: bool,
+    /// Members in flight in some run, which count against budgets, and the run.
+    disrupted: HashMap<Arc<str>, u64>,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -231,7 +254,17 @@ impl FleetEngine {
         self.next_run += 1;
         let mut engine = engine;
         self.share(&mut engine);
+        // What it was given before is not news: what it holds in flight is.
+        engine.take_disruptions();
+        let in_flight: Vec<Arc<str>> = engine.disrupted_members().cloned().collect();
+        for member in in_flight {
+            self.disruption(seq, member, true);
+        }
         let mut slot = RunSlot::new(name, engine);
+        // Its record may hold freezes and budgets the fleet no longer has: it is given the
+        // fleet's own at its first turn.
+        slot.freezes_seen = u64::MAX;
+        slot.budgets_seen = u64::MAX;
         let shared_name = slot.shared_name.clone();
         let mut holders: HashMap<Box<str>, Arc<str>> = HashMap::new();
         for (member, holder) in slot.engine.locked_members() {
@@ -393,6 +426,10 @@ impl FleetEngine {
         if **held == **cluster {
             return false;
         }
+        if held.region != cluster.region && !self.budgets.is_empty() {
+            // Its partition by region may change.
+            self.budgets_stale = true;
+        }
         *held = cluster.clone();
         self.changed.insert(name);
         true
@@ -474,6 +511,15 @@ impl FleetEngine {
             self.busy.remove(&member);
             self.tell_others(seq, &member);
         }
+        let counted: Vec<Arc<str>> = self
+            .disrupted
+            .iter()
+            .filter(|(_, run)| **run == seq)
+            .map(|(m, _)| m.clone())
+            .collect();
+        for member in counted {
+            self.disruption(seq, member, false);
+        }
         Some(slot.engine)
     }
 
@@ -518,6 +564,8 @@ impl FleetEngine {
                     // out once before the next turns, not once per member of an import.
                     self.freezes_stale = true;
                 }
+                // Likewise for budgets: its partitions, and their sizes.
+                self.budgets_stale |= !self.budgets.is_empty();
                 if before.is_some_and(|b| b != cluster) {
                     self.changed.insert(name.clone());
                     self.fan_out(now, &name, cluster, None);
@@ -526,6 +574,7 @@ impl FleetEngine {
             }
             FleetInput::MemberRemoved { member } => {
                 self.members.remove(member.as_str());
+                self.budgets_stale |= !self.budgets.is_empty();
                 let record = self.record;
                 for slot in self.runs.values_mut() {
                     if slot.engine.has_member(&member) {
@@ -545,6 +594,17 @@ impl FleetEngine {
             FleetInput::DeleteFreeze { name } => {
                 if self.freezes.remove(&name).is_some() {
                     self.cover_freezes();
+                }
+                Ok(())
+            }
+            FleetInput::PutBudget(budget) => {
+                self.budgets.insert(budget.name.clone(), *budget);
+                self.cover_budgets();
+                Ok(())
+            }
+            FleetInput::DeleteBudget { name } => {
+                if self.budgets.remove(&name).is_some() {
+                    self.cover_budgets();
                 }
                 Ok(())
             }
@@ -662,6 +722,7 @@ impl FleetEngine {
 
     /// Drains a run's commands: a start makes its cluster busy at once.
     fn collect(&mut self, seq: u64) {
+        self.take_disruptions(seq);
         let Some(slot) = self.runs.get_mut(&seq) else {
             return;
         };
@@ -722,6 +783,13 @@ impl FleetEngine {
             self.cover_freezes();
         }
         let seqs: Vec<u64> = self.runs.keys().copied().collect();
+        // Whatever the runs were given since their last turn counts before anyone's turn.
+        for &seq in &seqs {
+            self.take_disruptions(seq);
+        }
+        if self.budgets_stale {
+            self.cover_budgets();
+        }
         for seq in seqs {
             self.deliver_news(now, seq);
             let record = self.record;
@@ -755,6 +823,76 @@ impl FleetEngine {
         self.freezes.values()
     }
 
+    /// The fleet's disruption budgets split into partitions again, against the member table
+    /// and the members in flight now; every run is given it at its next turn.
+    fn cover_budgets(&mut self) {
+        self.partitions = Arc::new(crate::budget::Budgets::cover(
+            &self.budgets,
+            self.members.values(),
+            self.disrupted.keys(),
+        ));
+        self.in_flight = self.partitions.in_flight.clone();
+        self.budgets_version += 1;
+        self.room_version += 1;
+        self.budgets_stale = false;
+    }
+
+    /// The fleet's disruption budgets, by name.
+    pub fn budgets(&self) -> impl Iterator<Item = &crate::budget::Budget> {
+        self.budgets.values()
+    }
+
+    /// Each partition of the fleet's budgets (as of the last scheduling pass), with the
+    /// members in flight in it now.
+    pub fn budget_partitions(&self) -> impl Iterator<Item = (&crate::budget::Partition, u64)> {
+        self.partitions
+            .partitions
+            .iter()
+            .zip(self.in_flight.iter().copied())
+    }
+
+    /// Takes what run `seq` says began or ended counting against budgets.
+    fn take_disruptions(&mut self, seq: u64) {
+        let Some(slot) = self.runs.get_mut(&seq) else {
+            return;
+        };
+        let changes = slot.engine.take_disruptions();
+        if changes.is_empty() {
+            return;
+        }
+        for (member, begins) in changes {
+            self.disruption(seq, member, begins);
+        }
+        // The run decided on what it now is: counting its own starts is no news to it.
+        if let Some(slot) = self.runs.get_mut(&seq)
+            && slot.budgets_seen == self.budgets_version
+            && slot.engine.budget_counts() == self.in_flight.as_slice()
+        {
+            slot.room_seen = self.room_version;
+        }
+    }
+
+    /// Member `member` begins or ends being in flight in run `seq`.
+    fn disruption(&mut self, seq: u64, member: Arc<str>, begins: bool) {
+        let counts = if begins {
+            // Counted once, whichever run says so.
+            self.disrupted.insert(member.clone(), seq).is_none()
+        } else if self.disrupted.get(&member) == Some(&seq) {
+            self.disrupted.remove(&member);
+            true
+        } else {
+            false
+        };
+        if !counts || self.partitions.is_empty() {
+            return;
+        }
+        for &p in self.partitions.partitions_of(&member) {
+            let n = &mut self.in_flight[p as usize];
+            *n = if begins { *n + 1 } else { n.saturating_sub(1) };
+        }
+        self.room_version += 1;
+    }
+
     fn deliver_news(&mut self, now: Time, seq: u64) {
         let record = self.record;
         let (version, covered) = (self.freezes_version, self.covered.clone());
@@ -765,6 +903,28 @@ impl FleetEngine {
         {
             slot.freezes_seen = version;
             let _ = slot.give(now, Input::FreezesChanged(covered), record);
+        }
+        if let Some(slot) = self.runs.get_mut(&seq)
+            && !slot.engine.is_finished()
+        {
+            if slot.budgets_seen != self.budgets_version {
+                slot.budgets_seen = self.budgets_version;
+                let input = Input::BudgetsChanged(self.partitions.clone());
+                let _ = slot.give(now, input, record);
+            }
+            // The counts now, for a run that will decide at this turn or holds members for a
+            // budget; the others hear them when they next do.
+            let decides = slot.dirty
+                || !slot.news.is_empty()
+                || slot.engine.next_wakeup().is_some_and(|t| t <= now)
+                || slot.engine.holds_for_budgets();
+            if slot.room_seen != self.room_version && decides {
+                slot.room_seen = self.room_version;
+                if slot.engine.budget_counts() != self.in_flight.as_slice() {
+                    let input = Input::BudgetRoom(self.in_flight.clone());
+                    let _ = slot.give(now, input, record);
+                }
+            }
         }
         let Some(news) = self.runs.get_mut(&seq).map(|s| std::mem::take(&mut s.news)) else {
             return;
@@ -853,6 +1013,7 @@ impl FleetEngine {
     /// Recounts each run's state from scratch, and checks the rules between runs: every
     /// operation a run has in flight holds its cluster, and no cluster has two.
     pub fn check_invariants(&self, now: Time) -> Result<(), String> {
+        self.check_budgets()?;
         for (seq, slot) in &self.runs {
             slot.engine
                 .check_invariants(now)
@@ -900,6 +1061,40 @@ impl FleetEngine {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The members counted against budgets are those in flight in some run, each counted in
+    /// every partition it is in (after a turn: what runs say is taken at each).
+    fn check_budgets(&self) -> Result<(), String> {
+        let mut recount = vec![0u64; self.in_flight.len()];
+        let mut seen = 0;
+        for (seq, slot) in &self.runs {
+            for member in slot.engine.disrupted_members() {
+                if self.disrupted.get(member) != Some(seq) {
+                    return Err(format!(
+                        "member {member} is in flight in run {} but not counted against budgets for it",
+                        slot.name
+                    ));
+                }
+                seen += 1;
+                for &p in self.partitions.partitions_of(member) {
+                    recount[p as usize] += 1;
+                }
+            }
+        }
+        if seen != self.disrupted.len() {
+            return Err(format!(
+                "{} members are counted against budgets, {seen} are in flight",
+                self.disrupted.len()
+            ));
+        }
+        if !self.budgets_stale && recount != self.in_flight {
+            return Err(format!(
+                "budget partitions count {:?} in flight, the runs {recount:?}",
+                self.in_flight
+            ));
         }
         Ok(())
     }

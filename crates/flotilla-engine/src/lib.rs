@@ -5,6 +5,7 @@
 //! the server and the tests all drive [`engine::Engine`] through the same door.
 
 pub mod body;
+pub mod budget;
 pub mod checks;
 pub mod engine;
 pub mod error;

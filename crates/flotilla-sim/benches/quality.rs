@@ -183,6 +183,7 @@ fn case(rng: &mut Rng, kind: Durations) -> Case {
         member_checks: Default::default(),
         gate_checks: Default::default(),
         freezes: Vec::new(),
+        budgets: Vec::new(),
         providers: Default::default(),
         expect: None,
     };

@@ -167,6 +167,7 @@ fn fleet(size: usize) -> Scenario {
         member_checks: Default::default(),
         gate_checks: Default::default(),
         freezes: Vec::new(),
+        budgets: Vec::new(),
         providers: Default::default(),
         expect: None,
     }

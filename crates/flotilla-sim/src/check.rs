@@ -7,6 +7,8 @@ use serde_json::Value;
 
 use flotilla_engine::time::Time;
 
+use crate::scenario::Scenario;
+
 fn state_of(node: &Value) -> Option<&str> {
     node.get("status")
         .and_then(|s| s.get("state"))
@@ -41,20 +43,66 @@ fn text(v: &Value) -> String {
     }
 }
 
-/// Compares `result` (the `--json` document) with `expect`. Empty means every expectation held.
+/// The fleet-wide scopes a member counts in besides `fleet`: `budget:NAME` and
+/// `budget:NAME/VALUE` for each budget declared at `start` that covers it (SEMANTICS §12).
+pub type BudgetScopes = BTreeMap<String, Vec<String>>;
+
+/// The budget scopes of a scenario's members.
+pub fn budget_scopes(scenario: &Scenario) -> BudgetScopes {
+    scenario
+        .members
+        .iter()
+        .map(|m| {
+            let scopes = scenario
+                .budgets
+                .iter()
+                .filter(|b| b.selector.as_ref().is_none_or(|s| s.matches(&m.labels)))
+                .flat_map(|b| {
+                    let value = b.per_value_of.as_ref().map_or("", |per| {
+                        per.value_in(&m.cluster.region, m.group.as_deref(), &m.labels)
+                    });
+                    [
+                        format!("budget:{}", b.name),
+                        format!("budget:{}/{value}", b.name),
+                    ]
+                })
+                .collect();
+            (m.name.clone(), scopes)
+        })
+        .collect()
+}
+
+/// Compares a scenario's `result` (the `--json` document) with its expectations. Empty means
+/// every expectation held.
+pub fn check_scenario(scenario: &Scenario, result: &Value) -> Vec<String> {
+    let expect = scenario.expect.as_ref().unwrap_or(&Value::Null);
+    check_with(expect, result, &budget_scopes(scenario))
+}
+
+/// Compares `result` (the `--json` document) with `expect`, for a fleet with no budgets.
+/// Empty means every expectation held.
 pub fn check(expect: &Value, result: &Value) -> Vec<String> {
+    check_with(expect, result, &BudgetScopes::new())
+}
+
+fn check_with(expect: &Value, result: &Value, budgets: &BudgetScopes) -> Vec<String> {
     let empty = serde_json::Map::new();
     let exp = expect.as_object().unwrap_or(&empty);
-    let mut errors = check_run(exp, result, result);
+    let mut errors = check_run(exp, result, result, budgets);
     check_profiles(exp, result, &mut errors);
-    check_runs(exp, result, &mut errors);
+    check_runs(exp, result, &mut errors, budgets);
     errors
 }
 
 /// The expectations of one run: `result` holds its `run`, `events` and `createError` (the
 /// whole document for the run of `update`, a sub-document for one under `runs`); `full` is the
 /// whole document, for what is counted over every run (`pendingMessages`, fleet-wide scopes).
-fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value) -> Vec<String> {
+fn check_run(
+    exp: &serde_json::Map<String, Value>,
+    result: &Value,
+    full: &Value,
+    budgets: &BudgetScopes,
+) -> Vec<String> {
     let mut errors = Vec::new();
     let create_error = result.get("createError").filter(|v| !v.is_null());
     if let Some(want) = exp
@@ -315,7 +363,7 @@ fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value)
         .filter(|key| is_fleet_scope(key))
         .collect();
     if !scoped.is_empty() {
-        peak.extend(fleet_peaks(full, &scoped));
+        peak.extend(fleet_peaks(full, &scoped, budgets));
     }
     for (key, want) in exp
         .get("maxInFlight")
@@ -323,10 +371,6 @@ fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value)
         .into_iter()
         .flatten()
     {
-        if key.starts_with("budget:") {
-            errors.push(format!("maxInFlight[{key}]: {UNKNOWN_BUDGET_SCOPE}"));
-            continue;
-        }
         cmp(
             &mut errors,
             format!("maxInFlight[{key}]"),
@@ -340,10 +384,6 @@ fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value)
         .into_iter()
         .flatten()
     {
-        if key.starts_with("budget:") {
-            errors.push(format!("inFlightAtMost[{key}]: {UNKNOWN_BUDGET_SCOPE}"));
-            continue;
-        }
         let got = peak.get(key).copied().unwrap_or(0);
         if bound.as_i64().is_some_and(|b| got > b) {
             errors.push(format!("inFlightAtMost[{key}]: peak {got} exceeds {bound}"));
@@ -489,12 +529,8 @@ fn check_run(exp: &serde_json::Map<String, Value>, result: &Value, full: &Value)
     errors
 }
 
-/// What a `budget:` scope of `maxInFlight`/`inFlightAtMost` gets: the simulator has no
-/// disruption budgets, so no scope can name one.
-const UNKNOWN_BUDGET_SCOPE: &str = "unknown scope (the simulator has no disruption budgets: scopes are stage:, group:, fleet and members:)";
-
 /// Scopes of `maxInFlight`/`inFlightAtMost` counted over every run of the simulation
-/// (SEMANTICS §12): `fleet`, `members:A,B,…` (and `budget:…`, refused).
+/// (SEMANTICS §12): `fleet`, `budget:NAME[/VALUE]`, `members:A,B,…`.
 fn is_fleet_scope(key: &str) -> bool {
     key == "fleet" || key.starts_with("members:") || key.starts_with("budget:")
 }
@@ -526,7 +562,7 @@ fn all_events(full: &Value) -> Vec<&Value> {
 /// Peak number of members in flight over every run together, for the fleet-wide scopes
 /// `fleet` and `members:A,B,…` (a member counts in every such scope that lists it). A member
 /// already in flight that starts again (in another run) is counted once, as `check.py` does.
-fn fleet_peaks(full: &Value, keys: &[&str]) -> BTreeMap<String, i64> {
+fn fleet_peaks(full: &Value, keys: &[&str], budgets: &BudgetScopes) -> BTreeMap<String, i64> {
     let mut current: BTreeMap<String, i64> = BTreeMap::new();
     let mut peak: BTreeMap<String, i64> = BTreeMap::new();
     let mut in_flight: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -538,6 +574,7 @@ fn fleet_peaks(full: &Value, keys: &[&str]) -> BTreeMap<String, i64> {
                     continue;
                 }
                 let scopes: Vec<String> = std::iter::once("fleet".to_string())
+                    .chain(budgets.get(&member).into_iter().flatten().cloned())
                     .chain(
                         keys.iter()
                             .filter(|k| {
@@ -696,7 +733,12 @@ fn check_profiles(exp: &serde_json::Map<String, Value>, result: &Value, errors: 
 /// a generated run's full name, in that order, checked with the same keys as the run of
 /// `update`; what is counted over every run is counted over the whole document. A hand-made run
 /// refused at creation carries its `createError`, so `createError: {mentions}` checks it.
-fn check_runs(exp: &serde_json::Map<String, Value>, result: &Value, errors: &mut Vec<String>) {
+fn check_runs(
+    exp: &serde_json::Map<String, Value>,
+    result: &Value,
+    errors: &mut Vec<String>,
+    budgets: &BudgetScopes,
+) {
     let generated: Vec<&Value> = result["generatedRuns"]
         .as_array()
         .into_iter()
@@ -746,7 +788,12 @@ fn check_runs(exp: &serde_json::Map<String, Value>, result: &Value, errors: &mut
             document["createError"] = error.clone();
         }
         let empty = serde_json::Map::new();
-        for e in check_run(want.as_object().unwrap_or(&empty), &document, result) {
+        for e in check_run(
+            want.as_object().unwrap_or(&empty),
+            &document,
+            result,
+            budgets,
+        ) {
             errors.push(format!("runs.{key}.{e}"));
         }
     }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use flotilla_engine::budget::{Budget, BudgetSpec, parse_budget};
 use flotilla_engine::checks::{Provider, ProviderSpec, ProviderTarget, parse_provider};
 use flotilla_engine::error::{ApiError, from_json_value};
 use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, Member, NodePool, NodePoolSpec, Os};
@@ -103,6 +104,9 @@ pub struct ScenarioSpec {
     /// The fleet's freezes from `start`, by name: the API's `properties` (SEMANTICS §12).
     #[serde(default)]
     pub freezes: BTreeMap<String, Value>,
+    /// The fleet's disruption budgets from `start`, by name: the API's `properties`.
+    #[serde(default)]
+    pub disruption_budgets: BTreeMap<String, Value>,
     /// Further hand-made runs, by name, in file order (SEMANTICS §12): each
     /// `{strategy?, update}`, created at `start` right after the run of `update`.
     #[serde(default)]
@@ -270,6 +274,10 @@ pub enum Action {
     PutFreeze(Box<Freeze>),
     /// Deletes a freeze.
     DeleteFreeze(String),
+    /// Creates or replaces a disruption budget (SEMANTICS §12).
+    PutBudget(Box<Budget>),
+    /// Deletes a disruption budget.
+    DeleteBudget(String),
     /// Creates (does not start) a further hand-made run of `updateRuns`. Only at `start`,
     /// right after the run of `update` and before any other action: the simulator creates
     /// these itself and never plays them as actions ([`Scenario::update_runs`]).
@@ -319,6 +327,8 @@ pub struct Scenario {
     pub providers: BTreeMap<String, Provider>,
     /// The fleet's freezes at `start` (SEMANTICS §12).
     pub freezes: Vec<Freeze>,
+    /// The fleet's disruption budgets at `start`.
+    pub budgets: Vec<Budget>,
     pub expect: Option<Value>,
 }
 
@@ -481,6 +491,13 @@ fn freeze_from(path: &str, name: &str, properties: Value) -> Result<Freeze, Scen
     flotilla_engine::strategy::check_name(name, 63).map_err(|e| bad(path, e))?;
     let spec: FreezeSpec = from_json_value(properties, path)?;
     parse_freeze(name, &spec).map_err(|e| bad(path, e.message))
+}
+
+/// A disruption budget of the scenario, validated as the API does.
+fn budget_from(path: &str, name: &str, properties: Value) -> Result<Budget, ScenarioError> {
+    flotilla_engine::strategy::check_name(name, 63).map_err(|e| bad(path, e))?;
+    let spec: BudgetSpec = from_json_value(properties, path)?;
+    parse_budget(name, &spec).map_err(|e| bad(path, e.message))
 }
 
 /// Rewrites every check of a strategy written in the form before providers (`endpoint`, `url`,
@@ -790,6 +807,29 @@ impl Scenario {
                         )?))
                     }
                 }
+                "putDisruptionBudget" | "deleteDisruptionBudget" => {
+                    let name = a.name.clone().ok_or_else(|| {
+                        bad(
+                            &format!("{apath}.name"),
+                            format!("{} needs a name", a.action),
+                        )
+                    })?;
+                    if a.action == "deleteDisruptionBudget" {
+                        Action::DeleteBudget(name)
+                    } else {
+                        let properties = a.properties.clone().ok_or_else(|| {
+                            bad(
+                                &format!("{apath}.properties"),
+                                "putDisruptionBudget needs properties",
+                            )
+                        })?;
+                        Action::PutBudget(Box::new(budget_from(
+                            &format!("{apath}.properties"),
+                            &name,
+                            properties,
+                        )?))
+                    }
+                }
                 "generateUpdateRun" | "updateProfile" => {
                     let profile = a.profile.clone().ok_or_else(|| {
                         bad(
@@ -828,7 +868,7 @@ impl Scenario {
                     return Err(bad(
                         &format!("{apath}.do"),
                         format!(
-                            "unknown action {other:?}: start, stop, approve, skip, removeMember, addNodePool, refreshCatalog, generateUpdateRun, updateProfile, putFreeze or deleteFreeze"
+                            "unknown action {other:?}: start, stop, approve, skip, removeMember, addNodePool, refreshCatalog, generateUpdateRun, updateProfile, putFreeze, deleteFreeze, putDisruptionBudget or deleteDisruptionBudget"
                         ),
                     ));
                 }
@@ -894,6 +934,11 @@ impl Scenario {
                 .freezes
                 .iter()
                 .map(|(name, p)| freeze_from(&format!("freezes.{name}"), name, p.clone()))
+                .collect::<Result<_, _>>()?,
+            budgets: spec
+                .disruption_budgets
+                .iter()
+                .map(|(name, p)| budget_from(&format!("disruptionBudgets.{name}"), name, p.clone()))
                 .collect::<Result<_, _>>()?,
             expect: spec.expect,
         })

@@ -201,13 +201,19 @@ fn spec_of(
     Ok((spec, strategy_spec, update_spec))
 }
 
-/// The scenario's fleet at `start`: its members, its catalog, its freezes.
+/// The scenario's fleet at `start`: its members, its catalog, its freezes and budgets.
 fn fleet_of(scenario: &Scenario) -> FleetEngine {
     let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
     for freeze in &scenario.freezes {
         let _ = fleet.handle(
             scenario.start,
             FleetInput::PutFreeze(Box::new(freeze.clone())),
+        );
+    }
+    for budget in &scenario.budgets {
+        let _ = fleet.handle(
+            scenario.start,
+            FleetInput::PutBudget(Box::new(budget.clone())),
         );
     }
     fleet
@@ -645,6 +651,12 @@ fn run(
                 }
                 Action::DeleteFreeze(name) => {
                     fleet.handle(now, FleetInput::DeleteFreeze { name: name.clone() })
+                }
+                Action::PutBudget(budget) => {
+                    fleet.handle(now, FleetInput::PutBudget(budget.clone()))
+                }
+                Action::DeleteBudget(name) => {
+                    fleet.handle(now, FleetInput::DeleteBudget { name: name.clone() })
                 }
                 Action::UpdateProfile {
                     profile,
@@ -1088,6 +1100,8 @@ fn act(
         | Action::UpdateProfile { .. }
         | Action::PutFreeze(_)
         | Action::DeleteFreeze(_)
+        | Action::PutBudget(_)
+        | Action::DeleteBudget(_)
         | Action::CreateRun(_) => Ok(()),
     }
 }

@@ -497,6 +497,7 @@ fn scenario(plan: &Plan) -> Scenario {
         member_checks,
         gate_checks,
         freezes: Vec::new(),
+        budgets: Vec::new(),
         providers: [(
             "prom".to_string(),
             flotilla_engine::checks::parse_provider(

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flotilla_sim::check::check;
+use flotilla_sim::check::{check, check_scenario};
 use flotilla_sim::simulator::simulate_checking_invariants;
 use flotilla_sim::{Scenario, simulate};
 
@@ -57,7 +57,7 @@ fn run_all(dir: &Path, at_least: usize) {
             "{} has no expectations",
             path.display()
         );
-        for difference in check(&expect, &document) {
+        for difference in check_scenario(&scenario, &document) {
             failures.push(format!("{}: {difference}", path.display()));
         }
         let again = serde_json::to_string(&simulate(&scenario)).expect("serializes");
@@ -78,7 +78,7 @@ fn run_all(dir: &Path, at_least: usize) {
 
 #[test]
 fn shared_conformance_scenarios() {
-    run_all(&workspace().join("tests/conformance"), 16);
+    run_all(&workspace().join("tests/conformance"), 18);
 }
 
 #[test]
@@ -236,8 +236,8 @@ fn a_malformed_declared_run_is_a_broken_scenario() {
 }
 
 /// The expectations on declared runs and fleet-wide scopes can fail too: a wrong member of a
-/// declared run, wrong fleet and `members:` peaks, a run that does not exist, budget scopes
-/// (there are no disruption budgets).
+/// declared run, wrong fleet and `members:` peaks, a run that does not exist, the scope of a
+/// budget the scenario does not declare (no member counts in it: its peak is 0).
 #[test]
 fn the_checker_reports_wrong_declared_run_and_fleet_expectations() {
     let scenario = load(&workspace().join("tests/scenarios/u01-two-runs-one-lock.yaml"));
@@ -250,14 +250,50 @@ fn the_checker_reports_wrong_declared_run_and_fleet_expectations() {
             "narrow": {"run": {"state": "Completed"}},
         },
     });
-    let differences = check(&wrong, &document);
-    assert_eq!(differences.len(), 8, "{differences:#?}");
-    assert_eq!(
+    let differences = check_scenario(
+        &Scenario {
+            expect: Some(wrong),
+            ..scenario
+        },
+        &document,
+    );
+    assert_eq!(differences.len(), 7, "{differences:#?}");
+    assert!(
         differences
             .iter()
-            .filter(|d| d.contains("unknown scope"))
-            .count(),
-        2,
+            .any(|d| d.starts_with("maxInFlight[budget:zone]")),
         "{differences:#?}"
     );
+}
+
+/// Budget scopes count the members each budget declared at `start` covers, per partition: a
+/// wrong peak is reported, and the right ones hold.
+#[test]
+fn the_checker_counts_budget_scopes() {
+    let scenario = load(&workspace().join("tests/conformance/17-budget-per-region.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    let right = serde_json::json!({
+        "maxInFlight": {"budget:per-region": 2, "budget:per-region/eastus": 1},
+        "inFlightAtMost": {"budget:per-region/westeurope": 1},
+    });
+    let differences = check_scenario(
+        &Scenario {
+            expect: Some(right),
+            ..scenario.clone()
+        },
+        &document,
+    );
+    assert!(differences.is_empty(), "{differences:#?}");
+    let wrong = serde_json::json!({
+        "maxInFlight": {"budget:per-region/eastus": 2},
+        "inFlightAtMost": {"budget:per-region": 1},
+    });
+    let differences = check_scenario(
+        &Scenario {
+            expect: Some(wrong),
+            ..scenario
+        },
+        &document,
+    );
+    assert_eq!(differences.len(), 2, "{differences:#?}");
 }

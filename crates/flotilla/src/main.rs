@@ -379,10 +379,7 @@ fn simulate_command(
     let result = simulate(&scenario);
     let document = serde_json::to_value(&result)?;
     if check {
-        let differences = flotilla_sim::check::check(
-            scenario.expect.as_ref().unwrap_or(&serde_json::Value::Null),
-            &document,
-        );
+        let differences = flotilla_sim::check::check_scenario(&scenario, &document);
         if differences.is_empty() {
             outln!("ok");
             return Ok(ExitCode::SUCCESS);

@@ -25,6 +25,21 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct BudgetCk {
+    view: crate::budget::Budgets,
+    in_flight: Vec<u64>,
+    /// (partition, group, class, member) of each member parked for a budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    parked: Vec<(u32, u32, u8, u32)>,
+    /// Members queued again for free places.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    reserved: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    opened: Vec<u32>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Checkpoint {
     v: u64,
     /// The instant of the last settle: invariants are checked as of it.
@@ -42,6 +57,9 @@ struct Checkpoint {
     /// The fleet's freezes as last given (SEMANTICS §12).
     #[serde(default, skip_serializing_if = "crate::freeze::Freezes::is_empty")]
     freezes: crate::freeze::Freezes,
+    /// The fleet's disruption budgets as last given, and the members held for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budgets: Option<BudgetCk>,
     phase: RunPhase,
     current: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -396,6 +414,13 @@ impl Engine {
                 .collect(),
             catalog: self.catalog.clone(),
             freezes: (*self.freezes).clone(),
+            budgets: (!self.budget.view.is_empty()).then(|| BudgetCk {
+                view: (*self.budget.view).clone(),
+                in_flight: self.budget.in_flight.clone(),
+                parked: self.budget.parked.iter().copied().collect(),
+                reserved: self.budget.reserved.iter().copied().collect(),
+                opened: self.budget.opened.iter().copied().collect(),
+            }),
             phase: self.phase,
             current: self.current,
             run_start: self.run_start,
@@ -578,6 +603,11 @@ impl Engine {
         }
         self.catalog = ck.catalog;
         self.freezes = Arc::new(ck.freezes);
+        self.budget = match ck.budgets {
+            None => BudgetState::default(),
+            Some(b) => self.budget_from(b)?,
+        };
+        self.disruptions.clear();
         self.phase = ck.phase;
         self.current = ck.current;
         self.run_start = ck.run_start;
@@ -635,7 +665,8 @@ impl Engine {
         // name order (a hash map's own order is its hasher's), members one by one below.
         macro_rules! same {
             ($($field:ident),*) => {
-                let Engine { members: _, member_index, $($field),* } = self;
+                // What the fleet engine has yet to take is not the run's state.
+                let Engine { members: _, disruptions: _, member_index, $($field),* } = self;
                 let mut index: Vec<_> = member_index.iter().collect();
                 index.sort();
                 let mut other_index: Vec<_> = other.member_index.iter().collect();
@@ -656,6 +687,7 @@ impl Engine {
             rules,
             catalog,
             freezes,
+            budget,
             groups,
             group_failures,
             stages,
@@ -688,5 +720,49 @@ impl Engine {
         }
         (self.members.len() != other.members.len())
             .then(|| format!("run {:?}: member counts differ", self.run_name))
+    }
+
+    /// The budgets of a checkpoint, checked against the run.
+    fn budget_from(&self, b: BudgetCk) -> Result<BudgetState, String> {
+        let partitions = b.view.partitions.len();
+        if b.in_flight.len() != partitions || b.view.in_flight.len() != partitions {
+            return Err(format!(
+                "checkpoint: budgets have {partitions} partitions but counts for {}",
+                b.in_flight.len()
+            ));
+        }
+        let members = self.members.len();
+        let mut state = BudgetState {
+            in_flight: b.in_flight,
+            view: Arc::new(b.view),
+            ..BudgetState::default()
+        };
+        for (p, g, class, m) in b.parked {
+            if m as usize >= members
+                || p as usize >= partitions
+                || self.members[m as usize].group != g
+            {
+                return Err(format!(
+                    "checkpoint: a member held by a budget is out of range ({p}, {g}, {m})"
+                ));
+            }
+            state.parked.insert((p, g, class, m));
+            state.held.insert(m, (p, class));
+        }
+        for m in b.reserved {
+            let Some(member) = self.members.get(m as usize) else {
+                return Err(format!("checkpoint: reserved member {m} out of range"));
+            };
+            state.reserved.insert(m);
+            for &p in state.view.partitions_of(&member.name) {
+                *state.reserved_count.entry((p, member.group)).or_default() += 1;
+            }
+        }
+        state.opened = b
+            .opened
+            .into_iter()
+            .filter(|&p| (p as usize) < partitions)
+            .collect();
+        Ok(state)
     }
 }

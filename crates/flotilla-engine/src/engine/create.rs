@@ -69,6 +69,8 @@ impl Engine {
             rules: spec.rules,
             catalog,
             freezes: Default::default(),
+            budget: Default::default(),
+            disruptions: Vec::new(),
             members: Vec::new(),
             member_index: HashMap::new(),
             groups: Vec::new(),

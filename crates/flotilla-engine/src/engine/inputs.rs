@@ -6,6 +6,13 @@ impl Engine {
     /// Applies one input at `now` without scheduling. User actions the API would refuse return
     /// the API error and change nothing.
     pub fn handle(&mut self, now: Time, input: Input) -> Result<(), ApiError> {
+        let result = self.handle_input(now, input);
+        // A reservation let go, or counts that fell, serve the members held for a budget.
+        self.release_budgets(now);
+        result
+    }
+
+    fn handle_input(&mut self, now: Time, input: Input) -> Result<(), ApiError> {
         if matches!(
             input,
             Input::Start
@@ -114,6 +121,14 @@ impl Engine {
                 self.repark_waiting(now);
                 Ok(())
             }
+            Input::BudgetsChanged(view) => {
+                self.budgets_changed(now, view);
+                Ok(())
+            }
+            Input::BudgetRoom(counts) => {
+                self.budget_room(counts);
+                Ok(())
+            }
             Input::CatalogChanged(catalog) => {
                 self.catalog = catalog;
                 self.repark_waiting(now);
@@ -124,7 +139,7 @@ impl Engine {
 
     /// The Pending members of the current stage are decided again on what changed (the
     /// catalog, the fleet's freezes).
-    fn repark_waiting(&mut self, now: Time) {
+    pub(super) fn repark_waiting(&mut self, now: Time) {
         if self.phase == RunPhase::Running && self.current < self.stages.len() {
             let waiting: Vec<u32> = self.stages[self.current]
                 .groups

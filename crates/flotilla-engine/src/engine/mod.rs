@@ -28,6 +28,7 @@ use crate::version::{ImageVersion, KubeVersion};
 use crate::window::MaintenanceWindow;
 
 mod actions;
+mod budgets;
 mod checkpoint;
 mod create;
 mod gates;
@@ -162,6 +163,12 @@ pub enum Input {
     },
     /// The fleet's freezes changed (SEMANTICS §12): members are held by them from now on.
     FreezesChanged(Arc<crate::freeze::Freezes>),
+    /// The fleet's disruption budgets changed (SEMANTICS §12): their partitions, with the
+    /// members in flight in each now.
+    BudgetsChanged(Arc<crate::budget::Budgets>),
+    /// The members in flight in each partition of the budgets last given, across the fleet's
+    /// runs, now.
+    BudgetRoom(Vec<u64>),
     MemberRemoved {
         member: String,
     },
@@ -400,6 +407,11 @@ pub struct Engine {
     catalog: Catalog,
     /// The fleet's freezes, with the members each covers (SEMANTICS §12).
     freezes: Arc<crate::freeze::Freezes>,
+    /// The fleet's disruption budgets and what this run knows of them (SEMANTICS §12).
+    budget: BudgetState,
+    /// Members that began (true) or ended (false) counting against budgets since the fleet
+    /// engine last took them: MemberStarted or MemberReattached, then the member's end.
+    disruptions: Vec<(Arc<str>, bool)>,
     members: Vec<MemberRt>,
     member_index: HashMap<Arc<str>, u32>,
     groups: Vec<GroupRt>,
@@ -428,6 +440,27 @@ pub struct Engine {
     warnings: Vec<String>,
     /// Health and readiness checks under way, and their results.
     health: Health,
+}
+
+/// What a run knows of the fleet's disruption budgets (SEMANTICS §12), and the members it
+/// holds for them. A member held by a full partition is parked and indexed by partition, so a
+/// place freed reaches the first members it can serve, not every member held (O(change)); the
+/// members queued again for free places reserve them until they are reached, so the members
+/// still held stay held for a reason (see `budget_hold`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct BudgetState {
+    pub(crate) view: Arc<crate::budget::Budgets>,
+    /// Members in flight in each partition: as last given, plus this run's own starts since.
+    pub(crate) in_flight: Vec<u64>,
+    /// Members parked for a budget: (partition, group, class, member).
+    pub(crate) parked: BTreeSet<(u32, u32, u8, u32)>,
+    /// Member → its key in `parked`.
+    pub(crate) held: BTreeMap<u32, (u32, u8)>,
+    /// Members queued again for a partition's free places, and how many per (partition, group).
+    pub(crate) reserved: BTreeSet<u32>,
+    pub(crate) reserved_count: BTreeMap<(u32, u32), u64>,
+    /// Partitions whose free places may serve parked members.
+    pub(crate) opened: BTreeSet<u32>,
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).
@@ -470,6 +503,8 @@ pub enum WaitReason {
     Readiness,
     /// A freeze covering it (SEMANTICS §12).
     Freeze,
+    /// A disruption budget covering it (SEMANTICS §12).
+    Budget,
 }
 
 enum Decision {
@@ -662,6 +697,17 @@ impl Engine {
     }
 
     fn emit_member(&mut self, now: Time, kind: EventType, m: u32, message: Option<String>) {
+        match kind {
+            EventType::MemberStarted | EventType::MemberReattached => {
+                self.budget_disruption(m, true)
+            }
+            // A member removed from the fleet while in flight ends Skipped.
+            EventType::MemberSucceeded
+            | EventType::MemberFailed
+            | EventType::MemberStopped
+            | EventType::MemberSkipped => self.budget_disruption(m, false),
+            _ => {}
+        }
         let member = &self.members[m as usize];
         let group = &self.groups[member.group as usize];
         let stage = self.stages[group.stage as usize].name.clone();

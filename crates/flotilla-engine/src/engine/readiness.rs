@@ -19,6 +19,8 @@ impl Engine {
         member.place = Place::Nowhere;
         self.set_member_timer(m, None);
         self.end_watch(Subject::Readiness(m));
+        self.budget_unindex(m);
+        self.budget_unreserve(m, false);
     }
 
     /// The priority class of a member now (SEMANTICS §3) and the instant it changes.
@@ -56,6 +58,7 @@ impl Engine {
         member.place = Place::Queued(class);
         self.groups[g].ready.insert((class, m));
         self.set_member_timer(m, changes);
+        self.budget_unindex(m);
     }
 
     /// A reached member that will be upgraded but cannot start yet: Pending, holding no slot,
@@ -86,6 +89,8 @@ impl Engine {
         member.waiting = Some(reason);
         member.place = Place::Parked;
         self.set_member_timer(m, wake);
+        self.budget_unreserve(m, false);
+        self.budget_parked(now, m, reason);
         if newly || changed {
             self.emit_member(now, EventType::MemberPending, m, Some(message));
         }
@@ -140,7 +145,10 @@ impl Engine {
     /// its maintenance window, then its readiness checks.
     pub(super) fn readiness(&self, m: u32, now: Time) -> Readiness {
         match self.readiness_of_cluster(m, now) {
-            Readiness::Ready => self.readiness_checks(m, now).unwrap_or(Readiness::Ready),
+            Readiness::Ready => match self.readiness_checks(m, now) {
+                None | Some(Readiness::Ready) => self.budget_readiness(m, now),
+                Some(wait) => wait,
+            },
             wait => wait,
         }
     }

@@ -12,6 +12,7 @@ impl Engine {
             if self.phase == RunPhase::Running {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
+                changed |= self.release_budgets(now);
             }
             if self.phase == RunPhase::Failed && self.run_completed.is_none() {
                 changed |= self.finish_groups_after_failure(now);
@@ -415,6 +416,7 @@ impl Engine {
                 self.groups[g as usize].ready.remove(&(class, m));
                 self.members[m as usize].place = Place::Nowhere;
                 self.set_member_timer(m, None);
+                self.budget_unreserve(m, true);
                 return (Some((m, None)), true);
             }
             match decision {
@@ -423,6 +425,7 @@ impl Engine {
                         self.groups[g as usize].ready.remove(&(class, m));
                         self.members[m as usize].place = Place::Nowhere;
                         self.set_member_timer(m, None);
+                        self.budget_unreserve(m, true);
                         return (Some((m, Some(target))), true);
                     }
                     Readiness::Wait {

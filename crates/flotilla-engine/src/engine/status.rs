@@ -150,12 +150,14 @@ impl Engine {
                     })
                     .map(|c| c.freeze.name.clone())
             }),
+            WaitReason::Budget => self.budget_name(m),
             _ => None,
         };
         Some(crate::status::WaitingFor {
             kind,
             name,
-            until: member.timer,
+            // A budget has no end to wait for (its timer is the window's closing).
+            until: member.timer.filter(|_| kind != WaitReason::Budget),
         })
     }
 
