@@ -399,6 +399,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Fleet => "fleet",
         Kind::CheckProvider => "checkProvider",
         Kind::Freeze => "freeze",
+        Kind::DisruptionBudget => "disruptionBudget",
     }
 }
 
@@ -515,9 +516,9 @@ async fn delete_child(
     {
         return Err(not_found(kind_name(kind), &name));
     }
-    if kind == Kind::Freeze {
+    if matches!(kind, Kind::Freeze | Kind::DisruptionBudget) {
         // Members it held may start at the next scheduling pass (SEMANTICS §12).
-        state.runs.freezes_changed(&fleet).await;
+        state.runs.rules_changed(&fleet).await;
     }
     Ok(StatusCode::OK.into_response())
 }
@@ -2526,7 +2527,7 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
     // A driver changed through another replica reaches this one's runs within a pass, and so
     // do its freezes.
     state.runs.use_driver(fleet, &driver);
-    state.runs.freezes_changed(fleet).await;
+    state.runs.rules_changed(fleet).await;
     let Ok(catalog) = driver.catalog().await else {
         return;
     };
@@ -2997,6 +2998,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/v1/fleets/{fleet}/disruptionBudgets",
+        "List the fleet's disruption budgets",
+        "reader",
+    ),
+    (
+        "get",
+        "/v1/fleets/{fleet}/disruptionBudgets/{budget}",
+        "Get a disruption budget with its partitions now (value, members covered, maxUnavailable resolved, members in flight)",
+        "reader",
+    ),
+    (
+        "put",
+        "/v1/fleets/{fleet}/disruptionBudgets/{budget}",
+        "Create or replace a disruption budget (SEMANTICS §12): {\"properties\": {\"maxUnavailable\": \"N\" | \"P%\", \"selector\", \"perValueOf\": \"region\" | \"group\" | \"label:KEY\"}}; it holds members of every run from the next scheduling pass",
+        "operator",
+    ),
+    (
+        "delete",
+        "/v1/fleets/{fleet}/disruptionBudgets/{budget}",
+        "Delete a disruption budget: members it held may start at the next scheduling pass",
+        "operator",
+    ),
+    (
+        "get",
         "/v1/fleets/{fleet}/updateStrategies",
         "List update strategies",
         "reader",
@@ -3202,6 +3227,16 @@ pub fn router(state: Shared) -> Router {
             get(crate::freezes::get)
                 .put(crate::freezes::put)
                 .merge(deleter(Kind::Freeze, Role::Operator)),
+        )
+        .route(
+            &format!("{fleet}/disruptionBudgets"),
+            get(crate::budgets::list),
+        )
+        .route(
+            &format!("{fleet}/disruptionBudgets/{{budget}}"),
+            get(crate::budgets::get)
+                .put(crate::budgets::put)
+                .merge(deleter(Kind::DisruptionBudget, Role::Operator)),
         )
         .route(&format!("{fleet}/updateRuns"), lister(Kind::Run))
         .route(

@@ -1,11 +1,11 @@
 //! Freezes (SEMANTICS §12): the `P/freezes/{name}` resource (operators write, like strategies).
-//! A handler validates, stores, and tells the fleet's task ([`crate::runs::Runs::freezes_changed`]);
+//! A handler validates, stores, and tells the fleet's task ([`crate::runs::Runs::rules_changed`]);
 //! the fleet engine decides what a freeze holds. A freeze's `status` (in force now, its next
 //! span, the members it covers) is worked out when it is read.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -20,6 +20,7 @@ use crate::state::{AppState, Shared};
 use crate::store::{Kind, Resource, StoreResult};
 
 use crate::fleet_rules::{MOST_FREEZES as MOST, from_body};
+use crate::rule_http::{answer, require_fleet};
 
 /// The resource as the API shows it, with its status as of `now`.
 fn shown(resource: Resource, members: Option<usize>, now: Time) -> Value {
@@ -71,32 +72,12 @@ async fn covered(state: &AppState, fleet: &str, freeze: &Freeze) -> StoreResult<
     }
 }
 
-/// The fleet exists (404 naming it otherwise).
-async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<()> {
-    match state.runs.store.get("", Kind::Fleet, fleet).await? {
-        Some(_) => Ok(()),
-        None => Err(HttpError::from(ApiError::new(
-            ErrorCode::NotFound,
-            format!("fleet {fleet:?} does not exist"),
-            "fleet",
-        ))),
-    }
-}
-
 fn not_found(name: &str) -> HttpError {
     HttpError::from(ApiError::new(
         ErrorCode::NotFound,
         format!("freeze {name:?} does not exist"),
         "freeze",
     ))
-}
-
-fn answer(status: StatusCode, body: Value, etag: &str) -> Response {
-    let mut response = (status, axum::Json(body)).into_response();
-    if let Ok(v) = HeaderValue::from_str(etag) {
-        response.headers_mut().insert(header::ETAG, v);
-    }
-    response
 }
 
 /// `PUT P/freezes/{name}` (operator): creates or replaces a freeze; it holds members from the
@@ -144,7 +125,7 @@ pub async fn put(
     let (resource, created) = store
         .put(&fleet, Kind::Freeze, &name, &body, &precondition(&headers))
         .await?;
-    state.runs.freezes_changed(&fleet).await;
+    state.runs.rules_changed(&fleet).await;
     let members = covered(&state, &fleet, &freeze).await?;
     let etag = resource.etag.clone();
     let status = if created {

@@ -34,6 +34,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "webhooks" => "Webhook",
         "checkProviders" => "CheckProvider",
         "freezes" => "Freeze",
+        "disruptionBudgets" => "DisruptionBudget",
         _ => return None,
     })
 }
@@ -638,6 +639,7 @@ fn schemas() -> Value {
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
     schemas["Freeze"] = freeze_schema();
+    schemas["DisruptionBudget"] = budget_schema();
     schemas["Deliveries"] = deliveries_schema();
     schemas
 }
@@ -672,6 +674,21 @@ fn freeze_schema() -> Value {
         "status": {"type": "object", "readOnly": true, "properties": {
             "active": {"type": "boolean"}, "nextStart": time, "nextEnd": time,
             "members": {"type": "integer"}}}}}))
+}
+
+/// A disruption budget (SEMANTICS §12).
+fn budget_schema() -> Value {
+    let text = json!({"type": "string"});
+    let count = json!({"type": "integer", "minimum": 0});
+    envelope(
+        json!({"type": "object", "required": ["maxUnavailable"], "properties": {
+        "maxUnavailable": {"type": "string", "pattern": "^(?:[1-9][0-9]*|(?:[1-9][0-9]?|100)%)$"},
+        "selector": {"type": "object", "properties": {"byLabel": text}},
+        "perValueOf": {"type": "string", "pattern": "^(?:region|group|label:.+)$"},
+        "status": {"type": "object", "readOnly": true, "properties": {
+            "partitions": {"type": "array", "items": {"type": "object", "properties": {
+                "value": text, "members": count, "maxUnavailable": count, "disrupted": count}}}}}}}),
+    )
 }
 
 /// A check provider (SEMANTICS §10): where checks may go, declared by an admin.

@@ -195,19 +195,35 @@ enum Msg {
     /// The fleet's driver as its configuration now says (it was changed): every operation sent
     /// from now on, for every run, goes through it.
     Driver(Arc<dyn Driver>),
-    /// The fleet's freezes as stored now (SEMANTICS §12): the fleet engine is told of each that
-    /// changed, and decides from the next scheduling pass.
-    Freezes(Vec<flotilla_engine::freeze::Freeze>),
+    /// The fleet's freezes and budgets as stored now (SEMANTICS §12): the fleet engine is told
+    /// of each that changed, and decides from the next scheduling pass.
+    Rules(crate::fleet_rules::Rules),
+    /// Each partition of the fleet's budgets with the members in flight in it now.
+    Partitions {
+        reply: oneshot::Sender<Vec<(flotilla_engine::budget::Partition, u64)>>,
+    },
 }
 
-/// Tells the fleet engine of each freeze that is new, changed or gone (SEMANTICS §12); whether
-/// any was.
-fn apply_freezes(
-    engine: &mut FleetEngine,
-    now: Time,
-    freezes: Vec<flotilla_engine::freeze::Freeze>,
-) -> bool {
+/// Tells the fleet engine of each freeze and budget that is new, changed or gone (SEMANTICS
+/// §12); whether any was.
+fn apply_rules(engine: &mut FleetEngine, now: Time, rules: crate::fleet_rules::Rules) -> bool {
+    let crate::fleet_rules::Rules { freezes, budgets } = rules;
     let mut changed = false;
+    let gone: Vec<String> = engine
+        .budgets()
+        .filter(|b| !budgets.iter().any(|n| n.name == b.name))
+        .map(|b| b.name.clone())
+        .collect();
+    for name in gone {
+        changed = true;
+        let _ = engine.handle(now, FleetInput::DeleteBudget { name });
+    }
+    for budget in budgets {
+        if !engine.budgets().any(|b| *b == budget) {
+            changed = true;
+            let _ = engine.handle(now, FleetInput::PutBudget(Box::new(budget)));
+        }
+    }
     let gone: Vec<String> = engine
         .freezes()
         .filter(|f| !freezes.iter().any(|n| n.name == f.name))
@@ -1177,17 +1193,37 @@ impl Runs {
         }
     }
 
-    /// Reads the fleet's freezes and hands them to the task driving the fleet, if one runs here
-    /// (a write on another replica reaches it at the next catalog pass, which calls this too).
-    pub async fn freezes_changed(&self, fleet: &str) {
-        let Ok(freezes) = crate::fleet_rules::freezes_of(self.store.as_ref(), fleet).await else {
+    /// Reads the fleet's freezes and budgets and hands them to the task driving the fleet, if
+    /// one runs here (a write on another replica reaches it at the next catalog pass, which
+    /// calls this too).
+    pub async fn rules_changed(&self, fleet: &str) {
+        let Ok(rules) = crate::fleet_rules::rules_of(self.store.as_ref(), fleet).await else {
             return;
         };
         if let Ok(fleets) = self.fleets.lock()
             && let Some(task) = fleets.get(fleet)
         {
-            let _ = task.tx.send(Msg::Freezes(freezes));
+            let _ = task.tx.send(Msg::Rules(rules));
         }
+    }
+
+    /// Whether this replica holds the fleet's lease (drives its runs, if any).
+    pub fn holds_lease(&self, fleet: &str) -> bool {
+        self.replica.fence(fleet).is_some()
+    }
+
+    /// Each partition of the fleet's budgets with the members in flight in it, as the task
+    /// driving the fleet counts them; `None` when no task drives it here.
+    pub async fn budget_partitions(
+        &self,
+        fleet: &str,
+    ) -> Option<Vec<(flotilla_engine::budget::Partition, u64)>> {
+        let (reply, answer) = oneshot::channel();
+        {
+            let fleets = self.fleets.lock().ok()?;
+            fleets.get(fleet)?.tx.send(Msg::Partitions { reply }).ok()?;
+        }
+        answer.await.ok()
     }
 
     /// Hands a member's observation to the task driving its fleet, if one runs here; false
@@ -1253,9 +1289,11 @@ impl Runs {
         // The member table: every run of the fleet decides on it, so a cluster another run
         // upgraded is never upgraded again.
         let table = member_table(&self.store, fleet).await?;
-        let freezes = crate::fleet_rules::freezes_of(self.store.as_ref(), fleet)
+        let rules = crate::fleet_rules::rules_of(self.store.as_ref(), fleet)
             .await
-            .map_err(|e| ApiError::conflict(format!("cannot read the fleet's freezes: {e}")))?;
+            .map_err(|e| {
+                ApiError::conflict(format!("cannot read the fleet's freezes and budgets: {e}"))
+            })?;
         let mut fleets = self
             .fleets
             .lock()
@@ -1283,7 +1321,7 @@ impl Runs {
             let _ = old.tx.send(Msg::Abandon);
         }
         let mut engine = FleetEngine::from_shared(table, Catalog::default()).recording();
-        let _ = apply_freezes(&mut engine, now(), freezes);
+        let _ = apply_rules(&mut engine, now(), rules);
         let actor = FleetActor {
             fleet: fleet.to_string(),
             engine,
@@ -1765,8 +1803,16 @@ impl FleetActor {
                 }
                 Msg::Forecast { made } => self.take_forecast(made),
                 Msg::Driver(driver) => self.driver = driver,
-                Msg::Freezes(freezes) => {
-                    self.pace.dirty |= apply_freezes(&mut self.engine, now, freezes);
+                Msg::Partitions { reply } => {
+                    let _ = reply.send(
+                        self.engine
+                            .budget_partitions()
+                            .map(|(p, n)| (p.clone(), n))
+                            .collect(),
+                    );
+                }
+                Msg::Rules(rules) => {
+                    self.pace.dirty |= apply_rules(&mut self.engine, now, rules);
                 }
                 Msg::Retire { run } => self.drop_run(&run),
                 Msg::Remote { run, id, input } => {
@@ -2604,7 +2650,10 @@ impl crate::operation::SendPermit for LeasePermit {
 
 /// A fleet's members as last observed (`status.cluster`), for its fleet engine's table. A
 /// member never observed is left out: the runs that selected it bring what they know of it.
-async fn member_table(store: &Arc<dyn Store>, fleet: &str) -> Result<Vec<SharedMember>, ApiError> {
+pub(crate) async fn member_table(
+    store: &Arc<dyn Store>,
+    fleet: &str,
+) -> Result<Vec<SharedMember>, ApiError> {
     Ok(stored_members(store, fleet)
         .await?
         .into_iter()

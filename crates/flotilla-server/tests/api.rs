@@ -4084,6 +4084,182 @@ async fn a_freeze_holds_the_members_it_covers_until_it_is_deleted() {
     .await;
 }
 
+/// Disruption budgets (SEMANTICS §12) through the API: refused properties name the field and
+/// the value and change nothing; a budget's status shows its partitions; a run of three
+/// members at a concurrency of three never has two in flight under a budget of one, and the
+/// members it holds say so; deleting the budget removes it.
+#[tokio::test]
+async fn a_budget_holds_a_run_to_its_size_and_says_so() {
+    let h = Harness::start("budgets").await;
+    fleet_of(
+        &h,
+        &[
+            ("a", "g", "1.30.5"),
+            ("b", "g", "1.30.5"),
+            ("c", "g", "1.30.5"),
+        ],
+    )
+    .await;
+    for (body, target, says) in [
+        (
+            json!({"properties": {}}),
+            "properties.maxUnavailable",
+            "required",
+        ),
+        (
+            json!({"properties": {"maxUnavailable": "0"}}),
+            "properties.maxUnavailable",
+            "\"0\"",
+        ),
+        (
+            json!({"properties": {"maxUnavailable": "1", "perValueOf": "zone"}}),
+            "properties.perValueOf",
+            "zone",
+        ),
+        (
+            json!({"properties": {"maxUnavailable": "1", "selector": {"byLabel": "a in ()"}}}),
+            "properties.selector.byLabel",
+            "a in ()",
+        ),
+        (
+            json!({"properties": {"maxUnavailable": "1", "maxUnavialable": "2"}}),
+            "properties",
+            "maxUnavialable",
+        ),
+    ] {
+        let (status, answer, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                "/v1/fleets/f1/disruptionBudgets/one",
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert!(
+            answer["error"]["target"]
+                .as_str()
+                .is_some_and(|t| t.starts_with(target)),
+            "{body}: {answer}"
+        );
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        h.status(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/disruptionBudgets/one",
+            None
+        )
+        .await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.status(
+            "reader",
+            Method::PUT,
+            "/v1/fleets/f1/disruptionBudgets/one",
+            Some(json!({"properties": {"maxUnavailable": "1"}}))
+        )
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    let made = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/disruptionBudgets/one",
+            Some(json!({"properties": {"maxUnavailable": "1"}})),
+        )
+        .await;
+    assert_eq!(
+        made["properties"]["status"]["partitions"],
+        json!([{"value": "", "members": 3, "maxUnavailable": 1, "disrupted": 0}]),
+        "{made}"
+    );
+    let listed = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/disruptionBudgets",
+            None,
+        )
+        .await;
+    assert_eq!(listed["value"][0]["name"], "one", "{listed}");
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(json!({"properties": {
+            "strategy": {"stages": [{"name": "all", "groups": [{"name": "g", "maxConcurrency": "3"}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r1", "the run to complete", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    let events = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/r1/events",
+            None,
+        )
+        .await;
+    let (mut flying, mut peak, mut held) = (0i64, 0i64, 0);
+    for e in events["value"].as_array().into_iter().flatten() {
+        match e["type"].as_str().unwrap_or_default() {
+            "MemberStarted" => {
+                flying += 1;
+                peak = peak.max(flying);
+            }
+            "MemberSucceeded" | "MemberFailed" => flying -= 1,
+            "MemberPending" => {
+                let message = e["message"].as_str().unwrap_or_default();
+                assert_eq!(
+                    message, "disruption budget \"one\": 1 of 1 in flight",
+                    "{e}"
+                );
+                held += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(peak, 1, "{events}");
+    assert!(held >= 2, "b and c were held: {events}");
+    h.ok(
+        "operator",
+        Method::DELETE,
+        "/v1/fleets/f1/disruptionBudgets/one",
+        None,
+    )
+    .await;
+    assert_eq!(
+        h.status(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/disruptionBudgets/one",
+            None
+        )
+        .await,
+        StatusCode::NOT_FOUND
+    );
+}
+
 /// The findings of a review (issue #36), each tested as its report describes it, on this file's
 /// harness.
 #[path = "api/review_findings.rs"]

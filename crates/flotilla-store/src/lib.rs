@@ -86,6 +86,8 @@ pub enum Kind {
     CheckProvider,
     /// A fleet's freeze (SEMANTICS §12).
     Freeze,
+    /// A fleet's disruption budget (SEMANTICS §12).
+    DisruptionBudget,
 }
 
 impl Kind {
@@ -100,6 +102,7 @@ impl Kind {
             Kind::RunSnapshot => "updateRunSnapshots",
             Kind::CheckProvider => "checkProviders",
             Kind::Freeze => "freezes",
+            Kind::DisruptionBudget => "disruptionBudgets",
         }
     }
 }
