@@ -26,12 +26,14 @@ pub mod discovery;
 pub mod durations;
 pub mod error;
 pub mod evaluate;
+pub mod feed;
 pub mod fleet_rules;
 pub mod freezes;
 pub mod home;
 pub mod http;
 pub mod journal;
 pub mod metrics;
+pub mod observation;
 pub mod openapi;
 pub mod request;
 pub mod rule_http;
@@ -80,65 +82,6 @@ impl Default for Timing {
             lease_ttl: runs::LEASE_TTL,
             checkpoint_after: runs::CHECKPOINT_AFTER,
             audit_retention: store::AUDIT_RETENTION,
-        }
-    }
-}
-
-/// Refreshes `status.cluster` of every member, fleet by fleet, forever.
-async fn observe_fleets(runs: Arc<Runs>, every: std::time::Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let Ok(fleets) = runs.store.list("", store::Kind::Fleet, None, 100_000).await else {
-            continue;
-        };
-        for fleet in fleets {
-            // Only the replica driving a fleet observes it.
-            if !runs.replica.holds(&fleet.name) {
-                continue;
-            }
-            let Ok(driver) = runs
-                .drivers
-                .for_fleet(runs.store.as_ref(), &fleet.name)
-                .await
-            else {
-                continue;
-            };
-            let mut after: Option<String> = None;
-            while let Ok(page) = runs
-                .store
-                .list(&fleet.name, store::Kind::Member, after.as_deref(), 500)
-                .await
-            {
-                let Some(last) = page.last() else { break };
-                after = Some(last.name.clone());
-                for member in page {
-                    let id = member.body["properties"]["clusterResourceId"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
-                    let who = driver::MemberRef {
-                        name: member.name.clone(),
-                        cluster_resource_id: id,
-                    };
-                    if let Ok(spec) = driver.observe(&who).await {
-                        // The fleet's task, when one runs, records it and tells the runs that
-                        // selected the member; otherwise it is recorded here.
-                        if let Ok(cluster) =
-                            flotilla_engine::fleet::Cluster::parse(&spec, "observation")
-                            && runs.observed(&fleet.name, &member.name, cluster)
-                        {
-                            continue;
-                        }
-                        runs::record_observation(
-                            runs.store.as_ref(),
-                            &fleet.name,
-                            &member.name,
-                            &spec,
-                        )
-                        .await;
-                    }
-                }
-            }
         }
     }
 }
@@ -213,7 +156,10 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow_like::Error(format!("cannot listen on {addr}: {e}")))?;
-        tokio::spawn(observe_fleets(runs.clone(), timing.observe_every));
+        tokio::spawn(observation::observe_fleets(
+            runs.clone(),
+            timing.observe_every,
+        ));
         tokio::spawn(store::prune_audit_forever(
             runs.store.clone(),
             timing.audit_retention,
@@ -239,8 +185,8 @@ impl Server {
             // Also the discoveries that drivers run on an interval.
             let mut discovered = std::collections::HashMap::new();
             loop {
-                api::trigger_profiles(&feed).await;
-                api::discover_due(&feed, &mut discovered).await;
+                feed::trigger_profiles(&feed).await;
+                feed::discover_due(&feed, &mut discovered).await;
                 tokio::time::sleep(timing.profiles_every).await;
             }
         });

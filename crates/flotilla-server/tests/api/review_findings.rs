@@ -355,7 +355,7 @@ async fn a_profile_whose_trigger_fails_the_same_way_is_not_written_again() {
     );
     let etag = failed["eTag"].as_str().expect("an eTag").to_string();
     for _ in 0..5 {
-        flotilla_server::api::trigger_profiles(&h.state).await;
+        flotilla_server::feed::trigger_profiles(&h.state).await;
     }
     let after = h
         .ok(

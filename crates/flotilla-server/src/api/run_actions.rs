@@ -1,0 +1,384 @@
+//! Run creation, deletion, user actions (start, stop, skip) and the event log with its live stream.
+
+use super::*;
+
+/// Creates (or replaces, before it starts) a run: resolves membership from each member's latest
+/// observation, takes the catalog from the driver, and stores the run and its snapshot.
+pub(super) async fn create_run(
+    state: &Shared,
+    fleet: &str,
+    run: &str,
+    new: NewRun,
+    when: Precondition,
+) -> HttpResult<CreatedRun> {
+    let (strategy, strategy_id, update) = (new.strategy, new.strategy_id, new.update);
+    if let Some((existing, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? {
+        let head = crate::run_head::RunHead::parse(&existing);
+        let current = head.state();
+        if current != "NotStarted" {
+            return Err(ApiError::conflict(format!(
+                "update run {run:?} is {current}; a run can be changed only before it starts"
+            ))
+            .into());
+        }
+    }
+    let driver = state
+        .runs
+        .drivers
+        .for_fleet(state.runs.store.as_ref(), fleet)
+        .await?;
+    let mut members = Vec::new();
+    // Members the driver could not observe now, with why: they refuse only a run that selects
+    // them (an unobservable member affects only itself).
+    let mut unobserved: Vec<(String, ApiError)> = Vec::new();
+    let mut never_observed = Vec::new();
+    for stored in crate::runs::stored_members(&state.runs.store, fleet).await? {
+        match stored.cluster.clone() {
+            Some(c) => members.push(stored.with_cluster(c)),
+            None => never_observed.push(stored),
+        }
+    }
+    if !never_observed.is_empty() {
+        let asked = never_observed
+            .iter()
+            .map(|m| (m.name.to_string(), m.cluster_resource_id.to_string()))
+            .collect();
+        let answers = observe_members(state, fleet, asked).await?;
+        for (stored, (_, answer)) in never_observed.into_iter().zip(answers) {
+            let cluster = match answer {
+                Ok(c) => std::sync::Arc::new(c),
+                Err(e) => {
+                    unobserved.push((stored.name.to_string(), e));
+                    // Stands in only to learn whether the run selects the member.
+                    std::sync::Arc::new(Cluster::unknown())
+                }
+            };
+            members.push(stored.with_cluster(cluster));
+        }
+        // The engine orders members by name; the snapshot keeps the order they were read in.
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
+    let mut snapshot = RunSnapshot {
+        strategy: strategy.clone(),
+        update: update.clone(),
+        members,
+        catalog,
+        rules: new.rules,
+    };
+    let (mut engine, mut warnings) = engine_from_snapshot(run, &snapshot)?;
+    if !unobserved.is_empty() {
+        if let Some((_, error)) = unobserved.iter().find(|(m, _)| engine.has_member(m)) {
+            return Err(error.clone().into());
+        }
+        // None of them is selected: the run is made from the others alone.
+        snapshot
+            .members
+            .retain(|m| !unobserved.iter().any(|(u, _)| u.as_str() == &*m.name));
+        (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
+    }
+    let status = engine.status();
+    let head = crate::run_head::head_of(&status);
+    let mut properties = json!({
+        "provisioningState": "Succeeded",
+        "managedClusterUpdate": update,
+    });
+    if let Some(s) = &strategy {
+        properties["strategy"] = json!(s);
+    }
+    if let Some(id) = strategy_id {
+        properties["updateStrategyId"] = json!(id);
+    }
+    if let Some(id) = new.profile_id {
+        properties["autoUpgradeProfileId"] = json!(id);
+    }
+    let base = json!({
+        "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
+        "name": run,
+        "type": "Microsoft.ContainerService/fleets/updateRuns",
+        "systemData": new.system_data,
+        "properties": properties,
+    });
+    // Rendered straight to text, as the run's task writes it: a large run's status is never
+    // built as a JSON tree.
+    let unwritable =
+        |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
+    let text = crate::runs::run_document(&base, &status).map_err(unwritable)?;
+    drop(status);
+    let internal = crate::runs::snapshot_document(&snapshot, now()).map_err(unwritable)?;
+    drop((engine, snapshot));
+    state.runs.retire(fleet, run);
+    // A run replaced before it started starts from a clean log.
+    let mut when = when;
+    if state
+        .runs
+        .store
+        .get_raw(fleet, Kind::Run, run)
+        .await?
+        .is_some()
+    {
+        state
+            .runs
+            .store
+            .delete(fleet, Kind::Run, run, &when)
+            .await?;
+        when = Precondition::None;
+    }
+    state
+        .runs
+        .store
+        .put_raw(
+            fleet,
+            Kind::RunSnapshot,
+            run,
+            &internal,
+            &Precondition::None,
+        )
+        .await?;
+    drop(internal);
+    let (etag, created) = state
+        .runs
+        .store
+        .put_raw(fleet, Kind::Run, run, &text, &when)
+        .await?;
+    // Were this lost (a crash between the two writes), the run's document is read instead.
+    state.runs.store.init_run_head(fleet, run, &head).await?;
+    Ok(CreatedRun {
+        text,
+        etag,
+        created,
+        warnings,
+    })
+}
+
+/// A run just created or replaced: its document as stored, and its eTag.
+pub struct CreatedRun {
+    pub text: String,
+    pub etag: String,
+    pub created: bool,
+    pub warnings: Vec<String>,
+}
+
+pub(super) async fn delete_run(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Operator)?;
+    let (text, _) = state
+        .runs
+        .store
+        .get_raw(&fleet, Kind::Run, &run)
+        .await?
+        .ok_or_else(|| not_found("updateRun", &run))?;
+    if crate::run_head::RunHead::parse(&text).is_active() {
+        return Err(ApiError::conflict(format!(
+            "update run {run:?} is running; stop it before deleting it"
+        ))
+        .into());
+    }
+    state.runs.retire(&fleet, &run);
+    state
+        .runs
+        .store
+        .delete(&fleet, Kind::Run, &run, &precondition(&headers))
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SkipBody {
+    targets: Option<Vec<SkipTargetBody>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SkipTargetBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    name: Option<String>,
+}
+
+pub(super) async fn run_action(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run, action)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    if action == "forecast" {
+        return forecast_run(&state, &caller, &fleet, &run, body).await;
+    }
+    require(&caller, Role::Operator)?;
+    // Only the eTag is needed: a large run's document is not parsed, before or after.
+    let (_, etag) = state
+        .runs
+        .store
+        .get_raw(&fleet, Kind::Run, &run)
+        .await?
+        .ok_or_else(|| not_found("updateRun", &run))?;
+    check_if_match(&headers, &etag)?;
+    let input = match action.as_str() {
+        "start" => Input::Start,
+        "stop" => Input::Stop,
+        "skip" => {
+            let skip: SkipBody = from_json_value(read_json(body).await?, "")?;
+            let targets = skip.targets.ok_or_else(|| {
+                HttpError::from(ApiError::new(
+                    ErrorCode::InvalidSkipTarget,
+                    "targets is required",
+                    "targets",
+                ))
+            })?;
+            let mut parsed = Vec::new();
+            for (i, t) in targets.into_iter().enumerate() {
+                let kind = match t.kind.as_deref() {
+                    Some("Member") => SkipKind::Member,
+                    Some("Group") => SkipKind::Group,
+                    Some("Stage") => SkipKind::Stage,
+                    Some("AfterStageWait") => SkipKind::AfterStageWait,
+                    other => {
+                        const KINDS: &str = "Member, Group, Stage or AfterStageWait";
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidSkipTarget,
+                            match other {
+                                Some(t) => format!(
+                                    "targets[{i}].type: {t:?} is not a skip target type: {KINDS}"
+                                ),
+                                None => format!("targets[{i}].type is required: {KINDS}"),
+                            },
+                            format!("targets[{i}].type"),
+                        )
+                        .into());
+                    }
+                };
+                let name = t.name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    HttpError::from(ApiError::new(
+                        ErrorCode::InvalidSkipTarget,
+                        format!("targets[{i}].name is required"),
+                        format!("targets[{i}].name"),
+                    ))
+                })?;
+                parsed.push(SkipTarget { kind, name });
+            }
+            // Passing a pending Approval gate needs the approver role; the engine decides
+            // whether this skip does, atomically with the skip (API.md, "Security").
+            Input::SkipBy {
+                targets: parsed,
+                subject: caller.subject.clone(),
+                may_approve: caller.role >= Role::Approver,
+            }
+        }
+        other => return Err(not_found("action", other)),
+    };
+    state.runs.act(&fleet, &run, input).await?;
+    if let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?
+        && let Some(response) = stored_response(&text, &etag)
+    {
+        return Ok(response);
+    }
+    Ok(respond(
+        get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
+        false,
+    ))
+}
+
+/// How often an open event stream checks that its token is still valid.
+pub(super) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_millis(400);
+
+pub(super) async fn run_events(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path((fleet, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    require(&caller, Role::Reader)?;
+    get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?;
+    let streaming = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let after: i64 = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if !streaming {
+        let events = state
+            .runs
+            .store
+            .run_events(&fleet, &run, after, 100_000)
+            .await?;
+        return Ok(axum::Json(
+            json!({"value": events.into_iter().map(|(_, e)| e).collect::<Vec<_>>()}),
+        )
+        .into_response());
+    }
+    // The stream reads the run's event log, from whichever replica wrote it, and reads again
+    // whenever the store says the log grew: subscribe first, so nothing falls between the two.
+    let store = state.runs.store.clone();
+    let mut notices = store.notices();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
+    let token = caller.token_hash.clone();
+    tokio::spawn(async move {
+        let mut last = after;
+        // The token is checked again while the stream is open: revoking it ends the stream.
+        let mut checked = tokio::time::Instant::now();
+        loop {
+            if let Some(hash) = &token
+                && checked.elapsed() >= TOKEN_RECHECK
+            {
+                match store.token_by_hash(hash).await {
+                    Ok(Some(t)) if !t.revoked => {}
+                    // Revoked or gone; a store that cannot answer is asked again.
+                    Ok(_) => return,
+                    Err(_) => {}
+                }
+                checked = tokio::time::Instant::now();
+            }
+            let page = store
+                .run_events(&fleet, &run, last, 1000)
+                .await
+                .unwrap_or_default();
+            let full = page.len() == 1000;
+            for (seq, event) in page {
+                last = seq;
+                let sse = SseEvent::default()
+                    .id(seq.to_string())
+                    .data(event.to_string());
+                if tx.send(Ok(sse)).await.is_err() {
+                    return;
+                }
+            }
+            if full {
+                continue;
+            }
+            let grew = async {
+                loop {
+                    match notices.recv().await {
+                        Ok(Notice::Events { fleet: f, run: r }) if f == fleet && r == run => {
+                            return;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                _ = grew => {}
+                // A lost notice costs at most this much delay.
+                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(checked + TOKEN_RECHECK), if token.is_some() => {}
+            }
+        }
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
