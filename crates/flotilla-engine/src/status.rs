@@ -218,6 +218,11 @@ pub enum EventType {
     /// One evaluation of a health or readiness check.
     HealthCheckEvaluated,
     ActionRejected,
+    /// A fleet's freeze was created, changed or deleted (SEMANTICS §12): a fleet's event, in no
+    /// run's log, sent to webhooks.
+    FreezeChanged,
+    /// A fleet's disruption budget was created, changed or deleted (SEMANTICS §12).
+    DisruptionBudgetChanged,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -552,6 +552,7 @@ async fn delete_child(
     if matches!(kind, Kind::Freeze | Kind::DisruptionBudget) {
         // Members it held may start at the next scheduling pass (SEMANTICS §12).
         state.runs.rules_changed(&fleet).await;
+        crate::rule_http::changed(&state, &fleet, kind, &name, "Deleted", None).await;
     }
     Ok(StatusCode::OK.into_response())
 }

@@ -138,6 +138,16 @@ pub async fn put(
         )
         .await?;
     state.runs.rules_changed(&fleet).await;
+    let change = if created { "Created" } else { "Updated" };
+    crate::rule_http::changed(
+        &state,
+        &fleet,
+        Kind::DisruptionBudget,
+        &name,
+        change,
+        Some(&resource.etag),
+    )
+    .await;
     let parts = partitions(&state, &fleet, &budget).await?;
     let etag = resource.etag.clone();
     let status = if created {

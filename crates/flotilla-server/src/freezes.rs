@@ -126,6 +126,16 @@ pub async fn put(
         .put(&fleet, Kind::Freeze, &name, &body, &precondition(&headers))
         .await?;
     state.runs.rules_changed(&fleet).await;
+    let change = if created { "Created" } else { "Updated" };
+    crate::rule_http::changed(
+        &state,
+        &fleet,
+        Kind::Freeze,
+        &name,
+        change,
+        Some(&resource.etag),
+    )
+    .await;
     let members = covered(&state, &fleet, &freeze).await?;
     let etag = resource.etag.clone();
     let status = if created {

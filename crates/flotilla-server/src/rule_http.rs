@@ -11,6 +11,51 @@ use crate::error::{HttpError, HttpResult};
 use crate::state::AppState;
 use crate::store::Kind;
 
+/// Records that a fleet's freeze or disruption budget was created, changed or deleted, for the
+/// webhooks that want `FreezeChanged` or `DisruptionBudgetChanged` (API.md). After the write it
+/// reports: a server killed between the two sends no event for that write.
+pub(crate) async fn changed(
+    state: &AppState,
+    fleet: &str,
+    kind: Kind,
+    name: &str,
+    change: &str,
+    etag: Option<&str>,
+) {
+    let (event_type, key, what) = match kind {
+        Kind::Freeze => ("FreezeChanged", "freeze", "freeze"),
+        Kind::DisruptionBudget => (
+            "DisruptionBudgetChanged",
+            "disruptionBudget",
+            "disruption budget",
+        ),
+        _ => return,
+    };
+    let now = crate::clock::now();
+    let resource = format!("/v1/fleets/{fleet}/{}/{name}", kind.as_str());
+    let event = serde_json::json!({
+        "type": event_type,
+        "time": now,
+        key: name,
+        "change": change,
+        "resource": resource,
+        "message": format!("{what} {name:?} {}", change.to_ascii_lowercase()),
+    });
+    let version = match etag {
+        Some(etag) => etag.trim_matches('"').to_string(),
+        None => format!("deleted-{}", now.unix()),
+    };
+    let id = format!("{fleet}/{}/{name}/{version}", kind.as_str());
+    if let Err(e) = state
+        .runs
+        .store
+        .record_fleet_event(fleet, &id, &event)
+        .await
+    {
+        tracing::warn!(fleet, name, error = %e, "cannot record the event for webhooks");
+    }
+}
+
 /// The fleet exists (404 naming it otherwise).
 pub(crate) async fn require_fleet(state: &AppState, fleet: &str) -> HttpResult<()> {
     match state.runs.store.get("", Kind::Fleet, fleet).await? {

@@ -503,8 +503,12 @@ fn run_summary(d: &Delivery, head: Option<&str>) -> Value {
 }
 
 /// A short human line for chat: `Member aks-east-2 failed in update run r1 of fleet edge: node
-/// drain timed out`.
+/// drain timed out`; for a fleet's event in no run, `Fleet edge: freeze "peak" created`.
 pub fn human_message(d: &Delivery) -> String {
+    if d.run.is_empty() {
+        let what = d.event["message"].as_str().unwrap_or(&d.event_type);
+        return format!("Fleet {}: {what}", d.fleet);
+    }
     let words = words(&d.event_type);
     let (noun, verb) = match words.split_first() {
         Some((noun, rest)) if !rest.is_empty() => (*noun, rest.join(" ").to_ascii_lowercase()),
@@ -535,7 +539,12 @@ pub fn human_message(d: &Delivery) -> String {
 /// The body of a delivery in its webhook's format.
 pub fn render(due: &DueDelivery, public_url: Option<&str>) -> Rendered {
     let d = &due.delivery;
-    let link = dashboard_link(public_url, &d.fleet, &d.run);
+    // A fleet's event in no run (a freeze or a budget written) links to its fleet's page.
+    let link = if d.run.is_empty() {
+        public_url.map(|base| format!("{}/#/fleets/{}", base.trim_end_matches('/'), d.fleet))
+    } else {
+        dashboard_link(public_url, &d.fleet, &d.run)
+    };
     match due.webhook.format.as_str() {
         "Slack" => {
             let mut text = human_message(d);
@@ -574,27 +583,39 @@ pub fn render(due: &DueDelivery, public_url: Option<&str>) -> Rendered {
                 .as_str()
                 .map(String::from)
                 .unwrap_or_else(|| Time(d.created_at.div_euclid(1000)).to_string());
-            let mut data = json!({
-                "event": d.event,
-                "sequence": d.seq,
-                "run": run_summary(d, due.run_head.as_deref()),
-            });
+            let fleet_event = d.run.is_empty();
+            let mut data = json!({"event": d.event});
+            if !fleet_event {
+                data["sequence"] = json!(d.seq);
+                data["run"] = run_summary(d, due.run_head.as_deref());
+            }
             if let Some(link) = link {
                 data["link"] = json!(link);
             }
+            let source = match d.event["resource"].as_str() {
+                Some(resource) if fleet_event => resource.to_string(),
+                _ => run_path(&d.fleet, &d.run),
+            };
             let mut event = json!({
                 "specversion": "1.0",
                 "id": d.event_id,
-                "source": run_path(&d.fleet, &d.run),
+                "source": source,
                 "type": cloud_event_type(&d.event_type),
                 "time": time,
                 "datacontenttype": "application/json",
             });
             // What the event is about inside the run, if anything: its member, gate, group or
             // stage.
-            if let Some(subject) = ["member", "gate", "group", "stage"]
-                .iter()
-                .find_map(|k| d.event[*k].as_str())
+            if let Some(subject) = [
+                "member",
+                "gate",
+                "group",
+                "stage",
+                "freeze",
+                "disruptionBudget",
+            ]
+            .iter()
+            .find_map(|k| d.event[*k].as_str())
             {
                 event["subject"] = json!(subject);
             }
@@ -976,6 +997,29 @@ mod tests {
         assert!(body["data"].get("link").is_none());
         assert!(body.get("subject").is_none());
         assert_eq!(body["time"], "2026-12-01T00:00:00Z");
+    }
+
+    #[test]
+    fn a_fleet_event_names_its_resource_and_links_to_its_fleet() {
+        let event = json!({"type": "FreezeChanged", "time": "2026-12-01T00:00:00Z",
+            "freeze": "peak", "change": "Created", "resource": "/v1/fleets/edge/freezes/peak",
+            "message": "freeze \"peak\" created"});
+        let mut d = delivery("FreezeChanged", event);
+        d.run = String::new();
+        let cloud = render(
+            &due("CloudEvents", d.clone(), None),
+            Some("https://f.example"),
+        );
+        let body: Value = serde_json::from_str(&cloud.body).expect("JSON");
+        assert_eq!(body["source"], "/v1/fleets/edge/freezes/peak", "{body}");
+        assert_eq!(body["type"], "io.flotilla.freeze.changed", "{body}");
+        assert_eq!(body["subject"], "peak", "{body}");
+        assert_eq!(
+            body["data"]["link"], "https://f.example/#/fleets/edge",
+            "{body}"
+        );
+        assert!(body["data"].get("run").is_none(), "{body}");
+        assert_eq!(human_message(&d), "Fleet edge: freeze \"peak\" created");
     }
 
     #[test]

@@ -4170,6 +4170,15 @@ async fn a_budget_holds_a_run_to_its_size_and_says_so() {
         .await,
         StatusCode::FORBIDDEN
     );
+    // A webhook that wants the fleet's rule events hears of each write that was accepted.
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/webhooks/rules",
+        Some(json!({"properties": {"url": "https://hooks.example/flotilla", "secret": "s3cret", "fleets": ["f1"],
+            "events": ["DisruptionBudgetChanged", "FreezeChanged"]}})),
+    )
+    .await;
     let made = h
         .ok(
             "operator",
@@ -4257,6 +4266,24 @@ async fn a_budget_holds_a_run_to_its_size_and_says_so() {
         )
         .await,
         StatusCode::NOT_FOUND
+    );
+    let deliveries = h
+        .ok("admin", Method::GET, "/v1/webhooks/rules/deliveries", None)
+        .await;
+    let seen: Vec<(Value, Value)> = deliveries["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| (d["eventType"].clone(), d["run"].clone()))
+        .collect();
+    // Created, then deleted: the refused writes made none.
+    assert_eq!(
+        seen,
+        vec![
+            (json!("DisruptionBudgetChanged"), json!("")),
+            (json!("DisruptionBudgetChanged"), json!(""))
+        ],
+        "{deliveries}"
     );
 }
 

@@ -1020,6 +1020,40 @@ pub fn event_id(fleet: &str, run: &str, snapshot_etag: Option<&str>, seq: i64) -
     format!("{fleet}/{run}/{generation}/{seq}")
 }
 
+/// The outbox rows of a fleet's event that is in no run's log (a freeze or a budget written),
+/// one per webhook that wants it; `run` is empty and `event_id` names the event.
+fn fleet_event_rows(
+    fleet: &str,
+    event_id: &str,
+    event: &Value,
+    hooks: &[Webhook],
+    now: i64,
+) -> Vec<Delivery> {
+    let event_type = event["type"].as_str().unwrap_or_default();
+    hooks
+        .iter()
+        .filter(|h| h.wants(fleet, event_type))
+        .map(|hook| Delivery {
+            id: 0,
+            webhook: hook.name.clone(),
+            event_id: event_id.to_string(),
+            fleet: fleet.to_string(),
+            run: String::new(),
+            seq: 0,
+            event_type: event_type.to_string(),
+            event: event.clone(),
+            created_at: now,
+            state: DeliveryState::Pending,
+            attempts: 0,
+            next_attempt_at: Some(now),
+            last_attempt_at: None,
+            last_status: None,
+            last_error: None,
+            delivered_at: None,
+        })
+        .collect()
+}
+
 /// The outbox rows a batch's events make, one per webhook that wants each event: the one rule
 /// both backends write with. `first_seq` is the `seq` the batch's first event was given.
 fn outbox_rows(batch: &RunBatch, first_seq: i64, hooks: &[Webhook], now: i64) -> Vec<Delivery> {
@@ -1169,6 +1203,15 @@ pub trait Webhooks: Send + Sync {
     /// Deletes deliveries no longer pending that were made before `before` (Unix
     /// milliseconds); returns how many.
     async fn prune_deliveries(&self, before: i64) -> StoreResult<u64>;
+    /// Records a fleet's event that is in no run's log (a freeze or a disruption budget
+    /// written, SEMANTICS §12) in the outbox of every webhook that wants it; `event_id` names
+    /// it (the same id twice is one delivery).
+    async fn record_fleet_event(
+        &self,
+        fleet: &str,
+        event_id: &str,
+        event: &Value,
+    ) -> StoreResult<()>;
 }
 
 /// What replicas sharing a database coordinate with: liveness, fleet leases with a fencing

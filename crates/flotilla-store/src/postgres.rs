@@ -18,8 +18,9 @@ use super::{
     PendingAction, Precondition, RegisterMode, Registered, RegistrationPlan, Resource, Resources,
     RunBatch, RunDocument, RunLog, StoreError, StoreResult, StoredLog, TokenRecord, Tokens,
     Webhook, Webhooks, assemble_rows, attempt_columns, check, checkpoint_needs_entries,
-    delivery_columns, delivery_row, fenced, millis, outbox_rows, pack, pack_chunk, parse_body,
-    part_row, same_run, unix_millis, unpack, webhook_columns, webhook_row, with_status,
+    delivery_columns, delivery_row, fenced, fleet_event_rows, millis, outbox_rows, pack,
+    pack_chunk, parse_body, part_row, same_run, unix_millis, unpack, webhook_columns, webhook_row,
+    with_status,
 };
 
 /// The channel notices travel on.
@@ -1465,6 +1466,16 @@ async fn write_batch(tx: &mut Transaction<'_, Postgres>, batch: &RunBatch) -> St
     Ok(())
 }
 
+/// The webhooks, read in a transaction that writes outbox rows.
+async fn webhooks_in(tx: &mut Transaction<'_, Postgres>) -> StoreResult<Vec<Webhook>> {
+    sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect()
+}
+
 /// The outbox rows of a batch's events (one per webhook that wants each), in the batch's
 /// transaction; `first_seq` is the first event's number.
 async fn write_outbox(
@@ -1472,16 +1483,19 @@ async fn write_outbox(
     batch: &RunBatch,
     first_seq: i64,
 ) -> StoreResult<()> {
-    let hooks = sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
-        .fetch_all(&mut **tx)
-        .await?
-        .iter()
-        .map(webhook_row)
-        .collect::<StoreResult<Vec<_>>>()?;
+    let hooks = webhooks_in(tx).await?;
     if hooks.is_empty() {
         return Ok(());
     }
-    let rows = outbox_rows(batch, first_seq, &hooks, unix_millis());
+    insert_deliveries(tx, &outbox_rows(batch, first_seq, &hooks, unix_millis())).await
+}
+
+/// Inserts outbox rows; the same event twice for one webhook (a batch written again) is one
+/// delivery.
+async fn insert_deliveries(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[Delivery],
+) -> StoreResult<()> {
     for chunk in rows.chunks(crate::ROWS_PER_INSERT) {
         let mut q = sqlx::QueryBuilder::<Postgres>::new(
             "INSERT INTO webhook_deliveries (webhook, event_id, fleet, run, seq, event_type, event, created_at, state, attempts, next_attempt_at) ",
@@ -1499,7 +1513,6 @@ async fn write_outbox(
                 .push_bind(d.attempts)
                 .push_bind(d.next_attempt_at);
         });
-        // The same event twice for one webhook (a batch written again) is one delivery.
         q.push(" ON CONFLICT (webhook, event_id) DO NOTHING");
         q.build().execute(&mut **tx).await?;
     }
@@ -1739,5 +1752,19 @@ impl Webhooks for PgStore {
         .execute(&self.pool)
         .await?
         .rows_affected())
+    }
+
+    async fn record_fleet_event(
+        &self,
+        fleet: &str,
+        event_id: &str,
+        event: &Value,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let hooks = webhooks_in(&mut tx).await?;
+        let rows = fleet_event_rows(fleet, event_id, event, &hooks, unix_millis());
+        insert_deliveries(&mut tx, &rows).await?;
+        tx.commit().await?;
+        Ok(())
     }
 }

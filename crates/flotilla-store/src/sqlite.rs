@@ -1480,6 +1480,16 @@ async fn write_batch(tx: &mut Transaction<'_, Sqlite>, batch: &RunBatch) -> Stor
     Ok(())
 }
 
+/// The webhooks, read in a transaction that writes outbox rows.
+async fn webhooks_in(tx: &mut Transaction<'_, Sqlite>) -> StoreResult<Vec<Webhook>> {
+    sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(webhook_row)
+        .collect()
+}
+
 /// The outbox rows of a batch's events (one per webhook that wants each), in the batch's
 /// transaction; `first_seq` is the first event's number.
 async fn write_outbox(
@@ -1487,16 +1497,16 @@ async fn write_outbox(
     batch: &RunBatch,
     first_seq: i64,
 ) -> StoreResult<()> {
-    let hooks = sqlx::query(concat!("SELECT ", webhook_columns!(), " FROM webhooks"))
-        .fetch_all(&mut **tx)
-        .await?
-        .iter()
-        .map(webhook_row)
-        .collect::<StoreResult<Vec<_>>>()?;
+    let hooks = webhooks_in(tx).await?;
     if hooks.is_empty() {
         return Ok(());
     }
-    let rows = outbox_rows(batch, first_seq, &hooks, unix_millis());
+    insert_deliveries(tx, &outbox_rows(batch, first_seq, &hooks, unix_millis())).await
+}
+
+/// Inserts outbox rows; the same event twice for one webhook (a batch written again) is one
+/// delivery.
+async fn insert_deliveries(tx: &mut Transaction<'_, Sqlite>, rows: &[Delivery]) -> StoreResult<()> {
     for chunk in rows.chunks(crate::ROWS_PER_INSERT) {
         let mut q = sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT INTO webhook_deliveries (webhook, event_id, fleet, run, seq, event_type, event, created_at, state, attempts, next_attempt_at) ",
@@ -1514,7 +1524,6 @@ async fn write_outbox(
                 .push_bind(d.attempts)
                 .push_bind(d.next_attempt_at);
         });
-        // The same event twice for one webhook (a batch written again) is one delivery.
         q.push(" ON CONFLICT (webhook, event_id) DO NOTHING");
         q.build().execute(&mut **tx).await?;
     }
@@ -1727,6 +1736,20 @@ impl Webhooks for SqliteStore {
         .execute(&self.pool)
         .await?
         .rows_affected())
+    }
+
+    async fn record_fleet_event(
+        &self,
+        fleet: &str,
+        event_id: &str,
+        event: &Value,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let hooks = webhooks_in(&mut tx).await?;
+        let rows = fleet_event_rows(fleet, event_id, event, &hooks, unix_millis());
+        insert_deliveries(&mut tx, &rows).await?;
+        tx.commit().await?;
+        Ok(())
     }
 }
 

@@ -156,6 +156,7 @@ on_both_backends!(
     the_audit_trail_is_pruned_past_its_retention,
     webhooks_are_kept_with_their_conditions,
     events_make_deliveries_in_their_own_batch,
+    fleet_events_make_deliveries_once,
     deliveries_are_claimed_once_and_recorded,
     deleting_a_webhook_takes_its_deliveries,
 );
@@ -2497,6 +2498,49 @@ async fn webhooks_are_kept_with_their_conditions(store: Arc<dyn Store>) {
             .unwrap()
     );
     assert!(store.get_webhook("ops").await.unwrap().is_none());
+}
+
+/// A fleet's event in no run (a freeze or budget written) goes to the webhooks that want it,
+/// once per id.
+async fn fleet_events_make_deliveries_once(store: Arc<dyn Store>) {
+    for hook in [
+        webhook("rules", &["f"], &["FreezeChanged"]),
+        webhook("runs", &["*"], &["RunCompleted"]),
+    ] {
+        store.put_webhook(&hook, &Precondition::None).await.unwrap();
+    }
+    let changed = json!({"type": "FreezeChanged", "freeze": "peak", "change": "Created"});
+    for _ in 0..2 {
+        store
+            .record_fleet_event("f", "f/freezes/peak/7", &changed)
+            .await
+            .unwrap();
+    }
+    store
+        .record_fleet_event("g", "g/freezes/peak/8", &changed)
+        .await
+        .unwrap();
+    let rules = store.list_deliveries("rules", None, 0, 100).await.unwrap();
+    assert_eq!(
+        rules
+            .iter()
+            .map(|d| (
+                d.event_id.as_str(),
+                d.fleet.as_str(),
+                d.run.as_str(),
+                d.event_type.as_str()
+            ))
+            .collect::<Vec<_>>(),
+        [("f/freezes/peak/7", "f", "", "FreezeChanged")]
+    );
+    assert_eq!(rules[0].event, changed);
+    assert!(
+        store
+            .list_deliveries("runs", None, 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 async fn events_make_deliveries_in_their_own_batch(store: Arc<dyn Store>) {
