@@ -681,7 +681,6 @@ const WEBHOOK_COLUMNS: &[(&str, &[&str])] = &[
     ("events", &["properties", "events"]),
 ];
 
-/// `flotilla webhook …`.
 /// What the commands of a simple resource share: create or replace it, show it, list them,
 /// delete it, each printed with the resource's columns.
 struct Crud<'a> {
@@ -689,6 +688,8 @@ struct Crud<'a> {
     format: Format,
     colour: bool,
     columns: &'a [(&'a str, &'a [&'a str])],
+    /// What a table adds below one resource's row (a budget's partitions); nothing by default.
+    detail: fn(&Value) -> String,
 }
 
 impl Crud<'_> {
@@ -702,7 +703,13 @@ impl Crud<'_> {
             format: default_format(format),
             colour: colour_enabled(),
             columns,
+            detail: |_| String::new(),
         }
+    }
+
+    /// One resource as a table: its row, then its detail.
+    fn one(&self, v: &Value) -> String {
+        one_row(v, self.columns, self.colour) + &(self.detail)(v)
     }
 
     async fn put(&self, path: &str, properties: Value) -> anyhow::Result<()> {
@@ -714,12 +721,12 @@ impl Crud<'_> {
                 Some(&json!({"properties": properties})),
             )
             .await?;
-        print(self.format, &v, || one_row(&v, self.columns, self.colour))
+        print(self.format, &v, || self.one(&v))
     }
 
     async fn show(&self, path: &str) -> anyhow::Result<()> {
         let v = self.client.get(path).await?;
-        print(self.format, &v, || one_row(&v, self.columns, self.colour))
+        print(self.format, &v, || self.one(&v))
     }
 
     async fn list(&self, path: &str) -> anyhow::Result<()> {
@@ -736,6 +743,58 @@ impl Crud<'_> {
         eprintln!("deleted {what}");
         Ok(())
     }
+}
+
+/// A fleet's rules, at `/v1/fleets/{fleet}/{collection}/{name}` (freezes, disruption budgets):
+/// the simple resource's commands, addressed by fleet and name.
+struct FleetRules<'a> {
+    crud: Crud<'a>,
+    collection: &'a str,
+    /// What `delete` says it deleted (`freeze`, `disruption budget`).
+    noun: &'a str,
+}
+
+impl FleetRules<'_> {
+    fn path(&self, target: &Target) -> String {
+        format!(
+            "/v1/fleets/{}/{}/{}",
+            target.fleet, self.collection, target.name
+        )
+    }
+
+    async fn put(&self, target: &Target, properties: Value) -> anyhow::Result<()> {
+        self.crud.put(&self.path(target), properties).await
+    }
+
+    async fn show(&self, target: &Target) -> anyhow::Result<()> {
+        self.crud.show(&self.path(target)).await
+    }
+
+    async fn list(&self, fleet: &FleetOnly) -> anyhow::Result<()> {
+        self.crud
+            .list(&format!("/v1/fleets/{}/{}", fleet.fleet, self.collection))
+            .await
+    }
+
+    async fn delete(&self, target: &Target) -> anyhow::Result<()> {
+        let what = format!("{} {}", self.noun, target.name);
+        self.crud.delete(&self.path(target), &what).await
+    }
+}
+
+/// A `properties` object of the fields given, those not given left out.
+fn given<const N: usize>(fields: [(&str, Option<Value>); N]) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .filter_map(|(key, value)| Some((key.to_string(), value?)))
+            .collect(),
+    )
+}
+
+/// A `--selector` as the API's selector (SEMANTICS §2).
+fn by_label(selector: String) -> Value {
+    json!({"byLabel": selector})
 }
 
 #[derive(Subcommand)]
@@ -809,8 +868,11 @@ pub async fn freeze(
     format: Option<Format>,
     command: FreezeCommand,
 ) -> anyhow::Result<ExitCode> {
-    let crud = Crud::new(client, format, FREEZE_COLUMNS);
-    let path = |t: &Target| format!("/v1/fleets/{}/freezes/{}", t.fleet, t.name);
+    let rules = FleetRules {
+        crud: Crud::new(client, format, FREEZE_COLUMNS),
+        collection: "freezes",
+        noun: "freeze",
+    };
     match command {
         FreezeCommand::Create {
             target,
@@ -821,36 +883,138 @@ pub async fn freeze(
             scope,
             reason,
         } => {
-            let mut properties = json!({});
-            if let Some(start) = start {
-                properties["start"] = json!(start);
-            }
-            if let Some(end) = end {
-                properties["end"] = json!(end);
-            }
-            if let Some(recurrence) = recurrence {
-                properties["recurrence"] = file_or_json(&recurrence, "--recurrence")?;
-            }
-            if let Some(selector) = selector {
-                properties["selector"] = json!({"byLabel": selector});
-            }
-            if let Some(scope) = scope {
-                properties["scope"] = json!(scope);
-            }
-            if let Some(reason) = reason {
-                properties["reason"] = json!(reason);
-            }
-            crud.put(&path(&target), properties).await?;
+            let recurrence = recurrence
+                .map(|r| file_or_json(&r, "--recurrence"))
+                .transpose()?;
+            let properties = given([
+                ("start", start.map(Value::from)),
+                ("end", end.map(Value::from)),
+                ("recurrence", recurrence),
+                ("selector", selector.map(by_label)),
+                ("scope", scope.map(Value::from)),
+                ("reason", reason.map(Value::from)),
+            ]);
+            rules.put(&target, properties).await?;
         }
-        FreezeCommand::Show { target } => crud.show(&path(&target)).await?,
-        FreezeCommand::List { fleet } => {
-            crud.list(&format!("/v1/fleets/{}/freezes", fleet.fleet))
-                .await?;
+        FreezeCommand::Show { target } => rules.show(&target).await?,
+        FreezeCommand::List { fleet } => rules.list(&fleet).await?,
+        FreezeCommand::Delete { target } => rules.delete(&target).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
+pub enum BudgetCommand {
+    /// Create or replace a disruption budget (SEMANTICS §12): at most --max-unavailable of the
+    /// members its selector covers are in flight at once, across every run of the fleet, in each
+    /// partition of --per-value-of (or in all of them together). A member it holds is Pending,
+    /// its message naming the budget and the partition; nothing in flight is interrupted.
+    ///
+    /// Examples: `flotilla budget create -f retail -n prod-per-region --max-unavailable 1
+    /// --per-value-of region --selector env=prod`; `flotilla budget create -f retail -n tenth
+    /// --max-unavailable 10% --per-value-of label:tier`.
+    Create {
+        #[command(flatten)]
+        target: Target,
+        /// The most members of a partition in flight at once: `N`, or `P%` of the members it
+        /// covers in the partition (rounded down, never below 1).
+        #[arg(long)]
+        max_unavailable: String,
+        /// What splits the members into partitions, each held to the budget on its own:
+        /// `region`, `group` (the member's group) or `label:KEY` (default: one partition).
+        #[arg(long)]
+        per_value_of: Option<String>,
+        /// The members it covers, a label selector (default: every member of the fleet).
+        #[arg(long)]
+        selector: Option<String>,
+    },
+    /// Show a disruption budget and its partitions now: each value, the members it covers
+    /// there, the most of them that may be in flight and those in flight.
+    ///
+    /// Example: `flotilla budget show -f retail -n prod-per-region -o table`.
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List a fleet's disruption budgets (`show` gives one's partitions).
+    ///
+    /// Example: `flotilla budget list -f retail -o table`.
+    List {
+        #[command(flatten)]
+        fleet: FleetOnly,
+    },
+    /// Delete a disruption budget: the members it held may start at the next scheduling pass.
+    ///
+    /// Example: `flotilla budget delete -f retail -n prod-per-region`.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+const BUDGET_COLUMNS: &[(&str, &[&str])] = &[
+    ("name", &["name"]),
+    ("maxUnavailable", &["properties", "maxUnavailable"]),
+    ("perValueOf", &["properties", "perValueOf"]),
+    ("selector", &["properties", "selector", "byLabel"]),
+];
+
+/// A budget's partitions as a table below its row; the value of a budget's one partition is
+/// `(all)`, that of the members lacking the value `(none)`.
+fn partition_table(budget: &Value) -> String {
+    let Some(partitions) = budget["properties"]["status"]["partitions"].as_array() else {
+        return String::new();
+    };
+    let whole = budget["properties"]["perValueOf"].is_null();
+    let rows: Vec<Value> = partitions
+        .iter()
+        .map(|p| {
+            let mut row = p.clone();
+            if s(p, &["value"]).is_empty() {
+                row["value"] = json!(if whole { "(all)" } else { "(none)" });
+            }
+            row
+        })
+        .collect();
+    let columns: &[(&str, &[&str])] = &[
+        ("value", &["value"]),
+        ("members", &["members"]),
+        ("maxUnavailable", &["maxUnavailable"]),
+        ("disrupted", &["disrupted"]),
+    ];
+    format!("\n{}", resource_rows(&rows, columns, false))
+}
+
+pub async fn budget(
+    client: &Client,
+    format: Option<Format>,
+    command: BudgetCommand,
+) -> anyhow::Result<ExitCode> {
+    let rules = FleetRules {
+        crud: Crud {
+            detail: partition_table,
+            ..Crud::new(client, format, BUDGET_COLUMNS)
+        },
+        collection: "disruptionBudgets",
+        noun: "disruption budget",
+    };
+    match command {
+        BudgetCommand::Create {
+            target,
+            max_unavailable,
+            per_value_of,
+            selector,
+        } => {
+            let properties = given([
+                ("maxUnavailable", Some(Value::from(max_unavailable))),
+                ("perValueOf", per_value_of.map(Value::from)),
+                ("selector", selector.map(by_label)),
+            ]);
+            rules.put(&target, properties).await?;
         }
-        FreezeCommand::Delete { target } => {
-            crud.delete(&path(&target), &format!("freeze {}", target.name))
-                .await?;
-        }
+        BudgetCommand::Show { target } => rules.show(&target).await?,
+        BudgetCommand::List { fleet } => rules.list(&fleet).await?,
+        BudgetCommand::Delete { target } => rules.delete(&target).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -987,6 +1151,7 @@ pub async fn check_provider(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `flotilla webhook …`.
 pub async fn webhook(
     client: &Client,
     format: Option<Format>,

@@ -241,6 +241,14 @@ enum Command {
         #[command(subcommand)]
         command: commands::FreezeCommand,
     },
+    /// Disruption budgets: how many of the members they cover may be in flight at once, across
+    /// every run of the fleet, in each region, group or label value.
+    Budget {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: commands::BudgetCommand,
+    },
     /// Check providers: what health and readiness checks may reach, declared by an admin.
     Checkprovider {
         #[command(flatten)]
@@ -870,6 +878,9 @@ fn main() -> ExitCode {
                         }
                         Command::Freeze { client, command } => {
                             commands::freeze(&client.client()?, client.output, command).await
+                        }
+                        Command::Budget { client, command } => {
+                            commands::budget(&client.client()?, client.output, command).await
                         }
                         Command::Checkprovider { client, command } => {
                             commands::check_provider(&client.client()?, client.output, command)

@@ -494,17 +494,7 @@ fn an_operator_cannot_make_the_server_fetch_a_url_of_its_choosing() {
 
 /// `flotilla checkprovider …` with `args`, as `api`'s caller; (exit success, stdout JSON, stderr).
 fn cli(api: &Api, args: &[&str]) -> (bool, Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .arg("checkprovider")
-        .args(args)
-        .args(["--server", &api.base, "--token", &api.token, "-o", "json"])
-        .output()
-        .expect("the CLI runs");
-    (
-        out.status.success(),
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    api.cli(&[&["checkprovider"], args].concat())
 }
 
 #[test]

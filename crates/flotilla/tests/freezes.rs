@@ -11,19 +11,6 @@ use common::{Api, Killed, TempDir, create_token, free_port, serve, wait_for};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-fn cli(api: &Api, args: &[&str]) -> (bool, Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .args(["--server", &api.base, "--token", &api.token, "-o", "json"])
-        .output()
-        .expect("the CLI runs");
-    (
-        out.status.success(),
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 fn members(api: &Api) -> Vec<Value> {
     api.call(Method::GET, "/v1/fleets/shop/updateRuns/r1", None)
         .map(|(_, v)| {
@@ -89,26 +76,23 @@ fn a_freeze_holds_prod_across_a_restart_until_it_is_deleted() {
         );
     }
     // Refused: a field and its value named, a non-zero exit, nothing created.
-    let (ok, _, err) = cli(
-        &api,
-        &[
-            "freeze",
-            "create",
-            "-f",
-            "shop",
-            "-n",
-            "peak",
-            "--start",
-            "tomorrow",
-            "--end",
-            "2026-12-01T00:00:00Z",
-        ],
-    );
+    let (ok, _, err) = api.cli(&[
+        "freeze",
+        "create",
+        "-f",
+        "shop",
+        "-n",
+        "peak",
+        "--start",
+        "tomorrow",
+        "--end",
+        "2026-12-01T00:00:00Z",
+    ]);
     assert!(
         !ok && err.contains("properties.start") && err.contains("tomorrow"),
         "{err}"
     );
-    let (ok, listed, err) = cli(&api, &["freeze", "list", "-f", "shop"]);
+    let (ok, listed, err) = api.cli(&["freeze", "list", "-f", "shop"]);
     assert!(ok, "{err}");
     assert_eq!(listed, json!([]), "nothing was created");
 
@@ -121,25 +105,22 @@ fn a_freeze_holds_prod_across_a_restart_until_it_is_deleted() {
         flotilla_engine::time::Time::from_unix((now / 86_400 + offset) * 86_400).to_string()
     };
     let (start, end) = (day(-1), day(300));
-    let (ok, made, err) = cli(
-        &api,
-        &[
-            "freeze",
-            "create",
-            "-f",
-            "shop",
-            "-n",
-            "peak",
-            "--start",
-            &start,
-            "--end",
-            &end,
-            "--selector",
-            "env=prod",
-            "--reason",
-            "retail peak",
-        ],
-    );
+    let (ok, made, err) = api.cli(&[
+        "freeze",
+        "create",
+        "-f",
+        "shop",
+        "-n",
+        "peak",
+        "--start",
+        &start,
+        "--end",
+        &end,
+        "--selector",
+        "env=prod",
+        "--reason",
+        "retail peak",
+    ]);
     assert!(ok, "{err}");
     assert_eq!(made["status"]["active"], true, "{made}");
     assert_eq!(made["status"]["members"], 2, "{made}");
@@ -215,7 +196,7 @@ fn a_freeze_holds_prod_across_a_restart_until_it_is_deleted() {
         "started during the freeze: {prod_started:?}"
     );
 
-    let (ok, _, err) = cli(&api, &["freeze", "delete", "-f", "shop", "-n", "peak"]);
+    let (ok, _, err) = api.cli(&["freeze", "delete", "-f", "shop", "-n", "peak"]);
     assert!(ok && err.contains("deleted freeze peak"), "{err}");
     wait_for("the run to complete", Duration::from_secs(30), || {
         api.call(Method::GET, "/v1/fleets/shop/updateRuns/r1", None)

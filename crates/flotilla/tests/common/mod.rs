@@ -1,7 +1,7 @@
 //! What the process-level tests share: the real binary started as a server (killed when
-//! dropped), a blocking API client, free ports, temporary folders that keep their logs when a
-//! test fails, waiting on a condition, a seeded random number generator, and the example exec
-//! scripts.
+//! dropped), a blocking API client and the CLI as its caller, free ports, temporary folders that
+//! keep their logs when a test fails, waiting on a condition, a seeded random number generator,
+//! and the example exec scripts.
 
 #![allow(dead_code)]
 
@@ -156,6 +156,28 @@ impl Api {
             "{method} {path}: {status} {value}"
         );
         value
+    }
+
+    /// `flotilla ARGS -o json` as this caller: (exit success, stdout as JSON or null, stderr).
+    pub fn cli(&self, args: &[&str]) -> (bool, Value, String) {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let (ok, out, err) = self.cli_text(&all);
+        (ok, serde_json::from_str(&out).unwrap_or(Value::Null), err)
+    }
+
+    /// `flotilla ARGS` as this caller: (exit success, stdout, stderr).
+    pub fn cli_text(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .args(["--server", &self.base, "--token", &self.token])
+            .output()
+            .expect("the CLI runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     }
 
     pub fn wait_ready(&self) {
