@@ -15,13 +15,22 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use flotilla_engine::budget::{Budget, BudgetSpec, Budgets, parse_budget};
-use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
+use flotilla_engine::error::{ApiError, ErrorCode};
 
 use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
 use crate::fleet_rules::{MOST_BUDGETS as MOST, budget_from_body};
-use crate::request::{ListQuery, page, precondition, read_json, system_data};
-use crate::rule_http::{answer, require_fleet};
+use crate::request::{ListQuery, page};
+use crate::rule_http::{RuleKind, answer, put_rule, require_fleet, written};
+
+/// Disruption budgets as the shared rule handlers name them.
+const RULE: RuleKind = RuleKind {
+    kind: Kind::DisruptionBudget,
+    what: "disruption budget",
+    code: ErrorCode::InvalidDisruptionBudget,
+    shape: "{\"maxUnavailable\", \"selector\", \"perValueOf\"}",
+    most: MOST,
+};
 use crate::state::{AppState, Shared};
 use crate::store::{Kind, Resource};
 
@@ -89,73 +98,23 @@ pub async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult<Response> {
-    require(&caller, Role::Operator)?;
-    require_fleet(&state, &fleet).await?;
-    flotilla_engine::strategy::check_name(&name, 63).map_err(|m| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidName,
-            format!("disruption budget name: {m}"),
-            "name",
-        ))
-    })?;
-    let envelope: flotilla_engine::body::Envelope<BudgetSpec> =
-        from_json_value(read_json(body).await?, "")?;
-    let spec = envelope.properties.ok_or_else(|| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidDisruptionBudget,
-            "properties is required: {\"properties\": {\"maxUnavailable\", \"selector\", \"perValueOf\"}}",
-            "properties",
-        ))
-    })?;
-    let budget = parse_budget(&name, &spec)?;
-    let store = state.runs.store.as_ref();
-    let stored = store.get(&fleet, Kind::DisruptionBudget, &name).await?;
-    if stored.is_none()
-        && store
-            .list(&fleet, Kind::DisruptionBudget, None, MOST)
-            .await?
-            .len()
-            >= MOST
-    {
-        return Err(HttpError::from(ApiError::conflict(format!(
-            "fleet {fleet:?} has {MOST} disruption budgets, the most it may hold; delete one first"
-        ))));
-    }
-    let mut body = json!({
-        "id": format!("/v1/fleets/{fleet}/disruptionBudgets/{name}"),
-        "name": name,
-        "type": "Flotilla/fleets/disruptionBudgets",
-        "properties": spec,
-    });
-    body["systemData"] = system_data(&caller, stored.as_ref().map(|r| &r.body));
-    let (resource, created) = store
-        .put(
-            &fleet,
-            Kind::DisruptionBudget,
-            &name,
-            &body,
-            &precondition(&headers),
-        )
-        .await?;
-    state.runs.rules_changed(&fleet).await;
-    let change = if created { "Created" } else { "Updated" };
-    crate::rule_http::changed(
+    let (budget, resource, created) = put_rule(
         &state,
-        &fleet,
-        Kind::DisruptionBudget,
-        &name,
-        change,
-        Some(&resource.etag),
+        &caller,
+        (&fleet, &name),
+        &headers,
+        body,
+        &RULE,
+        |name, spec: &BudgetSpec| parse_budget(name, spec),
     )
-    .await;
+    .await?;
     let parts = partitions(&state, &fleet, &budget).await?;
     let etag = resource.etag.clone();
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok(answer(status, shown(resource, Some(parts)), &etag))
+    Ok(answer(
+        written(created),
+        shown(resource, Some(parts)),
+        &etag,
+    ))
 }
 
 /// `GET P/disruptionBudgets/{name}` (reader), with its partitions now.

@@ -9,18 +9,27 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
+use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::freeze::{Freeze, FreezeSpec, parse_freeze};
 use flotilla_engine::time::Time;
 
 use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
-use crate::request::{ListQuery, page, precondition, read_json, system_data};
+use crate::request::{ListQuery, page};
 use crate::state::{AppState, Shared};
 use crate::store::{Kind, Resource, StoreResult};
 
 use crate::fleet_rules::{MOST_FREEZES as MOST, from_body};
-use crate::rule_http::{answer, require_fleet};
+use crate::rule_http::{RuleKind, answer, put_rule, require_fleet, written};
+
+/// Freezes as the shared rule handlers name them.
+const RULE: RuleKind = RuleKind {
+    kind: Kind::Freeze,
+    what: "freeze",
+    code: ErrorCode::InvalidFreeze,
+    shape: "{\"start\", \"end\"} or {\"recurrence\"}",
+    most: MOST,
+};
 
 /// The resource as the API shows it, with its status as of `now`.
 fn shown(resource: Resource, members: Option<usize>, now: Time) -> Value {
@@ -89,62 +98,20 @@ pub async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult<Response> {
-    require(&caller, Role::Operator)?;
-    require_fleet(&state, &fleet).await?;
-    flotilla_engine::strategy::check_name(&name, 63).map_err(|m| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidName,
-            format!("freeze name: {m}"),
-            "name",
-        ))
-    })?;
-    let envelope: flotilla_engine::body::Envelope<FreezeSpec> =
-        from_json_value(read_json(body).await?, "")?;
-    let spec = envelope.properties.ok_or_else(|| {
-        HttpError::from(ApiError::new(
-            ErrorCode::InvalidFreeze,
-            "properties is required: {\"properties\": {\"start\", \"end\"} or {\"recurrence\"}}",
-            "properties",
-        ))
-    })?;
-    let freeze = parse_freeze(&name, &spec)?;
-    let store = state.runs.store.as_ref();
-    let stored = store.get(&fleet, Kind::Freeze, &name).await?;
-    if stored.is_none() && store.list(&fleet, Kind::Freeze, None, MOST).await?.len() >= MOST {
-        return Err(HttpError::from(ApiError::conflict(format!(
-            "fleet {fleet:?} has {MOST} freezes, the most it may hold; delete one first"
-        ))));
-    }
-    let mut body = json!({
-        "id": format!("/v1/fleets/{fleet}/freezes/{name}"),
-        "name": name,
-        "type": "Flotilla/fleets/freezes",
-        "properties": spec,
-    });
-    body["systemData"] = system_data(&caller, stored.as_ref().map(|r| &r.body));
-    let (resource, created) = store
-        .put(&fleet, Kind::Freeze, &name, &body, &precondition(&headers))
-        .await?;
-    state.runs.rules_changed(&fleet).await;
-    let change = if created { "Created" } else { "Updated" };
-    crate::rule_http::changed(
+    let (freeze, resource, created) = put_rule(
         &state,
-        &fleet,
-        Kind::Freeze,
-        &name,
-        change,
-        Some(&resource.etag),
+        &caller,
+        (&fleet, &name),
+        &headers,
+        body,
+        &RULE,
+        |name, spec: &FreezeSpec| parse_freeze(name, spec),
     )
-    .await;
+    .await?;
     let members = covered(&state, &fleet, &freeze).await?;
     let etag = resource.etag.clone();
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
     Ok(answer(
-        status,
+        written(created),
         shown(resource, Some(members), crate::clock::now()),
         &etag,
     ))

@@ -1,15 +1,19 @@
 //! What the handlers of a fleet's rules (freezes, disruption budgets) share: the fleet must
-//! exist, and an answer carries the resource's eTag.
+//! exist; a write is validated by the engine, bounded in number, stored, handed to the fleet's
+//! task and reported to webhooks; an answer carries the resource's eTag.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use flotilla_engine::error::{ApiError, ErrorCode};
 
+use crate::auth::{Caller, Role, require};
 use crate::error::{HttpError, HttpResult};
+use crate::request::{precondition, read_json, system_data};
 use crate::state::AppState;
-use crate::store::Kind;
+use crate::store::{Kind, Resource};
 
 /// Records that a fleet's freeze or disruption budget was created, changed or deleted, for the
 /// webhooks that want `FreezeChanged` or `DisruptionBudgetChanged` (API.md). After the write it
@@ -75,4 +79,86 @@ pub(crate) fn answer(status: StatusCode, body: Value, etag: &str) -> Response {
         response.headers_mut().insert(header::ETAG, v);
     }
     response
+}
+
+/// A kind of fleet rule, as its writes name it.
+pub(crate) struct RuleKind {
+    pub kind: Kind,
+    /// How messages name one: `freeze`, `disruption budget`.
+    pub what: &'static str,
+    /// The code of a refusal of its properties.
+    pub code: ErrorCode,
+    /// What `properties` holds, for the message when it is missing.
+    pub shape: &'static str,
+    /// The most a fleet holds.
+    pub most: usize,
+}
+
+/// `PUT P/{rules}/{name}` (operator): the properties validated by `parse` (each refusal names
+/// the field and the value, and changes nothing), the fleet's count bounded, the resource
+/// stored, the fleet's task told (it decides from the next scheduling pass) and the webhooks.
+/// Returns the rule, the stored resource and whether this created it.
+pub(crate) async fn put_rule<S, T>(
+    state: &AppState,
+    caller: &Caller,
+    (fleet, name): (&str, &str),
+    headers: &HeaderMap,
+    body: Body,
+    rule: &RuleKind,
+    parse: impl Fn(&str, &S) -> Result<T, ApiError>,
+) -> HttpResult<(T, Resource, bool)>
+where
+    S: serde::de::DeserializeOwned + serde::Serialize,
+{
+    require(caller, Role::Operator)?;
+    require_fleet(state, fleet).await?;
+    flotilla_engine::strategy::check_name(name, 63).map_err(|m| {
+        HttpError::from(ApiError::new(
+            ErrorCode::InvalidName,
+            format!("{} name: {m}", rule.what),
+            "name",
+        ))
+    })?;
+    let envelope: flotilla_engine::body::Envelope<S> =
+        flotilla_engine::error::from_json_value(read_json(body).await?, "")?;
+    let spec = envelope.properties.ok_or_else(|| {
+        HttpError::from(ApiError::new(
+            rule.code,
+            format!("properties is required: {{\"properties\": {}}}", rule.shape),
+            "properties",
+        ))
+    })?;
+    let parsed = parse(name, &spec)?;
+    let (store, kind, most) = (state.runs.store.as_ref(), rule.kind, rule.most);
+    let stored = store.get(fleet, kind, name).await?;
+    if stored.is_none() && store.list(fleet, kind, None, most).await?.len() >= most {
+        return Err(HttpError::from(ApiError::conflict(format!(
+            "fleet {fleet:?} has {most} {}s, the most it may hold; delete one first",
+            rule.what
+        ))));
+    }
+    let collection = kind.as_str();
+    let mut body = serde_json::json!({
+        "id": format!("/v1/fleets/{fleet}/{collection}/{name}"),
+        "name": name,
+        "type": format!("Flotilla/fleets/{collection}"),
+        "properties": spec,
+    });
+    body["systemData"] = system_data(caller, stored.as_ref().map(|r| &r.body));
+    let (resource, created) = store
+        .put(fleet, kind, name, &body, &precondition(headers))
+        .await?;
+    state.runs.rules_changed(fleet).await;
+    let change = if created { "Created" } else { "Updated" };
+    changed(state, fleet, kind, name, change, Some(&resource.etag)).await;
+    Ok((parsed, resource, created))
+}
+
+/// 201 for a rule created, 200 for one replaced.
+pub(crate) fn written(created: bool) -> StatusCode {
+    if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
 }

@@ -971,6 +971,37 @@ pub struct Delivery {
     pub delivered_at: Option<i64>,
 }
 
+impl Delivery {
+    /// A delivery not yet tried of `event` (of `fleet`, `run` — empty for a fleet's event —
+    /// and its place `seq` in the run's log) to `hook`, due at once (`now`, Unix ms).
+    fn pending(
+        hook: &Webhook,
+        event_id: String,
+        (fleet, run, seq): (&str, &str, i64),
+        event: &Value,
+        now: i64,
+    ) -> Delivery {
+        Delivery {
+            id: 0,
+            webhook: hook.name.clone(),
+            event_id,
+            fleet: fleet.to_string(),
+            run: run.to_string(),
+            seq,
+            event_type: event["type"].as_str().unwrap_or_default().to_string(),
+            event: event.clone(),
+            created_at: now,
+            state: DeliveryState::Pending,
+            attempts: 0,
+            next_attempt_at: Some(now),
+            last_attempt_at: None,
+            last_status: None,
+            last_error: None,
+            delivered_at: None,
+        }
+    }
+}
+
 /// A delivery claimed for sending, with what sending it needs: its webhook as it is now (a URL
 /// or secret changed since the event is used), and the run's head as last written (the small
 /// summary of the run's state; `None` for a run deleted since).
@@ -1033,24 +1064,7 @@ fn fleet_event_rows(
     hooks
         .iter()
         .filter(|h| h.wants(fleet, event_type))
-        .map(|hook| Delivery {
-            id: 0,
-            webhook: hook.name.clone(),
-            event_id: event_id.to_string(),
-            fleet: fleet.to_string(),
-            run: String::new(),
-            seq: 0,
-            event_type: event_type.to_string(),
-            event: event.clone(),
-            created_at: now,
-            state: DeliveryState::Pending,
-            attempts: 0,
-            next_attempt_at: Some(now),
-            last_attempt_at: None,
-            last_status: None,
-            last_error: None,
-            delivered_at: None,
-        })
+        .map(|hook| Delivery::pending(hook, event_id.to_string(), (fleet, "", 0), event, now))
         .collect()
 }
 
@@ -1062,29 +1076,19 @@ fn outbox_rows(batch: &RunBatch, first_seq: i64, hooks: &[Webhook], now: i64) ->
         let event_type = event["type"].as_str().unwrap_or_default();
         let seq = first_seq + i as i64;
         for hook in hooks.iter().filter(|h| h.wants(&batch.fleet, event_type)) {
-            rows.push(Delivery {
-                id: 0,
-                webhook: hook.name.clone(),
-                event_id: event_id(
-                    &batch.fleet,
-                    &batch.run,
-                    batch.snapshot_etag.as_deref(),
-                    seq,
-                ),
-                fleet: batch.fleet.clone(),
-                run: batch.run.clone(),
+            let id = event_id(
+                &batch.fleet,
+                &batch.run,
+                batch.snapshot_etag.as_deref(),
                 seq,
-                event_type: event_type.to_string(),
-                event: event.clone(),
-                created_at: now,
-                state: DeliveryState::Pending,
-                attempts: 0,
-                next_attempt_at: Some(now),
-                last_attempt_at: None,
-                last_status: None,
-                last_error: None,
-                delivered_at: None,
-            });
+            );
+            rows.push(Delivery::pending(
+                hook,
+                id,
+                (&batch.fleet, &batch.run, seq),
+                event,
+                now,
+            ));
         }
     }
     rows

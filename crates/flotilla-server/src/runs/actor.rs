@@ -10,38 +10,45 @@ pub(super) fn apply_rules(
     rules: crate::fleet_rules::Rules,
 ) -> bool {
     let crate::fleet_rules::Rules { freezes, budgets } = rules;
-    let mut changed = false;
-    let gone: Vec<String> = engine
-        .budgets()
-        .filter(|b| !budgets.iter().any(|n| n.name == b.name))
-        .map(|b| b.name.clone())
-        .collect();
-    for name in gone {
-        changed = true;
-        let _ = engine.handle(now, FleetInput::DeleteBudget { name });
-    }
-    for budget in budgets {
-        if !engine.budgets().any(|b| *b == budget) {
-            changed = true;
-            let _ = engine.handle(now, FleetInput::PutBudget(Box::new(budget)));
-        }
-    }
-    let gone: Vec<String> = engine
-        .freezes()
-        .filter(|f| !freezes.iter().any(|n| n.name == f.name))
-        .map(|f| f.name.clone())
-        .collect();
-    for name in gone {
-        changed = true;
-        let _ = engine.handle(now, FleetInput::DeleteFreeze { name });
-    }
-    for freeze in freezes {
-        if !engine.freezes().any(|f| *f == freeze) {
-            changed = true;
-            let _ = engine.handle(now, FleetInput::PutFreeze(Box::new(freeze)));
-        }
+    let held: Vec<_> = engine.budgets().cloned().collect();
+    let mut inputs = differences(
+        &held,
+        budgets,
+        |b| &b.name,
+        |name| FleetInput::DeleteBudget { name },
+        |b| FleetInput::PutBudget(Box::new(b)),
+    );
+    let held: Vec<_> = engine.freezes().cloned().collect();
+    inputs.extend(differences(
+        &held,
+        freezes,
+        |f| &f.name,
+        |name| FleetInput::DeleteFreeze { name },
+        |f| FleetInput::PutFreeze(Box::new(f)),
+    ));
+    let changed = !inputs.is_empty();
+    for input in inputs {
+        let _ = engine.handle(now, input);
     }
     changed
+}
+
+/// What turns the rules `held` into `stored`: a deletion for each one gone, a put for each one
+/// new or changed.
+fn differences<T: PartialEq>(
+    held: &[T],
+    stored: Vec<T>,
+    name: impl Fn(&T) -> &String,
+    delete: impl Fn(String) -> FleetInput,
+    put: impl Fn(T) -> FleetInput,
+) -> Vec<FleetInput> {
+    let mut inputs: Vec<FleetInput> = held
+        .iter()
+        .filter(|h| !stored.iter().any(|s| name(s) == name(h)))
+        .map(|h| delete(name(h).clone()))
+        .collect();
+    inputs.extend(stored.into_iter().filter(|s| !held.contains(s)).map(put));
+    inputs
 }
 
 /// How often a fleet's moving runs are forecast for their statuses, at most (SEMANTICS §11).
