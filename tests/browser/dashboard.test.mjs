@@ -1,11 +1,13 @@
 // The dashboard in a real browser: Debian's headless Chromium driven by playwright-core, against
 // `flotilla demo` (60 simulated clusters, a canary stage, a wait, an approval gate, production).
-// The tests run in order on one demo: a run moving live, the fleet page, the link with a token
-// the demo prints, a dropped event stream that resumes, a reader who cannot approve (neither on
-// the page nor through the API), an approver who approves the gate from the page and sees
-// production start, the fleets page, the failed members and the filter by state, an 800 px
+// The tests run in order on one demo: a run moving live, the fleet page (with the demo's coming
+// freeze and its budget's partitions), the link with a token the demo prints, a dropped event
+// stream that resumes, a reader who cannot approve (neither on the page nor through the API), an
+// approver who approves the gate from the page and sees production start, the budget's
+// partitions filling up, the fleets page, the failed members and the filter by state, an 800 px
 // wide window, and a large fleet; then, on small fleets of their own, health checks the server
-// evaluates for real against stand-ins served here. Screenshots go to target/browser-artifacts/.
+// evaluates for real against stand-ins served here, and a freeze and a budget that hold
+// members. Screenshots go to target/browser-artifacts/.
 //
 // Environment: FLOTILLA_BIN (the binary), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACTS (default ../../target/browser-artifacts).
@@ -242,6 +244,21 @@ test('the fleet page shows the demo fleet: 60 members with group, region, versio
   assert.match(cells[4], /system: AKSUbuntu-2204gen2containerd-/, 'node images');
   assert.match(cells[5], /Kubernetes: (opens|open)/, 'the maintenance window with its next opening');
   assert.ok(cells[6].includes(runName), `the run it is in: ${cells[6]}`);
+  // The demo's fleet rules (SEMANTICS §12): a freeze coming in a few days, none in force...
+  const freeze = page.locator('#freezes li[data-freeze="retail-peak"]');
+  assert.equal(await freeze.getAttribute('data-state'), 'coming');
+  assert.equal(await page.locator('#freezes li[data-state="active"]').count(), 0, 'no freeze in force');
+  assert.match(await freeze.innerText(), /^Coming retail-peak — retail peak weekend\n.+ → .+ \(in [23]d \d+h\)\nholds minor upgrades of members with env=prod$/);
+  // ...and a budget of a fifth of each region's prod stores, a partition per region with its
+  // resolved limit, its members and how many are in flight (the canary's are not covered).
+  const budget = page.locator('#budgets li[data-budget="prod-per-region"]');
+  assert.match(await budget.locator('div').first().innerText(), /^prod-per-region at most 20% in flight per region, of members with env=prod$/);
+  const partitions = await budget.locator('li.partition').evaluateAll((items) => items.map((li) => ({ ...li.dataset, text: li.querySelector('.counts').innerText, label: li.querySelector('.partition-value').innerText })));
+  assert.deepEqual(partitions.map((p) => [p.value, p.label, p.max, p.members]).sort(), [['eastus', 'eastus', '4', '22'], ['southeastasia', 'southeastasia', '3', '16'], ['westeurope', 'westeurope', '4', '20']]);
+  for (const p of partitions) {
+    assert.ok(Number(p.disrupted) <= Number(p.max), JSON.stringify(p));
+    assert.equal(p.text, `${p.disrupted} / ${p.max} in flight, ${p.members} members`);
+  }
   assert.match(await page.locator('#me').innerText(), /demo-approver \(approver\)/);
   // The token stays out of the address bar and in session storage only.
   assert.ok(!page.url().includes('flt_'));
@@ -426,6 +443,42 @@ test('an approver approves the gate from the page, the approver is shown, and pr
   await page.shot('production-running');
   await page.setViewportSize({ width: 2560, height: 1200 });
   await page.shot('wide');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('while production runs, the fleet page shows the budget\'s partitions filling up, refreshed in place', async () => {
+  const page = await newPage('budget');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.waitForURL(/#\/fleets\/demo$/);
+  await page.evaluate(() => { window.notReloaded = true; });
+  const partitions = () => page.$$eval('#budgets li[data-budget="prod-per-region"] li.partition', (items) => items.map((li) => ({
+    value: li.dataset.value,
+    disrupted: Number(li.dataset.disrupted),
+    max: Number(li.dataset.max),
+    width: li.querySelector('.budgetbar > span').getBoundingClientRect().width,
+    bar: li.querySelector('.budgetbar').getBoundingClientRect().width,
+    text: li.querySelector('.counts').innerText,
+  })));
+  // Production members in flight fill their region's partition (a region's group upgrades at
+  // most 3 at once, within the budget: it never holds the demo's run).
+  const filling = await eventually('a partition with members in flight', async () => {
+    const now = await partitions();
+    return now.some((p) => p.disrupted > 0) ? now : null;
+  }, 40000);
+  for (const p of filling) {
+    assert.ok(p.disrupted <= p.max, `${p.value}: ${p.text}`);
+    assert.match(p.text, new RegExp(`^${p.disrupted} / ${p.max} in flight, \\d+ members$`));
+    // The bar is as full as the partition: disrupted of maxUnavailable.
+    assert.ok(Math.abs(p.width - (p.bar * p.disrupted) / p.max) <= 1, `${p.value}: a bar ${p.width}px of ${p.bar}px for ${p.text}`);
+  }
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  // The demo's budget never holds its run: no member waits for it.
+  const run = (await apiCall(`/v1/fleets/demo/updateRuns/${runName}`, approverToken)).body;
+  const held = run.properties.status.stages.flatMap((st) => st.groups.flatMap((g) => g.members)).filter((m) => m.waitingFor?.kind === 'Budget');
+  assert.deepEqual(held.map((m) => m.name), [], 'no member held by the demo\'s budget');
+  await page.locator('#budgets').scrollIntoViewIfNeeded();
+  await page.shot('filling');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });
@@ -693,16 +746,19 @@ async function healthEndpoint() {
 }
 after(() => healthz?.close());
 
-/** A fleet over the sim driver whose upgrades take a second, with members name → group. */
-async function simFleet(fleet, members) {
+/**
+ * A fleet over the sim driver whose upgrades take a second (or `durationSeconds`), with members
+ * name → group, and labels name → {key: value}.
+ */
+async function simFleet(fleet, members, { durationSeconds = 1, labels = {} } = {}) {
   const clusters = {};
   for (const name of Object.keys(members)) {
-    clusters[`/c/${fleet}-${name}`] = { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [], sim: { durationSeconds: 1 } };
+    clusters[`/c/${fleet}-${name}`] = { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [], sim: { durationSeconds } };
   }
   const driver = { type: 'sim', timeScale: 1, catalog: { eastus: { kubernetes: [{ version: '1.30.5' }, { version: '1.31.1' }] } }, clusters };
   assert.equal((await apiCall(`/v1/fleets/${fleet}`, adminToken, { method: 'PUT', body: { properties: { driver } } })).status, 201);
   for (const [name, group] of Object.entries(members)) {
-    const put = await apiCall(`/v1/fleets/${fleet}/members/${name}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/${fleet}-${name}`, group } } });
+    const put = await apiCall(`/v1/fleets/${fleet}/members/${name}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/${fleet}-${name}`, group, labels: labels[name] } } });
     assert.ok(put.status < 300, JSON.stringify(put.body));
   }
 }
@@ -884,6 +940,84 @@ test('a group\'s HealthCheck after-gate that sees a bad value stops the run, and
   assert.equal(await page.locator('.tile[data-member="v-1"]').getAttribute('data-state'), 'Completed');
   assert.equal(await page.locator('article.group[data-group="edge"]').getAttribute('data-state'), 'Failed');
   await page.shot('failed');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+// ---------------------------------------------------------------------------------------------
+// Fleet-wide rules (SEMANTICS §12) that hold members, on a small fleet of its own: a budget of
+// one member in flight, and a freeze in force over one member.
+
+test('a freeze in force and a full budget hold members: the fleet page shows them, the run page says what each member waits for', async () => {
+  await simFleet('rules', { 'r-1': 'g', 'r-2': 'g', 'r-3': 'g' }, { durationSeconds: 300, labels: { 'r-3': { hold: 'yes' } } });
+  const page = await newPage('rules');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/rules`);
+  // Without rules, each section says so quietly.
+  await page.locator('#no-freezes').waitFor();
+  assert.equal(await page.locator('#no-freezes').innerText(), 'No freeze in force or coming.');
+  assert.equal(await page.locator('#no-budgets').innerText(), 'No disruption budgets.');
+  await page.evaluate(() => { window.notReloaded = true; });
+
+  // The freeze's reason is the API's text, shown as text: markup in it stays words.
+  const now = Date.now();
+  const iso = (ms) => new Date(ms).toISOString().replace(/\.\d+Z$/, 'Z');
+  const reason = 'held <b>for</b> the test';
+  for (const [path, properties] of [
+    ['disruptionBudgets/one-at-a-time', { maxUnavailable: '1' }],
+    ['freezes/hold-r3', { start: iso(now - 3600e3), end: iso(now + 2 * 3600e3), selector: { byLabel: 'hold=yes' }, scope: 'AllUpgrades', reason }],
+  ]) {
+    const put = await apiCall(`/v1/fleets/rules/${path}`, adminToken, { method: 'PUT', body: { properties } });
+    assert.equal(put.status, 201, JSON.stringify(put.body));
+  }
+  await createAndStart('rules', 'held', { stages: [{ name: 'all', groups: [{ name: 'g', maxConcurrency: '3' }] }] });
+  // One member upgrades (the budget's one place), the next waits for the budget, r-3 for the
+  // freeze (looked at before budgets): each with waitingFor beside its message.
+  const members = await eventually('one member in flight, one held by the budget, r-3 by the freeze', async () => {
+    const run = (await apiCall('/v1/fleets/rules/updateRuns/held', approverToken)).body;
+    const all = run.properties.status.stages[0].groups[0].members;
+    const byName = Object.fromEntries(all.map((m) => [m.name, m]));
+    const running = all.filter((m) => m.status.state === 'Running');
+    const budget = all.filter((m) => m.status.state === 'Pending' && m.waitingFor?.kind === 'Budget');
+    return running.length === 1 && budget.length === 1 && byName['r-3'].waitingFor?.kind === 'Freeze' ? { running: running[0].name, held: budget[0].name, byName } : null;
+  }, 30000);
+  assert.equal(members.byName['r-3'].waitingFor.name, 'hold-r3');
+  assert.equal(members.byName[members.held].waitingFor.name, 'one-at-a-time');
+
+  // The fleet page, refreshed by its own timer: the freeze in force with its end, the budget's
+  // one partition full.
+  const freeze = page.locator('#freezes li[data-freeze="hold-r3"]');
+  await freeze.waitFor({ timeout: 20000 });
+  assert.equal(await freeze.getAttribute('data-state'), 'active');
+  assert.match(await freeze.innerText(), /^In force hold-r3 — held <b>for<\/b> the test\nuntil .+ \(1h \d+m left\)\nholds all upgrades of members with hold=yes$/);
+  assert.equal(await freeze.locator('b').count(), 0, 'no markup from the API');
+  const partition = page.locator('#budgets li[data-budget="one-at-a-time"] li.partition');
+  await eventually('the budget\'s partition full', async () => (await partition.count()) === 1 && (await partition.getAttribute('data-disrupted')) === '1', 20000);
+  assert.match(await partition.getAttribute('class'), /\bfull\b/);
+  assert.equal(await partition.locator('.counts').innerText(), '1 / 1 in flight, 3 members');
+  assert.equal(await partition.locator('.partition-value').innerText(), 'all');
+  assert.match(await page.locator('#budgets li[data-budget="one-at-a-time"] > div').first().innerText(), /^one-at-a-time at most 1 in flight, of every member$/);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  await page.shot('fleet');
+
+  // The run page: each held member's tile and details say what holds it.
+  await page.goto(`${base}/#/fleets/rules/runs/held`);
+  const held = page.locator(`.tile[data-member="${members.held}"]`);
+  await held.waitFor();
+  assert.equal(await held.getAttribute('data-state'), 'Pending');
+  assert.equal(await held.getAttribute('data-waiting'), 'Budget');
+  assert.equal(await page.locator('.tile[data-member="r-3"]').getAttribute('data-waiting'), 'Freeze');
+  assert.equal(await page.locator(`.tile[data-member="${members.running}"]`).getAttribute('data-waiting'), null);
+  await held.click();
+  const tag = page.locator('#details .wait-tag');
+  assert.equal(await tag.innerText(), 'Budget: one-at-a-time');
+  assert.equal(await tag.getAttribute('data-kind'), 'Budget');
+  assert.match(await page.locator('#details').innerText(), /Message\s+Budget: one-at-a-time\s*disruption budget "one-at-a-time"/);
+  await page.locator('.tile[data-member="r-3"]').click();
+  assert.equal(await tag.innerText(), 'Freeze: hold-r3');
+  assert.match(await tag.getAttribute('title'), /^Waiting for a freeze until /);
+  await page.shot('held');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });

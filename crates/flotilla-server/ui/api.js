@@ -44,10 +44,13 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   return value;
 }
 
-/** Every item of a list, following nextLink. */
-export async function listAll(path, { signal } = {}) {
+/**
+ * Every item of a list, following nextLink, `top` a page: most lists serve up to 1,000 at once,
+ * a fleet's freezes and disruption budgets up to 100 (a larger $top is a 400).
+ */
+export async function listAll(path, { signal, top = 1000 } = {}) {
   const items = [];
-  let next = path + (path.includes('?') ? '&' : '?') + '$top=1000';
+  let next = path + (path.includes('?') ? '&' : '?') + `$top=${top}`;
   for (let pages = 0; next && pages < 1000; pages++) {
     const page = await api(next, { signal });
     items.push(...(page?.value || []));

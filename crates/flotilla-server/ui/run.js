@@ -1,9 +1,9 @@
 // One update run, live: stages left to right (stacked on narrow screens) with their groups and
 // named member tiles, gates as checkpoints between them, waits as countdowns, thresholds
 // against failure counts, the list of failed members, a filter by state, a details panel for
-// whatever is clicked, a timeline of member upgrades and the event log. Health and readiness
-// check evaluations (checks.js) show beside the member or gate they belong to, and a run that
-// stopped says why at the top.
+// whatever is clicked (a Pending member's says what holds it), a timeline of member upgrades
+// and the event log. Health and readiness check evaluations (checks.js) show beside the member
+// or gate they belong to, and a run that stopped says why at the top.
 // The run's event stream (server-sent events) keeps it current: a member's event is applied to
 // the run in place; an event that changes more than a member (a stage, a group, a wait, the
 // run) makes the page read the run again, and a gate's event the gates too; evaluations of
@@ -44,6 +44,8 @@ const MEMBER_EVENTS = {
   // Upgraded, and soaking under its health checks: still in flight (SEMANTICS §10).
   MemberVerifying: 'Running',
 };
+/** What a member or stage waits for (the forecast's waitsFor, a member's waitingFor), in words. */
+const WAIT_WORDS = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check', Freeze: 'a freeze', Budget: 'a disruption budget' };
 /** Evaluations of checks make the page read the run at most this often, or one read per this many members in ms. */
 const CHECKS_READ_MS = 2000;
 const CHECKS_READ_MS_PER_MEMBER = 0.1;
@@ -262,8 +264,7 @@ export async function render(ctx) {
     if (previous?.afterStageWaitStatus?.status?.state === 'Running') reasons.add('Wait');
     // ...and what the forecast says its members will wait for.
     for (const g of predicted?.groups || []) for (const m of g.members || []) for (const r of m.waitsFor || []) reasons.add(r);
-    const words = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check', Freeze: 'a freeze' };
-    const waits = [...reasons].map((r) => words[r] || r);
+    const waits = [...reasons].map((r) => WAIT_WORDS[r] || r);
     return h('div', {},
       h('dt', {}, 'Next stage'),
       h('dd', { id: 'next-stage', dataset: { stage: next.name, waits: [...reasons].join(',') } },
@@ -355,6 +356,21 @@ export async function render(ctx) {
     return h('li', { class: `checkpoint wait s-${state}`, dataset: { wait: stage.name, state }, 'aria-label': `Wait after stage ${stage.name}: ${state}` }, parts);
   }
 
+  /**
+   * What holds a Pending member (API.md's waitingFor), as a small tag: its kind and the name of
+   * the run, freeze or budget where there is one ("Budget: prod-per-region"), until when in its
+   * tooltip where that is known.
+   */
+  function waitTag(waitingFor) {
+    if (!waitingFor?.kind) return null;
+    const text = waitingFor.name ? `${waitingFor.kind}: ${waitingFor.name}` : waitingFor.kind;
+    return h('span', {
+      class: 'tag wait-tag',
+      dataset: { kind: waitingFor.kind },
+      title: `Waiting for ${WAIT_WORDS[waitingFor.kind] || waitingFor.kind}${waitingFor.until ? ` until ${fmtTime(waitingFor.until)}` : ''}`,
+    }, text);
+  }
+
   /** A long name keeps its start and its end: clusters are told apart by their numbers. */
   function shortName(name) {
     return name.length <= TILE_NAME_CHARS ? name : `${name.slice(0, TILE_NAME_CHARS - 7)}…${name.slice(-6)}`;
@@ -379,7 +395,7 @@ export async function render(ctx) {
       h('button', {
         type: 'button',
         class: `tile s-${state}${named ? ' named' : ''}${selected ? ' selected' : ''}${doing ? ` a-${doing}` : ''}${mark ? ` checked v-${mark.verdict}` : ''}`,
-        dataset: { member: m.name, state, key, activity: doing, checks: mark?.verdict },
+        dataset: { member: m.name, state, key, activity: doing, checks: mark?.verdict, waiting: state === 'Pending' ? m.waitingFor?.kind : null },
         title: `${m.name}: ${label}${message ? ` — ${message}` : ''}${mark ? `\n${mark.text}` : ''}`,
         'aria-label': `${m.name}: ${label}${message ? `. ${message}` : ''}${mark ? `. Checks ${VERDICTS[mark.verdict].label}` : ''}`,
         'aria-pressed': selected ? 'true' : 'false',
@@ -594,7 +610,9 @@ export async function render(ctx) {
       row('Finished', time(member.status?.completedTime));
       const start = parseTime(member.status?.startTime);
       if (start) row('Took', fmtDuration((parseTime(member.status?.completedTime) ?? Date.now()) - start));
-      if (member.message) row('Message', member.message);
+      // A Pending member's message names what holds it; waitingFor says it in brief beside it.
+      const waiting = state === 'Pending' ? waitTag(member.waitingFor) : null;
+      if (member.message || waiting) row('Message', [waiting, member.message]);
       // An error applied from the member's event has no code until the run is read again.
       const error = member.status?.error;
       if (error) row('Error', h('span', { class: 'error' }, error.code ? `${error.code}: ${error.message}` : error.message));
@@ -798,6 +816,9 @@ export async function render(ctx) {
     const seen = event.type === 'MemberVerifying' ? !['Running', 'NotStarted', 'Pending'].includes(status.state) : status.state === state;
     if (at !== null && (at < latest || (at === latest && seen))) return false;
     status.state = state;
+    // waitingFor explains the message beside it and no event carries it: a new message, or a
+    // state other than Pending, drops it until the run is read again.
+    if (event.type !== 'MemberPending' || event.message !== member.message) delete member.waitingFor;
     switch (event.type) {
       case 'MemberStarted':
         // A new attempt: what the last one left is gone (the engine clears it too).

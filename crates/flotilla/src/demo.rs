@@ -1,7 +1,9 @@
 //! `flotilla demo`: a server on the embedded store with a simulated fleet of 60 clusters in 3
 //! regions; a few seconds in, the simulated release feed publishes a new patch, a Rapid
 //! auto-upgrade profile is made for it and starts its staged run (a canary stage and an approval
-//! gate) by itself: one upgrade, driven over real HTTP.
+//! gate) by itself: one upgrade, driven over real HTTP. The fleet also has a disruption budget
+//! and a freeze coming in a few days (SEMANTICS §12), which the dashboard shows; neither holds
+//! the demo's run.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,6 +22,9 @@ use flotilla_server::store::{SqliteStore, Store};
 
 const FLEET: &str = "demo";
 const PROFILE: &str = "rapid";
+/// The demo's disruption budget ([`demo_budget`]) and freeze ([`demo_freeze`]).
+const BUDGET: &str = "prod-per-region";
+const FREEZE: &str = "retail-peak";
 /// The patch the simulated feed publishes a few seconds after the start.
 const NEW_PATCH: &str = "1.31.2";
 /// Real seconds after the start at which the feed publishes it in the first region.
@@ -123,6 +128,33 @@ pub fn demo_strategy() -> Value {
             ],
         },
     ]}}})
+}
+
+/// The demo's disruption budget: at most a fifth of each region's production stores in flight.
+/// It shows partitions filling up without holding the run: a region's prod group upgrades at
+/// most 3 at once, and a fifth of each region's prod stores (22, 20, 16) is 4, 4 and 3.
+pub fn demo_budget() -> Value {
+    json!({"properties": {
+        "selector": {"byLabel": "env=prod"},
+        "maxUnavailable": "20%",
+        "perValueOf": "region",
+    }})
+}
+
+/// The demo's freeze: no minor upgrades of production stores over a retail peak, from midnight
+/// UTC three days after `now`, for two days. It is coming, not in force, and the demo's run is a
+/// patch upgrade, which a `MinorUpgrades` freeze never holds, however long the demo stays up.
+pub fn demo_freeze(now: Time) -> Value {
+    let (_, second_of_day) = now.civil(0);
+    let start = now.plus(3 * 86_400 - second_of_day);
+    let end = start.plus(2 * 86_400);
+    json!({"properties": {
+        "start": start.to_string(),
+        "end": end.to_string(),
+        "selector": {"byLabel": "env=prod"},
+        "scope": "MinorUpgrades",
+        "reason": "retail peak weekend",
+    }})
 }
 
 struct Client {
@@ -300,6 +332,21 @@ pub async fn run(
             Some(&demo_strategy()),
         )
         .await?;
+    client
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{FLEET}/disruptionBudgets/{BUDGET}"),
+            Some(&demo_budget()),
+        )
+        .await?;
+    let freeze = demo_freeze(now);
+    client
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{FLEET}/freezes/{FREEZE}"),
+            Some(&freeze),
+        )
+        .await?;
     outln!(
         "Flotilla demo: {} clusters in 3 regions; the {PROFILE} auto-upgrade profile upgrades them when Kubernetes {NEW_PATCH} comes out, region by region.",
         members.len()
@@ -325,6 +372,11 @@ pub async fn run(
     );
     outln!("  use the CLI:     flotilla login --server {base} --token {approver}");
     outln!("                   flotilla gate list -f {FLEET} --state Pending");
+    outln!(
+        "  fleet rules:     budget {BUDGET} (at most 20% of each region's prod stores in flight); freeze {FREEZE} (no minor upgrades of prod stores from {} to {})",
+        freeze["properties"]["start"].as_str().unwrap_or("?"),
+        freeze["properties"]["end"].as_str().unwrap_or("?")
+    );
     outln!();
     let approver_client = Client {
         http: reqwest::Client::new(),
