@@ -40,5 +40,5 @@ mkdir -p "$ARTIFACTS"
 cd tests/browser
 npm ci --no-audit --no-fund --loglevel=error
 FLOTILLA_BIN="$FLOTILLA_BIN" CHROMIUM="$CHROMIUM" ARTIFACTS="$ARTIFACTS" \
-    node --test --test-concurrency=1 --test-timeout=240000 dashboard.test.mjs
+    node --test --test-concurrency=1 --test-timeout=600000 dashboard.test.mjs
 echo "browser-tests: screenshots in $ARTIFACTS"
