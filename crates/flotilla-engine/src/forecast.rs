@@ -62,6 +62,10 @@ pub enum PathKind {
     Window,
     Version,
     Lock,
+    /// A freeze covering the member (SEMANTICS §12).
+    Freeze,
+    /// A disruption budget full in the member's partition (SEMANTICS §12).
+    Budget,
 }
 
 /// One step of the critical path.
@@ -538,6 +542,8 @@ fn critical_path(
                 let kind = match reason {
                     WaitReason::Version => PathKind::Version,
                     WaitReason::Lock => PathKind::Lock,
+                    WaitReason::Freeze => PathKind::Freeze,
+                    WaitReason::Budget => PathKind::Budget,
                     _ => PathKind::Window,
                 };
                 path.push(PathStep {

@@ -168,6 +168,39 @@ fn a_forecast_waits_for_a_freeze_as_the_run_does() {
     assert!(forecast.waits_for.get("d1").is_none_or(|w| w.is_empty()));
 }
 
+/// A forecast holds members for a budget as the run does (SEMANTICS §11, §12): the run of
+/// scenario 17 alone starts one member per region and waits for the budget for the others.
+#[test]
+fn a_forecast_waits_for_a_budget_as_the_run_does() {
+    use flotilla_engine::engine::WaitReason;
+    use flotilla_engine::forecast::{ForecastParams, PathKind};
+    let scenario = load(&workspace().join("tests/conformance/17-budget-per-region.yaml"));
+    let forecast =
+        flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default()).expect("a forecast");
+    assert_eq!(
+        forecast.completed,
+        Some(flotilla_engine::time::Time::parse("2026-03-02T00:20:00Z").expect("a time"))
+    );
+    for member in ["e2", "w2"] {
+        assert!(
+            forecast
+                .waits_for
+                .get(member)
+                .is_some_and(|w| w.contains(&WaitReason::Budget)),
+            "{member}: {:?}",
+            forecast.waits_for.get(member)
+        );
+    }
+    assert!(
+        forecast
+            .critical_path
+            .iter()
+            .any(|step| step.kind == PathKind::Budget),
+        "{:?}",
+        forecast.critical_path
+    );
+}
+
 /// SEMANTICS §12, `updateRuns`: an entry the API would refuse at creation (a bad strategy, a
 /// bad name, a name already taken by the run of `update`) is listed in its place as
 /// `{name, run: null, createError, events: []}`; the others are created and run.
