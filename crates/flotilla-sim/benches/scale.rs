@@ -10,6 +10,10 @@
 //!
 //! `cargo bench -p flotilla-sim --bench scale -- --runs 10 100000`
 //!
+//! With `--budget N` as well, the fleet has a fleet-wide disruption budget (SEMANTICS §12,
+//! `{"maxUnavailable": "N"}`, no selector, one partition) before the runs start: at most N
+//! members in flight at once across all the runs (`-- --runs 100 --budget 500 10000`).
+//!
 //! With `--checks`, the same run with health checks (SEMANTICS §10): every member soaks five
 //! minutes with a check evaluated each minute, and each later stage waits for a HealthCheck
 //! gate (`-- --checks 10000 100000`).
@@ -196,8 +200,9 @@ fn rss_mib() -> f64 {
 /// An upgrade in flight: (ends at, sequence, run, member, attempt, fails).
 type Finishing = (i64, u64, String, String, u64, bool);
 
-/// N runs over one fleet in one fleet engine, driven to their end in virtual time.
-fn fleet_bench(scenario: &Scenario, runs: usize) {
+/// N runs over one fleet in one fleet engine, driven to their end in virtual time; with
+/// `budget`, under a fleet-wide disruption budget of that many members in flight.
+fn fleet_bench(scenario: &Scenario, runs: usize, budget: Option<u64>) {
     let (spec, _, _) = run_spec(scenario).expect("valid strategy");
     let before = rss_mib();
     let mut fleet = FleetEngine::new(&scenario.members, scenario.catalog.clone());
@@ -215,6 +220,15 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
     let fresh = fleet.run(&names[0]).expect("created").clone();
     let mut checkpoint: Option<String> = None;
     let mut now = scenario.start;
+    if let Some(n) = budget {
+        let spec =
+            serde_json::from_value(json!({"maxUnavailable": n.to_string()})).expect("budget shape");
+        let budget =
+            flotilla_engine::budget::parse_budget("fleet-wide", &spec).expect("a valid budget");
+        fleet
+            .handle(now, FleetInput::PutBudget(Box::new(budget)))
+            .expect("budget put");
+    }
     for name in &names {
         fleet
             .handle(
@@ -229,6 +243,8 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
     let mut finishing: BinaryHeap<Reverse<Finishing>> = BinaryHeap::new();
     let mut seq = 0u64;
     let (mut events, mut upgrades, mut steps) = (0u64, 0u64, Vec::new());
+    // The most members the budget counted in flight after any instant.
+    let mut peak_in_flight = 0u64;
     let wall = Instant::now();
     loop {
         let step = Instant::now();
@@ -269,6 +285,10 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
             events += 1;
         }
         steps.push(step.elapsed().as_secs_f64() * 1000.0);
+        if budget.is_some() {
+            let n = fleet.budget_partitions().map(|(_, n)| n).max();
+            peak_in_flight = peak_in_flight.max(n.unwrap_or_default());
+        }
         // Midway through the first run (half its members' upgrades sent): what a checkpoint of
         // it costs to write and to restore.
         if checkpoint.is_none()
@@ -317,6 +337,9 @@ fn fleet_bench(scenario: &Scenario, runs: usize) {
         "{} members, {runs} runs: member table {table:.0} MiB; creating the runs {created:.2} s, {after_create:.0} MiB",
         scenario.members.len()
     );
+    if let Some(n) = budget {
+        println!("  fleet-wide disruption budget of {n}: at most {peak_in_flight} in flight");
+    }
     println!(
         "  simulated in {simulated:.2} s: {upgrades} upgrades, {events} events, {} instants; step p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {finished}/{runs} runs finished; peak RSS {:.0} MiB",
         steps.len(),
@@ -440,7 +463,17 @@ fn with_checks(mut scenario: Scenario) -> Scenario {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // `--budget N` (with `--runs`): taken out first, so N is not read as a size.
+    let budget = args.iter().position(|a| a == "--budget").map(|i| {
+        let n = args
+            .get(i + 1)
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|&n| n >= 1)
+            .expect("--budget N: a whole number ≥ 1");
+        args.drain(i..i + 2);
+        n
+    });
     let checks = args.iter().any(|a| a == "--checks");
     if args.iter().any(|a| a == "--forecast") {
         let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
@@ -453,6 +486,10 @@ fn main() {
         }
         return;
     }
+    assert!(
+        budget.is_none() || args.iter().any(|a| a == "--runs"),
+        "--budget N goes with --runs"
+    );
     if let Some(i) = args.iter().position(|a| a == "--runs") {
         let runs = args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or(10);
         let sizes: Vec<usize> = args[i + 2..]
@@ -464,7 +501,7 @@ fn main() {
         } else {
             sizes
         } {
-            fleet_bench(&fleet(size), runs);
+            fleet_bench(&fleet(size), runs, budget);
         }
         return;
     }
