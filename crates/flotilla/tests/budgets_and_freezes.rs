@@ -16,7 +16,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Api, Killed, TempDir, create_token, free_port, serve, wait_for};
+use common::{Api, Killed, Served, serve, wait_for};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -319,17 +319,15 @@ fn kill_and_restart(
 #[test]
 fn a_budget_and_a_freeze_hold_three_runs_across_kills() {
     let begun = std::time::Instant::now();
-    let dir = TempDir::new("budgets");
-    let database = dir.0.join("flotilla.db").display().to_string();
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&database),
-    };
-    let log = dir.0.join("server.log");
-    let mut server = Killed(serve(&database, port, &log, &[]));
-    api.wait_ready();
+    let Served {
+        dir: _dir,
+        database,
+        port,
+        log,
+        api,
+        server,
+    } = Served::start("budgets");
+    let mut server = server;
 
     // 60 clusters, 15 in each of 4 regions, at 1.30.5 with one node pool on an image the catalog
     // has a newer version of.

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Api, Killed, TempDir, create_token, free_port, serve, wait_for};
+use common::{Api, Killed, Served, serve, wait_for};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -33,17 +33,15 @@ fn state_of(members: &[Value], name: &str) -> String {
 
 #[test]
 fn a_freeze_holds_prod_across_a_restart_until_it_is_deleted() {
-    let dir = TempDir::new("freezes");
-    let database = dir.0.join("flotilla.db").display().to_string();
-    let port = free_port();
-    let api = Api {
-        http: reqwest::blocking::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-        token: create_token(&database),
-    };
-    let log = dir.0.join("server.log");
-    let mut server = Killed(serve(&database, port, &log, &[]));
-    api.wait_ready();
+    let Served {
+        dir: _dir,
+        database,
+        port,
+        log,
+        api,
+        server,
+    } = Served::start("freezes");
+    let mut server = server;
     let names = ["dev-1", "dev-2", "prod-1", "prod-2"];
     let clusters: serde_json::Map<String, Value> = names
         .iter()

@@ -299,3 +299,39 @@ pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(&paths.2, key.serialize_pem()).expect("server-key.pem");
     paths
 }
+
+/// What a process test starts from: a server on a fresh SQLite file in a temporary directory, on
+/// a free port, with an admin token, ready. Its fields are destructured in the order they should
+/// drop (the server before its directory).
+pub struct Served {
+    pub dir: TempDir,
+    pub database: String,
+    pub port: u16,
+    pub log: std::path::PathBuf,
+    pub api: Api,
+    pub server: Killed,
+}
+
+impl Served {
+    pub fn start(label: &str) -> Served {
+        let dir = TempDir::new(label);
+        let database = dir.0.join("flotilla.db").display().to_string();
+        let port = free_port();
+        let api = Api {
+            http: reqwest::blocking::Client::new(),
+            base: format!("http://127.0.0.1:{port}"),
+            token: create_token(&database),
+        };
+        let log = dir.0.join("server.log");
+        let server = Killed(serve(&database, port, &log, &[]));
+        api.wait_ready();
+        Served {
+            dir,
+            database,
+            port,
+            log,
+            api,
+            server,
+        }
+    }
+}
