@@ -8,7 +8,7 @@ pub mod operation;
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -523,7 +523,8 @@ fn default_scale() -> f64 {
 
 struct SimOperation {
     member: String,
-    ends: Instant,
+    /// When it ends, in [`clock::monotonic_millis`].
+    ends: i64,
     succeeds: bool,
     message: String,
     target: Target,
@@ -641,7 +642,7 @@ impl SimDriver {
         let (clusters, ops) = state;
         if let Some(op) = ops.get_mut(key)
             && !op.applied
-            && op.ends <= Instant::now()
+            && op.ends <= clock::monotonic_millis()
         {
             op.applied = true;
             if op.succeeds
@@ -719,7 +720,7 @@ impl Driver for SimDriver {
             key.to_string(),
             SimOperation {
                 member: cluster_key,
-                ends: Instant::now() + Duration::from_secs_f64(seconds),
+                ends: clock::monotonic_millis().saturating_add((seconds * 1000.0).round() as i64),
                 succeeds: !fails,
                 message,
                 target: target.clone(),
@@ -763,10 +764,9 @@ impl Driver for SimDriver {
     fn poll_after(&self, operation_id: &str) -> Duration {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match state.1.get(operation_id) {
-            Some(op) if !op.applied => op
-                .ends
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
+            Some(op) if !op.applied => Duration::from_millis(
+                op.ends.saturating_sub(clock::monotonic_millis()).max(1) as u64,
+            ),
             _ => Duration::from_millis(1),
         }
     }

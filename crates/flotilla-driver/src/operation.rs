@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use flotilla_engine::engine::{Input, OperationProgress, Target, cluster_at};
 use flotilla_engine::fleet::Cluster;
 
+use crate::clock::{self, Phase};
 use crate::{Driver, DriverError, MemberRef, OperationState};
 
 /// Everything the follower reports goes back to the run as an input.
@@ -114,7 +115,7 @@ pub async fn drive(
                 match permit.may_send() {
                     Some(true) => {}
                     Some(false) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        clock::sleep(Duration::from_millis(50), Phase::Driver).await;
                         continue;
                     }
                     None => return,
@@ -133,7 +134,7 @@ pub async fn drive(
                         // Whether the driver got it is unknown: ask about the key before
                         // anything is sent again.
                         let wait = transient(&e, &mut errors, &mut last_error);
-                        tokio::time::sleep(wait).await;
+                        clock::sleep(wait, Phase::Driver).await;
                         step = Step::Ask(attempt.key.clone());
                     }
                     Err(e) => break Err(format!("the upgrade could not be sent: {e}")),
@@ -145,7 +146,7 @@ pub async fn drive(
                     Ok(false) => step = Step::Send,
                     Err(e) if e.is_transient() => {
                         let wait = transient(&e, &mut errors, &mut last_error);
-                        tokio::time::sleep(wait).await;
+                        clock::sleep(wait, Phase::Driver).await;
                     }
                     Err(e) => break Err(e.message),
                 },
@@ -168,7 +169,7 @@ pub async fn drive(
                 }
                 Err(e) if e.is_transient() => {
                     let wait = transient(&e, &mut errors, &mut last_error);
-                    tokio::time::sleep(wait).await;
+                    clock::sleep(wait, Phase::Driver).await;
                 }
                 Err(e) => break Err(e.message),
             },
@@ -178,7 +179,7 @@ pub async fn drive(
                 } else {
                     backoff(driver.as_ref(), errors)
                 };
-                tokio::time::sleep(wait).await;
+                clock::sleep(wait, Phase::Driver).await;
                 if !report.listening() {
                     return;
                 }
@@ -227,7 +228,7 @@ pub async fn drive(
                     break;
                 }
                 Err(e) if e.is_transient() && tries < 4 => {
-                    tokio::time::sleep(backoff(driver.as_ref(), tries + 1)).await;
+                    clock::sleep(backoff(driver.as_ref(), tries + 1), Phase::Driver).await;
                 }
                 Err(_) => break,
             }
@@ -317,7 +318,7 @@ pub async fn reattach(
                 }
                 errors += 1;
                 tracing::warn!(member = %who.name, error = %e, "cannot ask about the earlier operation; asking again");
-                tokio::time::sleep(backoff(driver.as_ref(), errors)).await;
+                clock::sleep(backoff(driver.as_ref(), errors), Phase::Driver).await;
             }
         }
     };
@@ -333,7 +334,7 @@ pub async fn reattach(
                 }
                 errors += 1;
                 tracing::warn!(member = %who.name, error = %e, "cannot observe the cluster; asking again");
-                tokio::time::sleep(backoff(driver.as_ref(), errors)).await;
+                clock::sleep(backoff(driver.as_ref(), errors), Phase::Driver).await;
             }
         }
     }

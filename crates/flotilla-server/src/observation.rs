@@ -12,7 +12,7 @@ use crate::store::{Kind, Precondition};
 
 /// Observes a member's cluster through the fleet's driver and records it in `status.cluster`.
 pub fn spawn_observe(state: Shared, fleet: String, member: String, id: String) {
-    tokio::spawn(async move {
+    crate::clock::spawn(async move {
         let _ = observe_member(&state, &fleet, &member, &id).await;
     });
 }

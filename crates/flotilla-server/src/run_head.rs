@@ -86,6 +86,12 @@ impl RunHead {
         }
     }
 
+    /// The run can still move: it is not Completed or Skipped (a Failed run can be retried).
+    /// Whatever it should hear of, it hears of now; a finished run holds nothing it could act on.
+    pub fn may_move_again(&self) -> bool {
+        !matches!(self.state(), "Completed" | "Skipped")
+    }
+
     /// The run moves, or has members in flight: a delete of it, or of its fleet, waits for a
     /// stop (a Failed run is active until its last member in flight ends).
     pub fn is_active(&self) -> bool {

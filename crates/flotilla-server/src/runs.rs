@@ -34,7 +34,7 @@ use flotilla_engine::strategy::{
 };
 use flotilla_engine::time::Time;
 
-use crate::clock::now;
+use crate::clock::{Busy, Phase, now};
 use crate::durations::Durations;
 
 use crate::driver::{Driver, MemberRef, driver_from_config};
@@ -160,12 +160,34 @@ const STATUS_BUDGET: Duration = Duration::from_millis(25);
 /// A field never shown in API bodies (older runs kept their snapshot there).
 pub const SNAPSHOT: &str = "x-flotilla";
 
+/// A fleet task's mailbox. Each message holds a [`crate::clock::Busy`] until the task has
+/// handled it: a virtual clock does not move on while a message is on its way.
+#[derive(Clone)]
+pub(crate) struct Inbox(mpsc::UnboundedSender<(Msg, crate::clock::Busy)>);
+
+impl Inbox {
+    /// Queues a message; `Err` once the task has ended (the message is dropped).
+    fn send(&self, msg: Msg) -> Result<(), TaskEnded> {
+        self.0
+            .send((msg, crate::clock::busy()))
+            .map_err(|_| TaskEnded)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// A fleet's task ended: it takes no more messages.
+#[derive(Debug)]
+struct TaskEnded;
+
 /// A fleet's task: the lease epoch it drives the fleet under, its mailbox, and the runs it
 /// drives now (kept by the task).
 #[derive(Clone)]
 struct FleetTask {
     epoch: i64,
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: Inbox,
     driving: Arc<Mutex<std::collections::HashSet<String>>>,
     /// The driver the task was last given.
     driver: Arc<dyn Driver>,
@@ -935,6 +957,7 @@ impl Runs {
             )));
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let tx = Inbox(tx);
         let task = FleetTask {
             epoch: fence.epoch,
             tx: tx.clone(),
@@ -962,11 +985,7 @@ impl Runs {
     }
 
     /// The mailbox of the task driving `run`'s fleet, with the run loaded into it.
-    async fn handle(
-        self: &Arc<Self>,
-        fleet: &str,
-        run: &str,
-    ) -> Result<mpsc::UnboundedSender<Msg>, ApiError> {
+    async fn handle(self: &Arc<Self>, fleet: &str, run: &str) -> Result<Inbox, ApiError> {
         let task = self.fleet_task(fleet).await?;
         if task.drives(run) {
             return Ok(task.tx);

@@ -4291,3 +4291,50 @@ async fn a_budget_holds_a_run_to_its_size_and_says_so() {
 /// harness.
 #[path = "api/review_findings.rs"]
 mod review_findings;
+
+/// `If-None-Match: *` creates a run or is refused: a run not yet started is never replaced by
+/// it (found by playing scenario u03 through the server, where such a write replaced the run).
+#[tokio::test]
+async fn a_create_only_put_never_replaces_a_run_not_started() {
+    let h = Harness::start("create-only-run").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m1",
+        Some(json!({"properties": {"clusterResourceId": "c1"}})),
+    )
+    .await;
+    let put = |upgrade: Value| {
+        h.http
+            .put(format!("{}/v1/fleets/f1/updateRuns/r1", h.base))
+            .bearer_auth(&h.tokens["operator"])
+            .header("If-None-Match", "*")
+            .json(&json!({"properties": {"managedClusterUpdate": {"upgrade": upgrade}}}))
+            .send()
+    };
+    let first = put(json!({"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}))
+        .await
+        .expect("sent");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let second = put(json!({"type": "NodeImageOnly"})).await.expect("sent");
+    assert_eq!(second.status(), StatusCode::PRECONDITION_FAILED);
+    let body: Value = second.json().await.expect("error body");
+    assert!(
+        body.to_string().contains("If-None-Match"),
+        "the error says which condition failed: {body}"
+    );
+    let run = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns/r1", None)
+        .await;
+    assert_eq!(
+        run["properties"]["managedClusterUpdate"]["upgrade"]["type"], "ControlPlaneOnly",
+        "the run is as first created: {run}"
+    );
+}

@@ -196,10 +196,11 @@ pub(super) async fn delete_member(
     {
         return Err(not_found("member", &member));
     }
-    // Runs that are not over skip it where it has not started (SEMANTICS §2); which those are
-    // is read from their typed heads, by the rule the engine keeps (`RunHead::is_over`).
+    // Every run that can still move skips it where it has not started (SEMANTICS §2), a Failed
+    // run included: a retry must not upgrade a member that left the fleet. Each is told through
+    // the fleet's task, and its engine decides what that means for the run.
     for (run, head) in crate::run_head::heads(state.runs.store.as_ref(), &fleet).await? {
-        if !head.is_over() {
+        if head.may_move_again() {
             let input = Input::MemberRemoved {
                 member: member.clone(),
             };

@@ -12,7 +12,16 @@ pub(super) async fn create_run(
     when: Precondition,
 ) -> HttpResult<CreatedRun> {
     let (strategy, strategy_id, update) = (new.strategy, new.strategy_id, new.update);
-    if let Some((existing, _)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? {
+    if let Some((existing, etag)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? {
+        // Held before anything changes: a create-only write (`If-None-Match: *`) never
+        // replaces a run, even one not started.
+        if when == Precondition::IfNoneMatchAny {
+            return Err(HttpError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "PreconditionFailed",
+                format!("If-None-Match: * but the resource exists (eTag {etag})"),
+            ));
+        }
         let head = crate::run_head::RunHead::parse(&existing);
         let current = head.state();
         if current != "NotStarted" {

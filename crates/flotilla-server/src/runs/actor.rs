@@ -135,6 +135,10 @@ impl RunMeta {
     /// document. A write stores only what changed, but every reader of a new version reads the
     /// whole document (the answer cache keeps one version), so the pace follows its size.
     pub(super) fn status_every(&self) -> Duration {
+        // On a virtual clock every instant's statuses are written before it moves on.
+        if crate::clock::is_virtual() {
+            return Duration::ZERO;
+        }
         let mib = u32::try_from(self.status_bytes >> 20).unwrap_or(u32::MAX);
         STATUS_EVERY.saturating_mul(mib.saturating_add(1))
     }
@@ -162,7 +166,7 @@ pub(super) struct FleetActor {
     pub(super) meta: HashMap<String, RunMeta>,
     pub(super) runs: Arc<Runs>,
     pub(super) driver: Arc<dyn Driver>,
-    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) tx: Inbox,
     /// The fleet lease this task drives under; every batch is written under it.
     pub(super) fence: Fence,
     /// The runs driven now, as the API sees them.
@@ -184,17 +188,28 @@ impl FleetActor {
         }
     }
 
-    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<(Msg, Busy)>) {
+        // A status left to write keeps a virtual clock where it is until it is written.
+        let mut unwritten: Option<Busy> = None;
+        // What the last step worked on behalf of: given up once the next timer is set.
+        let mut done: Vec<Busy> = Vec::new();
         loop {
             let mut woke_at = None;
-            let engine_deadline = self.engine.next_wakeup().map(|at| {
-                let wait = (at.unix() as f64
-                    - SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64()))
-                .max(0.0);
-                Instant::now() + Duration::from_secs_f64(wait)
+            let engine_wakeup = self.engine.next_wakeup();
+            // When the engine's timer is due on this process's clock, for the starts it makes
+            // possible (the `timer` trigger's latency).
+            let engine_due = engine_wakeup.map(|at| {
+                let wait = at.unix().saturating_mul(1000) - crate::clock::now_millis();
+                Instant::now() + Duration::from_millis(wait.max(0) as u64)
             });
+            let engine_timer = engine_wakeup.map(|at| crate::clock::sleep_until(at, Phase::Engine));
+            let engine_timer = async move {
+                match engine_timer {
+                    Some(timer) => timer.await,
+                    None => std::future::pending().await,
+                }
+            };
+            done.clear();
             // A status left unwritten by a busy step is written at the latest this much later.
             let flush_deadline = self
                 .meta
@@ -205,42 +220,62 @@ impl FleetActor {
                         .map_or_else(Instant::now, |t| t + m.status_every())
                 })
                 .min();
-            let deadline = [engine_deadline, flush_deadline, self.pace.due()]
+            let deadline = [flush_deadline, self.pace.due()]
                 .into_iter()
                 .flatten()
                 .min();
-            let first = match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        m = rx.recv() => match m { Some(m) => Some(m), None => break },
-                        _ = tokio::time::sleep_until(deadline.into()) => {
-                            if engine_deadline == Some(deadline) {
-                                woke_at = Some(deadline);
-                            }
-                            None
-                        }
-                    }
+            let other_timer = async move {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
                 }
-                None => match rx.recv().await {
-                    Some(m) => Some(m),
+            };
+            // What this step works on behalf of: its messages, or the timer that woke it.
+            let mut held: Vec<Busy> = Vec::new();
+            let first = tokio::select! {
+                m = rx.recv() => match m {
+                    Some((m, busy)) => {
+                        held.push(busy);
+                        Some(m)
+                    }
                     None => break,
                 },
+                busy = engine_timer => {
+                    held.push(busy);
+                    woke_at = engine_due;
+                    None
+                }
+                _ = other_timer => None,
             };
             let mut batch: Vec<Msg> = first.into_iter().collect();
-            while let Ok(m) = rx.try_recv() {
-                batch.push(m);
+            loop {
+                while let Ok((m, busy)) = rx.try_recv() {
+                    held.push(busy);
+                    batch.push(m);
+                }
+                // On a virtual clock, all that reaches the fleet at one instant is one batch.
+                if !crate::clock::others_at_work(held.len()).await {
+                    break;
+                }
             }
             if !self.step(batch, woke_at).await {
                 break;
             }
             self.forecast_if_due();
+            unwritten = if self.meta.values().any(|m| m.status_dirty) {
+                unwritten.or_else(|| Some(crate::clock::busy()))
+            } else {
+                None
+            };
+            done = held;
         }
+        drop((done, unwritten));
         if let Ok(mut driving) = self.driving.lock() {
             driving.clear();
         }
         // Whatever was queued is answered or handed over again, never silently dropped.
         rx.close();
-        while let Ok(msg) = rx.try_recv() {
+        while let Ok((msg, _busy)) = rx.try_recv() {
             self.turn_away(msg);
         }
     }
@@ -1022,7 +1057,7 @@ impl FleetActor {
         if let Some(meta) = self.meta.get_mut(run) {
             meta.outstanding.insert(attempt);
         }
-        tokio::spawn(async move {
+        crate::clock::spawn(async move {
             let begin = match known {
                 Some(id) => crate::operation::Begin::Follow(id),
                 None if recovering => {
@@ -1065,7 +1100,7 @@ impl FleetActor {
         let runs = self.runs.clone();
         let fleet = self.fleet.clone();
         let allow = self.runs.drivers.exec_allowed();
-        tokio::spawn(async move {
+        crate::clock::spawn(async move {
             use crate::operation::Report;
             // `{label:KEY}` is the member's label, read from its resource when a check uses one.
             let member = match &subject {
@@ -1088,7 +1123,7 @@ impl FleetActor {
                 let (runs, report, subject) = (runs.clone(), report.clone(), subject.clone());
                 let (context, labels, allow) = (context.clone(), labels.clone(), allow.clone());
                 let fleet = fleet.clone();
-                tokio::spawn(async move {
+                crate::clock::spawn(async move {
                     // A provider that cannot be read now, is gone, or no longer serves this
                     // fleet makes the evaluation unavailable (SEMANTICS §10).
                     let provider = runs
@@ -1134,7 +1169,7 @@ impl FleetActor {
             .unwrap_or(key.clone());
         meta.outstanding.insert(attempt);
         let target = self.engine.run(run).and_then(|e| e.member_target(&member));
-        tokio::spawn(async move {
+        crate::clock::spawn(async move {
             use crate::operation::Report;
             let (progress, cluster) =
                 match crate::operation::reattach(&driver, &report, &who, &operation, &key).await {
@@ -1246,7 +1281,7 @@ pub(super) fn gate_resources(
 /// The follower's reports go to the fleet's task, tagged with the run.
 #[derive(Clone)]
 pub(super) struct RunReport {
-    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) tx: Inbox,
     pub(super) run: String,
 }
 
