@@ -1038,6 +1038,8 @@ impl Driver for AksDriver {
                     family: family_of(image).to_string(),
                     os: pool["osType"].as_str().map(String::from),
                     node_image_version: image.to_string(),
+                    // The pool's own version (SEMANTICS §13) is not read from ARM yet.
+                    orchestrator_version: None,
                 })
             })
             .collect();

@@ -20,6 +20,17 @@ pub struct NodePool {
     pub family: String,
     pub os: Os,
     pub image: ImageVersion,
+    /// The pool's Kubernetes version where it differs from the control plane's (a
+    /// ControlPlaneOnly upgrade leaves pools behind); `None`: the control plane's.
+    pub orchestrator_version: Option<KubeVersion>,
+}
+
+impl NodePool {
+    /// The pool's Kubernetes version in `cluster`.
+    pub fn kubernetes_version(&self, cluster: &Cluster) -> KubeVersion {
+        self.orchestrator_version
+            .unwrap_or(cluster.kubernetes_version)
+    }
 }
 
 /// What a driver reports about a cluster.
@@ -200,6 +211,57 @@ impl Catalog {
             .max()
     }
 
+    /// The newest generally available patch of `major.minor` in `region` at `now` (SEMANTICS
+    /// §13, a chain's intermediate version): not a preview, and a patch kept only by long-term
+    /// support only for a cluster with it (`long_term_support`).
+    pub fn newest_patch(
+        &self,
+        region: &str,
+        (major, minor): (u32, u32),
+        long_term_support: bool,
+        now: Time,
+    ) -> Option<KubeVersion> {
+        self.patches(region, (major, minor), long_term_support)
+            .filter(|k| k.available_at.is_none_or(|t| t <= now))
+            .map(|k| k.version)
+            .max()
+    }
+
+    /// When the first patch [`Catalog::newest_patch`] could choose arrives in `region`.
+    pub fn patch_arrival(
+        &self,
+        region: &str,
+        line: (u32, u32),
+        long_term_support: bool,
+        now: Time,
+    ) -> Availability {
+        self.patches(region, line, long_term_support)
+            .map(|k| Availability::of(k.available_at, now))
+            .min_by_key(|a| match a {
+                Availability::Now => (0, Time(i64::MIN)),
+                Availability::At(t) => (1, *t),
+                Availability::Unlisted => (2, Time(i64::MAX)),
+            })
+            .unwrap_or(Availability::Unlisted)
+    }
+
+    fn patches(
+        &self,
+        region: &str,
+        line: (u32, u32),
+        long_term_support: bool,
+    ) -> impl Iterator<Item = &KubeRelease> {
+        self.regions
+            .get(region)
+            .into_iter()
+            .flat_map(|r| r.kubernetes.iter())
+            .filter(move |k| {
+                k.version.minor_line() == line
+                    && !k.preview
+                    && (long_term_support || !k.long_term_support)
+            })
+    }
+
     /// When the first image of `family` arrives in `region`, if none is there at `now`.
     pub fn first_image_arrival(&self, region: &str, family: &str, now: Time) -> Availability {
         if self.is_unknown() {
@@ -298,6 +360,9 @@ pub struct NodePoolSpec {
     pub os: Option<String>,
     /// A version (`202602.10.0`) or the AKS form `<family>-<version>`.
     pub node_image_version: String,
+    /// The pool's Kubernetes version; absent: the control plane's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orchestrator_version: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,11 +410,24 @@ impl NodePool {
                 format!("{text:?} is not a node image version"),
             )
         })?;
+        let orchestrator_version = spec
+            .orchestrator_version
+            .as_deref()
+            .map(|v| {
+                KubeVersion::parse(v).ok_or_else(|| {
+                    invalid(
+                        &format!("{path}.orchestratorVersion"),
+                        format!("{v:?} is not a version major.minor.patch"),
+                    )
+                })
+            })
+            .transpose()?;
         Ok(NodePool {
             name: spec.name.clone(),
             family: spec.family.clone(),
             os,
             image,
+            orchestrator_version,
         })
     }
 
@@ -362,6 +440,7 @@ impl NodePool {
                 Os::Windows => "Windows".into(),
             }),
             node_image_version: format!("{}-{}", self.family, self.image),
+            orchestrator_version: self.orchestrator_version.map(|v| v.to_string()),
         }
     }
 }

@@ -280,7 +280,7 @@ impl FleetEngine {
         }
         let held: Vec<(Arc<str>, u64, Target)> = slot
             .engine
-            .operations_in_flight()
+            .clusters_held()
             .map(|(member, attempt, target)| (self.key(member), attempt, target.clone()))
             .collect();
         let mut news: BTreeSet<Arc<str>> = slot.told.keys().cloned().collect();
@@ -673,6 +673,22 @@ impl FleetEngine {
         if !holds {
             return;
         }
+        let between = self
+            .runs
+            .get(&seq)
+            .is_some_and(|s| s.engine.holds_between_hops(member, attempt));
+        if between {
+            // A hop of a chain that goes on (SEMANTICS §13): the run keeps the cluster until
+            // its last hop ends; every run sees where this hop took it.
+            if let (true, Some(current), Some(busy)) =
+                (ok, self.current(member), self.busy.get(member))
+            {
+                let mut cluster = (*current).clone();
+                apply_target(&mut cluster, &busy.target);
+                self.observed(now, member, Arc::new(cluster), None);
+            }
+            return;
+        }
         let Some((name, busy)) = self.busy.remove_entry(member) else {
             return;
         };
@@ -723,6 +739,20 @@ impl FleetEngine {
     /// Drains a run's commands: a start makes its cluster busy at once.
     fn collect(&mut self, seq: u64) {
         self.take_disruptions(seq);
+        let Some(slot) = self.runs.get_mut(&seq) else {
+            return;
+        };
+        // A chain that ended between hops lets its cluster go (SEMANTICS §13).
+        for (member, attempt) in slot.engine.take_released() {
+            if self
+                .busy
+                .get(&member)
+                .is_some_and(|b| b.run == seq && b.attempt == attempt)
+                && let Some((name, _)) = self.busy.remove_entry(&member)
+            {
+                self.tell_others(seq, &name);
+            }
+        }
         let Some(slot) = self.runs.get_mut(&seq) else {
             return;
         };

@@ -230,7 +230,7 @@ fn forward(
         let Some(e) = sim.run(name) else { continue };
         let reattaching: BTreeSet<(String, u64)> = e.pending_observations().into_iter().collect();
         for (member, attempt, _) in e.operations_in_flight() {
-            let started = e.member_started(member).unwrap_or(now);
+            let started = e.operation_started(member).unwrap_or(now);
             let end = Time(started.unix() + duration(name, member).max(0)).max(now);
             let what = if reattaching.contains(&(member.to_string(), attempt)) {
                 Due::Reattached(name.clone(), member.to_string(), attempt)

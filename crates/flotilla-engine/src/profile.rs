@@ -32,6 +32,10 @@ pub struct ProfileSpec {
     pub target_kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub long_term_support: bool,
+    /// Members more than one minor behind the target are upgraded one minor at a time
+    /// (SEMANTICS §13) instead of being skipped (§8).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chain_minor_versions: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +66,8 @@ pub struct Profile {
     /// `Latest` or `Consistent` for the Kubernetes channels; NodeImage behaves as Consistent.
     pub consistent_images: bool,
     pub disabled: bool,
+    /// `chainMinorVersions`: only with a channel that selects a Kubernetes version.
+    pub chain_minor_versions: bool,
 }
 
 /// What a channel selects now.
@@ -213,11 +219,20 @@ pub fn parse_profile(spec: &ProfileSpec) -> Result<Profile, ApiError> {
             ));
         }
     };
+    if spec.chain_minor_versions && matches!(channel, Channel::NodeImage | Channel::SecurityPatch) {
+        return Err(bad(
+            "chainMinorVersions",
+            format!(
+                "true is only allowed with a channel that selects a Kubernetes version (Rapid, Stable, TargetKubernetesVersion), not {channel_text}"
+            ),
+        ));
+    }
     Ok(Profile {
         channel,
         update_strategy_id: spec.update_strategy_id.clone(),
         consistent_images,
         disabled: spec.disabled,
+        chain_minor_versions: spec.chain_minor_versions,
     })
 }
 
@@ -405,9 +420,12 @@ pub fn plan_run(
                     }),
                 },
                 RunRules {
-                    skip_minor_jumps: true,
+                    // A chain brings a member behind up one minor at a time instead
+                    // (SEMANTICS §13).
+                    skip_minor_jumps: !profile.chain_minor_versions,
                     require_long_term_support: lts_only,
                     linux_node_pools_only: false,
+                    chain_minor_versions: profile.chain_minor_versions,
                 },
             )
         }

@@ -74,6 +74,23 @@ pub struct MemberStatus {
     pub waiting_for: Option<WaitingFor>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks: Vec<CheckResult>,
+    /// In a run with `chainMinorVersions` (SEMANTICS §13): every hop sent to the member in
+    /// this run, retries included, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hops: Vec<Hop>,
+}
+
+/// One hop of a chained minor upgrade (SEMANTICS §13): one driver operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hop {
+    pub from: crate::version::KubeVersion,
+    pub to: crate::version::KubeVersion,
+    pub start_time: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_time: Option<Time>,
+    /// Running, then Completed or Failed; Stopped while its run is stopped.
+    pub state: State,
 }
 
 /// Why a Pending member cannot start yet.
@@ -215,6 +232,10 @@ pub enum EventType {
     MemberStopped,
     /// A member's upgrade succeeded and its soak began (SEMANTICS §10).
     MemberVerifying,
+    /// One hop of a chained minor upgrade was sent (SEMANTICS §13).
+    MemberHopStarted,
+    MemberHopSucceeded,
+    MemberHopFailed,
     /// One evaluation of a health or readiness check.
     HealthCheckEvaluated,
     ActionRejected,

@@ -696,6 +696,25 @@ pub fn parse_strategy(
     Ok(Strategy { stages })
 }
 
+/// Checks `chainMinorVersions` (SEMANTICS §13) against the upgrade it chains: only a Full or
+/// ControlPlaneOnly upgrade changes minor versions. `path` names the field.
+pub fn check_chain_minor_versions(
+    chain: bool,
+    upgrade: &Upgrade,
+    path: &str,
+) -> Result<(), ApiError> {
+    if chain && !upgrade.changes_kubernetes() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidUpgrade,
+            format!(
+                "{path} true: chained minor upgrades apply to Full and ControlPlaneOnly upgrades, not NodeImageOnly"
+            ),
+            path,
+        ));
+    }
+    Ok(())
+}
+
 /// Parses and validates `managedClusterUpdate` (SEMANTICS §1). Catalog checks of custom images
 /// happen at run creation, where the catalog is known.
 pub fn parse_upgrade(spec: &ManagedClusterUpdateSpec, path: &str) -> Result<Upgrade, ApiError> {

@@ -39,6 +39,22 @@ impl KubeVersion {
     }
 }
 
+/// Written as its text, `"1.31.2"`.
+impl serde::Serialize for KubeVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KubeVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        KubeVersion::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not a version major.minor.patch"))
+        })
+    }
+}
+
 impl fmt::Display for KubeVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)

@@ -135,6 +135,7 @@ fn case(rng: &mut Rng, kind: Durations) -> Case {
                         fail: false,
                         fail_message: String::new(),
                         fail_attempts: None,
+                        fail_operations: Vec::new(),
                     },
                 );
             }

@@ -117,6 +117,7 @@ fn fleet(size: usize) -> Scenario {
                     family: family.into(),
                     os: Os::Linux,
                     image: ImageVersion::parse("202602.10.0").expect("v"),
+                    orchestrator_version: None,
                 }],
                 kubernetes_window: rng.next().is_multiple_of(4).then(|| window.clone()),
                 node_os_window: None,
@@ -130,6 +131,7 @@ fn fleet(size: usize) -> Scenario {
                 fail: rng.next().is_multiple_of(200),
                 fail_message: "simulated failure".into(),
                 fail_attempts: None,
+                fail_operations: Vec::new(),
             },
         );
     }

@@ -239,6 +239,34 @@ fn check_run(
             )),
         }
     }
+    // The `to` of every hop sent to a member, in order (SEMANTICS §13), as check.py reads it.
+    for (name, want) in exp
+        .get("memberHops")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let hops = members
+            .get(name)
+            .and_then(|m| m["hops"].as_array())
+            .into_iter()
+            .flatten()
+            .map(|h| h["to"].clone())
+            .collect();
+        let want = Value::Array(
+            want.as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| Value::String(text(v)))
+                .collect(),
+        );
+        cmp(
+            &mut errors,
+            format!("memberHops.{name}"),
+            Some(Value::Array(hops)),
+            &want,
+        );
+    }
     // Additions for checks (tests/scenarios/README.md): error codes of members, groups and
     // stages ("member:m1"), and the state of the first gate at a place ("prod/Before",
     // "prod/g/After").

@@ -143,6 +143,9 @@ pub struct PoolSpec {
     pub os: Option<String>,
     #[serde(deserialize_with = "scalar_text")]
     pub node_image_version: String,
+    /// The pool's Kubernetes version (SEMANTICS §13); absent: the member's.
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub orchestrator_version: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +168,10 @@ pub struct SimSpec {
     pub fail_message: Option<String>,
     #[serde(default)]
     pub fail_attempts: Option<u32>,
+    /// The operations sent to this cluster that fail, counted from 1 across runs and hops
+    /// (SEMANTICS §13).
+    #[serde(default)]
+    pub fail_operations: Vec<u32>,
     /// What this member's health and readiness checks will see, by check name (SEMANTICS §10).
     #[serde(default)]
     pub checks: BTreeMap<String, Value>,
@@ -245,8 +252,10 @@ pub struct SimBehaviour {
     pub duration_seconds: i64,
     pub fail: bool,
     pub fail_message: String,
-    /// With `fail`: only the first N attempts fail; `None` means all do.
+    /// With `fail`: only the first N operations fail; `None` means all do.
     pub fail_attempts: Option<u32>,
+    /// These operations fail whatever `fail` says (the Nth sent to the cluster, from 1).
+    pub fail_operations: Vec<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -482,6 +491,7 @@ fn pool(path: &str, p: &PoolSpec) -> Result<NodePool, ScenarioError> {
         family: p.family.clone(),
         os: p.os.clone(),
         node_image_version: p.node_image_version.clone(),
+        orchestrator_version: p.orchestrator_version.clone(),
     };
     Ok(NodePool::parse(&spec, path)?)
 }
@@ -678,6 +688,7 @@ impl Scenario {
                             family: family.clone(),
                             os: Os::Linux,
                             image: first.version.clone(),
+                            orchestrator_version: None,
                         }])
                     })
                     .unwrap_or_default(),
@@ -735,6 +746,7 @@ impl Scenario {
                         .fail_message
                         .unwrap_or_else(|| "simulated upgrade failure".into()),
                     fail_attempts: sim.fail_attempts,
+                    fail_operations: sim.fail_operations,
                 },
             );
             members.push(Member {
@@ -945,8 +957,10 @@ impl Scenario {
     }
 
     /// The strategy and upgrade of the scenario's hand-made run as wire shapes, checked for
-    /// unknown fields.
-    pub fn wire_specs(&self) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+    /// unknown fields, and its `chainMinorVersions`.
+    pub fn wire_specs(
+        &self,
+    ) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec, bool), ApiError> {
         wire_specs_of(self.strategy.as_ref(), self.update.as_ref())
     }
 
@@ -960,20 +974,34 @@ impl Scenario {
 }
 
 /// A run's strategy and upgrade as wire shapes, checked for unknown fields as the API checks a
-/// run's body.
+/// run's body, and its `chainMinorVersions` (SEMANTICS §13: written beside `upgrade` in a
+/// scenario, a run property in the API).
 pub fn wire_specs_of(
     strategy: Option<&Value>,
     update: Option<&Value>,
-) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
+) -> Result<(Option<StrategySpec>, ManagedClusterUpdateSpec, bool), ApiError> {
     let strategy = strategy
         .cloned()
         .map(|s| from_json_value::<StrategySpec>(s, "properties.strategy"))
         .transpose()?;
-    let update = from_json_value::<ManagedClusterUpdateSpec>(
-        update.cloned().unwrap_or(Value::Null),
-        "properties.managedClusterUpdate",
-    )?;
-    Ok((strategy, update))
+    let mut update = update.cloned().unwrap_or(Value::Null);
+    let chain = match update
+        .as_object_mut()
+        .and_then(|o| o.remove("chainMinorVersions"))
+    {
+        None => false,
+        Some(Value::Bool(chain)) => chain,
+        Some(other) => {
+            return Err(ApiError::new(
+                flotilla_engine::error::ErrorCode::InvalidRequestContent,
+                format!("properties.chainMinorVersions: {other} must be true or false"),
+                "properties.chainMinorVersions",
+            ));
+        }
+    };
+    let update =
+        from_json_value::<ManagedClusterUpdateSpec>(update, "properties.managedClusterUpdate")?;
+    Ok((strategy, update, chain))
 }
 
 #[cfg(test)]

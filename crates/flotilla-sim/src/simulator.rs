@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use flotilla_engine::engine::{
-    Command, Engine, Input, OperationProgress, RunSpec, SkipKind, SkipTarget, StatusChanges,
-    Target, Timing, apply_target,
+    Command, Engine, Input, OperationProgress, RunRules, RunSpec, SkipKind, SkipTarget,
+    StatusChanges, Target, Timing, apply_target,
 };
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
 use flotilla_engine::fleet::{Catalog, Cluster};
@@ -25,7 +25,9 @@ use flotilla_engine::profile::{
 };
 use flotilla_engine::release;
 use flotilla_engine::status::{Event, UpdateRunStatus};
-use flotilla_engine::strategy::{ManagedClusterUpdateSpec, StrategySpec, parse_upgrade};
+use flotilla_engine::strategy::{
+    ManagedClusterUpdateSpec, StrategySpec, check_chain_minor_versions, parse_upgrade,
+};
 use flotilla_engine::time::Time;
 
 use crate::scenario::{
@@ -133,6 +135,9 @@ pub fn run_resource(
         "managedClusterUpdate".into(),
         serde_json::to_value(update).unwrap_or(Value::Null),
     );
+    if engine.rules().chain_minor_versions {
+        properties.insert("chainMinorVersions".into(), json!(true));
+    }
     properties.insert(
         "status".into(),
         serde_json::to_value(engine.status()).unwrap_or(Value::Null),
@@ -187,16 +192,20 @@ fn spec_of(
     strategy: Option<&Value>,
     update: Option<&Value>,
 ) -> Result<(RunSpec, Option<StrategySpec>, ManagedClusterUpdateSpec), ApiError> {
-    let (strategy_spec, update_spec) = wire_specs_of(strategy, update)?;
+    let (strategy_spec, update_spec, chain) = wire_specs_of(strategy, update)?;
     let strategy = strategy_spec
         .as_ref()
         .map(|s| scenario.parse_strategy(s))
         .transpose()?;
     let upgrade = parse_upgrade(&update_spec, "properties.managedClusterUpdate")?;
+    check_chain_minor_versions(chain, &upgrade, "properties.chainMinorVersions")?;
     let spec = RunSpec {
         strategy,
         upgrade,
-        rules: Default::default(),
+        rules: RunRules {
+            chain_minor_versions: chain,
+            ..RunRules::default()
+        },
     };
     Ok((spec, strategy_spec, update_spec))
 }
@@ -291,6 +300,7 @@ fn default_behaviour() -> SimBehaviour {
         fail: false,
         fail_message: String::new(),
         fail_attempts: None,
+        fail_operations: Vec::new(),
     }
 }
 
@@ -1173,7 +1183,8 @@ impl Sim<'_> {
             return format!("sim-op-{attempt}");
         };
         let number = c.operations.len() as u32 + 1;
-        let fails = c.behaviour.fail && c.behaviour.fail_attempts.is_none_or(|n| number <= n);
+        let fails = (c.behaviour.fail && c.behaviour.fail_attempts.is_none_or(|n| number <= n))
+            || c.behaviour.fail_operations.contains(&number);
         let end = now.plus(c.behaviour.duration_seconds);
         c.operations.push((run, attempt, end, !fails));
         self.targets.insert((run, attempt), target);

@@ -60,7 +60,8 @@ struct StagePlan {
 #[derive(Clone, Debug)]
 struct Plan {
     members: Vec<MemberPlan>,
-    /// 0: ControlPlaneOnly, 1: Full with Latest images, 2: Full with Consistent, 3: NodeImageOnly.
+    /// 0: ControlPlaneOnly, 1: Full with Latest images, 2: Full with Consistent, 3: NodeImageOnly,
+    /// 4: ControlPlaneOnly to 1.32.0 chained, 5: Full to 1.32.0 chained.
     upgrade: usize,
     /// Hours after the start at which the target reaches westus (never: not listed there).
     west_arrival_hours: Option<i64>,
@@ -167,7 +168,7 @@ fn plan() -> impl Strategy<Value = Plan> {
         proptest::collection::vec(stage, 1..4),
         proptest::option::weighted(0.3, (1i64..120, 1i64..300)),
         proptest::option::weighted(0.3, (0i64..60, 0usize..40)),
-        0usize..4,
+        0usize..6,
         proptest::option::weighted(0.8, 0i64..72),
         proptest::option::weighted(0.4, 0i64..600),
     )
@@ -281,6 +282,7 @@ fn scenario(plan: &Plan) -> Scenario {
             family: FAMILY.into(),
             os: Os::Linux,
             image: pool_image.clone(),
+            orchestrator_version: None,
         }];
         if m.arm_pool && m.region == 0 {
             node_pools.push(NodePool {
@@ -288,6 +290,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 family: ARM.into(),
                 os: Os::Linux,
                 image: pool_image,
+                orchestrator_version: None,
             });
         }
         members.push(Member {
@@ -316,6 +319,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 fail: m.fails,
                 fail_message: "boom".into(),
                 fail_attempts: None,
+                fail_operations: Vec::new(),
             },
         );
     }
@@ -489,7 +493,13 @@ fn scenario(plan: &Plan) -> Scenario {
             1 => json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"}}),
             2 => json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.31.1"},
                          "nodeImageSelection": {"type": "Consistent"}}),
-            _ => json!({"upgrade": {"type": "NodeImageOnly"}}),
+            3 => json!({"upgrade": {"type": "NodeImageOnly"}}),
+            // Chained (SEMANTICS §13): members at 1.30.5 go through 1.31.1, which westus
+            // gets later or never; the invariants check that no hop skips a minor.
+            4 => json!({"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.32.0"},
+                         "chainMinorVersions": true}),
+            _ => json!({"upgrade": {"type": "Full", "kubernetesVersion": "1.32.0"},
+                         "chainMinorVersions": true}),
         }),
         strategies: Default::default(),
         profiles: Vec::new(),
@@ -730,10 +740,17 @@ fn keeps_every_invariant(plan: &Plan) -> Result<(), TestCaseError> {
         let member = e.member.clone().unwrap_or_default();
         if failed_at == Some(e.time) && !acted.contains(&e.time) && e.member.is_some() {
             // A member in flight may also go on with its soak: its upgrade ending, its
-            // health checks evaluated (SEMANTICS §10).
+            // health checks evaluated (SEMANTICS §10); a chain's hop ending, the member
+            // Stopped there since no further hop is sent (§13).
             let a_result = matches!(
                 kind.as_str(),
-                "MemberSucceeded" | "MemberFailed" | "MemberVerifying" | "HealthCheckEvaluated"
+                "MemberSucceeded"
+                    | "MemberFailed"
+                    | "MemberVerifying"
+                    | "HealthCheckEvaluated"
+                    | "MemberHopSucceeded"
+                    | "MemberHopFailed"
+                    | "MemberStopped"
             ) && in_flight.contains(&member);
             prop_assert!(
                 a_result,

@@ -78,7 +78,7 @@ fn run_all(dir: &Path, at_least: usize) {
 
 #[test]
 fn shared_conformance_scenarios() {
-    run_all(&workspace().join("tests/conformance"), 18);
+    run_all(&workspace().join("tests/conformance"), 19);
 }
 
 #[test]
@@ -166,6 +166,42 @@ fn a_forecast_waits_for_a_freeze_as_the_run_does() {
         );
     }
     assert!(forecast.waits_for.get("d1").is_none_or(|w| w.is_empty()));
+}
+
+/// SEMANTICS §11, §13: a forecast counts each hop of a chain as one upgrade of the member's
+/// duration, so the forecast of scenario 19 (three hops, then a one-hop member) ends when the
+/// simulated run does, member by member.
+#[test]
+fn a_forecast_of_a_chained_run_counts_each_hop() {
+    use flotilla_engine::forecast::ForecastParams;
+    use flotilla_engine::time::Time;
+    for file in [
+        "tests/conformance/19-chain-three-hops.yaml",
+        "tests/scenarios/c01-preview-skipped-patch-arrives-between-hops.yaml",
+    ] {
+        let scenario = load(&workspace().join(file));
+        let forecast = flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default())
+            .expect("a forecast");
+        let simulated = simulate(&scenario);
+        let status = simulated.status.as_ref().expect("a run");
+        assert_eq!(forecast.completed, status.status.completed_time, "{file}");
+        let times = |s: &flotilla_engine::status::UpdateRunStatus| -> Vec<(String, Option<Time>)> {
+            s.stages
+                .iter()
+                .flat_map(|st| &st.groups)
+                .flat_map(|g| &g.members)
+                .map(|m| (m.name.clone(), m.status.completed_time))
+                .collect()
+        };
+        assert_eq!(times(&forecast.status), times(status), "{file}");
+    }
+    let scenario = load(&workspace().join("tests/conformance/19-chain-three-hops.yaml"));
+    let forecast =
+        flotilla_sim::forecast_scenario(&scenario, &ForecastParams::default()).expect("a forecast");
+    assert_eq!(
+        forecast.completed,
+        Some(Time::parse("2026-03-02T00:40:00Z").expect("a time"))
+    );
 }
 
 /// A forecast holds members for a budget as the run does (SEMANTICS §11, §12): the run of

@@ -82,6 +82,9 @@ struct Checkpoint {
     /// Health and readiness checks under way and their results (SEMANTICS §10).
     #[serde(default, skip_serializing_if = "Health::is_empty")]
     health: Health,
+    /// Members between hops due to go on at the next settle (SEMANTICS §13).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    hops_due: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -130,6 +133,9 @@ struct MemberCk {
     /// What it waits for while Pending.
     #[serde(rename = "wf", default, skip_serializing_if = "Option::is_none")]
     waiting: Option<WaitReason>,
+    /// Its hops (SEMANTICS §13).
+    #[serde(rename = "ch", default, skip_serializing_if = "Option::is_none")]
+    chain: Option<super::chains::Chain>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -335,7 +341,8 @@ impl Engine {
         let members = self
             .members
             .iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(index, m)| {
                 let cluster = match cluster_at.get(&Arc::as_ptr(&m.cluster)) {
                     Some(&i) => i,
                     None => {
@@ -379,6 +386,7 @@ impl Engine {
                     reverify: m.reverify,
                     locked_by,
                     waiting: m.waiting,
+                    chain: self.chains.get(&(index as u32)).cloned(),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -450,6 +458,7 @@ impl Engine {
             polled: self.polled,
             quiet_changes: self.quiet_changes,
             health: self.health.clone(),
+            hops_due: self.hops_due.iter().copied().collect(),
         };
         serde_json::to_string(&checkpoint).map_err(|e| e.to_string())
     }
@@ -539,6 +548,7 @@ impl Engine {
                     .map_err(|e| format!("checkpoint: cluster {i}: {e}"))
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let mut chains = BTreeMap::new();
         for (i, (m, s)) in self.members.iter_mut().zip(ck.members).enumerate() {
             let at = format!("checkpoint: member {}", m.name);
             m.cluster = clusters
@@ -580,7 +590,11 @@ impl Engine {
             m.removed = s.removed;
             m.verifying = s.verifying;
             m.reverify = s.reverify;
+            if let Some(chain) = s.chain {
+                chains.insert(i as u32, chain);
+            }
         }
+        self.chains = chains;
         for (g, (group, s)) in self.groups.iter_mut().zip(ck.groups).enumerate() {
             let at = format!("checkpoint: group {}", group.name);
             restore_progress!(group, s.progress, &at);
@@ -608,6 +622,17 @@ impl Engine {
             Some(b) => self.budget_from(b)?,
         };
         self.disruptions.clear();
+        self.released.clear();
+        if let Some(m) = ck
+            .hops_due
+            .iter()
+            .find(|&&m| m as usize >= self.members.len())
+        {
+            return Err(format!(
+                "checkpoint: member {m} due for a hop is out of range"
+            ));
+        }
+        self.hops_due = ck.hops_due.into_iter().collect();
         self.phase = ck.phase;
         self.current = ck.current;
         self.run_start = ck.run_start;
@@ -666,7 +691,7 @@ impl Engine {
         macro_rules! same {
             ($($field:ident),*) => {
                 // What the fleet engine has yet to take is not the run's state.
-                let Engine { members: _, disruptions: _, member_index, $($field),* } = self;
+                let Engine { members: _, disruptions: _, released: _, member_index, $($field),* } = self;
                 let mut index: Vec<_> = member_index.iter().collect();
                 index.sort();
                 let mut other_index: Vec<_> = other.member_index.iter().collect();
@@ -706,7 +731,9 @@ impl Engine {
             polled,
             quiet_changes,
             warnings,
-            health
+            health,
+            chains,
+            hops_due
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

@@ -92,6 +92,9 @@ impl Engine {
             quiet_changes: 0,
             warnings: Vec::new(),
             health: Health::default(),
+            chains: BTreeMap::new(),
+            hops_due: BTreeSet::new(),
+            released: Vec::new(),
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

@@ -644,6 +644,9 @@ impl Engine {
                         if self.members[m as usize].place == Place::Parked {
                             let wake = self.members[m as usize].timer;
                             self.park(now, m, wake, message, WaitReason::Readiness);
+                        } else if self.is_between(m) {
+                            // Its message names the failing check at the next settle.
+                            self.hops_due.insert(m);
                         }
                     }
                     Verdict::Continue
@@ -672,6 +675,10 @@ impl Engine {
             Subject::Readiness(m) => {
                 // Kept, passed, until the member starts or its pass grows stale.
                 self.set_watch_timer(subject, None);
+                if self.is_between(m) {
+                    // Its next hop may go (SEMANTICS §13).
+                    self.hops_due.insert(m);
+                }
                 self.repark(now, m);
             }
             Subject::Gate(at) => {
@@ -706,6 +713,10 @@ impl Engine {
                     self.unplace(m);
                     self.groups[g as usize].unfinished -= 1;
                     self.fail_member(now, m, "ReadinessCheckFailed", why);
+                } else if self.is_between(m) {
+                    // Between two hops, in its slot: its timeout fails it (SEMANTICS §13).
+                    let why = format!("before its next hop: {why}");
+                    self.fail_between(now, m, "ReadinessCheckFailed", why);
                 }
             }
             Subject::Gate(at) => {
@@ -908,6 +919,23 @@ impl Engine {
                 self.emit_gate(now, EventType::GatePending, at, message);
             }
         }
+    }
+
+    /// The latest failing readiness evaluation of member `m`'s watch under way, if any.
+    pub(super) fn readiness_failure(&self, m: u32) -> Option<String> {
+        let since = self.health.watches.get(&Subject::Readiness(m))?.since;
+        self.health
+            .shown(Subject::Readiness(m))
+            .iter()
+            .rev()
+            .find(|r| r.time >= since && r.passed == Some(false))
+            .map(|r| {
+                format!(
+                    "readiness check {:?} failed: {}",
+                    r.name,
+                    r.message.as_deref().unwrap_or("no detail")
+                )
+            })
     }
 
     /// The results a status shows for a member (its soak's and its readiness's).

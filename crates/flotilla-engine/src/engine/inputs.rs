@@ -138,9 +138,16 @@ impl Engine {
     }
 
     /// The Pending members of the current stage are decided again on what changed (the
-    /// catalog, the fleet's freezes).
+    /// catalog, the fleet's freezes), and so are the next hops of its members between hops.
     pub(super) fn repark_waiting(&mut self, now: Time) {
         if self.phase == RunPhase::Running && self.current < self.stages.len() {
+            let between: Vec<u32> = self.stages[self.current]
+                .groups
+                .iter()
+                .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+                .filter(|&m| self.is_between(m))
+                .collect();
+            self.hops_due.extend(between);
             let waiting: Vec<u32> = self.stages[self.current]
                 .groups
                 .iter()
@@ -330,6 +337,17 @@ impl Engine {
                             message: Some(REMOVED.into()),
                             error: None,
                         });
+                    } else if member.state == State::Stopped {
+                        // A chain the run's failure ended between hops (§13): attempted again,
+                        // its hops planned from where its cluster is. It is still unfinished.
+                        self.revisions.touch(m);
+                        member.state = State::NotStarted;
+                        member.start = None;
+                        member.completed = None;
+                        member.message = member
+                            .message
+                            .take()
+                            .map(|msg| format!("earlier attempt {msg}").into());
                     } else if member.state == State::Failed {
                         // A member that failed its health checks is verified again, not
                         // skipped at its target (SEMANTICS §10).
@@ -418,6 +436,12 @@ impl Engine {
                         // Operations already sent are not aborted; the run stops tracking them.
                         State::Running => {
                             self.touch(m);
+                            // Between hops: nothing is in flight; the cluster is let go. A hop
+                            // in flight goes on on the cluster, observed again on start.
+                            self.end_between(m);
+                            if let Some(hop) = self.hop_in_flight(m) {
+                                hop.state = State::Stopped;
+                            }
                             if self.members[m as usize].verifying {
                                 // Its soak restarts when the run starts again (SEMANTICS §10).
                                 self.end_watch(Subject::Soak(m));
@@ -463,13 +487,20 @@ impl Engine {
         if member.state != State::Running
             || member.attempt != attempt
             || (member.reattaching && outcome.is_ok())
+            || self.is_between(m)
         {
             return;
         }
         self.members[m as usize].reattaching = false;
         self.touch(m);
+        let chain_goes_on = self.chains() && self.end_hop(now, m, &outcome);
         let member = &self.members[m as usize];
         let g = member.group;
+        if chain_goes_on && !member.removed {
+            // Between hops; once the run failed (§4), the next settle ends it there.
+            self.hop_succeeded(m);
+            return;
+        }
         if outcome.is_ok() && !member.removed && self.needs_soak(m) {
             // Upgraded: verified by its health checks, still in its slot (SEMANTICS §10).
             let member = &mut self.members[m as usize];
@@ -502,7 +533,10 @@ impl Engine {
                 }
                 self.emit_member(now, EventType::MemberSucceeded, m, None);
             }
-            Err(message) => self.fail_member(now, m, "UpgradeFailed", message),
+            Err(message) => {
+                let message = self.hop_failure(m, message);
+                self.fail_member(now, m, "UpgradeFailed", message)
+            }
         }
         // A group a user skipped ends Skipped when its last member in flight finishes.
         self.finish_group_if_skipped(now, g);
@@ -626,6 +660,14 @@ impl Engine {
         }
         self.phase = RunPhase::Failed;
         self.end_dormant_watches();
+        // Members between hops send no further hop: each ends Stopped at the next settle.
+        let between: Vec<u32> = self.stages[si]
+            .groups
+            .iter()
+            .flat_map(|&g| self.groups[g as usize].members.iter().copied())
+            .filter(|&m| self.is_between(m))
+            .collect();
+        self.hops_due.extend(between);
         self.emit(
             now,
             EventType::RunFailed,
@@ -670,19 +712,42 @@ impl Engine {
         }
         let g = member.group;
         self.members[m as usize].reattaching = false;
+        let final_version = self.upgrade.kubernetes_version;
+        let chains = self.chains();
         match progress {
             OperationProgress::InProgress => {
+                self.touch(m);
+                if let Some(hop) = self.hop_in_flight(m) {
+                    hop.state = State::Running;
+                }
                 self.emit_member(now, EventType::MemberReattached, m, None)
             }
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);
                 self.touch(m);
                 let member = &self.members[m as usize];
-                let at_target = member
+                let at_hop = member
                     .target
                     .as_ref()
                     .is_some_and(|t| cluster_at(&member.cluster, t));
-                if at_target && !member.removed && self.needs_soak(m) {
+                // In a chain, at target means at the run's target, not an intermediate
+                // version: a member short of it is attempted again from where it is (§13).
+                let at_target = at_hop
+                    && (!chains
+                        || member
+                            .target
+                            .as_ref()
+                            .is_some_and(|t| t.kubernetes_version == final_version));
+                let removed = member.removed;
+                if let Some(hop) = self.hop_in_flight(m) {
+                    hop.completed_time = Some(now);
+                    hop.state = if at_hop {
+                        State::Completed
+                    } else {
+                        State::Failed
+                    };
+                }
+                if at_target && !removed && self.needs_soak(m) {
                     // Upgraded, not yet verified: its soak starts (again), in its slot.
                     self.add_in_flight(g, 1);
                     self.emit_member(
@@ -730,6 +795,10 @@ impl Engine {
             return;
         };
         self.members[m as usize].removed = true;
+        if self.is_between(m) {
+            // Skipped at the next settle, with no further hop.
+            self.hops_due.insert(m);
+        }
         if matches!(
             self.members[m as usize].state,
             State::NotStarted | State::Pending | State::Stopped

@@ -91,6 +91,7 @@ impl Engine {
             return Err("run failure count is not the sum of its stages'".into());
         }
         self.check_watches()?;
+        self.check_chains()?;
         if self.phase == RunPhase::Running {
             self.check_reaching(now)?;
         }
@@ -108,10 +109,11 @@ impl Engine {
                     member.state == State::Running && member.verifying
                 }
                 Subject::Readiness(m) => {
-                    matches!(
+                    (matches!(
                         self.members[m as usize].state,
                         State::Pending | State::NotStarted
-                    ) && self.phase == RunPhase::Running
+                    ) || self.is_between(m))
+                        && self.phase == RunPhase::Running
                 }
                 Subject::Gate(at) => {
                     self.phase == RunPhase::Running

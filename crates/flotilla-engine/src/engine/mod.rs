@@ -29,6 +29,7 @@ use crate::window::MaintenanceWindow;
 
 mod actions;
 mod budgets;
+mod chains;
 mod checkpoint;
 mod create;
 mod gates;
@@ -56,7 +57,8 @@ pub struct RunSpec {
     pub rules: RunRules,
 }
 
-/// Rules of runs an auto-upgrade profile generates (SEMANTICS §8).
+/// Rules a run applies when it reaches a member, beside its upgrade: those of runs an
+/// auto-upgrade profile generates (SEMANTICS §8), and chained minor upgrades (§13).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRules {
@@ -70,6 +72,10 @@ pub struct RunRules {
     /// they are, and a member with nothing else to do is Skipped saying so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub linux_node_pools_only: bool,
+    /// `chainMinorVersions` (SEMANTICS §13): a target more than one minor ahead of a member is
+    /// reached one minor at a time, a hop per minor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chain_minor_versions: bool,
 }
 
 /// Why a member deleted from the fleet during the run is Skipped (SEMANTICS §2).
@@ -440,6 +446,16 @@ pub struct Engine {
     warnings: Vec<String>,
     /// Health and readiness checks under way, and their results.
     health: Health,
+    /// The hops of members of a run with `chainMinorVersions` (SEMANTICS §13), by member:
+    /// beside the members, which stay small.
+    chains: BTreeMap<u32, chains::Chain>,
+    /// Members between two hops of a chain that may go on now (SEMANTICS §13): decided at
+    /// the next settle.
+    hops_due: BTreeSet<u32>,
+    /// Members between hops that let their cluster go without a further hop (stopped,
+    /// failed, ended), with the attempt of their last hop, since the fleet engine last took
+    /// them.
+    released: Vec<(Arc<str>, u64)>,
 }
 
 /// What a run knows of the fleet's disruption budgets (SEMANTICS §12), and the members it
@@ -587,6 +603,11 @@ impl Engine {
         &self.upgrade
     }
 
+    /// The rules it applies when it reaches a member (`chainMinorVersions` among them).
+    pub fn rules(&self) -> RunRules {
+        self.rules
+    }
+
     /// When a member's current attempt started, if it did.
     pub fn member_started(&self, name: &str) -> Option<Time> {
         let m = *self.member_index.get(name)?;
@@ -635,8 +656,9 @@ impl Engine {
         self.member_index.contains_key(name)
     }
 
-    /// Members with an operation in flight for this run, and its attempt (for the fleet's
-    /// invariants: one operation per cluster).
+    /// Members whose cluster this run holds, and the attempt of their operation (for the
+    /// fleet's invariants: one operation per cluster): those with an operation in flight, and
+    /// those between two hops of a chain (SEMANTICS §13).
     pub fn running_members(&self) -> impl Iterator<Item = (&str, u64)> {
         self.members
             .iter()
@@ -653,10 +675,48 @@ impl Engine {
 
     /// Every operation this run has in flight or is re-attaching to: member, attempt, target.
     pub fn operations_in_flight(&self) -> impl Iterator<Item = (&str, u64, &Target)> {
+        self.clusters_held().filter(|(name, _, _)| {
+            !self
+                .member_index
+                .get(*name)
+                .is_some_and(|&m| self.is_between(m))
+        })
+    }
+
+    /// Every cluster this run holds: its operations in flight or re-attached to, and its
+    /// members between two hops of a chain (SEMANTICS §13), with their last operation.
+    pub fn clusters_held(&self) -> impl Iterator<Item = (&str, u64, &Target)> {
         self.members
             .iter()
             .filter(|m| m.state == State::Running && !m.verifying)
             .filter_map(|m| Some((&*m.name, m.attempt, &**m.target.as_ref()?)))
+    }
+
+    /// Whether `attempt` was a hop of member `name` whose chain goes on: its run keeps the
+    /// cluster between the two hops (SEMANTICS §13).
+    pub fn holds_between_hops(&self, name: &str, attempt: u64) -> bool {
+        self.member_index
+            .get(name)
+            .is_some_and(|&m| self.members[m as usize].attempt == attempt && self.is_between(m))
+    }
+
+    /// Members between hops that let their cluster go since this was last asked, each with
+    /// the attempt of its last hop (the fleet engine frees those clusters).
+    pub fn take_released(&mut self) -> Vec<(Arc<str>, u64)> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// When a member's operation in flight was sent: its current hop's start in a chain, else
+    /// its attempt's.
+    pub fn operation_started(&self, name: &str) -> Option<Time> {
+        let m = *self.member_index.get(name)?;
+        let member = &self.members[m as usize];
+        match self.chains.get(&m).and_then(|c| c.hops.last()) {
+            Some(hop) if member.state == State::Running && !member.verifying => {
+                Some(hop.start_time)
+            }
+            _ => member.start,
+        }
     }
 
     /// What a member's current attempt upgrades it to, if it has one.

@@ -196,6 +196,13 @@ impl Engine {
                 what = format!("Kubernetes version {v} is not yet available in region {region:?}");
             }
             needs = needs.and(a);
+            // A chain also needs a patch of every minor on the way (SEMANTICS §13).
+            if let Some((a, missing)) = self.intermediate_availability(cluster, now) {
+                if a != Availability::Now && what.is_empty() {
+                    what = missing;
+                }
+                needs = needs.and(a);
+            }
         }
         if self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
@@ -382,6 +389,12 @@ impl Engine {
             }
         }
         let kube_change = kube_target.filter(|t| *t != current);
+        if let Some(message) = kube_change.and_then(|t| self.skew_failure(cluster, t)) {
+            return Decision::Fail {
+                code: "NodePoolVersionSkew",
+                message,
+            };
+        }
         if kube_change.is_none() && node_images.is_empty() && !awaiting_image {
             if !left_alone.is_empty() {
                 return Decision::Skip(format!(

@@ -8,7 +8,8 @@ impl Engine {
     pub fn settle(&mut self, now: Time) {
         self.fire_timers(now);
         loop {
-            let mut changed = false;
+            // Chains first: a member between hops holds its slot (SEMANTICS §13).
+            let mut changed = self.continue_chains(now);
             if self.phase == RunPhase::Running {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
@@ -66,6 +67,10 @@ impl Engine {
                 TimerKey::Watch(subject) => self.watch_due(now, subject),
                 TimerKey::Member(m) => {
                     self.members[m as usize].timer = None;
+                    if self.is_between(m) {
+                        // What held its next hop may have ended.
+                        self.hops_due.insert(m);
+                    }
                     if self.members[m as usize].state == State::Pending {
                         // Its `waitingFor.until` was this timer.
                         self.touch(m);
@@ -460,29 +465,43 @@ impl Engine {
         (None, touched)
     }
 
+    /// Starts an attempt of member `m`: one operation, or in a chained run the first of its
+    /// hops (SEMANTICS §13).
     pub(super) fn start_member(&mut self, now: Time, m: u32, target: Target) {
-        let attempt = self.next_attempt;
-        self.next_attempt += 1;
         self.touch(m);
         self.end_watch(Subject::Readiness(m));
         let member = &mut self.members[m as usize];
         member.state = State::Running;
-        member.attempt = attempt;
         member.start = Some(now);
         member.completed = None;
         member.message = None;
         member.error = None;
+        let g = member.group;
+        self.add_in_flight(g, 1);
+        self.emit_member(now, EventType::MemberStarted, m, None);
+        if self.chains() {
+            let target = self.first_hop(now, m, target);
+            self.send_hop(now, m, target);
+        } else {
+            self.send_operation(m, target);
+        }
+    }
+
+    /// Sends member `m` one operation to `target`, under a new attempt: the shell records it
+    /// as intended before the driver is called (SEMANTICS §7).
+    pub(super) fn send_operation(&mut self, m: u32, target: Target) {
+        let attempt = self.next_attempt;
+        self.next_attempt += 1;
+        let member = &mut self.members[m as usize];
+        member.attempt = attempt;
         member.operation_id = None;
         member.target = Some(Box::new(target.clone()));
-        let g = member.group;
         let name = member.name.to_string();
-        self.add_in_flight(g, 1);
         self.commands.push_back(Command::StartUpgrade {
             member: name,
             attempt,
             target,
         });
-        self.emit_member(now, EventType::MemberStarted, m, None);
     }
 
     /// While a failed run waits for its members in flight (SEMANTICS §4): a group of the current

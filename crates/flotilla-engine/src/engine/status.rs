@@ -5,6 +5,15 @@ use super::*;
 /// Applies a finished upgrade to a cluster (the engine's own view until the next observation).
 pub fn apply_target(cluster: &mut Cluster, target: &Target) {
     if let Some(v) = target.kubernetes_version {
+        let before = cluster.kubernetes_version;
+        for pool in &mut cluster.node_pools {
+            pool.orchestrator_version = match target.upgrade_type {
+                // The pools stay where they were (AKS's skew rule, SEMANTICS §13).
+                UpgradeType::ControlPlaneOnly => Some(pool.orchestrator_version.unwrap_or(before)),
+                // The pools move with the control plane.
+                _ => None,
+            };
+        }
         cluster.kubernetes_version = v;
     }
     for t in &target.node_images {
@@ -176,6 +185,7 @@ impl Engine {
             message: member.message.as_deref().map(String::from),
             waiting_for: self.waiting_for_of(m),
             health_checks: self.member_checks(m),
+            hops: self.hops_of(m),
         }
     }
 
