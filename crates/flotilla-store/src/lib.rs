@@ -10,8 +10,11 @@
 
 mod migrate;
 pub mod postgres;
+mod shared;
+mod sql;
 pub mod sqlite;
 
+pub use shared::SqlStore;
 pub use sqlite::SqliteStore;
 
 /// Rows one multi-row INSERT carries: well inside both backends' limits on bound parameters
