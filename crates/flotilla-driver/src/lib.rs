@@ -302,6 +302,10 @@ struct SimKnobs {
     fail_message: Option<String>,
     #[serde(default)]
     fail_attempts: Option<u32>,
+    /// These operations fail whatever `outcome` says: the Nth sent to the cluster, from 1,
+    /// across runs and chained hops (SEMANTICS §13).
+    #[serde(default)]
+    fail_operations: Vec<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -708,8 +712,9 @@ impl Driver for SimDriver {
             .ok_or_else(|| DriverError::permanent("cluster vanished"))?;
         c.attempts += 1;
         c.operations.push(key.to_string());
-        let fails = c.knobs.outcome.as_deref() == Some("fail")
-            && c.knobs.fail_attempts.is_none_or(|n| c.attempts <= n);
+        let fails = (c.knobs.outcome.as_deref() == Some("fail")
+            && c.knobs.fail_attempts.is_none_or(|n| c.attempts <= n))
+            || c.knobs.fail_operations.contains(&c.attempts);
         let seconds = c.knobs.duration_seconds.unwrap_or(600.0).max(0.0) / self.scale;
         let message = c
             .knobs

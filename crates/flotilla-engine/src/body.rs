@@ -125,6 +125,9 @@ pub struct RunProperties {
     #[serde(default)]
     pub strategy: Option<Value>,
     pub managed_cluster_update: Option<Value>,
+    /// SEMANTICS §13: a target more than one minor ahead is reached one minor at a time.
+    #[serde(default)]
+    pub chain_minor_versions: bool,
     #[serde(default, rename = "provisioningState")]
     _state: Option<Value>,
     #[serde(default, rename = "status")]

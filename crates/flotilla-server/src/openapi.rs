@@ -595,6 +595,7 @@ fn schemas() -> Value {
             "updateStrategyId": text,
             "strategy": strategy,
             "managedClusterUpdate": update,
+            "chainMinorVersions": {"type": "boolean", "description": "SEMANTICS §13: a target more than one minor ahead is reached one minor at a time; each member's status lists its hops"},
             "autoUpgradeProfileId": {"type": "string", "readOnly": true},
             "status": {"type": "object", "readOnly": true}}))),
         "SkipRequest": {"type": "object", "required": ["targets"], "properties": {
@@ -616,6 +617,7 @@ fn schemas() -> Value {
             "disabled": {"type": "boolean"},
             "targetKubernetesVersion": text,
             "longTermSupport": {"type": "boolean"},
+            "chainMinorVersions": {"type": "boolean"},
             "nodeImageSelection": {"type": "object"},
             "autoUpgradeProfileStatus": {"type": "object", "readOnly": true}}))),
         "Token": {"type": "object", "required": ["id", "role", "subject"], "properties": {

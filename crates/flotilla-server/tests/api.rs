@@ -4338,3 +4338,94 @@ async fn a_create_only_put_never_replaces_a_run_not_started() {
         "the run is as first created: {run}"
     );
 }
+
+/// `chainMinorVersions` on a run (SEMANTICS §13): refused on a NodeImageOnly upgrade with the
+/// field named and nothing stored; kept on the run and shown when accepted, and a PUT of the
+/// same run without it is a change, not the same run.
+#[tokio::test]
+async fn a_chained_run_is_checked_and_keeps_its_chain() {
+    let h = Harness::start("chained-run").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[("c1", cluster("1.30.5"))])),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m1",
+        Some(json!({"properties": {"clusterResourceId": "c1"}})),
+    )
+    .await;
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {
+                "managedClusterUpdate": {"upgrade": {"type": "NodeImageOnly"}},
+                "chainMinorVersions": true,
+            }})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["target"], "properties.chainMinorVersions");
+    assert_eq!(
+        h.status("reader", Method::GET, "/v1/fleets/f1/updateRuns/r1", None)
+            .await,
+        StatusCode::NOT_FOUND,
+        "nothing was stored"
+    );
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+                "chainMinorVersions": "yes",
+            }})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let chained = json!({"properties": {
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+        "chainMinorVersions": true,
+    }});
+    let (status, run, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(chained.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["properties"]["chainMinorVersions"], true);
+    // The same body again is the same run; without the chain it is a change.
+    let (status, _, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(chained),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let plain = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+            }})),
+        )
+        .await;
+    assert!(
+        plain["properties"].get("chainMinorVersions").is_none(),
+        "{plain}"
+    );
+}

@@ -179,10 +179,15 @@ fn driver_of(scenario: &Scenario, raw: &Value) -> Value {
         let mut sim = json!({"durationSeconds": b.duration_seconds});
         if b.fail {
             sim["outcome"] = json!("fail");
-            sim["failMessage"] = json!(b.fail_message);
             if let Some(n) = b.fail_attempts {
                 sim["failAttempts"] = json!(n);
             }
+        }
+        if b.fail || !b.fail_operations.is_empty() {
+            sim["failMessage"] = json!(b.fail_message);
+        }
+        if !b.fail_operations.is_empty() {
+            sim["failOperations"] = json!(b.fail_operations);
         }
         body["sim"] = sim;
         clusters.insert(member.cluster_resource_id.clone(), body);
@@ -269,9 +274,17 @@ fn targeted(scenario: &Scenario, profile: &str, run: &str, made: Time) -> Option
     (planned.name == run).then(|| planned.target.versions())
 }
 
-/// A run's body as the API takes it.
+/// A run's body as the API takes it. The scenario format writes `chainMinorVersions` beside
+/// `upgrade`; the API takes it among the run's properties.
 fn run_body(strategy: Option<&Value>, update: &Value) -> Value {
+    let mut update = update.clone();
+    let chain = update
+        .as_object_mut()
+        .and_then(|u| u.remove("chainMinorVersions"));
     let mut properties = json!({"managedClusterUpdate": update});
+    if let Some(chain) = chain {
+        properties["chainMinorVersions"] = chain;
+    }
     if let Some(s) = strategy {
         properties["strategy"] = s.clone();
     }
@@ -741,6 +754,8 @@ const ORDER_OF_AN_INSTANT: &[&str] = &[
     "r02-stop-at-upgrade-end",
     "r20-skip-pending-at-window-open",
     "xa55-stop-at-window-open-instant",
+    // A stop at the instant a chain's first hop ends: the server has sent the next hop.
+    "c05-stop-between-hops-start-replans",
 ];
 
 /// The required scenarios the harness leaves to the simulator (see [`unsupported`]).

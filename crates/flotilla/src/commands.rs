@@ -389,6 +389,10 @@ pub enum RunCommand {
         /// this nor `--stages`, every member is upgraded one at a time in one stage.
         #[arg(long)]
         update_strategy_name: Option<String>,
+        /// Bring members more than one minor behind up one minor at a time, a hop per minor,
+        /// within one slot (Full and ControlPlaneOnly).
+        #[arg(long)]
+        chain_minor_versions: bool,
     },
     /// Start an update run, or resume a stopped one, or retry a failed one.
     ///
@@ -1952,6 +1956,7 @@ pub async fn run(
             custom_node_image_versions,
             stages,
             update_strategy_name,
+            chain_minor_versions,
         } => {
             // The checks and messages of `az fleet updaterun create`.
             match (upgrade_type.as_str(), &kubernetes_version) {
@@ -1998,6 +2003,9 @@ pub async fn run(
                 );
             }
             let mut properties = json!({"managedClusterUpdate": update});
+            if chain_minor_versions {
+                properties["chainMinorVersions"] = json!(true);
+            }
             if let Some(stages) = stages {
                 properties["strategy"] = file_or_json(&stages, "--stages")?;
             }
@@ -2678,6 +2686,10 @@ pub enum ProfileCommand {
         /// support still covers.
         #[arg(long, alias = "lts")]
         long_term_support: bool,
+        /// The runs it generates bring members more than one minor behind up one minor at a
+        /// time instead of skipping them (not with the NodeImage or SecurityPatch channel).
+        #[arg(long)]
+        chain_minor_versions: bool,
     },
     /// Show an auto-upgrade profile and its last trigger.
     ///
@@ -2751,6 +2763,7 @@ pub async fn profile(
             target_kubernetes_version,
             disabled,
             long_term_support,
+            chain_minor_versions,
         } => {
             if channel == "NodeImage" && node_image_selection.is_some() {
                 bail!("--node-image-selection cannot be used with the NodeImage channel.");
@@ -2770,6 +2783,9 @@ pub async fn profile(
             }
             if long_term_support {
                 properties["longTermSupport"] = json!(true);
+            }
+            if chain_minor_versions {
+                properties["chainMinorVersions"] = json!(true);
             }
             let v = client
                 .send(

@@ -93,7 +93,7 @@ pub(super) async fn forecast_what_if(
         })?;
     let params = forecast_params(body)?;
     let props: RunProperties = envelope(run).map_err(|e| prefixed(e, "run"))?;
-    let (strategy, _, update) = run_body(&state, &fleet, props)
+    let (strategy, _, update, rules) = run_body(&state, &fleet, props)
         .await
         .map_err(|e| prefixed(e, "run"))?;
     let spec = RunSpec {
@@ -102,7 +102,7 @@ pub(super) async fn forecast_what_if(
             .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
             .transpose()?,
         upgrade: parse_upgrade(&update, "properties.managedClusterUpdate")?,
-        rules: RunRules::default(),
+        rules,
     };
     let driver = state
         .runs

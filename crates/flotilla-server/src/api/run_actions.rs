@@ -98,6 +98,9 @@ pub(super) async fn create_run(
     if let Some(id) = strategy_id {
         properties["updateStrategyId"] = json!(id);
     }
+    if snapshot.rules.chain_minor_versions {
+        properties["chainMinorVersions"] = json!(true);
+    }
     if let Some(id) = new.profile_id {
         properties["autoUpgradeProfileId"] = json!(id);
     }

@@ -35,7 +35,7 @@ pub(super) fn strategy_name(id: &str, fleet: &str) -> HttpResult<String> {
 }
 
 /// A run's body, as a PUT or a what-if forecast sends it: its strategy (inline, or copied from
-/// the strategy it names), and its upgrade, both checked.
+/// the strategy it names), its upgrade and its rules (`chainMinorVersions`), all checked.
 pub(super) async fn run_body(
     state: &Shared,
     fleet: &str,
@@ -44,6 +44,7 @@ pub(super) async fn run_body(
     Option<StrategySpec>,
     Option<String>,
     ManagedClusterUpdateSpec,
+    RunRules,
 )> {
     let (strategy, strategy_id) = match (&props.update_strategy_id, props.strategy) {
         // As every run the service returns: the strategy is used as given, the id records where
@@ -89,8 +90,17 @@ pub(super) async fn run_body(
         parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)?;
         crate::check_providers::check_strategy(state, fleet, s).await?;
     }
-    parse_upgrade(&update, "properties.managedClusterUpdate")?;
-    Ok((strategy, strategy_id, update))
+    let upgrade = parse_upgrade(&update, "properties.managedClusterUpdate")?;
+    flotilla_engine::strategy::check_chain_minor_versions(
+        props.chain_minor_versions,
+        &upgrade,
+        "properties.chainMinorVersions",
+    )?;
+    let rules = RunRules {
+        chain_minor_versions: props.chain_minor_versions,
+        ..RunRules::default()
+    };
+    Ok((strategy, strategy_id, update, rules))
 }
 
 pub(super) async fn put_run(
@@ -104,10 +114,10 @@ pub(super) async fn put_run(
     require_fleet(&state, &fleet).await?;
     check_resource_name(&run, "updateRun", 50)?;
     let props: RunProperties = envelope(read_json(body).await?)?;
-    let (strategy, strategy_id, update) = run_body(&state, &fleet, props).await?;
+    let (strategy, strategy_id, update, rules) = run_body(&state, &fleet, props).await?;
     // What a GET answered, sent back: the run as it is, whatever its state.
     if let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?
-        && same_run(&text, &strategy, &strategy_id, &update)
+        && same_run(&text, &strategy, &strategy_id, &update, &rules)
     {
         check_precondition(&headers, &etag)?;
         if let Some(response) = stored_response(&text, &etag) {
@@ -122,7 +132,7 @@ pub(super) async fn put_run(
             strategy,
             strategy_id,
             update,
-            rules: RunRules::default(),
+            rules,
             profile_id: None,
             system_data: system_data(&caller, None),
         },
@@ -150,6 +160,7 @@ pub(super) fn same_run(
     strategy: &Option<StrategySpec>,
     strategy_id: &Option<String>,
     update: &ManagedClusterUpdateSpec,
+    rules: &RunRules,
 ) -> bool {
     #[derive(Deserialize)]
     struct Stored {
@@ -161,6 +172,8 @@ pub(super) fn same_run(
         strategy: Option<Value>,
         update_strategy_id: Option<String>,
         managed_cluster_update: Option<Value>,
+        #[serde(default)]
+        chain_minor_versions: bool,
     }
     let Ok(stored) = serde_json::from_str::<Stored>(text) else {
         return false;
@@ -169,6 +182,7 @@ pub(super) fn same_run(
     p.strategy == strategy.as_ref().map(|s| json!(s))
         && p.update_strategy_id == *strategy_id
         && p.managed_cluster_update == Some(json!(update))
+        && p.chain_minor_versions == rules.chain_minor_versions
 }
 
 /// What a new run is made of.
