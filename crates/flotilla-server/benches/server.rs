@@ -4,7 +4,8 @@
 //! - API: requests per second and p99 for reading a large run and for listing runs, and the
 //!   process's memory with that fleet and its runs.
 //!
-//! `cargo bench -p flotilla-server --bench server [-- MEMBERS RUNS]` (default 10000 10);
+//! `cargo bench -p flotilla-server --bench server [-- MEMBERS RUNS [--budget N]]` (default
+//! 10000 10; `--budget N` gives the large fleet a fleet-wide disruption budget of N);
 //! `FLOTILLA_BENCH_POSTGRES=postgres://…/DB` runs it on PostgreSQL instead of a SQLite file.
 
 use std::sync::Arc;
@@ -148,10 +149,18 @@ fn completed(r: &Value) -> bool {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    // `--budget N`: the large fleet has a fleet-wide disruption budget of N (SEMANTICS §12).
+    let mut budget: Option<usize> = None;
+    let mut args: Vec<usize> = Vec::new();
+    let mut words = std::env::args().skip(1);
+    while let Some(word) = words.next() {
+        if word == "--budget" {
+            budget = words.next().and_then(|n| n.parse().ok());
+            assert!(budget.is_some(), "--budget takes a number");
+        } else if let Ok(n) = word.parse() {
+            args.push(n);
+        }
+    }
     let members = args.first().copied().unwrap_or(10_000);
     let runs = args.get(1).copied().unwrap_or(10).max(1);
     let dir = std::env::temp_dir().join(format!("flotilla-bench-{}", std::process::id()));
@@ -397,6 +406,16 @@ async fn main() {
             .await;
     }
     let create_runs = t.elapsed().as_secs_f64() / runs as f64;
+    if let Some(n) = budget {
+        bench
+            .send(
+                reqwest::Method::PUT,
+                "/v1/fleets/big/disruptionBudgets/fleet-wide",
+                Some(&json!({"properties": {"maxUnavailable": n.to_string()}})),
+            )
+            .await;
+        println!("a fleet-wide disruption budget of {n} over the large fleet");
+    }
     // Every run started: they share the members, so one upgrades a member while the others
     // wait for it (one operation per cluster).
     for r in 0..runs {
@@ -413,6 +432,19 @@ async fn main() {
         "RSS with {runs} runs started over {members} members, before any large read: {:.0} MiB",
         status_mib("VmRSS:")
     );
+    if budget.is_some() {
+        let b = bench
+            .send(
+                reqwest::Method::GET,
+                "/v1/fleets/big/disruptionBudgets/fleet-wide",
+                None,
+            )
+            .await;
+        println!(
+            "the budget's partitions as its fleet's task counts them: {}",
+            b["properties"]["status"]["partitions"]
+        );
+    }
     let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns/r000", 8, 10).await;
     println!(
         "GET a {members}-member run ({:.1} MB) while {runs} runs run: {rps:.1} requests/s, p99 {latency:.0} ms (8 clients, 10 s)",
