@@ -63,7 +63,7 @@ mod service;
 mod strategies;
 mod update_runs;
 
-use crate::observation::{observe_members, spawn_observe};
+use crate::observation::{observe_members, spawn_register};
 pub use discover::*;
 use fleets::*;
 use forecasts::*;

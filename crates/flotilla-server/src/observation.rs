@@ -1,7 +1,9 @@
 //! Observing members' clusters through their fleet's driver, off the request: what each is now, recorded in its status and told to the fleet's task.
 
+use std::collections::BTreeMap;
+
 use flotilla_engine::error::ApiError;
-use flotilla_engine::fleet::Cluster;
+use flotilla_engine::fleet::{Cluster, Member};
 
 use serde_json::{Value, json};
 
@@ -10,10 +12,54 @@ use crate::driver::MemberRef;
 use crate::state::{AppState, Shared};
 use crate::store::{Kind, Precondition};
 
-/// Observes a member's cluster through the fleet's driver and records it in `status.cluster`.
-pub fn spawn_observe(state: Shared, fleet: String, member: String, id: String) {
+/// Members just written (registered, imported, discovered): their clusters are observed in the
+/// background and recorded, and each member observed is handed, with its group and labels, to
+/// the task driving its fleet if one runs here: the fleet engine's member table (what freezes
+/// and budgets cover, SEMANTICS §12) then holds it, whether or not a run selected it yet.
+pub fn spawn_register(state: Shared, fleet: String, writes: &[crate::store::MemberWrite]) {
+    // Each as written, its cluster still to be observed.
+    let written: Vec<Member> = writes
+        .iter()
+        .map(|w| {
+            let properties = &w.body["properties"];
+            Member {
+                name: w.name.clone(),
+                cluster_resource_id: crate::store::member_cluster_id(&w.body).to_string(),
+                group: properties["group"].as_str().map(String::from),
+                labels: properties["labels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect::<BTreeMap<_, _>>(),
+                cluster: Cluster::unknown(),
+            }
+        })
+        .collect();
     crate::clock::spawn(async move {
-        let _ = observe_member(&state, &fleet, &member, &id).await;
+        let asked = written
+            .iter()
+            .map(|m| (m.name.clone(), m.cluster_resource_id.clone()))
+            .collect();
+        let answers = match observe_members(&state, &fleet, asked).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::warn!(fleet, error = %e.message, "cannot observe the members written");
+                return;
+            }
+        };
+        // Only those observed: the table never holds a cluster nobody saw.
+        let joined: Vec<Member> = written
+            .into_iter()
+            .zip(answers)
+            .filter_map(|(member, (_, answer))| {
+                Some(Member {
+                    cluster: answer.ok()?,
+                    ..member
+                })
+            })
+            .collect();
+        state.runs.members_joined(&fleet, joined);
     });
 }
 

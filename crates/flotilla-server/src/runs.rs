@@ -88,6 +88,12 @@ enum Msg {
     /// A member's cluster as the background observer found it: news for every run of the
     /// fleet that selected it, when it changed.
     Observed { member: String, cluster: Cluster },
+    /// Members written and observed: the fleet engine's member table holds them as they are
+    /// now (what freezes and budgets cover), and runs that selected them see their clusters.
+    Joined(Vec<flotilla_engine::fleet::Member>),
+    /// A member deleted: the table no longer holds it, and the runs the task drives skip it
+    /// where they have not started it.
+    Left { member: String },
     /// A copy of the fleet's engine, for a forecast made off the task.
     Copy {
         reply: oneshot::Sender<Box<FleetEngine>>,
@@ -870,6 +876,30 @@ impl Runs {
             fleets.get(fleet)?.tx.send(Msg::Partitions { reply }).ok()?;
         }
         answer.await.ok()
+    }
+
+    /// Hands members just written and observed to the task driving their fleet, if one runs
+    /// here (a task started later reads them from the store).
+    pub fn members_joined(&self, fleet: &str, members: Vec<flotilla_engine::fleet::Member>) {
+        if members.is_empty() {
+            return;
+        }
+        if let Ok(fleets) = self.fleets.lock()
+            && let Some(task) = fleets.get(fleet)
+        {
+            let _ = task.tx.send(Msg::Joined(members));
+        }
+    }
+
+    /// Tells the task driving a fleet, if one runs here, that a member was deleted.
+    pub fn member_left(&self, fleet: &str, member: &str) {
+        if let Ok(fleets) = self.fleets.lock()
+            && let Some(task) = fleets.get(fleet)
+        {
+            let _ = task.tx.send(Msg::Left {
+                member: member.to_string(),
+            });
+        }
     }
 
     /// Hands a member's observation to the task driving its fleet, if one runs here; false

@@ -4429,3 +4429,106 @@ async fn a_chained_run_is_checked_and_keeps_its_chain() {
         "{plain}"
     );
 }
+
+/// A member registered while its fleet's runs are driven is in the fleet engine's table at once
+/// (what freezes and budgets cover, SEMANTICS §12): a freeze over its label holds it in the next
+/// run, though the fleet's task read its table before the member existed.
+#[tokio::test]
+async fn a_member_registered_while_runs_are_driven_is_covered_by_freezes() {
+    let h = Harness::start("member-joins-freeze").await;
+    let slow = |version: &str| {
+        let mut c = cluster(version);
+        // 600 simulated hours at 6,000×: the first run holds its member for the whole test.
+        c["sim"] = json!({"durationSeconds": 2_160_000});
+        c
+    };
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c1", slow("1.30.5")),
+            ("c2", cluster("1.30.5")),
+        ])),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m1",
+        Some(json!({"properties": {"clusterResourceId": "c1", "labels": {"env": "dev"}}})),
+    )
+    .await;
+    let upgrade = json!({"properties": {"managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/first",
+        Some(upgrade.clone()),
+    )
+    .await;
+    // The fleet's task starts with this run, its member table holding m1 alone.
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/first/start",
+        None,
+    )
+    .await;
+    let now = flotilla_server::clock::now();
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/freezes/peak",
+        Some(json!({"properties": {
+            "start": now.plus(-3600).to_string(),
+            "end": now.plus(86_400).to_string(),
+            "selector": {"byLabel": "env=prod"},
+            "scope": "AllUpgrades",
+        }})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/members/m2",
+        Some(json!({"properties": {"clusterResourceId": "c2", "labels": {"env": "prod"}}})),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h
+        .ok("reader", Method::GET, "/v1/fleets/f1/members/m2", None)
+        .await["properties"]["status"]["cluster"]
+        .is_null()
+    {
+        assert!(Instant::now() < deadline, "m2 was never observed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/second",
+        Some(upgrade),
+    )
+    .await;
+    let second = h
+        .ok(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/second/start",
+            None,
+        )
+        .await;
+    let m2 = second["properties"]["status"]["stages"][0]["groups"][0]["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == "m2")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(m2["status"]["state"], "Pending", "{m2}");
+    assert!(
+        m2["message"].as_str().unwrap_or_default().contains("peak"),
+        "the freeze holds it by name: {m2}"
+    );
+}

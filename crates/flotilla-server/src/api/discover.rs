@@ -57,16 +57,7 @@ pub async fn discover(
             .register_members(fleet, &writes, RegisterMode::Upsert)
             .await?;
         // The new and changed members' clusters are observed, as after an import.
-        let observe: Vec<(String, String)> = writes
-            .iter()
-            .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
-            .collect();
-        let (state, fleet) = (state.clone(), fleet.to_string());
-        tokio::spawn(async move {
-            if let Err(e) = observe_members(&state, &fleet, observe).await {
-                tracing::warn!(fleet, error = %e.message, "cannot observe discovered members");
-            }
-        });
+        spawn_register(state.clone(), fleet.to_string(), &writes);
     }
     if !plan.statuses.is_empty() {
         state

@@ -74,17 +74,8 @@ pub(super) async fn import_members(
             other => other.into(),
         })?;
     let created = registered.written.iter().filter(|w| w.1).count();
-    let members: Vec<(String, String)> = writes
-        .iter()
-        .map(|w| (w.name.clone(), member_cluster_id(&w.body).to_string()))
-        .collect();
     // Observed in the background, a few at a time and recorded in batches: an import is large.
-    let observer = state.clone();
-    tokio::spawn(async move {
-        if let Err(e) = observe_members(&observer, &fleet, members).await {
-            tracing::warn!(fleet, error = %e.message, "cannot observe the imported members");
-        }
-    });
+    spawn_register(state.clone(), fleet, &writes);
     Ok(
         axum::Json(json!({"created": created, "updated": registered.written.len() - created}))
             .into_response(),
@@ -196,6 +187,8 @@ pub(super) async fn delete_member(
     {
         return Err(not_found("member", &member));
     }
+    // The fleet's member table no longer holds it (what freezes and budgets cover).
+    state.runs.member_left(&fleet, &member);
     // Every run that can still move skips it where it has not started (SEMANTICS §2), a Failed
     // run included: a retry must not upgrade a member that left the fleet. Each is told through
     // the fleet's task, and its engine decides what that means for the run.

@@ -141,14 +141,14 @@ pub(super) async fn put_member(
         precondition(&headers),
         &caller,
     )?;
-    let id = member_cluster_id(&write.body).to_string();
+    let writes = [write];
     let registered = state
         .runs
         .store
-        .register_members(&fleet, &[write], RegisterMode::Upsert)
+        .register_members(&fleet, &writes, RegisterMode::Upsert)
         .await?;
     let created = registered.written.first().is_some_and(|w| w.1);
     let resource = get_one(&state, &fleet, Kind::Member, &member, "member").await?;
-    spawn_observe(state.clone(), fleet, member, id);
+    spawn_register(state.clone(), fleet, &writes);
     Ok(respond(resource, created))
 }

@@ -468,6 +468,8 @@ impl FleetActor {
                 Msg::Action { .. }
                     | Msg::Remote { .. }
                     | Msg::Observed { .. }
+                    | Msg::Joined(_)
+                    | Msg::Left { .. }
                     | Msg::Adopt { .. }
                     | Msg::Driver(_)
             )
@@ -479,6 +481,16 @@ impl FleetActor {
                     let _ = self
                         .engine
                         .handle(now, FleetInput::Observed { member, cluster });
+                }
+                Msg::Joined(members) => {
+                    for member in members {
+                        let _ = self.engine.handle(now, FleetInput::MemberAdded(member));
+                    }
+                }
+                Msg::Left { member } => {
+                    let _ = self
+                        .engine
+                        .handle(now, FleetInput::MemberRemoved { member });
                 }
                 Msg::Adopt { run, loaded, reply } => {
                     let _ = reply.send(self.adopt(run, *loaded));
