@@ -1058,6 +1058,8 @@ impl Driver for AksDriver {
             node_pools,
             maintenance,
             long_term_support: p["supportPlan"] == "AKSLongTermSupport",
+            // Rollbacks through AKS are the driver half of SEMANTICS §15, not built yet.
+            rollback: Vec::new(),
         })
     }
 

@@ -1145,6 +1145,7 @@ mod tests {
 
     fn target() -> Target {
         Target {
+            rollback: None,
             upgrade_type: UpgradeType::ControlPlaneOnly,
             kubernetes_version: flotilla_engine::version::KubeVersion::parse("1.31.1"),
             node_images: vec![],

@@ -460,6 +460,7 @@ mod tests {
             spent,
             attempt: 1,
             target: Target {
+                rollback: None,
                 upgrade_type: UpgradeType::ControlPlaneOnly,
                 kubernetes_version: Some(KubeVersion::parse("1.31.1").expect("valid")),
                 node_images: vec![],

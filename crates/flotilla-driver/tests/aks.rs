@@ -123,6 +123,7 @@ async fn a_full_upgrade_is_one_put_followed_to_its_end_and_a_resend_attaches() {
     let d = driver(&base);
     let m = member("c1");
     let target = Target {
+        rollback: None,
         upgrade_type: UpgradeType::Full,
         kubernetes_version: version("1.31.2"),
         node_images: vec![],
@@ -175,6 +176,7 @@ async fn control_plane_only_leaves_the_pools_and_a_lost_answer_is_found_by_its_k
         OperationState::Unknown
     );
     let target = Target {
+        rollback: None,
         upgrade_type: UpgradeType::ControlPlaneOnly,
         kubernetes_version: version("1.31.1"),
         node_images: vec![],
@@ -215,6 +217,7 @@ async fn node_images_move_each_pool_to_its_region_s_newest_and_a_pinned_older_on
         image: ImageVersion::parse(image).expect("image"),
     };
     let latest = Target {
+        rollback: None,
         upgrade_type: UpgradeType::NodeImageOnly,
         kubernetes_version: None,
         node_images: vec![pool("system", NEWEST_IMAGE), pool("user", NEWEST_IMAGE)],
@@ -243,6 +246,7 @@ async fn node_images_move_each_pool_to_its_region_s_newest_and_a_pinned_older_on
     }
     // A Consistent or Custom selection pinned below the newest cannot be had from AKS.
     let pinned = Target {
+        rollback: None,
         upgrade_type: UpgradeType::NodeImageOnly,
         kubernetes_version: None,
         node_images: vec![pool("system", "202602.10.0")],
@@ -296,6 +300,7 @@ async fn someone_else_s_operation_makes_the_driver_wait_not_fail() {
     );
     let d = driver(&base);
     let target = Target {
+        rollback: None,
         upgrade_type: UpgradeType::Full,
         kubernetes_version: version("1.31.2"),
         node_images: vec![],
@@ -318,6 +323,7 @@ async fn a_failed_operation_fails_with_arm_s_message() {
     let d = driver(&base);
     let m = member("c1");
     let target = Target {
+        rollback: None,
         upgrade_type: UpgradeType::Full,
         kubernetes_version: version("1.31.2"),
         node_images: vec![],
@@ -438,6 +444,7 @@ async fn an_operation_followed_by_its_location_header() {
     let d = driver(&base);
     let m = member("c1");
     let target = Target {
+        rollback: None,
         upgrade_type: UpgradeType::ControlPlaneOnly,
         kubernetes_version: version("1.31.1"),
         node_images: vec![],

@@ -114,6 +114,9 @@ pub struct CheckBlockSpec {
     pub timeout_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_after_seconds: Option<i64>,
+    /// Member health checks only: `"Fail"` (the default) or `"RollBack"` (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,6 +232,23 @@ pub struct Checks {
     pub interval_seconds: i64,
     pub timeout_seconds: i64,
     pub unavailable_after_seconds: i64,
+    /// What a member whose health check fails undergoes (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "is_fail")]
+    pub on_failure: OnFailure,
+}
+
+/// What a member whose health check fails undergoes (SEMANTICS §15, `onFailure`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OnFailure {
+    /// It fails.
+    #[default]
+    Fail,
+    /// It is rolled back at once, where the driver offers it, and fails.
+    RollBack,
+}
+
+fn is_fail(on_failure: &OnFailure) -> bool {
+    *on_failure == OnFailure::Fail
 }
 
 impl Checks {
@@ -1069,6 +1089,22 @@ pub fn parse_block(
         }
         _ => {}
     }
+    let on_failure = match (spec.on_failure.as_deref(), block) {
+        (None | Some("Fail"), _) => OnFailure::Fail,
+        (Some("RollBack"), BlockKind::MemberHealth) => OnFailure::RollBack,
+        (Some("RollBack"), _) => {
+            return Err(bad(
+                &format!("{path}.onFailure"),
+                "\"RollBack\" is for member health checks only".into(),
+            ));
+        }
+        (Some(other), _) => {
+            return Err(bad(
+                &format!("{path}.onFailure"),
+                format!("{other:?} must be \"Fail\" or \"RollBack\""),
+            ));
+        }
+    };
     let checks = parse_check_list(&spec.checks, &format!("{path}.checks"), block)?;
     let (soak_seconds, interval_seconds, timeout_seconds, unavailable_after_seconds) =
         parse_timings(
@@ -1085,6 +1121,7 @@ pub fn parse_block(
         interval_seconds,
         timeout_seconds,
         unavailable_after_seconds,
+        on_failure,
     })
 }
 

@@ -46,6 +46,34 @@ pub struct Cluster {
     /// The AKS `aksManagedNodeOSUpgradeSchedule` window (NodeImageOnly runs).
     pub node_os_window: Option<Arc<MaintenanceWindow>>,
     pub long_term_support: bool,
+    /// What the driver can roll back on this cluster, and until when (SEMANTICS §15).
+    pub rollback: Vec<RollbackOffer>,
+}
+
+/// One scope a driver can take back to an earlier state (SEMANTICS §15).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RollbackScope {
+    ControlPlane,
+    NodePool(String),
+}
+
+impl std::fmt::Display for RollbackScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RollbackScope::ControlPlane => write!(f, "the control plane"),
+            RollbackScope::NodePool(pool) => write!(f, "node pool {pool:?}"),
+        }
+    }
+}
+
+/// A rollback a driver offers: `scope` back to `kubernetes_version` (the control plane's, or
+/// the pool's orchestrator version) and, for a node pool, `node_image`, until `until`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RollbackOffer {
+    pub scope: RollbackScope,
+    pub kubernetes_version: KubeVersion,
+    pub node_image: Option<ImageVersion>,
+    pub until: Time,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +101,7 @@ impl Cluster {
             kubernetes_window: None,
             node_os_window: None,
             long_term_support: false,
+            rollback: Vec::new(),
         }
     }
 }
@@ -386,6 +415,121 @@ pub struct ClusterSpec {
     pub maintenance: Option<MaintenanceSpec>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub long_term_support: bool,
+    /// What the driver can roll back, and until when (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollback: Vec<RollbackOfferSpec>,
+}
+
+/// A rollback a driver offers, as written: `{scope: "ControlPlane" | "NodePool", pool?, to,
+/// until}`, `to` being `{kubernetesVersion}` for the control plane and `{orchestratorVersion,
+/// nodeImageVersion}` for a node pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RollbackOfferSpec {
+    pub scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    pub to: RollbackToSpec,
+    pub until: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RollbackToSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orchestrator_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_image_version: Option<String>,
+}
+
+impl RollbackOffer {
+    pub fn parse(spec: &RollbackOfferSpec, path: &str) -> Result<RollbackOffer, ApiError> {
+        let version = |text: &Option<String>, field: &str| {
+            let at = format!("{path}.to.{field}");
+            let text = text.as_deref().ok_or_else(|| invalid(&at, "is required"))?;
+            KubeVersion::parse(text)
+                .ok_or_else(|| invalid(&at, format!("{text:?} is not a version major.minor.patch")))
+        };
+        let until = Time::parse(&spec.until)
+            .map_err(|e| invalid(&format!("{path}.until"), format!("{:?}: {e}", spec.until)))?;
+        let (scope, kubernetes_version, node_image) = match (spec.scope.as_str(), &spec.pool) {
+            ("ControlPlane", None) => (
+                RollbackScope::ControlPlane,
+                version(&spec.to.kubernetes_version, "kubernetesVersion")?,
+                None,
+            ),
+            ("ControlPlane", Some(pool)) => {
+                return Err(invalid(
+                    &format!("{path}.pool"),
+                    format!("{pool:?}: a ControlPlane rollback names no node pool"),
+                ));
+            }
+            ("NodePool", Some(pool)) if !pool.is_empty() => {
+                let at = format!("{path}.to.nodeImageVersion");
+                let text = spec
+                    .to
+                    .node_image_version
+                    .as_deref()
+                    .ok_or_else(|| invalid(&at, "is required"))?;
+                let bare = text.rsplit('-').next().unwrap_or(text);
+                let image = ImageVersion::parse(bare)
+                    .ok_or_else(|| invalid(&at, format!("{text:?} is not a node image version")))?;
+                (
+                    RollbackScope::NodePool(pool.clone()),
+                    version(&spec.to.orchestrator_version, "orchestratorVersion")?,
+                    Some(image),
+                )
+            }
+            ("NodePool", _) => {
+                return Err(invalid(
+                    &format!("{path}.pool"),
+                    "a NodePool rollback names its node pool",
+                ));
+            }
+            (other, _) => {
+                return Err(invalid(
+                    &format!("{path}.scope"),
+                    format!("{other:?} must be ControlPlane or NodePool"),
+                ));
+            }
+        };
+        Ok(RollbackOffer {
+            scope,
+            kubernetes_version,
+            node_image,
+            until,
+        })
+    }
+
+    pub fn spec(&self) -> RollbackOfferSpec {
+        let (scope, pool, to) = match &self.scope {
+            RollbackScope::ControlPlane => (
+                "ControlPlane",
+                None,
+                RollbackToSpec {
+                    kubernetes_version: Some(self.kubernetes_version.to_string()),
+                    ..RollbackToSpec::default()
+                },
+            ),
+            RollbackScope::NodePool(pool) => (
+                "NodePool",
+                Some(pool.clone()),
+                RollbackToSpec {
+                    orchestrator_version: Some(self.kubernetes_version.to_string()),
+                    node_image_version: self.node_image.as_ref().map(|i| i.to_string()),
+                    ..RollbackToSpec::default()
+                },
+            ),
+        };
+        RollbackOfferSpec {
+            scope: scope.into(),
+            pool,
+            to,
+            until: self.until.to_string(),
+        }
+    }
 }
 
 impl NodePool {
@@ -476,6 +620,12 @@ impl Cluster {
             kubernetes_window: window(&maintenance.kubernetes, "kubernetes")?,
             node_os_window: window(&maintenance.node_os, "nodeOS")?,
             long_term_support: spec.long_term_support,
+            rollback: spec
+                .rollback
+                .iter()
+                .enumerate()
+                .map(|(i, r)| RollbackOffer::parse(r, &format!("{path}.rollback[{i}]")))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -491,6 +641,7 @@ impl Cluster {
                 node_os,
             }),
             long_term_support: self.long_term_support,
+            rollback: self.rollback.iter().map(RollbackOffer::spec).collect(),
         }
     }
 }

@@ -497,6 +497,92 @@ impl FleetEngine {
         Ok(warnings)
     }
 
+    /// The name of the rollback run of run `name` (SEMANTICS §15).
+    pub fn rollback_run_name(name: &str) -> String {
+        format!("rollback-of-{name}")
+    }
+
+    /// Creates and starts the rollback run of run `original` (SEMANTICS §15) and answers its
+    /// name: over the original's members that an operation changed and that are not rolled
+    /// back yet, as the fleet sees their clusters now, behind one Approval gate. A second
+    /// request answers the rollback run already made. Refused (409) while the original is
+    /// neither finished nor Stopped, when it changed nothing, and for a rollback run.
+    pub fn create_rollback_run(&mut self, now: Time, original: &str) -> Result<String, ApiError> {
+        let seq = *self.names.get(original).ok_or_else(|| no_run(original))?;
+        let engine = &self.runs[&seq].engine;
+        if let Some(by) = engine.rolled_back_by() {
+            return Ok(by.to_string());
+        }
+        if let Some(of) = engine.rollback_of() {
+            return Err(ApiError::conflict(format!(
+                "update run {original:?} is the rollback run of {of:?}; it cannot be rolled back in turn"
+            )));
+        }
+        if !engine.is_finished() && engine.state() != State::Stopped {
+            return Err(ApiError::conflict(format!(
+                "update run {original:?} is {:?}{}; only a finished or Stopped run can be rolled back",
+                engine.state(),
+                if engine.members_in_flight() > 0 {
+                    " with members in flight"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let plan = engine
+            .rollback_plan(|member| self.current(member))
+            .ok_or_else(|| {
+                ApiError::conflict(format!(
+                    "update run {original:?} changed nothing that is not rolled back already"
+                ))
+            })?;
+        let name = FleetEngine::rollback_run_name(original);
+        if self.names.contains_key(&name) {
+            return Err(ApiError::conflict(format!(
+                "update run {name:?} already exists and does not roll back {original:?}"
+            )));
+        }
+        self.create_rollback_from(now, &name, &plan)?;
+        let record = self.record;
+        if let Some(slot) = self.runs.get_mut(&seq) {
+            let input = Input::RolledBackBy { run: name.clone() };
+            slot.give(now, input, record)?;
+        }
+        Ok(name)
+    }
+
+    /// Creates rollback run `name` from its plan (a shell rebuilding it passes the plan it
+    /// kept) and starts it.
+    pub fn create_rollback_from(
+        &mut self,
+        now: Time,
+        name: &str,
+        plan: &crate::engine::RollbackPlan,
+    ) -> Result<(), ApiError> {
+        if self.names.contains_key(name) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("update run {name:?} already exists"),
+                "updateRun",
+            ));
+        }
+        let engine =
+            Engine::create_rollback(name, plan, self.members.values(), self.catalog.clone())?;
+        let seq = self.next_run;
+        self.next_run += 1;
+        let news = self
+            .busy
+            .keys()
+            .filter(|m| engine.has_member(m))
+            .cloned()
+            .collect();
+        let mut slot = RunSlot::new(name, engine);
+        slot.news = news;
+        self.runs.insert(seq, slot);
+        self.names.insert(name.to_string(), seq);
+        self.run_input(now, seq, Input::Start)
+    }
+
     /// Drops a run (deleted): the clusters it held are let go.
     pub fn remove_run(&mut self, name: &str) -> Option<Engine> {
         let seq = self.names.remove(name)?;

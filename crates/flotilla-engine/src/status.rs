@@ -78,6 +78,12 @@ pub struct MemberStatus {
     /// this run, retries included, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hops: Vec<Hop>,
+    /// What its cluster was just before the run's first operation on it (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<crate::engine::Before>,
+    /// Whether it was rolled back, where a rollback was due (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back: Option<bool>,
 }
 
 /// One hop of a chained minor upgrade (SEMANTICS §13): one driver operation.
@@ -186,6 +192,12 @@ pub struct UpdateRunStatus {
     /// tolerate every member failing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// A rollback run: the run it rolls back (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<String>,
+    /// The rollback run of this run (SEMANTICS §15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_by: Option<String>,
 }
 
 /// A running run's forecast as its status shows it.
@@ -236,6 +248,12 @@ pub enum EventType {
     MemberHopStarted,
     MemberHopSucceeded,
     MemberHopFailed,
+    /// One rollback step of a member was sent (SEMANTICS §15).
+    MemberRollingBack,
+    /// A member is back at its state before the run (SEMANTICS §15).
+    MemberRolledBack,
+    /// A rollback run of this run was created (SEMANTICS §15).
+    RollbackRunCreated,
     /// One evaluation of a health or readiness check.
     HealthCheckEvaluated,
     ActionRejected,

@@ -435,6 +435,7 @@ fn parse_gates(specs: &[GateSpec], path: &str, after: bool) -> Result<Vec<Gate>,
                     interval_seconds,
                     timeout_seconds,
                     unavailable_after_seconds,
+                    on_failure: crate::checks::OnFailure::Fail,
                 }))
             }
             "Approval" => {

@@ -55,6 +55,22 @@ impl<'de> serde::Deserialize<'de> for KubeVersion {
     }
 }
 
+/// Written as its text, `"202602.10.0"`.
+impl serde::Serialize for ImageVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ImageVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        ImageVersion::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not a node image version"))
+        })
+    }
+}
+
 impl fmt::Display for KubeVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)

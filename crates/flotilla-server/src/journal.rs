@@ -345,6 +345,7 @@ mod tests {
             group: None,
             labels: Default::default(),
             cluster: Cluster {
+                rollback: Default::default(),
                 region: "eastus".into(),
                 kubernetes_version: v("1.30.5"),
                 node_pools: vec![],

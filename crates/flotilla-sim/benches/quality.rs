@@ -120,6 +120,7 @@ fn case(rng: &mut Rng, kind: Durations) -> Case {
                     group: Some(name.clone()),
                     labels: BTreeMap::new(),
                     cluster: Cluster {
+                        rollback: Default::default(),
                         region: "eastus".into(),
                         kubernetes_version: KubeVersion::parse("1.30.5").expect("v"),
                         node_pools: vec![],
@@ -131,6 +132,7 @@ fn case(rng: &mut Rng, kind: Durations) -> Case {
                 behaviour.insert(
                     member,
                     SimBehaviour {
+                        rollback_until: None,
                         duration_seconds: seconds,
                         fail: false,
                         fail_message: String::new(),

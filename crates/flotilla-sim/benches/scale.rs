@@ -110,6 +110,7 @@ fn fleet(size: usize) -> Scenario {
             group: Some(group),
             labels: BTreeMap::new(),
             cluster: Cluster {
+                rollback: Default::default(),
                 region: regions[i % 3].into(),
                 kubernetes_version: KubeVersion::parse("1.30.5").expect("v"),
                 node_pools: vec![NodePool {
@@ -127,6 +128,7 @@ fn fleet(size: usize) -> Scenario {
         behaviour.insert(
             name,
             SimBehaviour {
+                rollback_until: None,
                 duration_seconds: 600 + (rng.next() % 1800) as i64,
                 fail: rng.next().is_multiple_of(200),
                 fail_message: "simulated failure".into(),

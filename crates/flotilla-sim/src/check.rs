@@ -267,6 +267,24 @@ fn check_run(
             &want,
         );
     }
+    // Whether each member was rolled back (SEMANTICS §15), as check.py reads it: the member's
+    // `rolledBack`, else its status's, else false.
+    for (name, want) in exp
+        .get("rolledBack")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let member = members.get(name);
+        let got = member
+            .and_then(|m| {
+                m.get("rolledBack")
+                    .or_else(|| m["status"].get("rolledBack"))
+            })
+            .cloned()
+            .unwrap_or(Value::Bool(false));
+        cmp(&mut errors, format!("rolledBack.{name}"), Some(got), want);
+    }
     // Additions for checks (tests/scenarios/README.md): error codes of members, groups and
     // stages ("member:m1"), and the state of the first gate at a place ("prod/Before",
     // "prod/g/After").

@@ -172,9 +172,20 @@ pub struct SimSpec {
     /// (SEMANTICS §13).
     #[serde(default)]
     pub fail_operations: Vec<u32>,
+    /// What the cluster can roll back (SEMANTICS §15): every scope an upgrade changed, to its
+    /// state before that first change, until the scenario's start plus `until`.
+    #[serde(default)]
+    pub rollback: Option<SimRollbackSpec>,
     /// What this member's health and readiness checks will see, by check name (SEMANTICS §10).
     #[serde(default)]
     pub checks: BTreeMap<String, Value>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimRollbackSpec {
+    #[serde(deserialize_with = "scalar_text")]
+    pub until: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -256,6 +267,9 @@ pub struct SimBehaviour {
     pub fail_attempts: Option<u32>,
     /// These operations fail whatever `fail` says (the Nth sent to the cluster, from 1).
     pub fail_operations: Vec<u32>,
+    /// Until when the cluster can roll back what upgrades changed (SEMANTICS §15); `None`:
+    /// it offers no rollback.
+    pub rollback_until: Option<Time>,
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +279,8 @@ pub enum Action {
     Approve(GateLocator),
     Skip(Vec<TargetSpec>),
     RemoveMember(String),
+    /// `rollback`: creates and starts the rollback run of the run (SEMANTICS §15).
+    Rollback,
     AddNodePool {
         member: String,
         pool: NodePool,
@@ -712,8 +728,23 @@ impl Scenario {
                 )?,
                 node_os_window: window(maintenance.and_then(|x| x.node_os.as_ref()), "nodeOS")?,
                 long_term_support: m.long_term_support,
+                rollback: Vec::new(),
             };
             let sim = m.sim.clone().unwrap_or_default();
+            let rollback_until = sim
+                .rollback
+                .as_ref()
+                .map(|r| {
+                    parse_duration(&r.until)
+                        .map(|offset| start.plus(offset))
+                        .ok_or_else(|| {
+                            bad(
+                                &format!("{mpath}.sim.rollback.until"),
+                                format!("{:?} is not a duration like 7d", r.until),
+                            )
+                        })
+                })
+                .transpose()?;
             if !sim.checks.is_empty() {
                 member_checks.insert(
                     m.name.clone(),
@@ -747,6 +778,7 @@ impl Scenario {
                         .unwrap_or_else(|| "simulated upgrade failure".into()),
                     fail_attempts: sim.fail_attempts,
                     fail_operations: sim.fail_operations,
+                    rollback_until,
                 },
             );
             members.push(Member {
@@ -782,6 +814,7 @@ impl Scenario {
                         .clone()
                         .ok_or_else(|| bad(&format!("{apath}.targets"), "skip needs targets"))?,
                 ),
+                "rollback" => Action::Rollback,
                 "removeMember" => Action::RemoveMember(a.member.clone().ok_or_else(|| {
                     bad(&format!("{apath}.member"), "removeMember needs a member")
                 })?),

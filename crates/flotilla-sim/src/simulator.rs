@@ -301,6 +301,7 @@ fn default_behaviour() -> SimBehaviour {
         fail_message: String::new(),
         fail_attempts: None,
         fail_operations: Vec::new(),
+        rollback_until: None,
     }
 }
 
@@ -583,17 +584,22 @@ fn run(
                 break;
             };
             let outcome = sim.finish(index, &member, attempt);
+            let offers = sim.offers_changed(&member);
             let _ = fleet.handle(
                 now,
                 FleetInput::Run {
                     run: runs[index].name.clone(),
                     input: Input::OperationFinished {
-                        member,
+                        member: member.clone(),
                         attempt,
                         outcome,
                     },
                 },
             );
+            // What the cluster can now roll back is observed (SEMANTICS §15).
+            if let Some(cluster) = offers {
+                let _ = fleet.handle(now, FleetInput::Observed { member, cluster });
+            }
         }
         // 2. What time brings, then releases coming out.
         fleet.advance_clock(now);
@@ -668,6 +674,37 @@ fn run(
                 Action::DeleteBudget(name) => {
                     fleet.handle(now, FleetInput::DeleteBudget { name: name.clone() })
                 }
+                // A rollback run, made and started (SEMANTICS §15); a second request answers
+                // the one made.
+                Action::Rollback => match index {
+                    Some(i) => {
+                        let original = runs[i].name.clone();
+                        fleet.create_rollback_run(now, &original).map(|name| {
+                            if index_of(&runs, &name).is_none() {
+                                if check_invariants {
+                                    keep_created(&fleet, &name, &mut created);
+                                }
+                                let update = runs[i].update.clone();
+                                runs.push(SimRun {
+                                    name,
+                                    strategy: None,
+                                    update,
+                                    generated: None,
+                                    declared: true,
+                                    versions: Vec::new(),
+                                    created_at: now,
+                                    events: Vec::new(),
+                                });
+                            }
+                        })
+                    }
+                    None => Err(not_found(
+                        "update run",
+                        a.run
+                            .as_deref()
+                            .unwrap_or("(the scenario has no hand-made run)"),
+                    )),
+                },
                 Action::UpdateProfile {
                     profile,
                     spec,
@@ -1112,6 +1149,7 @@ fn act(
         | Action::DeleteFreeze(_)
         | Action::PutBudget(_)
         | Action::DeleteBudget(_)
+        | Action::Rollback
         | Action::CreateRun(_) => Ok(()),
     }
 }
@@ -1153,6 +1191,40 @@ fn scripted_outcome(
             "the scenario scripts no result for check {check:?}"
         )),
     }
+}
+
+/// What a simulated cluster offers to roll back after an upgrade took it from `was` (SEMANTICS
+/// §15): each scope that changed, to its state before its first change, until `until`.
+fn offer_rollbacks(cluster: &mut Cluster, was: &Cluster, until: Time) {
+    use flotilla_engine::fleet::{RollbackOffer, RollbackScope};
+    let mut offers = std::mem::take(&mut cluster.rollback);
+    let mut offer = |scope: RollbackScope, kubernetes_version, node_image| {
+        if !offers.iter().any(|o| o.scope == scope) {
+            offers.push(RollbackOffer {
+                scope,
+                kubernetes_version,
+                node_image,
+                until,
+            });
+        }
+    };
+    if was.kubernetes_version != cluster.kubernetes_version {
+        offer(RollbackScope::ControlPlane, was.kubernetes_version, None);
+    }
+    for before in &was.node_pools {
+        let Some(pool) = cluster.node_pools.iter().find(|p| p.name == before.name) else {
+            continue;
+        };
+        let version = before.kubernetes_version(was);
+        if pool.image != before.image || pool.kubernetes_version(cluster) != version {
+            offer(
+                RollbackScope::NodePool(before.name.clone()),
+                version,
+                Some(before.image.clone()),
+            );
+        }
+    }
+    cluster.rollback = offers;
 }
 
 /// An operation in flight: (ends at, sequence, run, member, attempt).
@@ -1205,12 +1277,26 @@ impl Sim<'_> {
             .is_some_and(|o| o.3);
         if succeeds {
             if let Some(target) = self.targets.get(&(run, attempt)) {
+                let was = c.cluster.clone();
                 apply_target(&mut c.cluster, target);
+                if let Some(until) = c.behaviour.rollback_until
+                    && target.rollback.is_none()
+                {
+                    offer_rollbacks(&mut c.cluster, &was, until);
+                }
             }
             Ok(())
         } else {
             Err(c.behaviour.fail_message.clone())
         }
+    }
+
+    /// The cluster, if it offers rollbacks (SEMANTICS §15) and its offers differ from what
+    /// applying its operations alone gives: the fleet must observe it.
+    fn offers_changed(&self, member: &str) -> Option<Cluster> {
+        let c = self.clusters.get(member)?;
+        (c.behaviour.rollback_until.is_some() && !c.cluster.rollback.is_empty())
+            .then(|| c.cluster.clone())
     }
 
     fn observe(

@@ -310,6 +310,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 kubernetes_window: window.clone().filter(|_| m.label != 2),
                 node_os_window: window.filter(|_| m.label != 1),
                 long_term_support: false,
+                rollback: Vec::new(),
             },
         });
         behaviour.insert(
@@ -320,6 +321,7 @@ fn scenario(plan: &Plan) -> Scenario {
                 fail_message: "boom".into(),
                 fail_attempts: None,
                 fail_operations: Vec::new(),
+                rollback_until: None,
             },
         );
     }

@@ -85,6 +85,13 @@ struct Checkpoint {
     /// Members between hops due to go on at the next settle (SEMANTICS §13).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     hops_due: Vec<u32>,
+    /// Members' states before their first operation, members rolling back, and the rollback
+    /// run of this run (SEMANTICS §15).
+    #[serde(
+        default,
+        skip_serializing_if = "super::rollback::RollbackState::is_empty"
+    )]
+    rollback: super::rollback::RollbackState,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -148,6 +155,10 @@ struct TargetCk {
     /// `[pool, family, image]`.
     #[serde(rename = "n", default, skip_serializing_if = "Vec::is_empty")]
     node_images: Vec<(String, String, String)>,
+    /// A rollback step (SEMANTICS §15): the node pool (none: the control plane) and its
+    /// orchestrator version.
+    #[serde(rename = "rb", default, skip_serializing_if = "Option::is_none")]
+    rollback: Option<(Option<String>, Option<String>)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -238,6 +249,13 @@ fn target_ck(target: &Target) -> TargetCk {
             .iter()
             .map(|p| (p.pool.clone(), p.family.clone(), p.image.to_string()))
             .collect(),
+        rollback: target.rollback.as_ref().map(|r| {
+            let pool = match &r.scope {
+                crate::fleet::RollbackScope::ControlPlane => None,
+                crate::fleet::RollbackScope::NodePool(pool) => Some(pool.clone()),
+            };
+            (pool, r.orchestrator_version.map(|v| v.to_string()))
+        }),
     }
 }
 
@@ -259,10 +277,27 @@ fn target_rt(target: TargetCk, at: &str) -> Result<Target, String> {
             })
         })
         .collect::<Result<_, String>>()?;
+    let rollback = target
+        .rollback
+        .map(|(pool, version)| {
+            let orchestrator_version = version
+                .map(|v| KubeVersion::parse(&v).ok_or_else(|| format!("{at}: version {v:?}")))
+                .transpose()?;
+            let scope = match pool {
+                None => crate::fleet::RollbackScope::ControlPlane,
+                Some(pool) => crate::fleet::RollbackScope::NodePool(pool),
+            };
+            Ok::<_, String>(Rollback {
+                scope,
+                orchestrator_version,
+            })
+        })
+        .transpose()?;
     Ok(Target {
         upgrade_type: target.upgrade_type,
         kubernetes_version,
         node_images,
+        rollback,
     })
 }
 
@@ -459,6 +494,7 @@ impl Engine {
             quiet_changes: self.quiet_changes,
             health: self.health.clone(),
             hops_due: self.hops_due.iter().copied().collect(),
+            rollback: self.rollback.clone(),
         };
         serde_json::to_string(&checkpoint).map_err(|e| e.to_string())
     }
@@ -633,6 +669,28 @@ impl Engine {
             ));
         }
         self.hops_due = ck.hops_due.into_iter().collect();
+        let n = self.members.len() as u32;
+        let r = &ck.rollback;
+        if let Some(m) = r
+            .befores
+            .keys()
+            .chain(r.rolling.keys())
+            .chain(r.due.iter())
+            .chain(r.rolled_back.keys())
+            .find(|&&m| m >= n)
+        {
+            return Err(format!(
+                "checkpoint: rollback state names member {m}, out of range"
+            ));
+        }
+        // What creation decided (a rollback run's origin and targets) stays.
+        let (of, targets) = (
+            self.rollback.of.take(),
+            std::mem::take(&mut self.rollback.targets),
+        );
+        self.rollback = ck.rollback;
+        self.rollback.of = of;
+        self.rollback.targets = targets;
         self.phase = ck.phase;
         self.current = ck.current;
         self.run_start = ck.run_start;
@@ -733,7 +791,8 @@ impl Engine {
             warnings,
             health,
             chains,
-            hops_due
+            hops_due,
+            rollback
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

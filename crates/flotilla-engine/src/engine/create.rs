@@ -23,6 +23,18 @@ impl Engine {
         fleet: impl IntoIterator<Item = &'a SharedMember>,
         catalog: Catalog,
     ) -> Result<(Engine, Vec<String>), ApiError> {
+        Engine::create_assigned(run_name, spec, fleet, catalog, None)
+    }
+
+    /// [`Engine::create_shared`], with each member's stage (by index) and group given instead
+    /// of selected (a rollback run, SEMANTICS §15).
+    pub(super) fn create_assigned<'a>(
+        run_name: &str,
+        spec: &RunSpec,
+        fleet: impl IntoIterator<Item = &'a SharedMember>,
+        catalog: Catalog,
+        assigned: Option<&HashMap<&str, (usize, &str)>>,
+    ) -> Result<(Engine, Vec<String>), ApiError> {
         let mut sorted: Vec<&SharedMember> = fleet.into_iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
         if let NodeImageSelection::Custom(versions) = &spec.upgrade.node_images {
@@ -95,6 +107,7 @@ impl Engine {
             chains: BTreeMap::new(),
             hops_due: BTreeSet::new(),
             released: Vec::new(),
+            rollback: Default::default(),
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();
@@ -134,6 +147,14 @@ impl Engine {
             let group_defs: Vec<(&Group, Vec<&SharedMember>)> = groups
                 .iter()
                 .map(|g| {
+                    if let Some(assigned) = assigned {
+                        let chosen = in_stage
+                            .iter()
+                            .copied()
+                            .filter(|m| assigned.get(&*m.name) == Some(&(si, g.name.as_str())))
+                            .collect();
+                        return (g, chosen);
+                    }
                     let chosen = match &g.selector {
                         Some(s) => in_stage
                             .iter()

@@ -775,6 +775,14 @@ impl Engine {
         if member.state != State::Running || !member.verifying {
             return;
         }
+        if let Some(why) = failure.as_ref().filter(|_| !member.removed)
+            && self.rolls_back_on_failure(m)
+        {
+            // Rolled back at once, in its slot, before anything else is decided (§15).
+            self.begin_auto_rollback(m, why.clone());
+            return;
+        }
+        let member = &mut self.members[m as usize];
         member.verifying = false;
         let g = member.group;
         self.touch(m);

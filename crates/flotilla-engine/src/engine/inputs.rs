@@ -134,6 +134,10 @@ impl Engine {
                 self.repark_waiting(now);
                 Ok(())
             }
+            Input::RolledBackBy { run } => {
+                self.set_rolled_back_by(now, run);
+                Ok(())
+            }
         }
     }
 
@@ -161,6 +165,17 @@ impl Engine {
     }
 
     pub(super) fn start(&mut self, now: Time) -> Result<(), ApiError> {
+        if matches!(
+            self.phase,
+            RunPhase::NotStarted | RunPhase::Stopped | RunPhase::Failed
+        ) && let Some(by) = &self.rollback.by
+        {
+            // Rolled back: what it did is being undone (SEMANTICS §15).
+            return Err(ApiError::conflict(format!(
+                "update run {:?} was rolled back by update run {by:?} and cannot be started again",
+                self.run_name
+            )));
+        }
         if matches!(
             self.phase,
             RunPhase::NotStarted | RunPhase::Stopped | RunPhase::Failed
@@ -320,6 +335,8 @@ impl Engine {
                     let member = &mut self.members[m as usize];
                     if member.state == State::Failed {
                         self.revisions.touch(m);
+                        // Attempted again: whether it was rolled back is its last attempt's.
+                        self.rollback.rolled_back.remove(&m);
                     }
                     if member.state == State::Failed && member.removed {
                         // Deleted since it failed: nothing is sent to it again (SEMANTICS §2).
@@ -439,6 +456,10 @@ impl Engine {
                             // Between hops: nothing is in flight; the cluster is let go. A hop
                             // in flight goes on on the cluster, observed again on start.
                             self.end_between(m);
+                            // A rollback between two steps lets its cluster go; it goes on
+                            // when the run starts again (SEMANTICS §15).
+                            self.end_rollback_between(m);
+                            self.rollback.due.remove(&m);
                             if let Some(hop) = self.hop_in_flight(m) {
                                 hop.state = State::Stopped;
                             }
@@ -488,11 +509,16 @@ impl Engine {
             || member.attempt != attempt
             || (member.reattaching && outcome.is_ok())
             || self.is_between(m)
+            || self.rollback_between(m)
         {
             return;
         }
         self.members[m as usize].reattaching = false;
         self.touch(m);
+        if self.is_rolling(m) {
+            self.rollback_step_finished(now, m, outcome);
+            return;
+        }
         let chain_goes_on = self.chains() && self.end_hop(now, m, &outcome);
         let member = &self.members[m as usize];
         let g = member.group;
@@ -721,6 +747,18 @@ impl Engine {
                     hop.state = State::Running;
                 }
                 self.emit_member(now, EventType::MemberReattached, m, None)
+            }
+            OperationProgress::NotRunning if self.is_rolling(m) => {
+                // Rolling back (SEMANTICS §15): still in its slot; the next settle decides
+                // its next step from where its cluster is.
+                self.touch(m);
+                self.rollback.due.insert(m);
+                self.emit_member(
+                    now,
+                    EventType::MemberReattached,
+                    m,
+                    Some("its rollback goes on".into()),
+                );
             }
             OperationProgress::NotRunning => {
                 self.add_in_flight(g, -1);

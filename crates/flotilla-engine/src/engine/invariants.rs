@@ -92,6 +92,7 @@ impl Engine {
         }
         self.check_watches()?;
         self.check_chains()?;
+        self.check_rollbacks()?;
         if self.phase == RunPhase::Running {
             self.check_reaching(now)?;
         }

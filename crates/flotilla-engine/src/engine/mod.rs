@@ -37,6 +37,7 @@ mod health;
 mod inputs;
 mod invariants;
 mod readiness;
+mod rollback;
 mod scheduling;
 mod status;
 
@@ -45,6 +46,7 @@ pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
 pub use health::{CheckSubject, answers};
 use health::{Health, Subject};
+pub use rollback::{Before, PoolBefore, RollbackPlan};
 use status::StatusRevisions;
 pub use status::{STATUS_CHUNK, StatusChanges, StatusChunk, apply_target, cluster_at};
 
@@ -196,6 +198,11 @@ pub enum Input {
         check: String,
         outcome: crate::checks::Outcome,
     },
+    /// A rollback run of this run was created (SEMANTICS §15): this run cannot be started
+    /// again.
+    RolledBackBy {
+        run: String,
+    },
 }
 
 /// What one node pool is upgraded to.
@@ -212,6 +219,19 @@ pub struct Target {
     pub upgrade_type: UpgradeType,
     pub kubernetes_version: Option<KubeVersion>,
     pub node_images: Vec<PoolTarget>,
+    /// `Some`: not an upgrade but the provider's rollback of one scope (SEMANTICS §15), to
+    /// exactly the versions above, which may be lower than the cluster's: the control plane to
+    /// `kubernetes_version` (a ControlPlaneOnly target), or a node pool to its one entry of
+    /// `node_images` and to `orchestrator_version` (a NodeImageOnly target).
+    pub rollback: Option<Rollback>,
+}
+
+/// The scope a rollback operation takes back, and (node pools) their Kubernetes version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rollback {
+    pub scope: crate::fleet::RollbackScope,
+    /// A node pool's orchestrator version after the rollback.
+    pub orchestrator_version: Option<KubeVersion>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -456,6 +476,9 @@ pub struct Engine {
     /// failed, ended), with the attempt of their last hop, since the fleet engine last took
     /// them.
     released: Vec<(Arc<str>, u64)>,
+    /// Rollbacks (SEMANTICS §15): members' states before their first operation, members
+    /// rolling back, and the runs this one rolls back or is rolled back by.
+    rollback: rollback::RollbackState,
 }
 
 /// What a run knows of the fleet's disruption budgets (SEMANTICS §12), and the members it
@@ -523,7 +546,7 @@ pub enum WaitReason {
     Budget,
 }
 
-enum Decision {
+pub(super) enum Decision {
     Upgrade(Target),
     Skip(String),
     Fail { code: &'static str, message: String },
@@ -620,6 +643,13 @@ impl Engine {
         Some(&self.members[m as usize].cluster_resource_id)
     }
 
+    /// A member's state before the run's first operation on it, and whether it was rolled
+    /// back (SEMANTICS §15).
+    pub fn member_before(&self, name: &str) -> Option<&Before> {
+        let m = *self.member_index.get(name)?;
+        self.rollback.befores.get(&m)
+    }
+
     /// Points this run's members' names, cluster ids and clusters at the ones `share` returns
     /// for them, which must be equal to the run's own: so a fleet holds one copy of what its
     /// runs have in common.
@@ -663,6 +693,12 @@ impl Engine {
         self.members
             .iter()
             .filter(|m| m.state == State::Running && !m.reattaching && !m.verifying)
+            .filter(|m| {
+                // A member whose next rollback step is not sent yet, and which holds no
+                // cluster between steps, holds none (SEMANTICS §15).
+                let i = self.member_index.get(&m.name).copied().unwrap_or(u32::MAX);
+                !self.rollback.due.contains(&i) || self.rollback_between(i)
+            })
             .map(|m| (&*m.name, m.attempt))
     }
 
@@ -679,7 +715,7 @@ impl Engine {
             !self
                 .member_index
                 .get(*name)
-                .is_some_and(|&m| self.is_between(m))
+                .is_some_and(|&m| self.is_between(m) || self.rollback_between(m))
         })
     }
 
@@ -695,9 +731,10 @@ impl Engine {
     /// Whether `attempt` was a hop of member `name` whose chain goes on: its run keeps the
     /// cluster between the two hops (SEMANTICS §13).
     pub fn holds_between_hops(&self, name: &str, attempt: u64) -> bool {
-        self.member_index
-            .get(name)
-            .is_some_and(|&m| self.members[m as usize].attempt == attempt && self.is_between(m))
+        self.member_index.get(name).is_some_and(|&m| {
+            self.members[m as usize].attempt == attempt
+                && (self.is_between(m) || self.rollback_between(m))
+        })
     }
 
     /// Members between hops that let their cluster go since this was last asked, each with

@@ -165,15 +165,17 @@ impl Engine {
         let cluster = &member.cluster;
         // A freeze is looked at before the version and the window (SEMANTICS §12): both it and
         // the window must allow a start.
+        let rollback_to = self.rollback.targets.get(&m);
         if !self.freezes.is_empty() {
-            let changes_minor = self.upgrade.changes_kubernetes()
-                && self.upgrade.kubernetes_version.is_some_and(|v| {
-                    (v.major, v.minor)
-                        != (
-                            cluster.kubernetes_version.major,
-                            cluster.kubernetes_version.minor,
-                        )
-                });
+            let target = match rollback_to {
+                Some(before) => Some(before.kubernetes_version),
+                None => self
+                    .upgrade
+                    .kubernetes_version
+                    .filter(|_| self.upgrade.changes_kubernetes()),
+            };
+            let changes_minor =
+                target.is_some_and(|v| v.minor_line() != cluster.kubernetes_version.minor_line());
             if let Some((freeze, until)) =
                 self.freezes
                     .holding(&member.name, self.upgrade.upgrade_type, changes_minor, now)
@@ -188,7 +190,10 @@ impl Engine {
         let region = cluster.region.as_str();
         let mut needs = Availability::Now;
         let mut what = String::new();
-        if self.upgrade.changes_kubernetes()
+        // A rollback goes back to what the cluster ran: no release is waited for (§15).
+        let upgrades = rollback_to.is_none();
+        if upgrades
+            && self.upgrade.changes_kubernetes()
             && let Some(v) = self.upgrade.kubernetes_version
         {
             let a = self.catalog.kubernetes(region, v, now);
@@ -204,7 +209,7 @@ impl Engine {
                 needs = needs.and(a);
             }
         }
-        if self.upgrade.changes_node_images() {
+        if upgrades && self.upgrade.changes_node_images() {
             for pool in &cluster.node_pools {
                 let a = match &self.upgrade.node_images {
                     NodeImageSelection::Latest => {
@@ -300,6 +305,10 @@ impl Engine {
         let member = &self.members[m as usize];
         if member.removed {
             return Decision::Skip(REMOVED.into());
+        }
+        if let Some(before) = self.rollback.targets.get(&m) {
+            // A rollback run: its target is its state before the original run (§15).
+            return self.decide_rollback(m, before, now);
         }
         let cluster = &member.cluster;
         let current = cluster.kubernetes_version;
@@ -419,6 +428,7 @@ impl Engine {
             upgrade_type: self.upgrade.upgrade_type,
             kubernetes_version: kube_target,
             node_images,
+            rollback: None,
         })
     }
 

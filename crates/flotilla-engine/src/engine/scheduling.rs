@@ -10,6 +10,8 @@ impl Engine {
         loop {
             // Chains first: a member between hops holds its slot (SEMANTICS §13).
             let mut changed = self.continue_chains(now);
+            // Rollbacks too: a member rolling back holds its slot (SEMANTICS §15).
+            changed |= self.continue_rollbacks(now);
             if self.phase == RunPhase::Running {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
@@ -478,8 +480,11 @@ impl Engine {
         member.error = None;
         let g = member.group;
         self.add_in_flight(g, 1);
+        self.record_before(m);
         self.emit_member(now, EventType::MemberStarted, m, None);
-        if self.chains() {
+        if target.rollback.is_some() {
+            self.send_rollback_step(now, m, target);
+        } else if self.chains() {
             let target = self.first_hop(now, m, target);
             self.send_hop(now, m, target);
         } else {

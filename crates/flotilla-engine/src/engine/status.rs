@@ -4,6 +4,10 @@ use super::*;
 
 /// Applies a finished upgrade to a cluster (the engine's own view until the next observation).
 pub fn apply_target(cluster: &mut Cluster, target: &Target) {
+    if let Some(rollback) = &target.rollback {
+        rollback::apply_rollback(cluster, target, rollback);
+        return;
+    }
     if let Some(v) = target.kubernetes_version {
         let before = cluster.kubernetes_version;
         for pool in &mut cluster.node_pools {
@@ -27,6 +31,9 @@ pub fn apply_target(cluster: &mut Cluster, target: &Target) {
 
 /// Whether a cluster is at a target (SEMANTICS §6, re-observation after a stop).
 pub fn cluster_at(cluster: &Cluster, target: &Target) -> bool {
+    if let Some(rollback) = &target.rollback {
+        return rollback::rolled_back_to(cluster, target, rollback);
+    }
     target
         .kubernetes_version
         .is_none_or(|v| cluster.kubernetes_version == v)
@@ -172,6 +179,7 @@ impl Engine {
 
     fn member_status(&self, m: u32) -> MemberStatus {
         let member = &self.members[m as usize];
+        let (before, rolled_back) = self.rollback_status(m);
         MemberStatus {
             status: UpdateStatus {
                 start_time: member.start,
@@ -186,6 +194,8 @@ impl Engine {
             waiting_for: self.waiting_for_of(m),
             health_checks: self.member_checks(m),
             hops: self.hops_of(m),
+            before,
+            rolled_back,
         }
     }
 
@@ -306,6 +316,8 @@ impl Engine {
             failure_count: self.failure_count,
             forecast: None,
             warnings: self.warnings.clone(),
+            rollback_of: self.rollback.of.clone(),
+            rolled_back_by: self.rollback.by.clone(),
         }
     }
 }

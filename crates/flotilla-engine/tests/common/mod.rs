@@ -22,6 +22,7 @@ pub fn member_at(name: &str, region: &str, version: &str) -> Member {
         group: None,
         labels: BTreeMap::new(),
         cluster: Cluster {
+            rollback: Default::default(),
             region: region.into(),
             kubernetes_version: v(version),
             node_pools: vec![],

@@ -584,6 +584,8 @@ impl TargetRecord {
                     })
                 })
                 .collect(),
+            // The server does not drive rollbacks yet (SEMANTICS §15, the engine's half only).
+            rollback: None,
         }
     }
 }
