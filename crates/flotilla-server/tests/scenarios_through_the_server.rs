@@ -44,8 +44,16 @@ fn unsupported(scenario: &Scenario) -> Option<&'static str> {
     {
         return Some("scripted health checks (the server evaluates real ones)");
     }
+    if scenario
+        .behaviour
+        .values()
+        .any(|b| b.rollback_until.is_some())
+    {
+        return Some("rollback offers (the server does not drive rollbacks yet, #39)");
+    }
     scenario.actions.iter().find_map(|a| match a.action {
         Action::AddNodePool { .. } => Some("addNodePool (the sim driver's clusters are fixed)"),
+        Action::Rollback => Some("rollback (the server has no rollback route yet, #39)"),
         _ => None,
     })
 }
