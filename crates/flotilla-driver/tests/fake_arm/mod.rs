@@ -75,6 +75,9 @@ pub struct Fake {
     pub location_only: bool,
     /// Every PUT of a cluster that asked for another control-plane version, in order.
     pub version_puts: Vec<VersionPut>,
+    /// When the next operation on this cluster ends, the next this many ARM requests are
+    /// throttled (once): a test's way to hold a chain between two hops.
+    pub throttle_when_done: Option<(String, u32)>,
 }
 
 /// A PUT that asked for a control-plane version other than the cluster's current one.
@@ -251,6 +254,12 @@ impl Fake {
         let Some(op) = self.ops.remove(id) else {
             return;
         };
+        if let Some((cluster, n)) = self.throttle_when_done.clone()
+            && cluster == op.cluster
+        {
+            self.throttle_when_done = None;
+            self.throttle_next = n;
+        }
         let c = self.clusters.get_mut(&op.cluster).expect("cluster");
         if op.fails.is_some() {
             c["properties"]["provisioningState"] = json!("Failed");
