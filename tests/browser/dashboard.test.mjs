@@ -6,8 +6,8 @@
 // approver who approves the gate from the page and sees production start, the budget's
 // partitions filling up, the fleets page, the failed members and the filter by state, an 800 px
 // wide window, and a large fleet; then, on small fleets of their own, health checks the server
-// evaluates for real against stand-ins served here, and a freeze and a budget that hold
-// members. Screenshots go to target/browser-artifacts/.
+// evaluates for real against stand-ins served here, a freeze and a budget that hold members,
+// and a chained run whose members show their hops. Screenshots go to target/browser-artifacts/.
 //
 // Environment: FLOTILLA_BIN (the binary), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACTS (default ../../target/browser-artifacts).
@@ -1018,6 +1018,78 @@ test('a freeze in force and a full budget hold members: the fleet page shows the
   assert.equal(await tag.innerText(), 'Freeze: hold-r3');
   assert.match(await tag.getAttribute('title'), /^Waiting for a freeze until /);
   await page.shot('held');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a chained member shows its hops on its tile, the hop in flight highlighted, and each hop in the timeline', async () => {
+  // Two members on 1.29.9, a ControlPlaneOnly run to 1.31.4 with chainMinorVersions: each is
+  // walked through 1.30.7 (the newest generally available 1.30; 1.30.8 is a preview), one hop
+  // of four simulated seconds at a time.
+  const clusters = {};
+  for (const name of ['ch-1', 'ch-2']) {
+    clusters[`/c/chain-${name}`] = { region: 'eastus', kubernetesVersion: '1.29.9', nodePools: [], sim: { durationSeconds: 4 } };
+  }
+  const catalog = { eastus: { kubernetes: [{ version: '1.29.9' }, { version: '1.30.7' }, { version: '1.30.8', preview: true }, { version: '1.31.4' }] } };
+  const fleet = await apiCall('/v1/fleets/chain', adminToken, { method: 'PUT', body: { properties: { driver: { type: 'sim', timeScale: 1, catalog, clusters } } } });
+  assert.equal(fleet.status, 201, JSON.stringify(fleet.body));
+  for (const name of ['ch-1', 'ch-2']) {
+    const put = await apiCall(`/v1/fleets/chain/members/${name}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/chain-${name}`, group: 'g' } } });
+    assert.ok(put.status < 300, JSON.stringify(put.body));
+  }
+  const properties = {
+    strategy: { stages: [{ name: 'all', groups: [{ name: 'g', maxConcurrency: '1' }] }] },
+    managedClusterUpdate: { upgrade: { type: 'ControlPlaneOnly', kubernetesVersion: '1.31.4' } },
+    chainMinorVersions: true,
+  };
+  const created = await apiCall('/v1/fleets/chain/updateRuns/catch-up', adminToken, { method: 'PUT', body: { properties } });
+  assert.ok(created.status < 300, JSON.stringify(created.body));
+  const page = await newPage('chain');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/chain/runs/catch-up`);
+  await page.locator('.tile[data-member="ch-1"]').waitFor();
+  const started = await apiCall('/v1/fleets/chain/updateRuns/catch-up/start', adminToken, { method: 'POST' });
+  assert.ok(started.status < 300, JSON.stringify(started.body));
+
+  // While a hop is in flight, the tile shows the path so far with that hop's target highlighted.
+  const inFlight = await eventually('a hop in flight on a tile', () => page.evaluate(() => {
+    const tile = document.querySelector('#pipeline .tile[data-hops] .hop-current');
+    if (!tile) return null;
+    const button = tile.closest('.tile');
+    return { member: button.dataset.member, hops: button.dataset.hops, current: tile.textContent, line: button.querySelector('.tile-hops').textContent };
+  }), 30000);
+  assert.match(inFlight.hops, /^1\.29\.9 → 1\.30\.7( → 1\.31\.4)?$/, JSON.stringify(inFlight));
+  assert.ok(['1.30.7', '1.31.4'].includes(inFlight.current), JSON.stringify(inFlight));
+  assert.equal(inFlight.line, inFlight.hops, 'the tile draws the path it names');
+  await page.shot('hop-in-flight');
+
+  // At the end: both walked 1.29.9 → 1.30.7 → 1.31.4, nothing highlighted, the preview never used.
+  await eventually('the run completed on the page', async () => (await page.locator('#run-state .badge.s-Completed').count()) === 1, 40000);
+  await eventually('both tiles with their whole path', async () => {
+    const hops = await page.$$eval('#pipeline .tile[data-member]', (tiles) => tiles.map((t) => t.dataset.hops));
+    return hops.length === 2 && hops.every((x) => x === '1.29.9 → 1.30.7 → 1.31.4');
+  }, 20000);
+  assert.equal(await page.locator('#pipeline .hop-current').count(), 0, 'no hop in flight');
+
+  // The details list each hop with its state.
+  await page.locator('.tile[data-member="ch-2"]').click();
+  const rows = await page.$$eval('#details .hops li', (items) => items.map((li) => [li.textContent.replace(/\s+/g, ' ').trim(), li.dataset.state]));
+  assert.equal(rows.length, 2, JSON.stringify(rows));
+  assert.match(rows[0][0], /^1\.29\.9 → 1\.30\.7 ✓ Completed \d+s$/);
+  assert.match(rows[1][0], /^1\.30\.7 → 1\.31\.4 ✓ Completed \d+s$/);
+
+  // The timeline, its group opened: each member's row has one segment per hop, in order.
+  await page.locator('#timeline details summary').first().click();
+  const segments = await eventually('hop segments in the timeline', () => page.evaluate(() => {
+    const row = document.querySelector('#timeline .member-row[data-member="ch-1"]');
+    if (!row) return null;
+    return [...row.querySelectorAll('.bar.hop')].map((b) => ({ hop: b.dataset.hop, to: b.dataset.to, left: parseFloat(b.style.left), title: b.title }));
+  }), 10000);
+  assert.deepEqual(segments.map((x) => [x.hop, x.to]), [['1', '1.30.7'], ['2', '1.31.4']]);
+  assert.ok(segments[0].left <= segments[1].left, 'the second hop starts after the first');
+  assert.match(segments[1].title, /hop 2 of 2: 1\.30\.7 → 1\.31\.4, Completed/);
+  await page.shot('hops-timeline');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });

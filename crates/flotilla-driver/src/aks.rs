@@ -4,10 +4,13 @@
 //! - Credentials: a client secret, a managed identity, a workload identity (a federated token
 //!   file) or the Azure CLI's token; a token is kept until shortly before it expires, and a 401
 //!   gets a new one once.
-//! - Observe: the managed cluster (its region, versions, agent pools) and its two maintenance
-//!   configurations as the member's windows.
+//! - Observe: the managed cluster (its region, versions, agent pools with their own Kubernetes
+//!   versions) and its two maintenance configurations as the member's windows.
 //! - Upgrade: ControlPlaneOnly and Full are a PUT of the managed cluster (Full also moves every
 //!   agent pool's `orchestratorVersion`); NodeImageOnly is each pool's `upgradeNodeImageVersion`.
+//!   In a chained run (SEMANTICS §13) each hop is one such PUT to the hop's version, under the
+//!   hop's own attempt key; AKS refuses a PUT that skips a minor (400 `OperationNotAllowed`),
+//!   which is a permanent answer.
 //!   The PUT carries the attempt's key as the tag `flotilla-operation`, so a resend finds the
 //!   upgrade it started and attaches to it instead of starting another.
 //! - Long-running operations are followed through `Azure-AsyncOperation` (or `Location`); 429
@@ -1008,6 +1011,18 @@ fn at(cluster: &Value, follow: &Follow) -> bool {
     }
 }
 
+/// A pool's Kubernetes version where it differs from the control plane's `control_plane`
+/// (SEMANTICS §13: a ControlPlaneOnly upgrade leaves pools behind, and the engine's skew rule
+/// reads them). `currentOrchestratorVersion` is what the pool runs, always `major.minor.patch`;
+/// `orchestratorVersion` is what was asked for, possibly `major.minor` only, so it is read
+/// only when ARM gives no current version.
+fn pool_version(pool: &Value, control_plane: &str) -> Option<String> {
+    let version = pool["currentOrchestratorVersion"]
+        .as_str()
+        .or(pool["orchestratorVersion"].as_str())?;
+    (version != control_plane).then(|| version.to_string())
+}
+
 /// The family of an AKS node image (`AKSUbuntu-2204gen2containerd-202602.10.0` →
 /// `AKSUbuntu-2204gen2containerd`).
 fn family_of(image: &str) -> &str {
@@ -1038,8 +1053,7 @@ impl Driver for AksDriver {
                     family: family_of(image).to_string(),
                     os: pool["osType"].as_str().map(String::from),
                     node_image_version: image.to_string(),
-                    // The pool's own version (SEMANTICS §13) is not read from ARM yet.
-                    orchestrator_version: None,
+                    orchestrator_version: pool_version(pool, &version),
                 })
             })
             .collect();

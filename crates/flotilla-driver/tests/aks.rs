@@ -464,3 +464,119 @@ async fn an_operation_followed_by_its_location_header() {
         "1.31.1"
     );
 }
+
+/// A chain (SEMANTICS §13) through the driver: each hop is one PUT to the hop's version under
+/// the hop's own key, followed to its end; AKS refuses a PUT that skips a minor, and that
+/// refusal is a definitive answer. ControlPlaneOnly hops leave the pools behind, and the
+/// observation says where they are; Full hops move them with the control plane.
+#[tokio::test]
+async fn each_hop_is_one_put_and_aks_refuses_a_skipped_minor() {
+    let (base, fake) = fake_arm::start().await;
+    {
+        let mut f = fake.lock().expect("fake");
+        for name in ["c1", "c2"] {
+            let id = cluster_id(SUB, name);
+            f.clusters
+                .insert(id.clone(), cluster(&id, "eastus", "1.29.9"));
+        }
+    }
+    let d = driver(&base);
+    let hop = |kind: UpgradeType, v: &str| Target {
+        upgrade_type: kind,
+        kubernetes_version: version(v),
+        node_images: vec![],
+    };
+    let seen = d.observe(&member("c1")).await.expect("observed");
+    assert!(
+        seen.node_pools
+            .iter()
+            .all(|p| p.orchestrator_version.is_none()),
+        "pools at the control plane's version: {:?}",
+        seen.node_pools
+    );
+    // Two minors at once: AKS says no, and nothing moves.
+    let e = d
+        .start_upgrade(
+            &member("c1"),
+            &hop(UpgradeType::Full, "1.31.2"),
+            "edge.r8.1",
+        )
+        .await
+        .expect_err("a skipped minor is refused");
+    assert!(
+        !e.is_transient()
+            && e.message.contains("OperationNotAllowed")
+            && e.message.contains("1.29.9 to 1.31.2"),
+        "{}",
+        e.message
+    );
+    assert!(fake.lock().expect("fake").ops.is_empty(), "nothing started");
+
+    // ControlPlaneOnly, one minor at a time.
+    let m = member("c1");
+    for (v, key) in [("1.30.6", "edge.r8.2"), ("1.31.2", "edge.r8.3")] {
+        let op = d
+            .start_upgrade(&m, &hop(UpgradeType::ControlPlaneOnly, v), key)
+            .await
+            .expect("sent");
+        assert_eq!(follow(&d, &m, &op, key).await, OperationState::Succeeded);
+    }
+    let seen = d.observe(&m).await.expect("observed");
+    assert_eq!(seen.kubernetes_version, "1.31.2");
+    for pool in &seen.node_pools {
+        assert_eq!(
+            pool.orchestrator_version.as_deref(),
+            Some("1.29.9"),
+            "the pools stayed behind, and the observation says so: {pool:?}"
+        );
+    }
+
+    // Full, one minor at a time: the pools move at each hop.
+    let m = member("c2");
+    for (v, key) in [("1.30.6", "edge.r9.1"), ("1.31.2", "edge.r9.2")] {
+        let op = d
+            .start_upgrade(&m, &hop(UpgradeType::Full, v), key)
+            .await
+            .expect("sent");
+        assert_eq!(follow(&d, &m, &op, key).await, OperationState::Succeeded);
+        let f = fake.lock().expect("fake");
+        for pool in f.clusters[&cluster_id(SUB, "c2")]["properties"]["agentPoolProfiles"]
+            .as_array()
+            .expect("pools")
+        {
+            assert_eq!(pool["currentOrchestratorVersion"], v, "{pool}");
+            assert_eq!(pool["orchestratorVersion"], v, "{pool}");
+        }
+    }
+    let seen = d.observe(&m).await.expect("observed");
+    assert_eq!(seen.kubernetes_version, "1.31.2");
+    assert!(
+        seen.node_pools
+            .iter()
+            .all(|p| p.orchestrator_version.is_none())
+    );
+
+    let f = fake.lock().expect("fake");
+    let puts: Vec<(&str, &str, &str, bool)> = f
+        .version_puts
+        .iter()
+        .map(|p| {
+            (
+                p.cluster.rsplit('/').next().unwrap_or_default(),
+                p.from.as_str(),
+                p.to.as_str(),
+                p.accepted,
+            )
+        })
+        .collect();
+    assert_eq!(
+        puts,
+        [
+            ("c1", "1.29.9", "1.31.2", false),
+            ("c1", "1.29.9", "1.30.6", true),
+            ("c1", "1.30.6", "1.31.2", true),
+            ("c2", "1.29.9", "1.30.6", true),
+            ("c2", "1.30.6", "1.31.2", true),
+        ]
+    );
+}

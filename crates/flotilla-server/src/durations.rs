@@ -1,7 +1,9 @@
 //! How long a member's upgrade is expected to take, for forecasts (SEMANTICS §11): the median
 //! of its own last five of the type, else of the fleet's last fifty, else what the driver
 //! expects, else the forecast's default. One rule for the forecasts the API answers and those
-//! a running run's status carries.
+//! a running run's status carries. A chained member's history holds its hops, each one
+//! upgrade of the run's type (SEMANTICS §13: the forecast counts hops), recorded by the run's
+//! task as each hop ends.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};

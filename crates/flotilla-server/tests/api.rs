@@ -2970,6 +2970,87 @@ async fn a_forecast_reads_the_fleets_upgrade_history() {
     );
 }
 
+/// A chained member's history is its hops (SEMANTICS §11, §13): the forecast counts each hop
+/// as one upgrade of the run's type, so each hop's duration is recorded as it ends (its own
+/// start to its own end, as the run's status shows it), and the chain as a whole is not, which
+/// would count a chain of three as one upgrade three times as long.
+#[tokio::test]
+async fn a_chained_member_s_history_is_one_upgrade_per_hop() {
+    let h = Harness::start("forecast-hops").await;
+    // A hop of 7200 simulated seconds lasts 1.2 s at 6000x: the hops of a member end in
+    // different seconds, which the history tells apart (it keys by the second of the end).
+    let mut slow = cluster("1.29.9");
+    slow["sim"] = json!({"durationSeconds": 7200});
+    let mut fleet = sim_fleet(&[("c-a1", slow.clone()), ("c-a2", slow)]);
+    fleet["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] = json!([
+        {"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.32.0"}
+    ]);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    for name in ["a1", "a2"] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}")}})),
+        )
+        .await;
+    }
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(json!({"properties": {
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.32.0"}},
+            "chainMinorVersions": true,
+        }})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    let run = h
+        .wait_run("/v1/fleets/f1/updateRuns/r1", "r1 to complete", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    let history = h
+        .store
+        .upgrade_durations("f1", "ControlPlaneOnly")
+        .await
+        .expect("history");
+    for name in ["a1", "a2"] {
+        let member = run["properties"]["status"]["stages"][0]["groups"][0]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {run}"));
+        let hops = member["hops"].as_array().expect("hops");
+        assert_eq!(hops.len(), 3, "{member}");
+        // Newest first, as the history keeps them.
+        let expected: Vec<i64> = hops
+            .iter()
+            .rev()
+            .map(|hop| unix_of(&hop["completedTime"]) - unix_of(&hop["startTime"]))
+            .collect();
+        assert_eq!(
+            history.members.get(name),
+            Some(&expected),
+            "{name}: one duration per hop, each the hop's own: {member}"
+        );
+    }
+    assert_eq!(
+        history.fleet.len(),
+        6,
+        "six hops, six upgrades: {history:?}"
+    );
+}
+
 /// The Unix seconds of an RFC 3339 time in a document.
 fn unix_of(v: &Value) -> i64 {
     flotilla_engine::time::Time::parse(v.as_str().unwrap_or_default())

@@ -3,7 +3,9 @@
 // against failure counts, the list of failed members, a filter by state, a details panel for
 // whatever is clicked (a Pending member's says what holds it), a timeline of member upgrades
 // and the event log. Health and readiness check evaluations (checks.js) show beside the member
-// or gate they belong to, and a run that stopped says why at the top.
+// or gate they belong to, and a run that stopped says why at the top. A chained member
+// (SEMANTICS §13) shows its hops: its versions on its tile (the hop in flight highlighted), a
+// list in its details, and a segment per hop in the timeline; hop events re-read the run.
 // The run's event stream (server-sent events) keeps it current: a member's event is applied to
 // the run in place; an event that changes more than a member (a stage, a group, a wait, the
 // run) makes the page read the run again, and a gate's event the gates too; evaluations of
@@ -45,6 +47,22 @@ const MEMBER_EVENTS = {
   MemberVerifying: 'Running',
 };
 /** What a member or stage waits for (the forecast's waitsFor, a member's waitingFor), in words. */
+/**
+ * A chained member's hops (SEMANTICS §13) as a path of versions: where its first hop started,
+ * then each hop's target, each with the state of the hop that goes there; the hop in flight is
+ * the current one. Empty for a member upgraded without a chain.
+ */
+export function hopPath(m) {
+  const hops = m.hops || [];
+  if (!hops.length) return [];
+  return [{ version: hops[0].from, state: 'Completed' }, ...hops.map((hop, i) => ({ version: hop.to, state: hop.state, hop, index: i }))];
+}
+
+/** `1.29.9 → 1.30.7 → 1.31.4`: a member's hop path in words. */
+export function hopText(m) {
+  return hopPath(m).map((p) => p.version).join(' → ');
+}
+
 const WAIT_WORDS = { Gate: 'a gate', Wait: 'a wait', Window: 'a maintenance window', Version: 'a version to arrive', Lock: 'another run', Slot: 'a free slot', Readiness: 'a readiness check', Freeze: 'a freeze', Budget: 'a disruption budget' };
 /** Evaluations of checks make the page read the run at most this often, or one read per this many members in ms. */
 const CHECKS_READ_MS = 2000;
@@ -391,19 +409,32 @@ export async function render(ctx) {
     const mark = m.healthChecks?.length ? tileMark(m.healthChecks) : null;
     const key = `m:${stage.name}/${group.name}/${m.name}`;
     const selected = view.selected?.kind === 'member' && view.selected.name === m.name;
+    const path = hopPath(m);
+    const hops = path.length ? hopText(m) : null;
     return h('li', { hidden: filteredOut(state) },
       h('button', {
         type: 'button',
-        class: `tile s-${state}${named ? ' named' : ''}${selected ? ' selected' : ''}${doing ? ` a-${doing}` : ''}${mark ? ` checked v-${mark.verdict}` : ''}`,
-        dataset: { member: m.name, state, key, activity: doing, checks: mark?.verdict, waiting: state === 'Pending' ? m.waitingFor?.kind : null },
-        title: `${m.name}: ${label}${message ? ` — ${message}` : ''}${mark ? `\n${mark.text}` : ''}`,
-        'aria-label': `${m.name}: ${label}${message ? `. ${message}` : ''}${mark ? `. Checks ${VERDICTS[mark.verdict].label}` : ''}`,
+        class: `tile s-${state}${named ? ' named' : ''}${named && hops ? ' has-hops' : ''}${selected ? ' selected' : ''}${doing ? ` a-${doing}` : ''}${mark ? ` checked v-${mark.verdict}` : ''}`,
+        dataset: { member: m.name, state, key, activity: doing, checks: mark?.verdict, waiting: state === 'Pending' ? m.waitingFor?.kind : null, hops },
+        title: `${m.name}: ${label}${message ? ` — ${message}` : ''}${hops ? `\nhops: ${hops}` : ''}${mark ? `\n${mark.text}` : ''}`,
+        'aria-label': `${m.name}: ${label}${message ? `. ${message}` : ''}${hops ? `. Hops ${hops}` : ''}${mark ? `. Checks ${VERDICTS[mark.verdict].label}` : ''}`,
         'aria-pressed': selected ? 'true' : 'false',
         onclick: () => select({ kind: 'member', stage: stage.name, group: group.name, name: m.name }),
       },
       h('span', { class: 'glyph', 'aria-hidden': 'true' }, doing ? ACTIVITIES[doing].glyph : STATES[state]?.glyph || '?'),
       named ? h('span', { class: 'tile-name', 'aria-hidden': 'true' }, shortName(m.name)) : null,
-      mark && named ? h('span', { class: 'tile-check', 'aria-hidden': 'true' }, VERDICTS[mark.verdict].glyph) : null));
+      mark && named ? h('span', { class: 'tile-check', 'aria-hidden': 'true' }, VERDICTS[mark.verdict].glyph) : null,
+      named && hops ? hopLine(path) : null));
+  }
+
+  /** A named tile's line of versions, the hop in flight highlighted, a failed one struck. */
+  function hopLine(path) {
+    const parts = [];
+    path.forEach((p, i) => {
+      if (i) parts.push(h('span', { class: 'hop-arrow' }, ' → '));
+      parts.push(h('span', { class: `hop-version h-${p.state}${p.state === 'Running' ? ' hop-current' : ''}`, dataset: { hopState: p.index === undefined ? null : p.state } }, p.version));
+    });
+    return h('span', { class: 'tile-hops', 'aria-hidden': 'true' }, parts);
   }
 
   function limits(node, members) {
@@ -616,6 +647,14 @@ export async function render(ctx) {
       // An error applied from the member's event has no code until the run is read again.
       const error = member.status?.error;
       if (error) row('Error', h('span', { class: 'error' }, error.code ? `${error.code}: ${error.message}` : error.message));
+      if (member.hops?.length) {
+        row('Hops', h('ol', { class: 'hops' }, member.hops.map((hop) => {
+          const s = parseTime(hop.startTime);
+          const e = parseTime(hop.completedTime);
+          return h('li', { class: `hop h-${hop.state}`, dataset: { state: hop.state } },
+            `${hop.from} → ${hop.to} `, badge(hop.state), s !== null && e !== null ? h('span', { class: 'muted' }, ` ${fmtDuration(e - s)}`) : null);
+        })));
+      }
       row('Operation', member.operationId);
       row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));
       checks(member.healthChecks, `Evaluations of ${member.name}`);
@@ -751,7 +790,23 @@ export async function render(ctx) {
         if (open) {
           for (const m of group.members || []) {
             if (!m.status?.startTime && !predictedOf.has(`m:${m.name}`)) continue;
-            det.append(h('div', { class: 'tl-row member-row' }, h('span', { class: 'tl-label' }, m.name), bar(m, m.name, `m:${m.name}`)));
+            const track = bar(m, m.name, `m:${m.name}`);
+            // A chained member: each hop a segment over the member's bar (SEMANTICS §13).
+            if (m.hops?.length) {
+              track.querySelector('.bar:not(.predicted)')?.classList.add('under');
+              m.hops.forEach((hop, i) => {
+                const s = parseTime(hop.startTime);
+                if (s === null) return;
+                const e = parseTime(hop.completedTime) ?? Math.min(now, t1);
+                track.append(h('span', {
+                  class: `bar hop s-${hop.state}`,
+                  dataset: { hop: String(i + 1), to: hop.to },
+                  style: { left: `${(100 * (s - t0)) / span}%`, width: `${Math.max((100 * (e - s)) / span, 0.3)}%` },
+                  title: `${m.name}, hop ${i + 1} of ${m.hops.length}: ${hop.from} → ${hop.to}, ${STATES[hop.state]?.label || hop.state}, ${fmtTime(hop.startTime)} → ${hop.completedTime ? fmtTime(hop.completedTime) : 'now'} (${fmtDuration(e - s)})`,
+                }));
+              });
+            }
+            det.append(h('div', { class: 'tl-row member-row', dataset: { member: m.name } }, h('span', { class: 'tl-label' }, m.name), track));
           }
         }
         det.addEventListener('toggle', () => {

@@ -20,6 +20,10 @@
 //!
 //! With `--forecast`, the time to forecast the fleet's run before its start, and how far the
 //! forecast is from the run simulated (`-- --forecast 10000 100000`).
+//!
+//! With `--chain`, a chained run (SEMANTICS §13): every member on 1.28.9, three minors behind
+//! the target 1.31.1, walked up with `chainMinorVersions` in three hops (1.29.8, 1.30.5,
+//! 1.31.1), each hop one simulated upgrade of the member's duration (`-- --chain 1000 10000`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -425,6 +429,31 @@ fn status_forecast_bench(scenario: &Scenario) {
     }
 }
 
+/// The run of [`fleet`] chained (SEMANTICS §13): every member on 1.28.9, each region's catalog
+/// with a generally available 1.28 and 1.29 beside the 1.30 and the target 1.31.1, and the run
+/// with `chainMinorVersions`: three hops a member, each its own operation.
+fn chained(mut scenario: Scenario) -> Scenario {
+    let v = |s: &str| KubeVersion::parse(s).expect("v");
+    for member in &mut scenario.members {
+        member.cluster.kubernetes_version = v("1.28.9");
+    }
+    for region in scenario.catalog.regions.values_mut() {
+        for version in ["1.28.9", "1.29.8"] {
+            region.kubernetes.push(KubeRelease {
+                version: v(version),
+                preview: false,
+                long_term_support: false,
+                available_at: None,
+            });
+        }
+        region.kubernetes.sort_by_key(|r| r.version);
+    }
+    if let Some(update) = scenario.update.as_mut() {
+        update["chainMinorVersions"] = json!(true);
+    }
+    scenario
+}
+
 /// The run of [`fleet`] with health checks: a five-minute soak per member (a check each
 /// minute, all passing) and a HealthCheck before-gate on each later stage.
 fn with_checks(mut scenario: Scenario) -> Scenario {
@@ -479,6 +508,7 @@ fn main() {
         n
     });
     let checks = args.iter().any(|a| a == "--checks");
+    let chain = args.iter().any(|a| a == "--chain");
     if args.iter().any(|a| a == "--forecast") {
         let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
         for size in if sizes.is_empty() {
@@ -516,15 +546,15 @@ fn main() {
         sizes
     };
     println!(
-        "{:>8} {:>10} {:>10} {:>14} {:>12} {:>14} {:>10}",
-        "members", "build s", "sim s", "events", "events/s", "virtual days", "peak MiB"
+        "{:>8} {:>10} {:>10} {:>14} {:>12} {:>10} {:>14} {:>10}",
+        "members", "build s", "sim s", "events", "events/s", "µs/event", "virtual days", "peak MiB"
     );
     for size in sizes {
         let t0 = Instant::now();
-        let scenario = if checks {
-            with_checks(fleet(size))
-        } else {
-            fleet(size)
+        let scenario = match (checks, chain) {
+            (true, _) => with_checks(fleet(size)),
+            (false, true) => chained(fleet(size)),
+            (false, false) => fleet(size),
         };
         let built = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -534,13 +564,24 @@ fn main() {
         let days = status.status.completed_time.map_or(f64::NAN, |end| {
             (end.unix() - scenario.start.unix()) as f64 / 86_400.0
         });
+        let hops = result
+            .events
+            .iter()
+            .filter(|e| e.kind == flotilla_engine::status::EventType::MemberHopStarted)
+            .count();
         println!(
-            "{size:>8} {built:>10.2} {simulated:>10.2} {:>14} {:>12.0} {days:>14.2} {:>10.0}   ({:?}, {} failures)",
+            "{size:>8} {built:>10.2} {simulated:>10.2} {:>14} {:>12.0} {:>10.2} {days:>14.2} {:>10.0}   ({:?}, {} failures{})",
             result.events.len(),
             result.events.len() as f64 / simulated,
+            simulated * 1e6 / result.events.len() as f64,
             peak_rss_mib(),
             status.status.state,
-            status.failure_count
+            status.failure_count,
+            if chain {
+                format!(", {hops} hops, {:.2} a member", hops as f64 / size as f64)
+            } else {
+                String::new()
+            }
         );
     }
 }

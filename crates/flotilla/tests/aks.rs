@@ -1,7 +1,9 @@
 //! The `aks` driver in the real server, against the fake of Azure Resource Manager and its token
 //! endpoint the driver's own tests use: a staged run over 20 clusters completes with every
 //! cluster upgraded exactly once, while ARM throttles, someone else's upgrade holds one cluster,
-//! and the server is killed with SIGKILL mid-operation and restarted.
+//! and the server is killed with SIGKILL mid-operation and restarted; a staged chained run
+//! (SEMANTICS §13) walks clusters two minors behind up one minor at a time, through throttling
+//! and a SIGKILL between two hops, and never asks AKS for a skip.
 
 mod common;
 
@@ -216,6 +218,256 @@ fn a_staged_run_over_twenty_aks_clusters_survives_throttling_conflicts_and_sigki
         f.requests.len() > CLUSTERS * 3,
         "the driver did the work through ARM"
     );
+    drop(f);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chained minor upgrades through the real server and the `aks` driver (SEMANTICS §13, issue
+/// #38): ten clusters on 1.29.9, a staged Full run to 1.31.2 with `chainMinorVersions`. AKS
+/// refuses a skipped minor (the fake answers 400 `OperationNotAllowed`, as AKS documents), so
+/// every cluster must be walked 1.29.9 → 1.30.6 → 1.31.2. ARM throttles now and then; the server
+/// is killed with SIGKILL while a canary cluster is between its two hops (held there by ARM
+/// throttling every request from the instant its first hop ends), and again while a prod
+/// cluster's second hop is in flight. The fake's own record says what each cluster was sent.
+#[test]
+fn a_staged_chained_run_walks_aks_clusters_one_minor_at_a_time_through_throttling_and_sigkill() {
+    const CHAINED: usize = 10;
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the fake");
+    let (arm, fake) = runtime.block_on(fake_arm::start());
+    let id = |i: usize| fake_arm::cluster_id(SUB, &name(i));
+    {
+        let mut f = fake.lock().expect("fake");
+        f.op_polls = 12;
+        for i in 0..CHAINED {
+            f.clusters
+                .insert(id(i), fake_arm::cluster(&id(i), "eastus", "1.29.9"));
+        }
+        // When c00's first hop ends, ARM throttles everything until the test lets it go.
+        f.throttle_when_done = Some((id(0), u32::MAX));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let throttler = {
+        let (fake, done) = (fake.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                {
+                    let mut f = fake.lock().expect("fake");
+                    f.throttle_next = f.throttle_next.max(2);
+                }
+                std::thread::sleep(Duration::from_millis(3000));
+            }
+        })
+    };
+
+    let dir = std::env::temp_dir().join(format!("flotilla-aks-chain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let Setup {
+        api,
+        mut server,
+        db,
+        port,
+        log,
+    } = start(
+        &dir,
+        &arm,
+        json!({"pollIntervalSeconds": 0.05, "catalogRefreshSeconds": 5}),
+    );
+    for i in 0..CHAINED {
+        let group = if i < 2 { "canary" } else { "prod" };
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/aks/members/{}", name(i)),
+            Some(&json!({"properties": {"clusterResourceId": id(i), "group": group}})),
+        );
+    }
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks/updateRuns/chain",
+        Some(&json!({"properties": {
+            "strategy": {"stages": [
+                {"name": "canary", "groups": [{"name": "canary"}]},
+                {"name": "prod", "groups": [{"name": "prod", "maxConcurrency": "4"}]},
+            ]},
+            "managedClusterUpdate": {"upgrade": {"type": "Full", "kubernetesVersion": "1.31.2"}},
+            "chainMinorVersions": true,
+        }})),
+    );
+    api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/aks/updateRuns/chain/start",
+        None,
+    );
+    let member = |run: &serde_json::Value, n: &str| -> serde_json::Value {
+        run["properties"]["status"]["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+            .flat_map(|g| g["members"].as_array().into_iter().flatten())
+            .find(|m| m["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("no member {n} in {run}"))
+    };
+    let accepted = |f: &fake_arm::Fake, i: usize| {
+        f.version_puts
+            .iter()
+            .filter(|p| p.cluster == id(i) && p.accepted)
+            .count()
+    };
+
+    // Between two hops: c00's first hop has ended, its second is not sent (ARM throttles it).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        {
+            let f = fake.lock().expect("fake");
+            let refused: Vec<_> = f.version_puts.iter().filter(|p| !p.accepted).collect();
+            assert!(refused.is_empty(), "AKS was asked for a skip: {refused:?}");
+            if f.throttle_when_done.is_none() {
+                assert_eq!(accepted(&f, 0), 1, "c00 is between its hops");
+                assert!(!f.ops.values().any(|o| o.cluster == id(0)));
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c00's first hop did not end\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let run = api.must(
+        reqwest::Method::GET,
+        "/v1/fleets/aks/updateRuns/chain",
+        None,
+    );
+    let c00 = member(&run, "c00");
+    assert_eq!(
+        c00["status"]["state"], "Running",
+        "in flight between hops: {c00}"
+    );
+    server.kill().expect("SIGKILL");
+    server.wait().expect("reaped");
+    assert_eq!(
+        accepted(&fake.lock().expect("fake"), 0),
+        1,
+        "no second hop reached ARM before the kill"
+    );
+    server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+    fake.lock().expect("fake").throttle_next = 0;
+
+    // A prod cluster's second hop in flight: kill again.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        {
+            let f = fake.lock().expect("fake");
+            if (2..CHAINED)
+                .any(|i| accepted(&f, i) == 2 && f.ops.values().any(|o| o.cluster == id(i)))
+            {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no second hop in prod\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server.kill().expect("SIGKILL");
+    server.wait().expect("reaped");
+    server = serve(&db, port, &log, &[]);
+    api.wait_ready();
+
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let run = loop {
+        let run = api.must(
+            reqwest::Method::GET,
+            "/v1/fleets/aks/updateRuns/chain",
+            None,
+        );
+        let state = run["properties"]["status"]["status"]["state"].clone();
+        if state == "Completed" || state == "Failed" || state == "Stopped" {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not end: {state}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    done.store(true, Ordering::Relaxed);
+    throttler.join().expect("throttler");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let status = &run["properties"]["status"];
+    assert_eq!(status["status"]["state"], "Completed", "{status}");
+    assert_eq!(status["failureCount"], 0, "{status}");
+    let f = fake.lock().expect("fake");
+    // Never a skip: AKS would have refused it, and the fake records refusals too.
+    for p in &f.version_puts {
+        assert!(p.accepted, "AKS was asked for a skip: {p:?}");
+        let (from, to) = (
+            fake_arm::minor_of(&p.from).expect("from"),
+            fake_arm::minor_of(&p.to).expect("to"),
+        );
+        assert_eq!(
+            (to.0, to.1),
+            (from.0, from.1 + 1),
+            "one minor per PUT: {p:?}"
+        );
+    }
+    for i in 0..CHAINED {
+        // Each minor exactly once, in order.
+        let walked: Vec<(&str, &str)> = f
+            .version_puts
+            .iter()
+            .filter(|p| p.cluster == id(i))
+            .map(|p| (p.from.as_str(), p.to.as_str()))
+            .collect();
+        assert_eq!(
+            walked,
+            [("1.29.9", "1.30.6"), ("1.30.6", "1.31.2")],
+            "{}",
+            name(i)
+        );
+        let c = &f.clusters[&id(i)];
+        assert_eq!(c["properties"]["currentKubernetesVersion"], "1.31.2");
+        for pool in c["properties"]["agentPoolProfiles"]
+            .as_array()
+            .expect("pools")
+        {
+            assert_eq!(
+                pool["currentOrchestratorVersion"], "1.31.2",
+                "Full moves the pools: {pool}"
+            );
+        }
+        // The run says the same: two hops, both completed.
+        let m = member(&run, &name(i));
+        let hops: Vec<(&str, &str, &str)> = m["hops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|h| {
+                (
+                    h["from"].as_str().unwrap_or_default(),
+                    h["to"].as_str().unwrap_or_default(),
+                    h["state"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            hops,
+            [
+                ("1.29.9", "1.30.6", "Completed"),
+                ("1.30.6", "1.31.2", "Completed")
+            ],
+            "{m}"
+        );
+    }
     drop(f);
     let _ = std::fs::remove_dir_all(&dir);
 }

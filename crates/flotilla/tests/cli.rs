@@ -479,6 +479,122 @@ fn the_exec_example_does_every_upgrade_type() {
     assert_eq!(runs.as_array().map(Vec::len), Some(3), "{runs}");
 }
 
+/// A chained run over the exec example (SEMANTICS §13, issue #38): stores two minors and more
+/// behind are walked up one minor at a time, each hop one call of `upgrade.sh` with
+/// `{kubernetesVersion}` the hop's version (the newest generally available patch of each minor
+/// in between, the preview one not chosen), as the script's own log of upgrades started says.
+#[test]
+fn a_chained_run_over_the_exec_example_sends_one_call_per_hop() {
+    let examples = example("").canonicalize().expect("examples");
+    let env = Env::start_with("exec-chain", |dir| {
+        std::os::unix::fs::symlink(&examples, dir.join("examples")).expect("link");
+        // The stores are on 1.29.9; the catalog (catalog.sh prints this file) has three minors
+        // above it, one with a preview patch.
+        let state = dir.join("exec-state");
+        std::fs::create_dir_all(state.join("clusters")).expect("state");
+        for m in ["east-1", "east-2", "west-1", "west-2"] {
+            std::fs::write(state.join("clusters").join(m), "1.29.9\n").expect("cluster");
+        }
+        let catalog = json!({"eastus": {
+            "kubernetes": [{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.30.7"},
+                {"version": "1.30.8", "preview": true}, {"version": "1.31.2"}, {"version": "1.32.2"}],
+            "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202601.05.0"}, {"version": "202602.10.0"}]}}});
+        std::fs::write(state.join("catalog.json"), catalog.to_string()).expect("catalog");
+        vec![
+            "--exec-allow".to_string(),
+            examples.join("exec").display().to_string(),
+        ]
+    });
+    let mut driver: Value = serde_json::from_str(
+        &std::fs::read_to_string(example("exec/driver.json")).expect("the exec example"),
+    )
+    .expect("the exec example is JSON");
+    driver["poll"][4] = json!("200");
+    driver["pollIntervalSeconds"] = json!(0.1);
+    let driver = env.write("exec-driver.json", &driver.to_string());
+    env.ok(&["fleet", "create", "-n", "edge", "--driver", &driver]);
+    let stores = example("stores.csv").display().to_string();
+    env.ok(&["member", "import", "-f", "edge", &stores]);
+    let stages = r#"{"stages": [{"name": "east", "groups": [{"name": "prod-east"}]}, {"name": "west", "groups": [{"name": "prod-west"}]}]}"#;
+    env.ok(&[
+        "updaterun",
+        "create",
+        "-f",
+        "edge",
+        "-n",
+        "catch-up",
+        "--stages",
+        stages,
+        "--upgrade-type",
+        "Full",
+        "--kubernetes-version",
+        "1.32.2",
+        "--chain-minor-versions",
+    ]);
+    env.ok(&["updaterun", "start", "-f", "edge", "-n", "catch-up"]);
+    let wait = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "edge",
+        "-n",
+        "catch-up",
+        "--timeout",
+        "90",
+    ]);
+    assert_eq!(
+        wait.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&wait.stdout),
+        String::from_utf8_lossy(&wait.stderr)
+    );
+    let state = env.dir.join("exec-state");
+    // upgrades.log: `MEMBER KEY VERSION` per upgrade started (a resend of a key starts none).
+    let log = std::fs::read_to_string(state.join("upgrades.log")).expect("upgrades.log");
+    let received = std::fs::read_to_string(state.join("received.log")).expect("received.log");
+    let run = env.json(&["updaterun", "show", "-f", "edge", "-n", "catch-up"]);
+    for m in ["east-1", "east-2", "west-1", "west-2"] {
+        let started: Vec<(&str, &str)> = log
+            .lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                (parts.next() == Some(m))
+                    .then(|| (parts.next().unwrap_or(""), parts.next().unwrap_or("")))
+            })
+            .collect();
+        let versions: Vec<&str> = started.iter().map(|(_, v)| *v).collect();
+        assert_eq!(versions, ["1.30.7", "1.31.2", "1.32.2"], "{m}: {log}");
+        let keys: std::collections::BTreeSet<&str> = started.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys.len(), 3, "each hop its own operation key: {m}: {log}");
+        // Every call the script received for this member asked for one of the hops' versions.
+        for line in received.lines().filter(|l| l.starts_with(&format!("{m} "))) {
+            let version = line.split_whitespace().nth(2).unwrap_or_default();
+            assert!(
+                ["1.30.7", "1.31.2", "1.32.2"].contains(&version),
+                "{m} was asked for {version}: {received}"
+            );
+        }
+        let cluster = std::fs::read_to_string(state.join("clusters").join(m)).expect("cluster");
+        assert_eq!(cluster.trim(), "1.32.2", "{m}");
+        let member = run["status"]["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+            .flat_map(|g| g["members"].as_array().into_iter().flatten())
+            .find(|x| x["name"] == m)
+            .unwrap_or_else(|| panic!("{m} in {run}"));
+        let hops: Vec<&str> = member["hops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["to"].as_str())
+            .collect();
+        assert_eq!(hops, ["1.30.7", "1.31.2", "1.32.2"], "{member}");
+    }
+}
+
 #[test]
 fn gates_watch_and_actions() {
     let env = Env::start("gates");

@@ -3,7 +3,15 @@
 //! operation with `Azure-AsyncOperation`), agent pools' `upgradeNodeImageVersion`, maintenance
 //! configurations, the Kubernetes version and node image listings (paged with `nextLink`), the
 //! operation status resource, and the failures ARM answers with: 409 `OperationNotAllowed` while
-//! an operation runs, 429 with `Retry-After`, 401 for a token that has expired.
+//! an operation runs, 400 `OperationNotAllowed` for a control-plane upgrade that skips a minor
+//! version or goes down ("you can't skip Kubernetes minor versions", AKS's upgrade documentation
+//! and its troubleshooting page for blocked upgrades) and for a pool asked to be newer than the
+//! control plane, 429 with `Retry-After`, 401 for a token that has expired.
+//!
+//! A PUT that changes versions moves the control plane to `kubernetesVersion` and each pool
+//! whose `orchestratorVersion` it changes to that version (a Full upgrade moves them all); the
+//! cluster answers `currentKubernetesVersion` and each pool's `currentOrchestratorVersion` once
+//! the operation ends. Every version-changing PUT is kept in `version_puts`, accepted or not.
 
 #![allow(dead_code)] // each test file uses part of it
 
@@ -34,7 +42,11 @@ pub struct Op {
 #[derive(Clone, Debug)]
 pub enum Change {
     /// The control plane (and, with `pools`, every pool) to a version.
-    Version { version: String, pools: bool },
+    Version {
+        version: String,
+        /// The pools that move, each to its version.
+        pools: Vec<(String, String)>,
+    },
     /// A pool to its region's newest image.
     Image { pool: String },
 }
@@ -61,6 +73,84 @@ pub struct Fake {
     pub conflicts: u32,
     /// Long-running PUTs answer 202 with `Location` instead of `Azure-AsyncOperation`.
     pub location_only: bool,
+    /// Every PUT of a cluster that asked for another control-plane version, in order.
+    pub version_puts: Vec<VersionPut>,
+    /// When the next operation on this cluster ends, the next this many ARM requests are
+    /// throttled (once): a test's way to hold a chain between two hops.
+    pub throttle_when_done: Option<(String, u32)>,
+}
+
+/// A PUT that asked for a control-plane version other than the cluster's current one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VersionPut {
+    pub cluster: String,
+    pub from: String,
+    pub to: String,
+    /// Whether ARM accepted it (false: refused with 400, nothing changed).
+    pub accepted: bool,
+}
+
+/// `(major, minor)` of a `major.minor.patch` version.
+pub fn minor_of(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// A version's parts as numbers, for ordering.
+fn version_parts(version: &str) -> Vec<u64> {
+    version.split('.').filter_map(|p| p.parse().ok()).collect()
+}
+
+/// The region's Kubernetes versions, as `kubernetesVersions` lists them.
+fn kubernetes_versions() -> Value {
+    json!({"values": [
+        {"version": "1.29", "capabilities": {"supportPlan": ["KubernetesOfficial", "AKSLongTermSupport"]},
+         "patchVersions": {"1.29.9": {"upgrades": ["1.30.5", "1.30.6"]}}},
+        {"version": "1.30", "capabilities": {"supportPlan": ["KubernetesOfficial", "AKSLongTermSupport"]},
+         "patchVersions": {"1.30.5": {"upgrades": ["1.31.1", "1.31.2"]}, "1.30.6": {"upgrades": ["1.31.2"]}}},
+        {"version": "1.31", "capabilities": {"supportPlan": ["KubernetesOfficial"]},
+         "patchVersions": {"1.31.1": {"upgrades": ["1.31.2"]}, "1.31.2": {"upgrades": []}}},
+        {"version": "1.32", "isPreview": true, "capabilities": {"supportPlan": ["KubernetesOfficial"]},
+         "patchVersions": {"1.32.0": {"upgrades": []}}},
+        {"version": "1.27", "capabilities": {"supportPlan": ["AKSLongTermSupport"]},
+         "patchVersions": {"1.27.102": {"upgrades": []}}},
+    ]})
+}
+
+/// Why AKS refuses to move a control plane from `from` to `to`, if it does: a minor skipped
+/// or a downgrade (400 `OperationNotAllowed`, naming the upgrades it would take: the newer
+/// patches of the same minor and those of the next one).
+fn refused_upgrade(from: &str, to: &str) -> Option<String> {
+    let (Some(a), Some(b)) = (minor_of(from), minor_of(to)) else {
+        return Some(format!("Version {to} is not supported in this region."));
+    };
+    let skips = b.0 != a.0 || b.1 > a.1 + 1;
+    if !skips && version_parts(to) >= version_parts(from) {
+        return None;
+    }
+    let mut available: Vec<String> = kubernetes_versions()["values"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| {
+            m["patchVersions"]
+                .as_object()
+                .into_iter()
+                .flat_map(|p| p.keys())
+        })
+        .filter(|v| {
+            minor_of(v).is_some_and(|m| m.0 == a.0 && (m.1 == a.1 || m.1 == a.1 + 1))
+                && version_parts(v) > version_parts(from)
+        })
+        .cloned()
+        .collect();
+    available.sort_by_key(|v| std::cmp::Reverse(version_parts(v)));
+    Some(format!(
+        "Upgrading Kubernetes version {from} to {to} is not allowed. Available upgrades: [{}]. For more information, see AKS supported Kubernetes versions for version details.",
+        available.join(" ")
+    ))
 }
 
 impl Op {
@@ -96,7 +186,7 @@ impl Fake {
             cluster,
             Change::Version {
                 version: version.into(),
-                pools: false,
+                pools: Vec::new(),
             },
         );
         self.ops.get_mut(&id).expect("op").until = Some(std::time::Instant::now() + lasts);
@@ -164,6 +254,12 @@ impl Fake {
         let Some(op) = self.ops.remove(id) else {
             return;
         };
+        if let Some((cluster, n)) = self.throttle_when_done.clone()
+            && cluster == op.cluster
+        {
+            self.throttle_when_done = None;
+            self.throttle_next = n;
+        }
         let c = self.clusters.get_mut(&op.cluster).expect("cluster");
         if op.fails.is_some() {
             c["properties"]["provisioningState"] = json!("Failed");
@@ -172,17 +268,20 @@ impl Fake {
         match op.change {
             Change::Version { version, pools } => {
                 c["properties"]["currentKubernetesVersion"] = json!(version);
-                if pools {
-                    for p in c["properties"]["agentPoolProfiles"]
-                        .as_array_mut()
-                        .into_iter()
-                        .flatten()
-                    {
-                        p["currentOrchestratorVersion"] = json!(version);
-                        p["provisioningState"] = json!("Succeeded");
-                        let family = family(p);
-                        p["nodeImageVersion"] = json!(format!("{family}-{NEWEST_IMAGE}"));
-                    }
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    let Some((_, to)) = pools.iter().find(|(name, _)| p["name"] == name.as_str())
+                    else {
+                        continue;
+                    };
+                    // A pool's version upgrade reimages its nodes with the newest image.
+                    p["currentOrchestratorVersion"] = json!(to);
+                    p["provisioningState"] = json!("Succeeded");
+                    let family = family(p);
+                    p["nodeImageVersion"] = json!(format!("{family}-{NEWEST_IMAGE}"));
                 }
             }
             Change::Image { pool } => {
@@ -353,16 +452,7 @@ async fn handle(
     if lower.contains("/locations/") {
         let location = parts.get(5).copied().unwrap_or_default();
         if lower.ends_with("/kubernetesversions") {
-            return axum::Json(json!({"values": [
-                {"version": "1.30", "capabilities": {"supportPlan": ["KubernetesOfficial", "AKSLongTermSupport"]},
-                 "patchVersions": {"1.30.5": {"upgrades": ["1.31.1", "1.31.2"]}, "1.30.6": {"upgrades": ["1.31.2"]}}},
-                {"version": "1.31", "capabilities": {"supportPlan": ["KubernetesOfficial"]},
-                 "patchVersions": {"1.31.1": {"upgrades": ["1.31.2"]}, "1.31.2": {"upgrades": []}}},
-                {"version": "1.32", "isPreview": true, "capabilities": {"supportPlan": ["KubernetesOfficial"]},
-                 "patchVersions": {"1.32.0": {"upgrades": []}}},
-                {"version": "1.27", "capabilities": {"supportPlan": ["AKSLongTermSupport"]},
-                 "patchVersions": {"1.27.102": {"upgrades": []}}},
-            ]})).into_response();
+            return axum::Json(kubernetes_versions()).into_response();
         }
         if lower.ends_with("/nodeimageversions") {
             // Two pages: the second one through nextLink.
@@ -476,32 +566,65 @@ async fn handle(
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let pools_moved = sent["properties"]["agentPoolProfiles"]
+            if version != current {
+                let refused = refused_upgrade(&current, &version);
+                f.version_puts.push(VersionPut {
+                    cluster: id.clone(),
+                    from: current.clone(),
+                    to: version.clone(),
+                    accepted: refused.is_none(),
+                });
+                if let Some(message) = refused {
+                    return error(StatusCode::BAD_REQUEST, "OperationNotAllowed", &message);
+                }
+            }
+            // The pools whose version the PUT changes; none may pass the control plane.
+            let mut pools = Vec::new();
+            for p in sent["properties"]["agentPoolProfiles"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|p| p["orchestratorVersion"] == version.as_str() && version != current);
+            {
+                let (Some(name), Some(to)) =
+                    (p["name"].as_str(), p["orchestratorVersion"].as_str())
+                else {
+                    continue;
+                };
+                if version_parts(to) > version_parts(&version) {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "OperationNotAllowed",
+                        &format!(
+                            "Node pool {name} version {to} cannot be greater than the control plane version {version}."
+                        ),
+                    );
+                }
+                let running = f.clusters[&id]["properties"]["agentPoolProfiles"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|q| q["name"] == name)
+                    .and_then(|q| q["currentOrchestratorVersion"].as_str())
+                    .map(String::from);
+                if running.as_deref() != Some(to) {
+                    pools.push((name.to_string(), to.to_string()));
+                }
+            }
             let c = f.clusters.get_mut(&id).expect("cluster");
             c["tags"] = sent["tags"].clone();
             c["properties"]["kubernetesVersion"] = json!(version);
             c["properties"]["provisioningState"] = json!("Upgrading");
-            if pools_moved {
-                for p in c["properties"]["agentPoolProfiles"]
-                    .as_array_mut()
-                    .into_iter()
-                    .flatten()
-                {
-                    p["orchestratorVersion"] = json!(version);
+            for p in c["properties"]["agentPoolProfiles"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                if let Some((_, to)) = pools.iter().find(|(name, _)| p["name"] == name.as_str()) {
+                    p["orchestratorVersion"] = json!(to);
                     p["provisioningState"] = json!("Upgrading");
                 }
             }
-            let op = f.op(
-                &id,
-                Change::Version {
-                    version,
-                    pools: pools_moved,
-                },
-            );
+            let op = f.op(&id, Change::Version { version, pools });
             *f.upgrades.entry(id.clone()).or_default() += 1;
             // ARM's other long-running pattern: 202 with a Location that answers 202 until
             // the operation is done, then 200.

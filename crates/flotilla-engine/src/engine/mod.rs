@@ -756,6 +756,15 @@ impl Engine {
         }
     }
 
+    /// Every hop sent to a member in this run, retries included, in order (SEMANTICS §13);
+    /// empty outside a chain. The shell records each hop's duration from it, for forecasts.
+    pub fn member_hops(&self, name: &str) -> &[crate::status::Hop] {
+        self.member_index
+            .get(name)
+            .and_then(|m| self.chains.get(m))
+            .map_or(&[], |c| &c.hops)
+    }
+
     /// What a member's current attempt upgrades it to, if it has one.
     pub fn member_target(&self, name: &str) -> Option<Target> {
         let m = *self.member_index.get(name)?;

@@ -626,21 +626,43 @@ impl FleetActor {
             }
             step.commands.push(command);
         }
+        // Hops that ended at one instant, per member: the nth event of a member's hop ending
+        // at an instant is its nth hop completed then.
+        let mut hops_ended: HashMap<(String, String, Time), usize> = HashMap::new();
         while let Some(FleetEvent { run, event }) = self.engine.poll_event() {
-            // An upgrade that succeeded: how long it took, for forecasts.
-            let duration = (event.kind == EventType::MemberSucceeded)
-                .then(|| {
-                    let member = event.member.clone()?;
-                    let engine = self.engine.run(&run)?;
-                    let start = engine.member_started(&member)?;
-                    Some(UpgradeDuration {
-                        member,
-                        upgrade_type: engine.upgrade().upgrade_type.as_str().to_string(),
-                        seconds: (event.time.unix() - start.unix()).max(0),
-                        finished_at: event.time,
-                    })
+            // An upgrade that succeeded: how long it took, for forecasts (SEMANTICS §11). A
+            // forecast counts each hop of a chain as one upgrade of the run's type (§13), so a
+            // chained member's history is its hops, each recorded as it ends, not the chain.
+            let duration = (|| {
+                let member = event.member.clone()?;
+                let engine = self.engine.run(&run)?;
+                let start = match event.kind {
+                    EventType::MemberSucceeded if engine.member_hops(&member).is_empty() => {
+                        engine.member_started(&member)?
+                    }
+                    EventType::MemberHopSucceeded => {
+                        let nth = hops_ended
+                            .entry((run.clone(), member.clone(), event.time))
+                            .or_default();
+                        let hop = engine
+                            .member_hops(&member)
+                            .iter()
+                            .filter(|h| {
+                                h.state == State::Completed && h.completed_time == Some(event.time)
+                            })
+                            .nth(*nth)?;
+                        *nth += 1;
+                        hop.start_time
+                    }
+                    _ => return None,
+                };
+                Some(UpgradeDuration {
+                    member,
+                    upgrade_type: engine.upgrade().upgrade_type.as_str().to_string(),
+                    seconds: (event.time.unix() - start.unix()).max(0),
+                    finished_at: event.time,
                 })
-                .flatten();
+            })();
             // A failure belongs with the operation it ended, not with one another run sent
             // the member in the same step.
             if event.kind == EventType::MemberFailed
