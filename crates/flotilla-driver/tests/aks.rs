@@ -485,6 +485,7 @@ async fn each_hop_is_one_put_and_aks_refuses_a_skipped_minor() {
         upgrade_type: kind,
         kubernetes_version: version(v),
         node_images: vec![],
+        rollback: None,
     };
     let seen = d.observe(&member("c1")).await.expect("observed");
     assert!(
