@@ -481,6 +481,12 @@ impl FleetEngine {
             ));
         }
         let (engine, warnings) = Engine::create_shared(name, spec, self.members.values(), catalog)?;
+        self.add_new_run(name, engine);
+        Ok(warnings)
+    }
+
+    /// Takes in a run just made here; its sequence, the order of its turns.
+    fn add_new_run(&mut self, name: &str, engine: Engine) -> u64 {
         let seq = self.next_run;
         self.next_run += 1;
         // What other runs hold now is news for the new run at its first turn.
@@ -494,7 +500,7 @@ impl FleetEngine {
         slot.news = news;
         self.runs.insert(seq, slot);
         self.names.insert(name.to_string(), seq);
-        Ok(warnings)
+        seq
     }
 
     /// The name of the rollback run of run `name` (SEMANTICS §15).
@@ -568,18 +574,7 @@ impl FleetEngine {
         }
         let engine =
             Engine::create_rollback(name, plan, self.members.values(), self.catalog.clone())?;
-        let seq = self.next_run;
-        self.next_run += 1;
-        let news = self
-            .busy
-            .keys()
-            .filter(|m| engine.has_member(m))
-            .cloned()
-            .collect();
-        let mut slot = RunSlot::new(name, engine);
-        slot.news = news;
-        self.runs.insert(seq, slot);
-        self.names.insert(name.to_string(), seq);
+        let seq = self.add_new_run(name, engine);
         self.run_input(now, seq, Input::Start)
     }
 

@@ -541,12 +541,7 @@ impl Engine {
         if self.members[m as usize].removed {
             // Deleted from the fleet while in flight: Skipped, whatever the operation did, and
             // not counted as a failure (SEMANTICS §2).
-            let member = &mut self.members[m as usize];
-            member.state = State::Skipped;
-            member.completed = Some(now);
-            member.message = Some(REMOVED.into());
-            self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
-            self.finish_group_if_skipped(now, g);
+            self.end_removed(now, m, g);
             return;
         }
         match outcome {
@@ -826,6 +821,17 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// A member deleted from the fleet, its operation over (its slot already given back):
+    /// Skipped, not counted as a failure (SEMANTICS §2).
+    pub(super) fn end_removed(&mut self, now: Time, m: u32, g: u32) {
+        let member = &mut self.members[m as usize];
+        member.state = State::Skipped;
+        member.completed = Some(now);
+        member.message = Some(REMOVED.into());
+        self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
+        self.finish_group_if_skipped(now, g);
     }
 
     pub(super) fn member_removed(&mut self, now: Time, name: &str) {

@@ -617,12 +617,7 @@ impl Engine {
             self.rollback.rolling.remove(&m);
             self.add_in_flight(g, -1);
             self.groups[g as usize].unfinished -= 1;
-            let member = &mut self.members[m as usize];
-            member.state = State::Skipped;
-            member.completed = Some(now);
-            member.message = Some(REMOVED.into());
-            self.emit_member(now, EventType::MemberSkipped, m, Some(REMOVED.into()));
-            self.finish_group_if_skipped(now, g);
+            self.end_removed(now, m, g);
             return;
         }
         let before = match self.rollback.targets.get(&m) {
