@@ -548,10 +548,26 @@ pub(super) struct TargetRecord {
     pub(super) kubernetes_version: Option<String>,
     #[serde(default)]
     pub(super) node_images: Vec<(String, String, String)>,
+    /// A rollback step (SEMANTICS §15): what it takes back, so a step recovered after a restart
+    /// is the same step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) rollback: Option<RollbackRecord>,
+}
+
+/// A rollback step's scope as recorded: a node pool (and its version after the step), or the
+/// control plane when no pool is named.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct RollbackRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    orchestrator_version: Option<String>,
 }
 
 impl From<&Target> for TargetRecord {
     fn from(t: &Target) -> TargetRecord {
+        use flotilla_engine::fleet::RollbackScope;
         TargetRecord {
             upgrade_type: t.upgrade_type,
             kubernetes_version: t.kubernetes_version.map(|v| v.to_string()),
@@ -560,6 +576,13 @@ impl From<&Target> for TargetRecord {
                 .iter()
                 .map(|p| (p.pool.clone(), p.family.clone(), p.image.to_string()))
                 .collect(),
+            rollback: t.rollback.as_ref().map(|r| RollbackRecord {
+                pool: match &r.scope {
+                    RollbackScope::ControlPlane => None,
+                    RollbackScope::NodePool(pool) => Some(pool.clone()),
+                },
+                orchestrator_version: r.orchestrator_version.map(|v| v.to_string()),
+            }),
         }
     }
 }
@@ -584,8 +607,65 @@ impl TargetRecord {
                     })
                 })
                 .collect(),
-            // The server does not drive rollbacks yet (SEMANTICS §15, the engine's half only).
-            rollback: None,
+            rollback: self.rollback.map(|r| flotilla_engine::engine::Rollback {
+                scope: match r.pool {
+                    None => flotilla_engine::fleet::RollbackScope::ControlPlane,
+                    Some(pool) => flotilla_engine::fleet::RollbackScope::NodePool(pool),
+                },
+                orchestrator_version: r
+                    .orchestrator_version
+                    .and_then(|v| flotilla_engine::version::KubeVersion::parse(&v)),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod target_record_tests {
+    use super::*;
+    use flotilla_engine::engine::{PoolTarget, Rollback};
+    use flotilla_engine::fleet::RollbackScope;
+    use flotilla_engine::version::{ImageVersion, KubeVersion};
+
+    /// An intent recorded before a restart gives back the same target, a rollback step's
+    /// scope included: the step recovered is the step that was sent.
+    #[test]
+    fn a_recorded_target_is_the_target_again() {
+        let v = |t: &str| KubeVersion::parse(t).expect("version");
+        let targets = [
+            Target {
+                upgrade_type: flotilla_engine::strategy::UpgradeType::Full,
+                kubernetes_version: Some(v("1.31.2")),
+                node_images: vec![PoolTarget {
+                    pool: "sys".into(),
+                    family: "AKSUbuntu-2204gen2containerd".into(),
+                    image: ImageVersion::parse("202602.10.0").expect("image"),
+                }],
+                rollback: None,
+            },
+            Target {
+                upgrade_type: flotilla_engine::strategy::UpgradeType::ControlPlaneOnly,
+                kubernetes_version: Some(v("1.30.5")),
+                node_images: vec![],
+                rollback: Some(Rollback {
+                    scope: RollbackScope::ControlPlane,
+                    orchestrator_version: None,
+                }),
+            },
+            Target {
+                upgrade_type: flotilla_engine::strategy::UpgradeType::Full,
+                kubernetes_version: None,
+                node_images: vec![],
+                rollback: Some(Rollback {
+                    scope: RollbackScope::NodePool("sys".into()),
+                    orchestrator_version: Some(v("1.30.5")),
+                }),
+            },
+        ];
+        for target in targets {
+            let text = serde_json::to_string(&TargetRecord::from(&target)).expect("recorded");
+            let back: TargetRecord = serde_json::from_str(&text).expect("read");
+            assert_eq!(back.into_target(), target, "{text}");
         }
     }
 }
