@@ -301,19 +301,12 @@ fn run_body(strategy: Option<&Value>, update: &Value) -> Value {
 
 /// What a cluster looks like in the result document (as `flotilla simulate --json` shows it).
 fn cluster_out(spec: &Value) -> Value {
-    let parsed = serde_json::from_value(spec.clone())
+    serde_json::from_value(spec.clone())
         .ok()
-        .and_then(|s| Cluster::parse(&s, "cluster").ok());
-    match parsed {
-        Some(c) => json!({
-            "kubernetesVersion": c.kubernetes_version.to_string(),
-            "nodePools": c.node_pools.iter().map(|p| json!({
-                "name": p.name,
-                "nodeImageVersion": format!("{}-{}", p.family, p.image),
-            })).collect::<Vec<_>>(),
-        }),
-        None => Value::Null,
-    }
+        .and_then(|s| Cluster::parse(&s, "cluster").ok())
+        .map_or(Value::Null, |c| {
+            json!(flotilla_sim::simulator::cluster_out(&c))
+        })
 }
 
 /// The name of the run of `update`: the scenario's, cut to the 50 characters a run's name may
@@ -392,21 +385,8 @@ async fn play(scenario: &Scenario, raw: &Value, dir: &Path) -> Value {
     }
     // The instants the simulator's release feed runs at: the start, each release coming out
     // (and, with profiles, each version listed with `availableAt`), each `refreshCatalog`.
-    let mut feed_at: Vec<Time> = flotilla_engine::release::change_instants(
-        &scenario.catalog,
-        &scenario.releases,
-        scenario.start,
-        1.0,
-    );
+    let mut feed_at = flotilla_sim::simulator::catalog_changes(scenario);
     if !scenario.profiles.is_empty() {
-        feed_at.extend(scenario.catalog.regions.values().flat_map(|r| {
-            r.kubernetes.iter().filter_map(|k| k.available_at).chain(
-                r.node_images
-                    .values()
-                    .flatten()
-                    .filter_map(|i| i.available_at),
-            )
-        }));
         feed_at.push(scenario.start);
     }
     feed_at.extend(

@@ -150,7 +150,30 @@ pub fn run_resource(
     })
 }
 
-fn cluster_out(cluster: &Cluster) -> ClusterOut {
+/// The instants after the start at which the scenario's release feed changes the catalog: a
+/// release of the timeline coming out in a region, and, with profiles, a listed version's
+/// `availableAt`. Profiles are checked then, at the start, and on `refreshCatalog`.
+pub fn catalog_changes(scenario: &Scenario) -> Vec<Time> {
+    let mut changes: Vec<Time> =
+        release::change_instants(&scenario.catalog, &scenario.releases, scenario.start, 1.0);
+    if !scenario.profiles.is_empty() {
+        changes.extend(scenario.catalog.regions.values().flat_map(|r| {
+            r.kubernetes.iter().filter_map(|k| k.available_at).chain(
+                r.node_images
+                    .values()
+                    .flatten()
+                    .filter_map(|i| i.available_at),
+            )
+        }));
+    }
+    changes.retain(|t| *t > scenario.start);
+    changes.sort();
+    changes.dedup();
+    changes
+}
+
+/// A cluster as the result document shows it.
+pub fn cluster_out(cluster: &Cluster) -> ClusterOut {
     ClusterOut {
         kubernetes_version: cluster.kubernetes_version.to_string(),
         node_pools: cluster
@@ -517,24 +540,7 @@ fn run(
             status: None,
         })
         .collect();
-    // The release feed: the catalog changes when a release comes out in a region (the
-    // timeline) or a listed version's `availableAt` arrives; profiles are checked then, at the
-    // start, and on `refreshCatalog`.
-    let mut changes: Vec<Time> =
-        release::change_instants(&scenario.catalog, &scenario.releases, scenario.start, 1.0);
-    if !profiles.is_empty() {
-        changes.extend(scenario.catalog.regions.values().flat_map(|r| {
-            r.kubernetes.iter().filter_map(|k| k.available_at).chain(
-                r.node_images
-                    .values()
-                    .flatten()
-                    .filter_map(|i| i.available_at),
-            )
-        }));
-    }
-    changes.retain(|t| *t > scenario.start);
-    changes.sort();
-    changes.dedup();
+    let changes = catalog_changes(scenario);
     let mut next_change = 0;
     let catalog_at = |now: Time| {
         release::published(
