@@ -1093,3 +1093,60 @@ test('a chained member shows its hops on its tile, the hop in flight highlighted
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });
+
+test('an approver rolls a finished run back from its page: the rollback run opens, approved it takes the cluster back, and each run links to the other', async () => {
+  // One member on 1.30.5 whose simulated cluster offers to undo an upgrade for seven days.
+  const clusters = { '/c/rb-1': { region: 'eastus', kubernetesVersion: '1.30.5', nodePools: [], sim: { durationSeconds: 2, rollback: { untilSeconds: 604800 } } } };
+  const catalog = { eastus: { kubernetes: [{ version: '1.30.5' }, { version: '1.31.1' }] } };
+  const fleet = await apiCall('/v1/fleets/undo', adminToken, { method: 'PUT', body: { properties: { driver: { type: 'sim', timeScale: 1, catalog, clusters } } } });
+  assert.equal(fleet.status, 201, JSON.stringify(fleet.body));
+  const put = await apiCall('/v1/fleets/undo/members/rb-1', adminToken, { method: 'PUT', body: { properties: { clusterResourceId: '/c/rb-1', group: 'g' } } });
+  assert.ok(put.status < 300, JSON.stringify(put.body));
+  const properties = { managedClusterUpdate: { upgrade: { type: 'ControlPlaneOnly', kubernetesVersion: '1.31.1' } } };
+  const created = await apiCall('/v1/fleets/undo/updateRuns/up', adminToken, { method: 'PUT', body: { properties } });
+  assert.ok(created.status < 300, JSON.stringify(created.body));
+  const started = await apiCall('/v1/fleets/undo/updateRuns/up/start', adminToken, { method: 'POST' });
+  assert.ok(started.status < 300, JSON.stringify(started.body));
+
+  // A reader sees no button.
+  const token = await apiCall('/v1/tokens', adminToken, { method: 'POST', body: { role: 'reader', subject: 'rollback-reader' } });
+  assert.equal(token.status, 201);
+  const readerToken = token.body.token;
+  const reader = await newPage('rollback-reader');
+  await reader.goto(`${base}/#token=${readerToken}`);
+  await reader.locator('#me').waitFor();
+  await reader.goto(`${base}/#/fleets/undo/runs/up`);
+  await eventually('the run completed for the reader', async () => (await reader.locator('#run-state .badge.s-Completed').count()) === 1, 30000);
+  assert.equal(await reader.locator('#rollback-run').count(), 0, 'no Roll back button for a reader');
+  await reader.context().close();
+
+  const page = await newPage('rollback');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.goto(`${base}/#/fleets/undo/runs/up`);
+  await eventually('the run completed on the page', async () => (await page.locator('#run-state .badge.s-Completed').count()) === 1, 30000);
+  await page.locator('#rollback-run').click();
+  // The rollback run's page opens, waiting at its Approval gate, and names what it rolls back.
+  await eventually('the rollback run opened', async () => page.evaluate(() => location.hash.endsWith('/runs/rollback-of-up')), 10000);
+  await page.locator('#rollback-of a').waitFor();
+  assert.match(await page.locator('.facts').textContent(), /back to each member's state before up/);
+  assert.equal(await page.locator('#rollback-of a').textContent(), 'up');
+  assert.equal(await page.locator('#rollback-run').count(), 0, 'a rollback run is not rolled back in turn');
+  const approve = page.locator('button.approve');
+  await approve.waitFor();
+  await page.shot('rollback-run-at-its-gate');
+  await approve.click();
+  await eventually('the rollback run completed', async () => (await page.locator('#run-state .badge.s-Completed').count()) === 1, 30000);
+  await page.locator('.tile[data-member="rb-1"]').click();
+  assert.equal(await page.locator('#member-rolled-back').textContent(), 'yes');
+  const member = await apiCall('/v1/fleets/undo/members/rb-1', readerToken);
+  assert.equal(member.body.properties.status.cluster.kubernetesVersion, '1.30.5', JSON.stringify(member.body));
+  // The original names its rollback run, and offers no second rollback.
+  await page.goto(`${base}/#/fleets/undo/runs/up`);
+  await page.locator('#rolled-back-by a').waitFor();
+  assert.equal(await page.locator('#rolled-back-by a').textContent(), 'rollback-of-up');
+  assert.equal(await page.locator('#rollback-run').count(), 0);
+  await page.shot('rolled-back-run');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});

@@ -597,7 +597,8 @@ fn schemas() -> Value {
             "managedClusterUpdate": update,
             "chainMinorVersions": {"type": "boolean", "description": "SEMANTICS §13: a target more than one minor ahead is reached one minor at a time; each member's status lists its hops"},
             "autoUpgradeProfileId": {"type": "string", "readOnly": true},
-            "status": {"type": "object", "readOnly": true}}))),
+            "rollbackOf": {"type": "string", "readOnly": true, "description": "SEMANTICS §15: a rollback run names the run it rolls back (made only by POST …/rollback; 400 if written)"},
+            "status": {"type": "object", "readOnly": true, "description": "The run's progress; `rollbackOf` and `rolledBackBy` name a rollback run's origin and a run's rollback run (SEMANTICS §15)"}}))),
         "SkipRequest": {"type": "object", "required": ["targets"], "properties": {
             "targets": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
                 "type": {"type": "string", "enum": ["Member", "Group", "Stage", "AfterStageWait"]},

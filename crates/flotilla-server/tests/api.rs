@@ -4758,6 +4758,33 @@ async fn a_finished_run_is_rolled_back_by_its_rollback_run() {
         .await;
     assert_eq!(status, StatusCode::OK, "{same}");
     assert_eq!(same["eTag"], current["eTag"]);
+    // Its forecast: the approval, then b and a one after the other, in reverse stage order.
+    let forecast = h
+        .ok(
+            "reader",
+            Method::POST,
+            &format!("{path}/forecast"),
+            Some(json!({"approvalDelaySeconds": 600})),
+        )
+        .await;
+    let forecast_stages: Vec<&str> = forecast["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(forecast_stages, ["s2", "s1"], "{forecast}");
+    assert!(forecast["completedTime"].is_string(), "{forecast}");
+    // The rollback is in the audit trail, with who asked.
+    let trail = h
+        .ok("admin", Method::GET, "/v1/audit?fleet=f1&$top=1000", None)
+        .await;
+    assert!(
+        trail["value"].as_array().into_iter().flatten().any(|e| {
+            e["path"] == "/v1/fleets/f1/updateRuns/r1/rollback" && e["subject"] == "approver-user"
+        }),
+        "{trail}"
+    );
     // The rollback run waits at its Approval gate, then takes b and a back.
     let gates = h
         .ok(

@@ -172,6 +172,23 @@ export async function render(ctx) {
         actions.append(button('a:stop', 'Stop', () => act('Run stopping', `${runPath}/stop`), { class: 'danger', id: 'stop-run' }));
       }
     }
+    // An approver may roll a finished or stopped run back (SEMANTICS §15): its rollback run is
+    // made and started behind an Approval gate, and opened here. The server decides whether
+    // there is anything to roll back; a rollback run is not rolled back in turn.
+    if (can(me, 'approver') && !status.rollbackOf && !status.rolledBackBy
+        && ['Completed', 'Failed', 'Stopped'].includes(state)) {
+      actions.append(button('a:rollback', 'Roll back', async () => {
+        try {
+          const made = await api(`${runPath}/rollback`, { method: 'POST' });
+          notify(`Rollback run ${made.name} made; approve its gate to begin`, 'ok');
+          location.hash = `#/fleets/${enc(fleet)}/runs/${enc(made.name)}`;
+        } catch (e) {
+          notify(`Roll back failed: ${e.message}`, 'error');
+          await refresh();
+        }
+      }, { class: 'danger', id: 'rollback-run', title: 'Undo what this run changed, where the driver allows it' }));
+    }
+    const runLink = (name) => h('a', { href: `#/fleets/${enc(fleet)}/runs/${enc(name)}` }, name);
     const stageFailures = (status.stages || []).map((s) => `${s.name} ${s.failureCount}/${s.maxAllowedFailures}`).join(', ');
     clear(head).append(...[
       h('div', { class: 'title-row' },
@@ -187,7 +204,9 @@ export async function render(ctx) {
         status.status?.completedTime
           ? h('div', {}, h('dt', {}, 'Finished'), h('dd', {}, time(status.status.completedTime)))
           : h('div', {}, h('dt', {}, 'Forecast end'), h('dd', { id: 'run-eta' }, etaText(status))),
-        nextStage(status)),
+        nextStage(status),
+        status.rollbackOf ? h('div', { id: 'rollback-of' }, h('dt', {}, 'Rolls back'), h('dd', {}, runLink(status.rollbackOf))) : null,
+        status.rolledBackBy ? h('div', { id: 'rolled-back-by' }, h('dt', {}, 'Rolled back by'), h('dd', {}, runLink(status.rolledBackBy))) : null),
       reasonBanner(run),
     ].filter(Boolean));
   }
@@ -654,6 +673,14 @@ export async function render(ctx) {
           return h('li', { class: `hop h-${hop.state}`, dataset: { state: hop.state } },
             `${hop.from} → ${hop.to} `, badge(hop.state), s !== null && e !== null ? h('span', { class: 'muted' }, ` ${fmtDuration(e - s)}`) : null);
         })));
+      }
+      // Where the run found it, and whether a rollback took it back there (SEMANTICS §15).
+      if (member.before) {
+        const pools = (member.before.nodePools || []).map((p) => `${p.name} ${p.nodeImageVersion || ''}`.trim());
+        row('Before', [member.before.kubernetesVersion, pools.length ? h('span', { class: 'muted' }, ` (${pools.join(', ')})`) : null]);
+      }
+      if (member.rolledBack !== undefined) {
+        row('Rolled back', h('span', { id: 'member-rolled-back', class: member.rolledBack ? '' : 'bad' }, member.rolledBack ? 'yes' : 'no'));
       }
       row('Operation', member.operationId);
       row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));

@@ -10,6 +10,8 @@ const REFRESH_MS = 3000;
 export function targetText(run) {
   const update = run.properties?.managedClusterUpdate || {};
   const upgrade = update.upgrade || {};
+  // A rollback run (SEMANTICS §15): each member back where the original run found it.
+  if (run.properties?.rollbackOf) return `back to each member's state before ${run.properties.rollbackOf}`;
   const parts = [upgrade.type || 'Full'];
   if (upgrade.kubernetesVersion) parts.push(`Kubernetes ${upgrade.kubernetesVersion}`);
   if (update.nodeImageSelection?.type) parts.push(`node image ${update.nodeImageSelection.type}`);
