@@ -13,6 +13,14 @@
 //!   which is a permanent answer.
 //!   The PUT carries the attempt's key as the tag `flotilla-operation`, so a resend finds the
 //!   upgrade it started and attaches to it instead of starting another.
+//! - Rollback (SEMANTICS §15; AKS's "Roll back node pool versions", API 2026-04-01): each
+//!   agent pool's upgrade profile lists its `recentlyUsedVersions` (`orchestratorVersion`,
+//!   `nodeImageVersion`, `timestamp`), which AKS keeps for seven days after the upgrade that left
+//!   them; `observe` offers the newest as a NodePool rollback until its timestamp plus seven
+//!   days. A node-pool rollback is a PUT of the agent pool with those two versions (the
+//!   documented REST path: `nodeImageVersion` is writable for rollback from 2026-04-01), tagged
+//!   with the attempt's key like a cluster PUT, and followed like any long-running operation.
+//!   AKS rolls no control plane back: such a target is refused as a permanent error.
 //! - Long-running operations are followed through `Azure-AsyncOperation` (or `Location`); 429
 //!   waits for `Retry-After`; 409 because another operation runs attaches when it is ours and
 //!   is otherwise transient (asked again later).
@@ -28,19 +36,28 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use flotilla_engine::engine::Target;
+use flotilla_engine::engine::{Rollback, Target};
 use flotilla_engine::error::from_json_value;
 use flotilla_engine::fleet::{
     Catalog, CatalogSpec, ClusterSpec, KubeReleaseSpec, MaintenanceSpec, NodePoolSpec,
-    RegionCatalogSpec,
+    RegionCatalogSpec, RollbackOfferSpec, RollbackScope, RollbackToSpec,
 };
 use flotilla_engine::strategy::UpgradeType;
+use flotilla_engine::time::Time;
+use flotilla_engine::version::{ImageVersion, KubeVersion};
 use flotilla_engine::window::MaintenanceWindowSpec;
 
 use crate::{Driver, DriverError, MemberRef, OperationState, bounded_seconds, operation_deadline};
 
 /// The AKS API version the driver speaks (stable).
 const API_VERSION: &str = "2025-07-01";
+/// The first stable API version with node pool rollback: an agent pool's upgrade profile lists
+/// `recentlyUsedVersions`, and an agent pool's `nodeImageVersion` is writable (AKS's "Roll back
+/// node pool versions" names 2026-04-01 or later). Only the rollback's requests use it.
+const ROLLBACK_API_VERSION: &str = "2026-04-01";
+/// How long after an upgrade AKS keeps the versions it left for a rollback ("available only
+/// for seven days after upgrade completion").
+const ROLLBACK_WINDOW_SECONDS: i64 = 7 * 86_400;
 /// The tag a PUT carries with the attempt's key.
 const OPERATION_TAG: &str = "flotilla-operation";
 /// How many times a throttled (429) request is retried within one call before it is transient.
@@ -315,6 +332,12 @@ enum Follow {
     Cluster {
         kubernetes_version: Option<String>,
         pools: bool,
+    },
+    /// One agent pool, rolled back: busy, then at exactly these versions.
+    Pool {
+        pool: String,
+        orchestrator_version: String,
+        node_image_version: String,
     },
 }
 
@@ -666,6 +689,53 @@ impl AksDriver {
         format!("{}{path}?api-version={API_VERSION}", self.arm)
     }
 
+    fn rollback_url(&self, path: &str) -> String {
+        format!("{}{path}?api-version={ROLLBACK_API_VERSION}", self.arm)
+    }
+
+    /// What AKS would roll `pool` back to, and until when: the newest of its upgrade profile's
+    /// `recentlyUsedVersions` (the one `az aks nodepool rollback` takes), until its timestamp
+    /// plus seven days. AKS lists nothing once the window has passed. An entry that cannot be
+    /// read offers nothing; an answer other than the profile (the pool gone, an API version
+    /// this ARM does not serve) offers nothing either. A transient error is the caller's.
+    async fn rollback_offer(
+        &self,
+        id: &str,
+        pool: &str,
+    ) -> Result<Option<RollbackOfferSpec>, DriverError> {
+        let path = format!("{id}/agentPools/{pool}/upgradeProfiles/default");
+        let answer = self
+            .call(Method::GET, &self.rollback_url(&path), None)
+            .await?;
+        if !answer.status.is_success() {
+            return Ok(None);
+        }
+        let newest = answer.body["properties"]["recentlyUsedVersions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                let version = v["orchestratorVersion"].as_str()?;
+                let image = v["nodeImageVersion"].as_str()?;
+                let at = Time::parse(v["timestamp"].as_str()?).ok()?;
+                // Only what the engine can read is offered.
+                KubeVersion::parse(version)?;
+                ImageVersion::parse(image.rsplit('-').next().unwrap_or(image))?;
+                Some((at, version, image))
+            })
+            .max_by_key(|(at, _, _)| *at);
+        Ok(newest.map(|(at, version, image)| RollbackOfferSpec {
+            scope: "NodePool".into(),
+            pool: Some(pool.to_string()),
+            to: RollbackToSpec {
+                kubernetes_version: None,
+                orchestrator_version: Some(version.to_string()),
+                node_image_version: Some(image.to_string()),
+            },
+            until: at.plus(ROLLBACK_WINDOW_SECONDS).to_string(),
+        }))
+    }
+
     /// The managed cluster as ARM has it.
     async fn cluster(&self, id: &str) -> Result<Value, DriverError> {
         subscription_of(id)?;
@@ -901,6 +971,104 @@ impl AksDriver {
         })
     }
 
+    /// A node pool's rollback (SEMANTICS §15): a PUT of the agent pool with the Kubernetes
+    /// version and node image it goes back to, tagged with the attempt's key. A pool already
+    /// there, or rolling back under this key, is attached to, so a resend starts nothing twice.
+    /// AKS's refusal (the versions are not the pool's recorded ones, or the seven days have
+    /// passed) is a permanent answer carrying AKS's own message; a 409 because another
+    /// operation runs is asked again later, like any conflict.
+    async fn roll_back_pool(
+        &self,
+        id: &str,
+        cluster: &Value,
+        target: &Target,
+        rollback: &Rollback,
+        key: &str,
+    ) -> Result<Follow, DriverError> {
+        let RollbackScope::NodePool(name) = &rollback.scope else {
+            return Err(DriverError::permanent(
+                "AKS offers no rollback of a control plane, only of node pools (to their previous Kubernetes version and node image, within seven days of their upgrade)",
+            ));
+        };
+        let (Some(image), Some(version)) =
+            (target.node_images.first(), rollback.orchestrator_version)
+        else {
+            return Err(DriverError::permanent(format!(
+                "the rollback of node pool {name:?} names no node image or no Kubernetes version to go back to"
+            )));
+        };
+        let wanted = Follow::Pool {
+            pool: name.clone(),
+            orchestrator_version: version.to_string(),
+            node_image_version: format!("{}-{}", image.family, image.image),
+        };
+        let Some(pool) = pool_of(cluster, name) else {
+            return Err(DriverError::permanent(format!(
+                "cluster {id} has no node pool {name:?} to roll back"
+            )));
+        };
+        if pool["tags"][OPERATION_TAG] == key || (pool_at(&pool, &wanted) && pool_idle(&pool)) {
+            return Ok(wanted);
+        }
+        let path = format!("{id}/agentPools/{name}");
+        let answer = self
+            .call(Method::GET, &self.rollback_url(&path), None)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(DriverError::permanent(format!(
+                "GET {path}: {}",
+                answer.error()
+            )));
+        }
+        let mut body = answer.body;
+        let Some(properties) = body["properties"].as_object_mut() else {
+            return Err(DriverError::permanent(format!(
+                "GET {path}: the answer holds no properties"
+            )));
+        };
+        // What ARM computes is not sent back.
+        for readonly in ["provisioningState", "currentOrchestratorVersion"] {
+            properties.remove(readonly);
+        }
+        properties.insert("orchestratorVersion".into(), json!(version.to_string()));
+        if let Follow::Pool {
+            node_image_version, ..
+        } = &wanted
+        {
+            properties.insert("nodeImageVersion".into(), json!(node_image_version));
+        }
+        let tags = properties.entry("tags").or_insert_with(|| json!({}));
+        if !tags.is_object() {
+            *tags = json!({});
+        }
+        tags[OPERATION_TAG] = json!(key);
+        let answer = self
+            .call(Method::PUT, &self.rollback_url(&path), Some(&body))
+            .await?;
+        match answer.status {
+            s if s.is_success() => Ok(Self::follow_url(&answer)
+                .map(|u| Follow::Async(vec![u]))
+                .unwrap_or(wanted)),
+            StatusCode::CONFLICT => {
+                // Ours if the pool carries our key now (an earlier send that arrived).
+                let now = self.cluster(id).await?;
+                if pool_of(&now, name).is_some_and(|p| p["tags"][OPERATION_TAG] == key) {
+                    return Ok(wanted);
+                }
+                Err(DriverError::transient(format!(
+                    "another operation is in progress on {id}; waiting for it before rolling node pool {name:?} back ({})",
+                    answer.error()
+                )))
+            }
+            _ => Err(DriverError::permanent(format!(
+                "AKS refused to roll node pool {name:?} back to Kubernetes {version}, node image {}-{}: {}",
+                image.family,
+                image.image,
+                answer.error()
+            ))),
+        }
+    }
+
     /// The cluster's progress toward `follow`'s target, read from the cluster itself.
     async fn cluster_progress(
         &self,
@@ -908,6 +1076,27 @@ impl AksDriver {
         follow: &Follow,
     ) -> Result<OperationState, DriverError> {
         let cluster = self.cluster(id).await?;
+        if let Follow::Pool { pool, .. } = follow {
+            let Some(p) = pool_of(&cluster, pool) else {
+                return Ok(OperationState::Failed(format!(
+                    "node pool {pool:?} of {id} is gone"
+                )));
+            };
+            return Ok(match p["provisioningState"].as_str() {
+                Some("Failed") => OperationState::Failed(format!(
+                    "node pool {pool:?}'s provisioning state is Failed ({id})"
+                )),
+                _ if !pool_idle(&p) => OperationState::Running,
+                _ if pool_at(&p, follow) => OperationState::Succeeded,
+                _ => OperationState::Failed(format!(
+                    "node pool {pool:?} of {id} is at Kubernetes {}, node image {}, not where its rollback was to take it",
+                    p["currentOrchestratorVersion"]
+                        .as_str()
+                        .unwrap_or("unknown"),
+                    p["nodeImageVersion"].as_str().unwrap_or("unknown")
+                )),
+            });
+        }
         let state = cluster["properties"]["provisioningState"]
             .as_str()
             .unwrap_or_default();
@@ -1007,8 +1196,40 @@ fn at(cluster: &Value, follow: &Follow) -> bool {
             kubernetes_version: None,
             ..
         } => true,
-        Follow::Async(_) => false,
+        Follow::Async(_) | Follow::Pool { .. } => false,
     }
+}
+
+/// The agent pool `name` of a cluster as ARM answers it.
+fn pool_of(cluster: &Value, name: &str) -> Option<Value> {
+    cluster["properties"]["agentPoolProfiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+/// Whether no operation runs on an agent pool.
+fn pool_idle(pool: &Value) -> bool {
+    matches!(pool["provisioningState"].as_str(), None | Some("Succeeded"))
+}
+
+/// Whether an agent pool runs exactly the versions a `Follow::Pool` takes it to.
+fn pool_at(pool: &Value, follow: &Follow) -> bool {
+    let Follow::Pool {
+        orchestrator_version,
+        node_image_version,
+        ..
+    } = follow
+    else {
+        return false;
+    };
+    let running = pool["currentOrchestratorVersion"]
+        .as_str()
+        .or(pool["orchestratorVersion"].as_str());
+    running == Some(orchestrator_version.as_str())
+        && pool["nodeImageVersion"] == node_image_version.as_str()
 }
 
 /// A pool's Kubernetes version where it differs from the control plane's `control_plane`
@@ -1057,6 +1278,14 @@ impl Driver for AksDriver {
                 })
             })
             .collect();
+        let mut rollback = Vec::new();
+        for pool in p["agentPoolProfiles"].as_array().into_iter().flatten() {
+            if let Some(name) = pool["name"].as_str()
+                && let Some(offer) = self.rollback_offer(id, name).await?
+            {
+                rollback.push(offer);
+            }
+        }
         let kubernetes = self.window(id, "aksManagedAutoUpgradeSchedule").await?;
         let node_os = self.window(id, "aksManagedNodeOSUpgradeSchedule").await?;
         let maintenance = (kubernetes.is_some() || node_os.is_some()).then_some(MaintenanceSpec {
@@ -1072,8 +1301,7 @@ impl Driver for AksDriver {
             node_pools,
             maintenance,
             long_term_support: p["supportPlan"] == "AKSLongTermSupport",
-            // Rollbacks through AKS are the driver half of SEMANTICS §15, not built yet.
-            rollback: Vec::new(),
+            rollback,
         })
     }
 
@@ -1085,6 +1313,13 @@ impl Driver for AksDriver {
     ) -> Result<String, DriverError> {
         let id = &member.cluster_resource_id;
         let cluster = self.cluster(id).await?;
+        if let Some(rollback) = &target.rollback {
+            let follow = self
+                .roll_back_pool(id, &cluster, target, rollback, key)
+                .await?;
+            return serde_json::to_string(&follow)
+                .map_err(|e| DriverError::permanent(format!("cannot record the operation: {e}")));
+        }
         let follow = match (target.upgrade_type, target.kubernetes_version) {
             (UpgradeType::NodeImageOnly, _) => self.upgrade_images(id, &cluster, target).await?,
             (kind, Some(version)) => {
@@ -1125,7 +1360,23 @@ impl Driver for AksDriver {
             // The key itself: the send's answer was lost. The cluster tells whether it arrived.
             let cluster = self.cluster(id).await?;
             if cluster["tags"][OPERATION_TAG] != key {
-                return Ok(OperationState::Unknown);
+                // A node pool's rollback carries the key on its pool.
+                let tagged = cluster["properties"]["agentPoolProfiles"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["tags"][OPERATION_TAG] == key);
+                return Ok(match tagged {
+                    None => OperationState::Unknown,
+                    Some(p) if p["provisioningState"] == "Failed" => {
+                        OperationState::Failed(format!(
+                            "node pool {}'s provisioning state is Failed ({id})",
+                            p["name"]
+                        ))
+                    }
+                    Some(p) if pool_idle(p) => OperationState::Succeeded,
+                    Some(_) => OperationState::Running,
+                });
             }
             return Ok(match cluster["properties"]["provisioningState"].as_str() {
                 Some("Succeeded") => OperationState::Succeeded,

@@ -306,6 +306,17 @@ struct SimKnobs {
     /// across runs and chained hops (SEMANTICS §13).
     #[serde(default)]
     fail_operations: Vec<u32>,
+    /// What the cluster can roll back after an upgrade (SEMANTICS §15): each scope the upgrade
+    /// changed, back to where it was, until this many simulated seconds after the driver was
+    /// configured (the scenario format's `sim.rollback.until`). Absent: nothing.
+    #[serde(default)]
+    rollback: Option<SimRollback>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SimRollback {
+    until_seconds: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -513,6 +524,14 @@ fn parse_sim_cluster(body: &Value, path: &str) -> Result<SimCluster, DriverError
             "{path}.sim.outcome {o:?}: must be succeed or fail"
         )));
     }
+    if let Some(r) = &knobs.rollback {
+        bounded_seconds(
+            r.until_seconds,
+            &format!("{path}.sim.rollback.untilSeconds"),
+            0.0,
+            10.0 * 365.0 * 86_400.0,
+        )?;
+    }
     Ok(SimCluster {
         cluster,
         knobs,
@@ -637,9 +656,11 @@ impl SimDriver {
         Some(member.cluster_resource_id.clone())
     }
 
-    /// Applies finished operations to their clusters.
-    /// Applies an operation to its cluster once it is due (the simulated cluster changes then).
+    /// Applies an operation to its cluster once it is due (the simulated cluster changes then):
+    /// an upgrade leaves what it changed offered for rollback where the cluster is configured
+    /// to offer it.
     fn settle_one(
+        &self,
         state: &mut (HashMap<String, SimCluster>, HashMap<String, SimOperation>),
         key: &str,
     ) {
@@ -652,7 +673,16 @@ impl SimDriver {
             if op.succeeds
                 && let Some(c) = clusters.get_mut(&op.member)
             {
+                let was = c.cluster.clone();
                 apply_target(&mut c.cluster, &op.target);
+                if let Some(r) = &c.knobs.rollback
+                    && op.target.rollback.is_none()
+                {
+                    let until = self
+                        .origin
+                        .plus((r.until_seconds / self.scale).round() as i64);
+                    flotilla_engine::engine::offer_rollbacks(&mut c.cluster, &was, until);
+                }
             }
         }
     }
@@ -682,7 +712,7 @@ impl Driver for SimDriver {
             ))
         })?;
         for op in state.0[&key].operations.clone() {
-            SimDriver::settle_one(&mut state, &op);
+            self.settle_one(&mut state, &op);
         }
         Ok(state.0[&key].cluster.spec())
     }
@@ -745,7 +775,7 @@ impl Driver for SimDriver {
             .state
             .lock()
             .map_err(|_| DriverError::permanent("simulator state poisoned"))?;
-        SimDriver::settle_one(&mut state, operation_id);
+        self.settle_one(&mut state, operation_id);
         Ok(match state.1.get(operation_id) {
             None => OperationState::Unknown,
             Some(op) if !op.applied => OperationState::Running,

@@ -1,8 +1,9 @@
 //! The `aks` driver against a fake of Azure Resource Manager and of its token endpoint
 //! (`fake_arm`): observation with windows, every upgrade type followed through its long-running
 //! operation, a resend attaching to the upgrade it started, throttling and expired tokens
-//! slowing calls but failing nothing, someone else's operation making the driver wait, and the
-//! catalog from ARM's listings.
+//! slowing calls but failing nothing, someone else's operation making the driver wait, the
+//! catalog from ARM's listings, and node pool rollbacks (offers, the rollback itself, AKS's
+//! refusal after seven days).
 
 mod fake_arm;
 
@@ -12,7 +13,8 @@ use serde_json::{Value, json};
 
 use flotilla_driver::aks::AksDriver;
 use flotilla_driver::{Driver, MemberRef, OperationState};
-use flotilla_engine::engine::{PoolTarget, Target};
+use flotilla_engine::engine::{PoolTarget, Rollback, Target};
+use flotilla_engine::fleet::RollbackScope;
 use flotilla_engine::strategy::UpgradeType;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
 
@@ -579,5 +581,285 @@ async fn each_hop_is_one_put_and_aks_refuses_a_skipped_minor() {
             ("c2", "1.29.9", "1.30.6", true),
             ("c2", "1.30.6", "1.31.2", true),
         ]
+    );
+}
+
+/// The images of both pools of `c1` upgraded to the newest, through the driver.
+async fn upgrade_images(d: &AksDriver, name: &str, key: &str) {
+    let pool = |p: &str| PoolTarget {
+        pool: p.into(),
+        family: "AKSUbuntu-2204gen2containerd".into(),
+        image: ImageVersion::parse(NEWEST_IMAGE).expect("image"),
+    };
+    let m = member(name);
+    d.observe(&m).await.expect("observed");
+    let target = Target {
+        rollback: None,
+        upgrade_type: UpgradeType::NodeImageOnly,
+        kubernetes_version: None,
+        node_images: vec![pool("system"), pool("user")],
+    };
+    let op = d.start_upgrade(&m, &target, key).await.expect("sent");
+    assert_eq!(follow(d, &m, &op, key).await, OperationState::Succeeded);
+}
+
+/// The engine's rollback of one node pool (SEMANTICS §15): a NodeImageOnly target naming the
+/// pool and its image before, and its Kubernetes version after.
+fn pool_rollback(pool: &str, image: &str, orchestrator: &str) -> Target {
+    Target {
+        upgrade_type: UpgradeType::NodeImageOnly,
+        kubernetes_version: None,
+        node_images: vec![PoolTarget {
+            pool: pool.into(),
+            family: "AKSUbuntu-2204gen2containerd".into(),
+            image: ImageVersion::parse(image).expect("image"),
+        }],
+        rollback: Some(Rollback {
+            scope: RollbackScope::NodePool(pool.into()),
+            orchestrator_version: version(orchestrator),
+        }),
+    }
+}
+
+const OLD_IMAGE: &str = "202602.10.0";
+
+fn pool_json(f: &fake_arm::Fake, cluster: &str, pool: &str) -> Value {
+    f.clusters[&cluster_id(SUB, cluster)]["properties"]["agentPoolProfiles"]
+        .as_array()
+        .expect("pools")
+        .iter()
+        .find(|p| p["name"] == pool)
+        .cloned()
+        .expect("pool")
+}
+
+#[tokio::test]
+async fn observe_offers_each_upgraded_pool_its_previous_versions_for_seven_days() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    let seen = d.observe(&member("c1")).await.expect("observed");
+    assert!(
+        seen.rollback.is_empty(),
+        "nothing upgraded: {:?}",
+        seen.rollback
+    );
+    let before = flotilla_engine::time::Time::from_unix(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64,
+    );
+    upgrade_images(&d, "c1", "edge.rb1.1").await;
+    let seen = d.observe(&member("c1")).await.expect("observed");
+    let offered: Vec<(Option<&str>, Option<&str>, Option<&str>)> = seen
+        .rollback
+        .iter()
+        .map(|o| {
+            assert_eq!(o.scope, "NodePool");
+            (
+                o.pool.as_deref(),
+                o.to.orchestrator_version.as_deref(),
+                o.to.node_image_version.as_deref(),
+            )
+        })
+        .collect();
+    let old = format!("AKSUbuntu-2204gen2containerd-{OLD_IMAGE}");
+    assert_eq!(
+        offered,
+        [
+            (Some("system"), Some("1.30.5"), Some(old.as_str())),
+            (Some("user"), Some("1.30.5"), Some(old.as_str())),
+        ]
+    );
+    // Until seven days after the upgrade, which just happened.
+    for o in &seen.rollback {
+        let until = flotilla_engine::time::Time::parse(&o.until).expect("RFC 3339");
+        let after = before.plus(7 * 86_400);
+        assert!(
+            until >= after && until <= after.plus(120),
+            "{} is seven days after {before}",
+            o.until
+        );
+    }
+    // The engine reads the offers as they are.
+    flotilla_engine::fleet::Cluster::parse(&seen, "observation").expect("the engine reads it");
+    // Eight days later for the system pool: AKS lists nothing for it, so nothing is offered.
+    fake.lock()
+        .expect("fake")
+        .age_last_upgrade(&cluster_id(SUB, "c1"), "system", 8 * 86_400);
+    let seen = d.observe(&member("c1")).await.expect("observed");
+    let pools: Vec<Option<&str>> = seen.rollback.iter().map(|o| o.pool.as_deref()).collect();
+    assert_eq!(pools, [Some("user")]);
+    // The profile's versions are asked with the API version that has them.
+    let f = fake.lock().expect("fake");
+    assert!(f.count("GET", "/agentPools/system/upgradeProfiles/default") >= 3);
+}
+
+#[tokio::test]
+async fn a_node_pool_rollback_goes_through_throttling_and_conflicts_and_a_resend_attaches() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    fake.lock().expect("fake").op_polls = 4;
+    let d = driver(&base);
+    let m = member("c1");
+    upgrade_images(&d, "c1", "edge.rb2.1").await;
+    let target = pool_rollback("system", OLD_IMAGE, "1.30.5");
+
+    // Someone else's operation runs: AKS answers 409, which is waited for, not a failure.
+    fake.lock().expect("fake").start_foreign(
+        &cluster_id(SUB, "c1"),
+        "1.30.5",
+        Duration::from_secs(3600),
+    );
+    let e = d
+        .start_upgrade(&m, &target, "edge.rb2.2")
+        .await
+        .expect_err("busy");
+    assert!(
+        e.is_transient() && e.message.contains("another operation is in progress"),
+        "{}",
+        e.message
+    );
+    {
+        let mut f = fake.lock().expect("fake");
+        f.end_foreign();
+        assert!(f.pool_puts.is_empty(), "a refused PUT changed nothing");
+        // ARM throttles the next requests: Retry-After is honoured.
+        f.throttle_next = 2;
+    }
+    // The engine polls the key first after a transient error: nothing arrived under it.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        d.poll(&m, "edge.rb2.2", "edge.rb2.2").await.expect("poll"),
+        OperationState::Unknown
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "throttled twice"
+    );
+    let op = d
+        .start_upgrade(&m, &target, "edge.rb2.2")
+        .await
+        .expect("sent");
+    // Sent again under the same key (a restart before the answer was recorded): attached.
+    let again = d
+        .start_upgrade(&m, &target, "edge.rb2.2")
+        .await
+        .expect("attached");
+    // The answer lost: polled by its key, the pool says the rollback arrived.
+    assert_ne!(
+        d.poll(&m, "edge.rb2.2", "edge.rb2.2").await.expect("poll"),
+        OperationState::Unknown
+    );
+    for id in [&op, &again] {
+        assert_eq!(
+            follow(&d, &m, id, "edge.rb2.2").await,
+            OperationState::Succeeded
+        );
+    }
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(
+            f.pool_puts,
+            [fake_arm::PoolPut {
+                cluster: cluster_id(SUB, "c1"),
+                pool: "system".into(),
+                orchestrator_version: "1.30.5".into(),
+                node_image_version: format!("AKSUbuntu-2204gen2containerd-{OLD_IMAGE}"),
+                accepted: true,
+            }],
+            "one rollback sent"
+        );
+        let system = pool_json(&f, "c1", "system");
+        assert_eq!(
+            system["nodeImageVersion"],
+            format!("AKSUbuntu-2204gen2containerd-{OLD_IMAGE}")
+        );
+        assert_eq!(system["currentOrchestratorVersion"], "1.30.5");
+        assert_eq!(system["tags"]["flotilla-operation"], "edge.rb2.2");
+        let user = pool_json(&f, "c1", "user");
+        assert_eq!(
+            user["nodeImageVersion"],
+            format!("AKSUbuntu-2204gen2containerd-{NEWEST_IMAGE}"),
+            "the other pool is untouched"
+        );
+    }
+    // Used up: AKS does not roll back twice, and the driver offers it no more.
+    let seen = d.observe(&m).await.expect("observed");
+    let pools: Vec<Option<&str>> = seen.rollback.iter().map(|o| o.pool.as_deref()).collect();
+    assert_eq!(pools, [Some("user")]);
+    // A resend after the end finds the pool where the rollback took it: nothing more is sent.
+    d.start_upgrade(&m, &target, "edge.rb2.2")
+        .await
+        .expect("attached");
+    assert_eq!(fake.lock().expect("fake").pool_puts.len(), 1);
+}
+
+#[tokio::test]
+async fn a_rollback_past_seven_days_is_refused_with_aks_s_reason() {
+    let (base, fake) = with_clusters(&["c1"]).await;
+    let d = driver(&base);
+    let m = member("c1");
+    upgrade_images(&d, "c1", "edge.rb3.1").await;
+    fake.lock()
+        .expect("fake")
+        .age_last_upgrade(&cluster_id(SUB, "c1"), "system", 7 * 86_400 + 60);
+    let e = d
+        .start_upgrade(
+            &m,
+            &pool_rollback("system", OLD_IMAGE, "1.30.5"),
+            "edge.rb3.2",
+        )
+        .await
+        .expect_err("refused");
+    assert!(!e.is_transient(), "{}", e.message);
+    assert!(
+        e.message.contains(&format!(
+            "NodeImageVersion 'AKSUbuntu-2204gen2containerd-{OLD_IMAGE}' is not accepted"
+        )) && e.message.contains("node pool \"system\""),
+        "{}",
+        e.message
+    );
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.pool_puts.len(), 1);
+        assert!(!f.pool_puts[0].accepted);
+        assert_eq!(
+            pool_json(&f, "c1", "system")["nodeImageVersion"],
+            format!("AKSUbuntu-2204gen2containerd-{NEWEST_IMAGE}"),
+            "nothing changed"
+        );
+        assert!(f.ops.is_empty(), "nothing started");
+    }
+    // Within its seven days, the user pool still goes back.
+    let op = d
+        .start_upgrade(
+            &m,
+            &pool_rollback("user", OLD_IMAGE, "1.30.5"),
+            "edge.rb3.3",
+        )
+        .await
+        .expect("sent");
+    assert_eq!(
+        follow(&d, &m, &op, "edge.rb3.3").await,
+        OperationState::Succeeded
+    );
+    // AKS rolls no control plane back.
+    let control_plane = Target {
+        upgrade_type: UpgradeType::ControlPlaneOnly,
+        kubernetes_version: version("1.30.5"),
+        node_images: vec![],
+        rollback: Some(Rollback {
+            scope: RollbackScope::ControlPlane,
+            orchestrator_version: None,
+        }),
+    };
+    let e = d
+        .start_upgrade(&m, &control_plane, "edge.rb3.4")
+        .await
+        .expect_err("refused");
+    assert!(
+        !e.is_transient() && e.message.contains("no rollback of a control plane"),
+        "{}",
+        e.message
     );
 }

@@ -134,4 +134,31 @@ pub struct RunProperties {
     _status: Option<Value>,
     #[serde(default, rename = "autoUpgradeProfileId")]
     _profile: Option<Value>,
+    /// Read-only (SEMANTICS §15): a rollback run is made by `POST …/rollback`, never written
+    /// or cloned; [`RunProperties::check_read_only`] refuses a body that sets it.
+    #[serde(default)]
+    pub rollback_of: Option<Value>,
+    #[serde(default)]
+    pub rolled_back_by: Option<Value>,
+}
+
+impl RunProperties {
+    /// Refuses what only the server writes: a run's rollback run (`rolledBackBy`) and a
+    /// rollback run's origin (`rollbackOf`), SEMANTICS §15.
+    pub fn check_read_only(&self) -> Result<(), ApiError> {
+        let written = [
+            ("rollbackOf", &self.rollback_of),
+            ("rolledBackBy", &self.rolled_back_by),
+        ];
+        match written.into_iter().find(|(_, v)| v.is_some()) {
+            Some((field, Some(value))) => Err(ApiError::new(
+                ErrorCode::InvalidRequestContent,
+                format!(
+                    "properties.{field} {value}: read-only; a rollback run is made only by POST …/updateRuns/{{run}}/rollback, and cannot be written or cloned"
+                ),
+                format!("properties.{field}"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }

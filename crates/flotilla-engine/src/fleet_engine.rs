@@ -149,6 +149,18 @@ struct Interned {
     seen: bool,
 }
 
+/// What a request to roll a run back comes to (SEMANTICS §15).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RollbackRequest {
+    /// The run is rolled back by this run already.
+    Made(String),
+    /// A new rollback run `name`, made from `plan`.
+    New {
+        name: String,
+        plan: crate::engine::RollbackPlan,
+    },
+}
+
 /// One fleet: its member table, its runs, and the rules between them.
 #[derive(Clone, Debug, Default)]
 pub struct FleetEngine {
@@ -186,6 +198,9 @@ pub struct FleetEngine {
     budgets_stale: bool,
     /// Members in flight in some run, which count against budgets, and the run.
     disrupted: HashMap<Arc<str>, u64>,
+    /// A member stopped counting against a budget during the runs' turns (a rollback that
+    /// ended at its run's turn): runs holding members for budgets take their turn again.
+    room_opened: bool,
 }
 
 fn no_run(run: &str) -> ApiError {
@@ -508,21 +523,32 @@ impl FleetEngine {
         format!("rollback-of-{name}")
     }
 
-    /// Creates and starts the rollback run of run `original` (SEMANTICS §15) and answers its
-    /// name: over the original's members that an operation changed and that are not rolled
-    /// back yet, as the fleet sees their clusters now, behind one Approval gate. A second
-    /// request answers the rollback run already made. Refused (409) while the original is
-    /// neither finished nor Stopped, when it changed nothing, and for a rollback run.
-    pub fn create_rollback_run(&mut self, now: Time, original: &str) -> Result<String, ApiError> {
+    /// What a request to roll back run `original` comes to (SEMANTICS §15), decided without
+    /// changing anything: the rollback run already made, or the plan of a new one, over the
+    /// original's members that an operation changed and that are not rolled back yet, as the
+    /// fleet sees their clusters now. Refused (409) while the original is neither finished nor
+    /// Stopped, when it changed nothing, and for a rollback run. A shell that keeps runs
+    /// elsewhere records a new run's plan, then calls [`FleetEngine::create_rollback_run`].
+    pub fn rollback_request(&self, original: &str) -> Result<RollbackRequest, ApiError> {
         let seq = *self.names.get(original).ok_or_else(|| no_run(original))?;
         let engine = &self.runs[&seq].engine;
         if let Some(by) = engine.rolled_back_by() {
-            return Ok(by.to_string());
+            return Ok(RollbackRequest::Made(by.to_string()));
         }
         if let Some(of) = engine.rollback_of() {
             return Err(ApiError::conflict(format!(
                 "update run {original:?} is the rollback run of {of:?}; it cannot be rolled back in turn"
             )));
+        }
+        let name = FleetEngine::rollback_run_name(original);
+        if let Some(made) = self.run(&name) {
+            // Made, but the original was not told before a restart: it is the answer.
+            return match made.rollback_of() {
+                Some(of) if of == original => Ok(RollbackRequest::Made(name)),
+                _ => Err(ApiError::conflict(format!(
+                    "update run {name:?} already exists and does not roll back {original:?}"
+                ))),
+            };
         }
         if !engine.is_finished() && engine.state() != State::Stopped {
             return Err(ApiError::conflict(format!(
@@ -535,26 +561,48 @@ impl FleetEngine {
                 }
             )));
         }
-        let plan = engine
+        engine
             .rollback_plan(|member| self.current(member))
+            .map(|plan| RollbackRequest::New { name, plan })
             .ok_or_else(|| {
                 ApiError::conflict(format!(
                     "update run {original:?} changed nothing that is not rolled back already"
                 ))
-            })?;
-        let name = FleetEngine::rollback_run_name(original);
-        if self.names.contains_key(&name) {
-            return Err(ApiError::conflict(format!(
-                "update run {name:?} already exists and does not roll back {original:?}"
-            )));
-        }
-        self.create_rollback_from(now, &name, &plan)?;
+            })
+    }
+
+    /// Creates and starts the rollback run of run `original` (SEMANTICS §15), as
+    /// [`FleetEngine::rollback_request`] decides, and answers its name; the original is told
+    /// which run rolls it back, so it cannot be started again. A second request answers the
+    /// rollback run already made.
+    pub fn create_rollback_run(&mut self, now: Time, original: &str) -> Result<String, ApiError> {
+        let name = match self.rollback_request(original)? {
+            RollbackRequest::Made(name) => name,
+            RollbackRequest::New { name, plan } => {
+                self.create_rollback_from(now, &name, &plan)?;
+                name
+            }
+        };
         let record = self.record;
-        if let Some(slot) = self.runs.get_mut(&seq) {
+        if let Some(&seq) = self.names.get(original)
+            && let Some(slot) = self.runs.get_mut(&seq)
+            && slot.engine.rolled_back_by().is_none()
+        {
             let input = Input::RolledBackBy { run: name.clone() };
             slot.give(now, input, record)?;
         }
         Ok(name)
+    }
+
+    /// The members of the fleet's table that a rollback plan names, as the run made from it
+    /// now would hold them: what a shell records with the plan.
+    pub fn plan_members(&self, plan: &crate::engine::RollbackPlan) -> Vec<SharedMember> {
+        plan.stages
+            .iter()
+            .flat_map(|s| &s.groups)
+            .flat_map(|g| &g.members)
+            .filter_map(|m| self.members.get(m.name.as_str()).cloned())
+            .collect()
     }
 
     /// Creates rollback run `name` from its plan (a shell rebuilding it passes the plan it
@@ -901,21 +949,44 @@ impl FleetEngine {
         if self.budgets_stale {
             self.cover_budgets();
         }
+        self.room_opened = false;
         for seq in seqs {
-            self.deliver_news(now, seq);
-            let record = self.record;
-            if let Some(slot) = self.runs.get_mut(&seq) {
-                if !slot.dirty && slot.engine.next_wakeup().is_none_or(|t| t > now) {
-                    continue;
-                }
-                slot.engine.settle(now);
-                slot.dirty = false;
-                if record {
-                    slot.journal.push(Delivered::Settle(now));
-                }
-            }
-            self.collect(seq);
+            self.turn(now, seq);
         }
+        // A member whose rollback ended at its run's turn (SEMANTICS §15) left room after the
+        // turns of runs that hold members for it: they take it now, as they take the room an
+        // upgrade's end leaves before anyone's turn. Each pass only starts members, so it ends.
+        for _ in 0..=self.runs.len() {
+            if !std::mem::take(&mut self.room_opened) {
+                break;
+            }
+            let holding: Vec<u64> = self
+                .runs
+                .iter()
+                .filter(|(_, s)| s.engine.holds_for_budgets() && !s.engine.is_finished())
+                .map(|(&seq, _)| seq)
+                .collect();
+            for seq in holding {
+                self.turn(now, seq);
+            }
+        }
+    }
+
+    /// Run `seq`'s turn: the fleet's news, then its settle if anything is due.
+    fn turn(&mut self, now: Time, seq: u64) {
+        self.deliver_news(now, seq);
+        let record = self.record;
+        if let Some(slot) = self.runs.get_mut(&seq) {
+            if !slot.dirty && slot.engine.next_wakeup().is_none_or(|t| t > now) {
+                return;
+            }
+            slot.engine.settle(now);
+            slot.dirty = false;
+            if record {
+                slot.journal.push(Delivered::Settle(now));
+            }
+        }
+        self.collect(seq);
     }
 
     /// What each freeze covers, worked out again against the member table; every run is given
@@ -1002,6 +1073,7 @@ impl FleetEngine {
             *n = if begins { *n + 1 } else { n.saturating_sub(1) };
         }
         self.room_version += 1;
+        self.room_opened |= !begins;
     }
 
     fn deliver_news(&mut self, now: Time, seq: u64) {

@@ -27,7 +27,7 @@ use crate::store::Kind;
 /// `-g` asks for the same at their ARM paths).
 pub const COLLECTIONS: &[(&str, &[&str])] = &[
     ("members", &[]),
-    ("updateRuns", &["start", "stop", "skip"]),
+    ("updateRuns", &["start", "stop", "skip", "rollback"]),
     ("updateStrategies", &[]),
     ("autoUpgradeProfiles", &["generateUpdateRun"]),
     ("gates", &[]),

@@ -61,7 +61,7 @@ fn shape(path: &str) -> Shape {
         "events" => return Shape::Other("Events"),
         "importMembers" => return Shape::Other("ImportResult"),
         "discoverMembers" => return Shape::Other("DiscoverResult"),
-        "start" | "stop" | "skip" => return Shape::Action("UpdateRun"),
+        "start" | "stop" | "skip" | "rollback" => return Shape::Action("UpdateRun"),
         "generateUpdateRun" => return Shape::Other("GeneratedRun"),
         "forecast" => return Shape::Other("Forecast"),
         _ => {}

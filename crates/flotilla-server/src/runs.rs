@@ -40,7 +40,8 @@ use crate::durations::Durations;
 use crate::driver::{Driver, MemberRef, driver_from_config};
 use crate::metrics::Metrics;
 use crate::store::{
-    Fence, Intent, Kind, Notice, OperationRecord, RunBatch, Store, StoreError, UpgradeDuration,
+    Fence, Intent, Kind, Notice, OperationRecord, Precondition, RunBatch, Store, StoreError,
+    UpgradeDuration,
 };
 
 mod actor;
@@ -80,6 +81,14 @@ enum Msg {
         reply: Reply,
         at: Instant,
     },
+    /// Roll back run `original` (SEMANTICS §15): the fleet's engine decides, and a new
+    /// rollback run is recorded before the engine takes it in.
+    RollBack {
+        original: String,
+        system_data: Value,
+        answer: Answer,
+        at: Instant,
+    },
     Input {
         run: String,
         input: Input,
@@ -113,6 +122,25 @@ enum Msg {
     Partitions {
         reply: oneshot::Sender<Vec<(flotilla_engine::budget::Partition, u64)>>,
     },
+}
+
+/// Who waits for an action's result: a caller of this replica, or another replica through the
+/// store (the action's id).
+enum Answer {
+    Caller(Reply),
+    Remote(i64),
+}
+
+/// What a handed-over action asks (the store keeps it as JSON): an input for the run, or a
+/// rollback of it (SEMANTICS §15), which the fleet's engine decides.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum HandedOver {
+    RollBack {
+        #[serde(rename = "rollBack")]
+        system_data: Value,
+    },
+    Input(Input),
 }
 
 /// Why a fleet's task did not carry out an action.
@@ -374,7 +402,9 @@ impl Runs {
         input: Input,
     ) -> Result<(), ApiError> {
         if !self.own(fleet).await {
-            return self.act_remotely(fleet, run, input).await;
+            return self
+                .act_remotely(fleet, run, HandedOver::Input(input))
+                .await;
         }
         for _ in 0..2 {
             let tx = self.handle(fleet, run).await?;
@@ -442,11 +472,70 @@ impl Runs {
         Ok(engine)
     }
 
+    /// Rolls back run `original` (SEMANTICS §15) and answers the rollback run's name, once
+    /// recorded: the fleet's engine decides (a second request answers the run already made),
+    /// on this replica if it drives the fleet, otherwise on the one that does.
+    pub async fn roll_back(
+        self: &Arc<Self>,
+        fleet: &str,
+        original: &str,
+        system_data: Value,
+    ) -> Result<String, ApiError> {
+        let name = FleetEngine::rollback_run_name(original);
+        if !self.own(fleet).await {
+            let asked = HandedOver::RollBack { system_data };
+            return self
+                .act_remotely(fleet, original, asked)
+                .await
+                .map(|()| name);
+        }
+        for _ in 0..2 {
+            let tx = self.handle(fleet, original).await?;
+            // A rollback run recorded before a restart is driven again: it is the answer.
+            let recorded = self
+                .store
+                .get_raw(fleet, Kind::Run, &name)
+                .await
+                .map_err(|e| ApiError::conflict(e.to_string()))?;
+            if recorded.is_some() {
+                self.handle(fleet, &name).await?;
+            }
+            let (reply, answer) = oneshot::channel();
+            let asked = Msg::RollBack {
+                original: original.to_string(),
+                system_data: system_data.clone(),
+                answer: Answer::Caller(reply),
+                at: Instant::now(),
+            };
+            if tx.send(asked).is_err() {
+                continue;
+            }
+            match answer.await {
+                Ok(Ok(())) => return Ok(name),
+                Ok(Err(Refusal::Api(e))) => return Err(e),
+                Ok(Err(Refusal::NotLoaded)) => continue,
+                Err(_) => {
+                    return Err(ApiError::conflict(
+                        "the fleet's reconciler stopped; try again",
+                    ));
+                }
+            }
+        }
+        Err(ApiError::conflict(
+            "the run's reconciler is not available; try again",
+        ))
+    }
+
     /// Hands an action to the fleet's owner through the store and waits for its result.
-    async fn act_remotely(&self, fleet: &str, run: &str, input: Input) -> Result<(), ApiError> {
+    async fn act_remotely(
+        &self,
+        fleet: &str,
+        run: &str,
+        action: HandedOver,
+    ) -> Result<(), ApiError> {
         let store_error = |e: StoreError| ApiError::conflict(e.to_string());
         let mut notices = self.store.notices();
-        let value = serde_json::to_value(&input).map_err(|e| ApiError::conflict(e.to_string()))?;
+        let value = serde_json::to_value(&action).map_err(|e| ApiError::conflict(e.to_string()))?;
         let id = self
             .store
             .submit_action(fleet, run, &value)
@@ -715,22 +804,33 @@ impl Runs {
             if !fresh {
                 continue;
             }
-            let input = serde_json::from_value::<Input>(action.input.clone()).map_err(|e| {
+            let asked = serde_json::from_value::<HandedOver>(action.input.clone()).map_err(|e| {
                 ApiError::new(
                     ErrorCode::InvalidRequestContent,
                     format!("unreadable action: {e}"),
                     "",
                 )
             });
-            let sent = match input {
-                Ok(input) => match self.handle(fleet, &action.run).await {
-                    Ok(tx) => tx
-                        .send(Msg::Remote {
-                            run: action.run.clone(),
-                            id: action.id,
-                            input,
+            let sent = match asked {
+                Ok(asked) => match self.handle(fleet, &action.run).await {
+                    Ok(tx) => {
+                        let msg = match asked {
+                            HandedOver::Input(input) => Msg::Remote {
+                                run: action.run.clone(),
+                                id: action.id,
+                                input,
+                            },
+                            HandedOver::RollBack { system_data } => Msg::RollBack {
+                                original: action.run.clone(),
+                                system_data,
+                                answer: Answer::Remote(action.id),
+                                at: Instant::now(),
+                            },
+                        };
+                        tx.send(msg).map_err(|_| {
+                            ApiError::conflict("the run's reconciler stopped; try again")
                         })
-                        .map_err(|_| ApiError::conflict("the run's reconciler stopped; try again")),
+                    }
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),

@@ -4613,3 +4613,244 @@ async fn a_member_registered_while_runs_are_driven_is_covered_by_freezes() {
         "the freeze holds it by name: {m2}"
     );
 }
+
+/// A finished run rolled back through the API (SEMANTICS §15): an approver's POST makes and
+/// starts its rollback run (reverse stages, one Approval gate, members that were never changed
+/// left out), a second POST answers the same run, the original cannot be started again, the
+/// rollback run cannot be rolled back, written or cloned, and it takes the clusters back.
+#[tokio::test]
+async fn a_finished_run_is_rolled_back_by_its_rollback_run() {
+    let h = Harness::start("rollback-run").await;
+    let offers = |version: &str| {
+        let mut c = cluster(version);
+        c["sim"] = json!({"durationSeconds": 60, "rollback": {"untilSeconds": 7 * 86_400}});
+        c
+    };
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(sim_fleet(&[
+            ("c-a", offers("1.30.5")),
+            ("c-b", offers("1.30.5")),
+            ("c-c", offers("1.31.1")),
+        ])),
+    )
+    .await;
+    for (name, group) in [("a", "first"), ("b", "second"), ("c", "second")] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let strategy = json!({"stages": [
+        {"name": "s1", "groups": [{"name": "first"}]},
+        {"name": "s2", "groups": [{"name": "second"}]}]});
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r1",
+        Some(json!({"properties": {"strategy": strategy,
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    let rollback = "/v1/fleets/f1/updateRuns/r1/rollback";
+    // Not before it is finished or stopped.
+    let (status, body, _) = h.call("approver", Method::POST, rollback, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r1", "r1 completed", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    // An operator may not; an approver may.
+    let (status, _, _) = h.call("operator", Method::POST, rollback, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, body, _) = h
+        .call("approver", Method::POST, rollback, Some(json!({"x": 1})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "a rollback takes no body: {body}"
+    );
+    let made = h.ok("approver", Method::POST, rollback, None).await;
+    assert_eq!(made["name"], "rollback-of-r1", "{made}");
+    assert_eq!(made["properties"]["rollbackOf"], "r1");
+    let status = &made["properties"]["status"];
+    assert_eq!(status["rollbackOf"], "r1", "{status}");
+    // Started, and waiting at its one Approval gate.
+    assert_eq!(status["status"]["state"], "Pending", "{status}");
+    assert_eq!(
+        status["stages"][0]["beforeGates"][0]["status"]["state"], "Pending",
+        "{status}"
+    );
+    let stages: Vec<&str> = status["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(stages, ["s2", "s1"], "reverse order: {status}");
+    let members: Vec<&str> = status["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+        .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        .map(|m| m["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(members, ["b", "a"], "c was never changed: {status}");
+    // A second request answers the same run; the original names it and cannot start again.
+    let again = h.ok("approver", Method::POST, rollback, None).await;
+    assert_eq!(again["name"], "rollback-of-r1");
+    assert_eq!(again["eTag"], made["eTag"], "nothing changed");
+    let original = h
+        .ok("reader", Method::GET, "/v1/fleets/f1/updateRuns/r1", None)
+        .await;
+    assert_eq!(
+        original["properties"]["status"]["rolledBackBy"], "rollback-of-r1",
+        "{original}"
+    );
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r1/start",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // Read-only: neither field is written, and a rollback run is not cloned.
+    for field in ["rollbackOf", "rolledBackBy"] {
+        let (status, body, _) = h
+            .call(
+                "operator",
+                Method::PUT,
+                "/v1/fleets/f1/updateRuns/copy",
+                Some(json!({"properties": {field: "r1",
+                    "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["target"], format!("properties.{field}"));
+    }
+    assert_eq!(
+        h.status("reader", Method::GET, "/v1/fleets/f1/updateRuns/copy", None)
+            .await,
+        StatusCode::NOT_FOUND,
+        "nothing was stored"
+    );
+    // What a GET of the rollback run answered, sent back to it, is the run as it is.
+    let path = "/v1/fleets/f1/updateRuns/rollback-of-r1";
+    let current = h.ok("reader", Method::GET, path, None).await;
+    let (status, same, _) = h
+        .call("operator", Method::PUT, path, Some(current.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{same}");
+    assert_eq!(same["eTag"], current["eTag"]);
+    // The rollback run waits at its Approval gate, then takes b and a back.
+    let gates = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/gates?state=Pending",
+            None,
+        )
+        .await;
+    let gate = gates["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["properties"]["target"]["updateRunProperties"]["name"] == "rollback-of-r1")
+        .and_then(|g| g["name"].as_str())
+        .expect("the rollback run's gate")
+        .to_string();
+    h.ok(
+        "approver",
+        Method::PATCH,
+        &format!("/v1/fleets/f1/gates/{gate}"),
+        Some(json!({"properties": {"state": "Completed"}})),
+    )
+    .await;
+    h.wait_run(path, "the rollback run completed", |r| {
+        r["properties"]["status"]["status"]["state"] == "Completed"
+    })
+    .await;
+    for (member, version) in [("a", "1.30.5"), ("b", "1.30.5"), ("c", "1.31.1")] {
+        let m = h
+            .ok(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/members/{member}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            m["properties"]["status"]["cluster"]["kubernetesVersion"], version,
+            "{member}: {m}"
+        );
+    }
+    // A rollback run is not rolled back in turn.
+    let (status, body, _) = h
+        .call("approver", Method::POST, &format!("{path}/rollback"), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let events = h
+        .ok(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/updateRuns/r1/events",
+            None,
+        )
+        .await;
+    assert!(
+        events["value"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["type"] == "RollbackRunCreated"),
+        "{events}"
+    );
+    // A run that changed nothing has nothing to roll back.
+    h.ok(
+        "operator",
+        Method::PUT,
+        "/v1/fleets/f1/updateRuns/r2",
+        Some(json!({"properties": {"strategy": {"stages": [{"name": "s", "groups": [{"name": "second"}]}]},
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.30.5"}}}})),
+    )
+    .await;
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r2/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r2", "r2 finished", |r| {
+        matches!(
+            r["properties"]["status"]["status"]["state"].as_str(),
+            Some("Completed" | "Failed")
+        )
+    })
+    .await;
+    let (status, body, _) = h
+        .call(
+            "approver",
+            Method::POST,
+            "/v1/fleets/f1/updateRuns/r2/rollback",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+}

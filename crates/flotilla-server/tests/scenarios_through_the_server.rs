@@ -44,16 +44,8 @@ fn unsupported(scenario: &Scenario) -> Option<&'static str> {
     {
         return Some("scripted health checks (the server evaluates real ones)");
     }
-    if scenario
-        .behaviour
-        .values()
-        .any(|b| b.rollback_until.is_some())
-    {
-        return Some("rollback offers (the server does not drive rollbacks yet, #39)");
-    }
     scenario.actions.iter().find_map(|a| match a.action {
         Action::AddNodePool { .. } => Some("addNodePool (the sim driver's clusters are fixed)"),
-        Action::Rollback => Some("rollback (the server has no rollback route yet, #39)"),
         _ => None,
     })
 }
@@ -196,6 +188,10 @@ fn driver_of(scenario: &Scenario, raw: &Value) -> Value {
         }
         if !b.fail_operations.is_empty() {
             sim["failOperations"] = json!(b.fail_operations);
+        }
+        // The driver is configured at the scenario's start: its offsets count from there.
+        if let Some(until) = b.rollback_until {
+            sim["rollback"] = json!({"untilSeconds": until.unix() - scenario.start.unix()});
         }
         body["sim"] = sim;
         clusters.insert(member.cluster_resource_id.clone(), body);
@@ -455,6 +451,13 @@ async fn play(scenario: &Scenario, raw: &Value, dir: &Path) -> Value {
                 None => None,
             };
             let refused = act(&h, &fleet, run.as_deref(), &a.action).await;
+            // A rollback run made is one of the scenario's runs from now on (SEMANTICS §15).
+            if let (Action::Rollback, None, Some(run)) = (&a.action, &refused, &run) {
+                let name = format!("rollback-of-{run}");
+                if !runs.iter().any(|r| r.name == name) {
+                    runs.push(Created { name, error: None });
+                }
+            }
             if let (Some(error), Some(run)) = (refused, run) {
                 let label = match &a.run {
                     Some(r) => format!("{} {r}", a.label),
@@ -609,6 +612,7 @@ async fn act(h: &Harness, fleet: &str, run: Option<&str>, action: &Action) -> Op
     let (status, body) = match action {
         Action::Start => h.call(Method::POST, &runs(run, "start"), None).await,
         Action::Stop => h.call(Method::POST, &runs(run, "stop"), None).await,
+        Action::Rollback => h.call(Method::POST, &runs(run, "rollback"), None).await,
         Action::Skip(targets) => {
             let targets: Vec<Value> = targets
                 .iter()

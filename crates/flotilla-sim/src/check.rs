@@ -347,6 +347,21 @@ fn check_run(
         }
     }
     let events: Vec<&Value> = result["events"].as_array().into_iter().flatten().collect();
+    // Addition for refusals (tests/scenarios/README.md): the codes of the actions refused on
+    // this run, in order.
+    if let Some(want) = exp.get("rejected") {
+        let got: Vec<Value> = events
+            .iter()
+            .filter(|e| e["type"] == "ActionRejected")
+            .map(|e| e["error"]["code"].clone())
+            .collect();
+        cmp(
+            &mut errors,
+            "rejected".into(),
+            Some(Value::Array(got)),
+            want,
+        );
+    }
     for name in exp
         .get("neverPending")
         .and_then(Value::as_array)

@@ -1199,40 +1199,6 @@ fn scripted_outcome(
     }
 }
 
-/// What a simulated cluster offers to roll back after an upgrade took it from `was` (SEMANTICS
-/// §15): each scope that changed, to its state before its first change, until `until`.
-fn offer_rollbacks(cluster: &mut Cluster, was: &Cluster, until: Time) {
-    use flotilla_engine::fleet::{RollbackOffer, RollbackScope};
-    let mut offers = std::mem::take(&mut cluster.rollback);
-    let mut offer = |scope: RollbackScope, kubernetes_version, node_image| {
-        if !offers.iter().any(|o| o.scope == scope) {
-            offers.push(RollbackOffer {
-                scope,
-                kubernetes_version,
-                node_image,
-                until,
-            });
-        }
-    };
-    if was.kubernetes_version != cluster.kubernetes_version {
-        offer(RollbackScope::ControlPlane, was.kubernetes_version, None);
-    }
-    for before in &was.node_pools {
-        let Some(pool) = cluster.node_pools.iter().find(|p| p.name == before.name) else {
-            continue;
-        };
-        let version = before.kubernetes_version(was);
-        if pool.image != before.image || pool.kubernetes_version(cluster) != version {
-            offer(
-                RollbackScope::NodePool(before.name.clone()),
-                version,
-                Some(before.image.clone()),
-            );
-        }
-    }
-    cluster.rollback = offers;
-}
-
 /// An operation in flight: (ends at, sequence, run, member, attempt).
 type Finishing = (Time, u64, usize, String, u64);
 
@@ -1288,7 +1254,7 @@ impl Sim<'_> {
                 if let Some(until) = c.behaviour.rollback_until
                     && target.rollback.is_none()
                 {
-                    offer_rollbacks(&mut c.cluster, &was, until);
+                    flotilla_engine::engine::offer_rollbacks(&mut c.cluster, &was, until);
                 }
             }
             Ok(())

@@ -408,6 +408,15 @@ pub enum RunCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Roll a finished or stopped run back (SEMANTICS §15): makes and starts its rollback run,
+    /// which takes every member the run changed back to where it was, in reverse stage order,
+    /// behind one Approval gate; asked again, answers the same rollback run. Approvers only.
+    ///
+    /// Example: `flotilla updaterun rollback -f retail -n upgrade-131`.
+    Rollback {
+        #[command(flatten)]
+        target: Target,
+    },
     /// Skip members, groups, stages or waits: `--targets Type:Name ...`.
     ///
     /// Example: `flotilla updaterun skip -f retail -n upgrade-131 --targets Member:canary
@@ -1939,6 +1948,26 @@ fn progress_lines(run: &Value) -> String {
     out
 }
 
+/// Starts or stops a run, and shows its state.
+async fn run_action(
+    client: &Client,
+    format: Format,
+    colour: bool,
+    path: &str,
+    name: &str,
+    action: &str,
+) -> anyhow::Result<()> {
+    let v = client
+        .send(reqwest::Method::POST, &format!("{path}/{action}"), None)
+        .await?;
+    print(format, &v, || {
+        format!(
+            "update run {name} {}\n",
+            state(s(&v, &["properties", "status", "status", "state"]), colour)
+        )
+    })
+}
+
 pub async fn run(
     client: &Client,
     format: Option<Format>,
@@ -2037,34 +2066,35 @@ pub async fn run(
             );
         }
         RunCommand::Start { target } => {
-            let v = client
-                .send(
-                    reqwest::Method::POST,
-                    &format!("{}/start", path(&target)),
-                    None,
-                )
-                .await?;
-            print(format, &v, || {
-                format!(
-                    "update run {} {}\n",
-                    target.name,
-                    state(s(&v, &["properties", "status", "status", "state"]), colour)
-                )
-            })?;
+            run_action(
+                client,
+                format,
+                colour,
+                &path(&target),
+                &target.name,
+                "start",
+            )
+            .await?;
         }
         RunCommand::Stop { target } => {
+            run_action(client, format, colour, &path(&target), &target.name, "stop").await?;
+        }
+        RunCommand::Rollback { target } => {
             let v = client
                 .send(
                     reqwest::Method::POST,
-                    &format!("{}/stop", path(&target)),
+                    &format!("{}/rollback", path(&target)),
                     None,
                 )
                 .await?;
             print(format, &v, || {
+                let made = s(&v, &["name"]);
                 format!(
-                    "update run {} {}\n",
+                    "update run {made} rolls back {} and is {}\n{}\napprove its gate to begin: flotilla gate list -f {} --state Pending\n",
                     target.name,
-                    state(s(&v, &["properties", "status", "status", "state"]), colour)
+                    state(s(&v, &["properties", "status", "status", "state"]), colour),
+                    run_tree(&v, colour),
+                    target.fleet,
                 )
             })?;
         }
@@ -2206,6 +2236,12 @@ pub async fn run(
         RunCommand::Watch { target } => return watch(client, &target).await,
         RunCommand::Rerun { target, new_name } => {
             let old = client.get(&path(&target)).await?;
+            if let Some(of) = old["properties"]["rollbackOf"].as_str() {
+                bail!(
+                    "update run {} is the rollback run of {of}; a rollback run cannot be re-run (its targets are where {of} found each member)",
+                    target.name
+                );
+            }
             if !finished(&old) {
                 bail!(
                     "update run {} is {}; only a finished run can be re-run",

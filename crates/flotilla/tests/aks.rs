@@ -3,7 +3,9 @@
 //! cluster upgraded exactly once, while ARM throttles, someone else's upgrade holds one cluster,
 //! and the server is killed with SIGKILL mid-operation and restarted; a staged chained run
 //! (SEMANTICS §13) walks clusters two minors behind up one minor at a time, through throttling
-//! and a SIGKILL between two hops, and never asks AKS for a skip.
+//! and a SIGKILL between two hops, and never asks AKS for a skip; a member whose health check
+//! fails is rolled back through AKS's node pool rollback, and one past AKS's seven days is
+//! refused with AKS's reason (SEMANTICS §15).
 
 mod common;
 
@@ -575,5 +577,299 @@ fn discovery_registers_the_clusters_it_finds_and_reports_those_that_vanish() {
     );
     let _ = server.kill();
     let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A loopback health endpoint for an Http check provider: `GET /health/{member}` answers 200
+/// while the member is in `healthy`, 503 otherwise.
+fn health_endpoint(healthy: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let member = first
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.strip_prefix("/health/"))
+                .unwrap_or_default()
+                .to_string();
+            let ok = healthy.lock().expect("healthy").contains(&member);
+            let (status, body) = if ok {
+                ("200 OK", "healthy")
+            } else {
+                ("503 Service Unavailable", "broken")
+            };
+            let mut stream = stream;
+            let _ = stream.write_all(
+                format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    port
+}
+
+/// Rollback through AKS (SEMANTICS §15, issue #39), the real server and the `aks` driver: a
+/// NodeImageOnly run over two clusters whose member health checks say `onFailure: RollBack`.
+/// `back` fails its check at once and is rolled back at once, pool by pool, through AKS's
+/// rollback operation (a PUT of each agent pool with the versions its upgrade profile
+/// recorded); it ends Failed, `rolledBack: true`, its pools on their old image. `late` passes
+/// its checks at first; then its upgrade is made eight days old in the fake (a week is not
+/// waited for) and its check fails: the offer the server observed after the upgrade is still
+/// in its hands, so the rollback is sent, and AKS refuses it with its own reason, which the
+/// member's message carries (Failed, `rolledBack: false`). ARM throttles now and then
+/// throughout.
+#[test]
+fn a_failing_health_check_rolls_aks_node_pools_back_and_aks_refuses_one_past_seven_days() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the fake");
+    let (arm, fake) = runtime.block_on(fake_arm::start());
+    let id = |n: &str| fake_arm::cluster_id(SUB, n);
+    {
+        let mut f = fake.lock().expect("fake");
+        f.op_polls = 3;
+        for n in ["back", "late"] {
+            f.clusters
+                .insert(id(n), fake_arm::cluster(&id(n), "eastus", "1.30.5"));
+        }
+    }
+    let old_image = "AKSUbuntu-2204gen2containerd-202602.10.0";
+    let new_image = format!("AKSUbuntu-2204gen2containerd-{}", fake_arm::NEWEST_IMAGE);
+    let done = Arc::new(AtomicBool::new(false));
+    let throttler = {
+        let (fake, done) = (fake.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                fake.lock().expect("fake").throttle_next = 2;
+                std::thread::sleep(Duration::from_millis(2500));
+            }
+        })
+    };
+    let healthy = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::from([
+        "late".to_string(),
+    ])));
+    let health = health_endpoint(healthy.clone());
+
+    let dir = std::env::temp_dir().join(format!("flotilla-aks-rollback-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let Setup {
+        api,
+        mut server,
+        log,
+        ..
+    } = start(
+        &dir,
+        &arm,
+        json!({"pollIntervalSeconds": 0.05, "catalogRefreshSeconds": 5}),
+    );
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/checkProviders/health",
+        Some(&json!({"properties": {"type": "Http", "baseUrl": format!("http://127.0.0.1:{health}")}})),
+    );
+    for n in ["back", "late"] {
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/aks/members/{n}"),
+            Some(&json!({"properties": {"clusterResourceId": id(n), "group": "g"}})),
+        );
+    }
+    // Their first observations (made in the background, slowed by ARM's throttling) are in
+    // before the run starts: only the run's own observations of `late` follow.
+    for n in ["back", "late"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !api.must(
+            reqwest::Method::GET,
+            &format!("/v1/fleets/aks/members/{n}"),
+            None,
+        )["properties"]["status"]["cluster"]
+            .is_object()
+        {
+            assert!(Instant::now() < deadline, "{n} was not observed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    api.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/aks/updateRuns/images",
+        Some(&json!({"properties": {
+            "strategy": {"stages": [{"name": "all", "maxAllowedFailures": "100%",
+                "groups": [{"name": "g", "maxConcurrency": "2", "maxAllowedFailures": "100%"}],
+                "memberHealthChecks": {
+                    "checks": [{"name": "health", "provider": "health", "path": "/health/{member}"}],
+                    "soakSeconds": 3600, "intervalSeconds": 1, "onFailure": "RollBack"}}]},
+            "managedClusterUpdate": {"upgrade": {"type": "NodeImageOnly"}, "nodeImageSelection": {"type": "Latest"}},
+        }})),
+    );
+    api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/aks/updateRuns/images/start",
+        None,
+    );
+    let run = || {
+        api.must(
+            reqwest::Method::GET,
+            "/v1/fleets/aks/updateRuns/images",
+            None,
+        )
+    };
+    let member = |run: &serde_json::Value, n: &str| -> serde_json::Value {
+        run["properties"]["status"]["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+            .flat_map(|g| g["members"].as_array().into_iter().flatten())
+            .find(|m| m["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("no member {n} in {run}"))
+    };
+
+    // `late` upgraded and verifying: its checks pass, and the server holds AKS's offer.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let late = member(&run(), "late");
+        let passed = late["healthChecks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["passed"] == true);
+        if passed {
+            assert_eq!(late["status"]["state"], "Running", "{late}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "late did not reach its soak: {late}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    {
+        let mut f = fake.lock().expect("fake");
+        for pool in ["system", "user"] {
+            assert!(
+                f.rollback_record(&id("late"), pool).is_some(),
+                "AKS recorded late's {pool} pool's versions"
+            );
+            f.age_last_upgrade(&id("late"), pool, 8 * 86_400);
+        }
+    }
+    healthy.lock().expect("healthy").clear();
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run = loop {
+        let run = run();
+        let state = run["properties"]["status"]["status"]["state"].clone();
+        if state == "Completed" || state == "Failed" || state == "Stopped" {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not end: {state}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    done.store(true, Ordering::Relaxed);
+    throttler.join().expect("throttler");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // `back`: rolled back through AKS's rollback, pool by pool.
+    let back = member(&run, "back");
+    assert_eq!(back["status"]["state"], "Failed", "{back}");
+    assert_eq!(
+        back["status"]["error"]["code"], "HealthCheckFailed",
+        "{back}"
+    );
+    assert_eq!(back["rolledBack"], true, "{back}");
+    let message = back["status"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("rolled back to its state before the run"),
+        "{back}"
+    );
+    assert_eq!(
+        back["before"]["nodePools"][0]["nodeImageVersion"], "202602.10.0",
+        "{back}"
+    );
+    // `late`: AKS refused, and said why.
+    let late = member(&run, "late");
+    assert_eq!(late["status"]["state"], "Failed", "{late}");
+    assert_eq!(
+        late["status"]["error"]["code"], "HealthCheckFailed",
+        "{late}"
+    );
+    assert_eq!(late["rolledBack"], false, "{late}");
+    let message = late["status"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("not rolled back")
+            && message.contains(&format!(
+                "NodeImageVersion '{old_image}' is not accepted. NodeImageVersion can only be current version '{new_image}' or 'latest'"
+            )),
+        "AKS's reason in the member's message: {late}"
+    );
+
+    let f = fake.lock().expect("fake");
+    let puts = |cluster: &str| -> Vec<(&str, &str, &str, bool)> {
+        f.pool_puts
+            .iter()
+            .filter(|p| p.cluster == id(cluster))
+            .map(|p| {
+                (
+                    p.pool.as_str(),
+                    p.orchestrator_version.as_str(),
+                    p.node_image_version.as_str(),
+                    p.accepted,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        puts("back"),
+        [
+            ("system", "1.30.5", old_image, true),
+            ("user", "1.30.5", old_image, true),
+        ],
+        "ARM saw one rollback per pool of back"
+    );
+    assert_eq!(
+        puts("late"),
+        [("system", "1.30.5", old_image, false)],
+        "late's first rollback was sent, and refused"
+    );
+    for (cluster, image) in [("back", old_image), ("late", new_image.as_str())] {
+        for pool in f.clusters[&id(cluster)]["properties"]["agentPoolProfiles"]
+            .as_array()
+            .expect("pools")
+        {
+            assert_eq!(pool["nodeImageVersion"], image, "{cluster}: {pool}");
+            assert_eq!(pool["currentOrchestratorVersion"], "1.30.5", "{pool}");
+            assert_eq!(pool["provisioningState"], "Succeeded", "{pool}");
+        }
+    }
+    assert_eq!(
+        f.count("POST", "/upgradeNodeImageVersion"),
+        4,
+        "each pool upgraded once"
+    );
+    drop(f);
     let _ = std::fs::remove_dir_all(&dir);
 }

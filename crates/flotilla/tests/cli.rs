@@ -1606,3 +1606,98 @@ fn simulate_and_completions_print_as_asked() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// `updaterun rollback` (SEMANTICS §15): an approver rolls a finished run back; the rollback run
+/// waits at its gate, takes the cluster back once approved, cannot be re-run, and the original
+/// cannot be started again.
+#[test]
+fn a_run_rolled_back_from_the_command_line() {
+    let env = Env::start("rollback");
+    let driver = env.write(
+        "driver.json",
+        r#"{"type": "sim", "timeScale": 3000,
+  "catalog": {"japaneast": {"kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}]}},
+  "clusters": {
+    "aks-1": {"region": "japaneast", "kubernetesVersion": "1.30.5", "sim": {"rollback": {"untilSeconds": 604800}}}}}"#,
+    );
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    env.ok(&[
+        "member",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "one",
+        "--cluster-resource-id",
+        "aks-1",
+    ]);
+    let run = ["-f", "retail", "-n", "r1"];
+    env.ok(&[
+        &["updaterun", "create"][..],
+        &run,
+        &[
+            "--upgrade-type",
+            "ControlPlaneOnly",
+            "--kubernetes-version",
+            "1.31.1",
+        ],
+    ]
+    .concat());
+    env.fails(
+        &[&["updaterun", "rollback"][..], &run].concat(),
+        "only a finished or Stopped run can be rolled back",
+    );
+    env.ok(&[&["updaterun", "start"][..], &run].concat());
+    let done = env.run(&[&["updaterun", "wait"][..], &run, &["--timeout", "60"]].concat());
+    assert_eq!(done.status.code(), Some(0), "r1 completes");
+    let shown = env.ok(&[&["updaterun", "rollback"][..], &run, &["-o", "table"]].concat());
+    assert!(
+        shown.contains("update run rollback-of-r1 rolls back r1"),
+        "{shown}"
+    );
+    assert!(shown.contains("gate list -f retail"), "{shown}");
+    let again = env.json(&[&["updaterun", "rollback"][..], &run].concat());
+    assert_eq!(again["name"], "rollback-of-r1", "the same rollback run");
+    assert_eq!(again["status"]["rollbackOf"], "r1", "{again}");
+    env.fails(
+        &[&["updaterun", "start"][..], &run].concat(),
+        "only a NotStarted, Stopped or Failed run can be started",
+    );
+    env.fails(
+        &[
+            "updaterun",
+            "rerun",
+            "-f",
+            "retail",
+            "-n",
+            "rollback-of-r1",
+            "--new-name",
+            "copy",
+        ],
+        "a rollback run cannot be re-run",
+    );
+    let gates = env.json(&["gate", "list", "-f", "retail", "--state", "Pending"]);
+    assert!(
+        gates.as_array().is_some_and(|g| g.len() == 1)
+            && gates.to_string().contains("rollback-of-r1"),
+        "one gate pending, the rollback run's: {gates}"
+    );
+    let gate = gates[0]["name"].as_str().expect("its name").to_string();
+    env.ok(&["gate", "approve", "-f", "retail", "-n", &gate]);
+    let back = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "rollback-of-r1",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(back.status.code(), Some(0), "the rollback run completes");
+    let member = env.json(&["member", "show", "-f", "retail", "-n", "one"]);
+    assert_eq!(
+        member["status"]["cluster"]["kubernetesVersion"], "1.30.5",
+        "{member}"
+    );
+}

@@ -12,6 +12,23 @@
 //! whose `orchestratorVersion` it changes to that version (a Full upgrade moves them all); the
 //! cluster answers `currentKubernetesVersion` and each pool's `currentOrchestratorVersion` once
 //! the operation ends. Every version-changing PUT is kept in `version_puts`, accepted or not.
+//!
+//! Node pool rollback, as AKS's "Roll back node pool versions" (API 2026-04-01) describes it:
+//! every upgrade that changes a pool (its Kubernetes version or its node image) records, when it
+//! completes, the versions the pool left; the pool's upgrade profile
+//! (`agentPools/{p}/upgradeProfiles/default`) lists that record as `recentlyUsedVersions`
+//! (`orchestratorVersion`, `nodeImageVersion`, `timestamp`) for seven days, and not at all
+//! before API 2026-04-01. A PUT of the agent pool (`agentPools/{p}`) asking for exactly those
+//! versions within the seven days is the rollback: long-running like the cluster's PUT, 409
+//! while any operation runs on the cluster ("no concurrent operations allowed during
+//! rollback"), and it uses the record up ("can't perform consecutive rollbacks"). Asked for a
+//! node image that is neither the pool's nor its record's, AKS's documented refusal is
+//! answered: `NodeImageVersion 'X' is not accepted. NodeImageVersion can only be current
+//! version 'Y' or 'latest'` (the code, `InvalidParameter`, is ARM's convention for a refused
+//! property value: the documentation does not name one). `nodeImageVersion` is read-only before
+//! API 2026-04-01, so an older PUT's is ignored, as ARM ignores read-only properties. A test
+//! ages a record with `age_last_upgrade`, so no test waits a week; every agent pool PUT is kept
+//! in `pool_puts`, accepted or not.
 
 #![allow(dead_code)] // each test file uses part of it
 
@@ -49,6 +66,52 @@ pub enum Change {
     },
     /// A pool to its region's newest image.
     Image { pool: String },
+    /// A pool, through a PUT of the agent pool, to these versions (a rollback to its record).
+    Pool {
+        pool: String,
+        orchestrator_version: String,
+        node_image_version: String,
+    },
+}
+
+/// What a pool left at its last upgrade, and when (the upgrade profile's
+/// `recentlyUsedVersions` entry).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recent {
+    pub orchestrator_version: String,
+    pub node_image_version: String,
+    /// Seconds since the epoch.
+    pub timestamp: i64,
+}
+
+/// A PUT of an agent pool that asked for other versions than the pool's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolPut {
+    pub cluster: String,
+    pub pool: String,
+    pub orchestrator_version: String,
+    pub node_image_version: String,
+    /// Whether ARM accepted it (false: refused with 400, nothing changed).
+    pub accepted: bool,
+}
+
+/// How long AKS keeps a pool's previous versions for a rollback.
+pub const ROLLBACK_WINDOW_SECONDS: i64 = 7 * 86_400;
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Whether a request's `api-version` is at least `date` (`YYYY-MM-DD`, previews after their
+/// date).
+fn api_at_least(query: &str, date: &str) -> bool {
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix("api-version="))
+        .is_some_and(|v| v.get(..10).is_some_and(|d| d >= date))
 }
 
 #[derive(Default)]
@@ -78,6 +141,10 @@ pub struct Fake {
     /// When the next operation on this cluster ends, the next this many ARM requests are
     /// throttled (once): a test's way to hold a chain between two hops.
     pub throttle_when_done: Option<(String, u32)>,
+    /// What each pool (cluster id, pool name) left at its last upgrade.
+    pub recent: BTreeMap<(String, String), Recent>,
+    /// Every agent pool PUT that asked for other versions, in order.
+    pub pool_puts: Vec<PoolPut>,
 }
 
 /// A PUT that asked for a control-plane version other than the cluster's current one.
@@ -218,6 +285,43 @@ impl Fake {
         id
     }
 
+    /// A test's knob: the last upgrade of `pool` happened `seconds` earlier than recorded.
+    pub fn age_last_upgrade(&mut self, cluster: &str, pool: &str, seconds: i64) {
+        if let Some(r) = self
+            .recent
+            .get_mut(&(cluster.to_string(), pool.to_string()))
+        {
+            r.timestamp -= seconds;
+        }
+    }
+
+    /// The record a pool can be rolled back to now, if its seven days have not passed.
+    pub fn rollback_record(&self, cluster: &str, pool: &str) -> Option<&Recent> {
+        self.recent
+            .get(&(cluster.to_string(), pool.to_string()))
+            .filter(|r| now_seconds() < r.timestamp + ROLLBACK_WINDOW_SECONDS)
+    }
+
+    /// A pool about to change: what it runs now is its record.
+    fn remember(&mut self, cluster: &str, pool: &Value) {
+        let (Some(name), Some(image)) = (pool["name"].as_str(), pool["nodeImageVersion"].as_str())
+        else {
+            return;
+        };
+        let version = pool["currentOrchestratorVersion"]
+            .as_str()
+            .or(pool["orchestratorVersion"].as_str())
+            .unwrap_or_default();
+        self.recent.insert(
+            (cluster.to_string(), name.to_string()),
+            Recent {
+                orchestrator_version: version.to_string(),
+                node_image_version: image.to_string(),
+                timestamp: now_seconds(),
+            },
+        );
+    }
+
     fn busy(&self, cluster: &str) -> bool {
         self.ops.values().any(|o| o.cluster == cluster)
     }
@@ -228,7 +332,7 @@ impl Fake {
         self.ops.values().any(|o| {
             o.cluster == cluster
                 && match &o.change {
-                    Change::Version { .. } => true,
+                    Change::Version { .. } | Change::Pool { .. } => true,
                     Change::Image { pool: p } => p == pool,
                 }
         })
@@ -260,11 +364,41 @@ impl Fake {
             self.throttle_when_done = None;
             self.throttle_next = n;
         }
-        let c = self.clusters.get_mut(&op.cluster).expect("cluster");
         if op.fails.is_some() {
+            let c = self.clusters.get_mut(&op.cluster).expect("cluster");
             c["properties"]["provisioningState"] = json!("Failed");
+            if let Change::Pool { pool, .. } = &op.change {
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    if p["name"] == pool.as_str() {
+                        p["provisioningState"] = json!("Failed");
+                    }
+                }
+            }
             return;
         }
+        // What each pool the operation changes leaves is its record (a rollback uses it up).
+        let profiles: Vec<Value> = self.clusters[&op.cluster]["properties"]["agentPoolProfiles"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for p in &profiles {
+            let name = p["name"].as_str().unwrap_or_default();
+            match &op.change {
+                Change::Version { pools, .. } if pools.iter().any(|(n, _)| n == name) => {
+                    self.remember(&op.cluster, p)
+                }
+                Change::Image { pool } if pool == name => self.remember(&op.cluster, p),
+                Change::Pool { pool, .. } if pool == name => {
+                    self.recent.remove(&(op.cluster.clone(), name.to_string()));
+                }
+                _ => {}
+            }
+        }
+        let c = self.clusters.get_mut(&op.cluster).expect("cluster");
         match op.change {
             Change::Version { version, pools } => {
                 c["properties"]["currentKubernetesVersion"] = json!(version);
@@ -294,6 +428,24 @@ impl Fake {
                         p["provisioningState"] = json!("Succeeded");
                         let family = family(p);
                         p["nodeImageVersion"] = json!(format!("{family}-{NEWEST_IMAGE}"));
+                    }
+                }
+            }
+            Change::Pool {
+                pool,
+                orchestrator_version,
+                node_image_version,
+            } => {
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    if p["name"] == pool.as_str() {
+                        p["provisioningState"] = json!("Succeeded");
+                        p["orchestratorVersion"] = json!(orchestrator_version);
+                        p["currentOrchestratorVersion"] = json!(orchestrator_version);
+                        p["nodeImageVersion"] = json!(node_image_version);
                     }
                 }
             }
@@ -337,6 +489,27 @@ pub fn cluster(id: &str, location: &str, version: &str) -> Value {
             ],
         },
     })
+}
+
+/// A pool of a cluster, as the cluster lists it.
+fn pool_profile(cluster: &Value, pool: &str) -> Option<Value> {
+    cluster["properties"]["agentPoolProfiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == pool)
+        .cloned()
+}
+
+/// An agent pool as ARM answers it on its own path: its profile under `properties`.
+fn agent_pool(cluster: &str, profile: &Value) -> Value {
+    let name = profile["name"].as_str().unwrap_or_default();
+    let mut properties = profile.clone();
+    if let Some(p) = properties.as_object_mut() {
+        p.remove("name");
+    }
+    json!({"id": format!("{cluster}/agentPools/{name}"), "name": name,
+        "type": "Microsoft.ContainerService/managedClusters/agentPools", "properties": properties})
 }
 
 pub type Shared = Arc<Mutex<Fake>>;
@@ -672,6 +845,168 @@ async fn handle(
                 "azure-asyncoperation",
                 operation_url(&op, &f.base).parse().expect("header"),
             );
+            r
+        }
+        ("GET", ["agentPools", pool, "upgradeProfiles", "default"]) => {
+            f.step(&id);
+            let Some(p) = pool_profile(&f.clusters[&id], pool) else {
+                return error(StatusCode::NOT_FOUND, "NotFound", "no such agent pool");
+            };
+            let mut properties = json!({
+                "kubernetesVersion": p["currentOrchestratorVersion"], "osType": p["osType"],
+                "upgrades": [], "latestNodeImageVersion": format!("{}-{NEWEST_IMAGE}", family(&p)),
+            });
+            if api_at_least(&query, "2026-04-01") {
+                let recent: Vec<Value> = f
+                    .rollback_record(&id, pool)
+                    .map(|r| {
+                        json!({"orchestratorVersion": r.orchestrator_version,
+                            "nodeImageVersion": r.node_image_version,
+                            "timestamp": flotilla_engine::time::Time::from_unix(r.timestamp).to_string()})
+                    })
+                    .into_iter()
+                    .collect();
+                properties["recentlyUsedVersions"] = json!(recent);
+            }
+            axum::Json(json!({"id": format!("{id}/agentPools/{pool}/upgradeProfiles/default"),
+                "name": "default", "type": "Microsoft.ContainerService/managedClusters/agentPools/upgradeProfiles",
+                "properties": properties}))
+            .into_response()
+        }
+        ("GET", ["agentPools", pool]) => {
+            f.step(&id);
+            match pool_profile(&f.clusters[&id], pool) {
+                Some(p) => axum::Json(agent_pool(&id, &p)).into_response(),
+                None => error(StatusCode::NOT_FOUND, "NotFound", "no such agent pool"),
+            }
+        }
+        ("PUT", ["agentPools", pool]) => {
+            let pool = pool.to_string();
+            let Some(current) = pool_profile(&f.clusters[&id], &pool) else {
+                return error(StatusCode::NOT_FOUND, "NotFound", "no such agent pool");
+            };
+            if f.busy(&id) {
+                f.conflicts += 1;
+                return error(
+                    StatusCode::CONFLICT,
+                    "OperationNotAllowed",
+                    "Operation is not allowed because there's an in progress update managed cluster operation on the managed cluster started at 2026-12-03T00:00:00Z.",
+                );
+            }
+            let Ok(sent) = serde_json::from_slice::<Value>(&body) else {
+                return error(StatusCode::BAD_REQUEST, "InvalidRequestContent", "not JSON");
+            };
+            let running = current["currentOrchestratorVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let image = current["nodeImageVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let to_version = sent["properties"]["orchestratorVersion"]
+                .as_str()
+                .unwrap_or(&running)
+                .to_string();
+            // Read-only before 2026-04-01: ignored, as ARM ignores read-only properties.
+            let to_image = sent["properties"]["nodeImageVersion"]
+                .as_str()
+                .filter(|_| api_at_least(&query, "2026-04-01"))
+                .unwrap_or(&image)
+                .to_string();
+            let tags = sent["properties"]["tags"].clone();
+            let set_tags = |f: &mut Fake| {
+                if let Some(p) = f.clusters.get_mut(&id).and_then(|c| {
+                    c["properties"]["agentPoolProfiles"]
+                        .as_array_mut()
+                        .into_iter()
+                        .flatten()
+                        .find(|p| p["name"] == pool.as_str())
+                }) {
+                    p["tags"] = tags.clone();
+                }
+            };
+            if to_version == running && to_image == image {
+                // Nothing to move: the tags, at once.
+                set_tags(&mut f);
+                let p = pool_profile(&f.clusters[&id], &pool).expect("pool");
+                return axum::Json(agent_pool(&id, &p)).into_response();
+            }
+            let record = f.rollback_record(&id, &pool).cloned();
+            let refused = match &record {
+                Some(r)
+                    if r.orchestrator_version == to_version && r.node_image_version == to_image =>
+                {
+                    None
+                }
+                _ if to_image != image
+                    && record
+                        .as_ref()
+                        .is_none_or(|r| r.node_image_version != to_image) =>
+                {
+                    Some((
+                        "InvalidParameter",
+                        format!(
+                            "NodeImageVersion '{to_image}' is not accepted. NodeImageVersion can only be current version '{image}' or 'latest'"
+                        ),
+                    ))
+                }
+                _ => Some((
+                    "OperationNotAllowed",
+                    format!(
+                        "Changing the orchestrator version of agent pool {pool} from {running} to {to_version} is not allowed: it is not the version recorded for a rollback within the last 7 days."
+                    ),
+                )),
+            };
+            f.pool_puts.push(PoolPut {
+                cluster: id.clone(),
+                pool: pool.clone(),
+                orchestrator_version: to_version.clone(),
+                node_image_version: to_image.clone(),
+                accepted: refused.is_none(),
+            });
+            if let Some((code, message)) = refused {
+                return error(StatusCode::BAD_REQUEST, code, &message);
+            }
+            set_tags(&mut f);
+            {
+                let c = f.clusters.get_mut(&id).expect("cluster");
+                c["properties"]["provisioningState"] = json!("Updating");
+                for p in c["properties"]["agentPoolProfiles"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    if p["name"] == pool.as_str() {
+                        p["orchestratorVersion"] = json!(to_version);
+                        p["provisioningState"] = json!("Upgrading");
+                    }
+                }
+            }
+            let op = f.op(
+                &id,
+                Change::Pool {
+                    pool: pool.clone(),
+                    orchestrator_version: to_version,
+                    node_image_version: to_image,
+                },
+            );
+            let (status, header, url) = if f.location_only {
+                (
+                    StatusCode::ACCEPTED,
+                    "location",
+                    format!("{}&result=location", operation_url(&op, &f.base)),
+                )
+            } else {
+                (
+                    StatusCode::OK,
+                    "azure-asyncoperation",
+                    operation_url(&op, &f.base),
+                )
+            };
+            let p = pool_profile(&f.clusters[&id], &pool).expect("pool");
+            let mut r = (status, axum::Json(agent_pool(&id, &p))).into_response();
+            r.headers_mut().insert(header, url.parse().expect("header"));
             r
         }
         ("GET", ["maintenanceConfigurations", name]) => {

@@ -46,7 +46,7 @@ pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
 pub use health::{CheckSubject, answers};
 use health::{Health, Subject};
-pub use rollback::{Before, PoolBefore, RollbackPlan};
+pub use rollback::{Before, PoolBefore, RollbackPlan, offer_rollbacks};
 use status::StatusRevisions;
 pub use status::{STATUS_CHUNK, StatusChanges, StatusChunk, apply_target, cluster_at};
 

@@ -203,6 +203,40 @@ pub(super) fn apply_rollback(cluster: &mut Cluster, target: &Target, rollback: &
     cluster.rollback.retain(|o| o.scope != rollback.scope);
 }
 
+/// What a simulated cluster offers to roll back after an upgrade took it from `was` (SEMANTICS
+/// §15): each scope that changed, to its state before its first change, until `until`. The
+/// simulator and the `sim` driver both offer this.
+pub fn offer_rollbacks(cluster: &mut Cluster, was: &Cluster, until: Time) {
+    let mut offers = std::mem::take(&mut cluster.rollback);
+    let mut offer = |scope: RollbackScope, kubernetes_version, node_image| {
+        if !offers.iter().any(|o| o.scope == scope) {
+            offers.push(RollbackOffer {
+                scope,
+                kubernetes_version,
+                node_image,
+                until,
+            });
+        }
+    };
+    if was.kubernetes_version != cluster.kubernetes_version {
+        offer(RollbackScope::ControlPlane, was.kubernetes_version, None);
+    }
+    for before in &was.node_pools {
+        let Some(pool) = cluster.node_pools.iter().find(|p| p.name == before.name) else {
+            continue;
+        };
+        let version = before.kubernetes_version(was);
+        if pool.image != before.image || pool.kubernetes_version(cluster) != version {
+            offer(
+                RollbackScope::NodePool(before.name.clone()),
+                version,
+                Some(before.image.clone()),
+            );
+        }
+    }
+    cluster.rollback = offers;
+}
+
 /// Whether a cluster is where a rollback step takes it.
 pub(super) fn rolled_back_to(cluster: &Cluster, target: &Target, rollback: &Rollback) -> bool {
     match &rollback.scope {

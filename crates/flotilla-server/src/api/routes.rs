@@ -287,6 +287,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/fleets/{fleet}/updateRuns/{run}/rollback",
+        "Roll the run back (SEMANTICS §15): answers its rollback run, made and started behind an Approval gate, or the one made already",
+        "approver",
+    ),
+    (
+        "post",
         "/v1/fleets/{fleet}/updateRuns/{run}/forecast",
         "Forecast the run from now (SEMANTICS §11): {\"approvalDelaySeconds\": 0, \"defaultDurationSeconds\": 1800}",
         "reader",

@@ -74,6 +74,7 @@ pub(super) async fn create_run(
         members,
         catalog,
         rules: new.rules,
+        rollback: None,
     };
     let (mut engine, mut warnings) = engine_from_snapshot(run, &snapshot)?;
     if !unobserved.is_empty() {
@@ -223,6 +224,9 @@ pub(super) async fn run_action(
     if action == "forecast" {
         return forecast_run(&state, &caller, &fleet, &run, body).await;
     }
+    if action == "rollback" {
+        return rollback_run(&state, &caller, &fleet, &run, &headers, body).await;
+    }
     require(&caller, Role::Operator)?;
     // Only the eTag is needed: a large run's document is not parsed, before or after.
     let (_, etag) = state
@@ -293,6 +297,50 @@ pub(super) async fn run_action(
     }
     Ok(respond(
         get_one(&state, &fleet, Kind::Run, &run, "updateRun").await?,
+        false,
+    ))
+}
+
+/// `POST …/updateRuns/{r}/rollback` (approver; SEMANTICS §15): the fleet's engine decides
+/// whether run `r` can be rolled back, and makes and starts its rollback run, or answers the
+/// one made already; the answer is that run's document.
+async fn rollback_run(
+    state: &Shared,
+    caller: &Caller,
+    fleet: &str,
+    run: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> HttpResult<Response> {
+    require(caller, Role::Approver)?;
+    // The request asks nothing but the rollback: a body, if any, is an empty object.
+    let asked = read_json(body).await?;
+    if !(asked.is_null() || asked.as_object().is_some_and(|o| o.is_empty())) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequestContent,
+            format!("a rollback takes no body, got {asked}"),
+            "",
+        )
+        .into());
+    }
+    let (_, etag) = state
+        .runs
+        .store
+        .get_raw(fleet, Kind::Run, run)
+        .await?
+        .ok_or_else(|| not_found("updateRun", run))?;
+    check_if_match(headers, &etag)?;
+    let made = state
+        .runs
+        .roll_back(fleet, run, crate::request::system_data(caller, None))
+        .await?;
+    if let Some((text, etag)) = state.runs.store.get_raw(fleet, Kind::Run, &made).await?
+        && let Some(response) = stored_response(&text, &etag)
+    {
+        return Ok(response);
+    }
+    Ok(respond(
+        get_one(state, fleet, Kind::Run, &made, "updateRun").await?,
         false,
     ))
 }

@@ -46,6 +46,7 @@ pub(super) async fn run_body(
     ManagedClusterUpdateSpec,
     RunRules,
 )> {
+    props.check_read_only()?;
     let (strategy, strategy_id) = match (&props.update_strategy_id, props.strategy) {
         // As every run the service returns: the strategy is used as given, the id records where
         // it came from (API.md, "Fleet Manager (ARM) paths").
@@ -114,6 +115,17 @@ pub(super) async fn put_run(
     require_fleet(&state, &fleet).await?;
     check_resource_name(&run, "updateRun", 50)?;
     let props: RunProperties = envelope(read_json(body).await?)?;
+    if let Some(of) = &props.rollback_of
+        && props.rolled_back_by.is_none()
+        && let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?
+        && crate::runs::run_base(&text).is_ok_and(|b| b["properties"]["rollbackOf"] == *of)
+    {
+        // What a GET of a rollback run answered, sent back to it: the run as it is.
+        check_precondition(&headers, &etag)?;
+        if let Some(response) = stored_response(&text, &etag) {
+            return Ok(response);
+        }
+    }
     let (strategy, strategy_id, update, rules) = run_body(&state, &fleet, props).await?;
     // What a GET answered, sent back: the run as it is, whatever its state.
     if let Some((text, etag)) = state.runs.store.get_raw(&fleet, Kind::Run, &run).await?

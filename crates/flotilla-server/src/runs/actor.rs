@@ -295,7 +295,23 @@ impl FleetActor {
                 )));
             }
             Msg::Remote { id, .. } => self.runs.undeliver(&self.fleet, id),
+            Msg::RollBack { answer, .. } => self.refuse(
+                answer,
+                Refusal::Api(ApiError::conflict(
+                    "the fleet's reconciler stopped; try again",
+                )),
+            ),
             _ => {}
+        }
+    }
+
+    /// Answers an action that was not carried out: a handed-over one is handed over again.
+    fn refuse(&self, answer: Answer, why: Refusal) {
+        match answer {
+            Answer::Caller(reply) => {
+                let _ = reply.send(Err(why));
+            }
+            Answer::Remote(id) => self.runs.undeliver(&self.fleet, id),
         }
     }
 
@@ -306,32 +322,13 @@ impl FleetActor {
             return Ok(());
         }
         self.engine.adopt_run(now(), &run, loaded.engine)?;
-        let mut status = StatusChanges::new();
-        self.engine.refresh_status(&run, &mut status);
-        self.meta.insert(
-            run.clone(),
-            RunMeta {
-                base: loaded.base,
-                forecast: None,
-                operations: HashMap::new(),
-                outstanding: Default::default(),
-                // The stored status may be older than the log the run was rebuilt from.
-                status_dirty: true,
-                status,
-                last_status_write: None,
-                status_bytes: 0,
-                chunks_written: Vec::new(),
-                around: None,
-                snapshot_etag: loaded.snapshot_etag,
-                unwritten: Vec::new(),
-                log_cost: loaded.log_cost,
-                checkpoint_bytes: loaded.checkpoint_bytes,
-                loaded_at: Instant::now(),
-            },
+        self.drive(
+            &run,
+            loaded.base,
+            loaded.snapshot_etag,
+            loaded.log_cost,
+            loaded.checkpoint_bytes,
         );
-        if let Ok(mut driving) = self.driving.lock() {
-            driving.insert(run.clone());
-        }
         let Some(engine) = self.engine.run(&run) else {
             return Ok(());
         };
@@ -374,6 +371,123 @@ impl FleetActor {
             self.spawn_observe(&run, member, attempt);
         }
         Ok(())
+    }
+
+    /// Drives a run the fleet's engine holds (loaded from the store, or made here): what the
+    /// task keeps for it beside its engine.
+    fn drive(
+        &mut self,
+        run: &str,
+        base: Value,
+        snapshot_etag: String,
+        log_cost: u64,
+        checkpoint_bytes: u64,
+    ) {
+        let mut status = StatusChanges::new();
+        self.engine.refresh_status(run, &mut status);
+        self.meta.insert(
+            run.to_string(),
+            RunMeta {
+                base,
+                forecast: None,
+                operations: HashMap::new(),
+                outstanding: Default::default(),
+                // The stored status may be older than the log the run was rebuilt from.
+                status_dirty: true,
+                status,
+                last_status_write: None,
+                status_bytes: 0,
+                chunks_written: Vec::new(),
+                around: None,
+                snapshot_etag,
+                unwritten: Vec::new(),
+                log_cost,
+                checkpoint_bytes,
+                loaded_at: Instant::now(),
+            },
+        );
+        if let Ok(mut driving) = self.driving.lock() {
+            driving.insert(run.to_string());
+        }
+    }
+
+    /// Rolls back run `original` as the fleet's engine decides (SEMANTICS §15) and answers the
+    /// rollback run's name. A new rollback run is recorded first (its plan as its snapshot, its
+    /// document, its head), so a restart finds it, and nothing changes if the store refuses;
+    /// then the engine makes and starts it, and tells the original.
+    async fn roll_back(
+        &mut self,
+        now: Time,
+        original: &str,
+        system_data: &Value,
+    ) -> Result<String, ApiError> {
+        use flotilla_engine::fleet_engine::RollbackRequest;
+        let RollbackRequest::New { name, plan } = self.engine.rollback_request(original)? else {
+            return self.engine.create_rollback_run(now, original);
+        };
+        let snapshot = RunSnapshot {
+            strategy: None,
+            update: ManagedClusterUpdateSpec {
+                upgrade: Some(flotilla_engine::strategy::UpgradeSpec {
+                    upgrade_type: Some(plan.upgrade_type.as_str().to_string()),
+                    kubernetes_version: None,
+                }),
+                node_image_selection: None,
+            },
+            members: self.engine.plan_members(&plan),
+            catalog: self.engine.catalog().clone(),
+            rules: Default::default(),
+            rollback: Some(plan),
+        };
+        let (engine, _) = engine_from_snapshot(&name, &snapshot)?;
+        let status = engine.status();
+        let base = json!({
+            "id": format!("/v1/fleets/{}/updateRuns/{name}", self.fleet),
+            "name": name,
+            "type": "Microsoft.ContainerService/fleets/updateRuns",
+            "systemData": system_data,
+            "properties": {
+                "provisioningState": "Succeeded",
+                "managedClusterUpdate": snapshot.update,
+                "rollbackOf": original,
+            },
+        });
+        let unwritable =
+            |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
+        let text = run_document(&base, &status).map_err(unwritable)?;
+        let head = crate::run_head::head_of(&status);
+        drop((status, engine));
+        let internal = snapshot_document(&snapshot, now).map_err(unwritable)?;
+        drop(snapshot);
+        let store = &self.runs.store;
+        let refused = |e: StoreError| ApiError::conflict(e.to_string());
+        let (snapshot_etag, _) = store
+            .put_raw(
+                &self.fleet,
+                Kind::RunSnapshot,
+                &name,
+                &internal,
+                &Precondition::None,
+            )
+            .await
+            .map_err(refused)?;
+        store
+            .put_raw(
+                &self.fleet,
+                Kind::Run,
+                &name,
+                &text,
+                &Precondition::IfNoneMatchAny,
+            )
+            .await
+            .map_err(refused)?;
+        store
+            .init_run_head(&self.fleet, &name, &head)
+            .await
+            .map_err(refused)?;
+        let made = self.engine.create_rollback_run(now, original)?;
+        self.drive(&made, base, snapshot_etag, 0, 0);
+        Ok(made)
     }
 
     /// Starts the forecast of the fleet's moving runs when one is due: on a copy of the fleet's
@@ -466,6 +580,7 @@ impl FleetActor {
             matches!(
                 m,
                 Msg::Action { .. }
+                    | Msg::RollBack { .. }
                     | Msg::Remote { .. }
                     | Msg::Observed { .. }
                     | Msg::Joined(_)
@@ -553,6 +668,36 @@ impl FleetActor {
                         },
                     );
                     steps.entry(run).or_default().replies.push((reply, result));
+                }
+                Msg::RollBack {
+                    original,
+                    system_data,
+                    answer,
+                    at,
+                } => {
+                    if !self.meta.contains_key(&original) {
+                        self.refuse(answer, Refusal::NotLoaded);
+                        continue;
+                    }
+                    action_at = Some(action_at.map_or(at, |a: Instant| a.min(at)));
+                    let result = self.roll_back(now, &original, &system_data).await;
+                    // Answered with the batch of the rollback run, written first (it is
+                    // answered at once), so its caller finds it started.
+                    let run = match &result {
+                        Ok(made) if self.meta.contains_key(made) => made.clone(),
+                        _ => original,
+                    };
+                    let step = steps.entry(run).or_default();
+                    match answer {
+                        Answer::Caller(reply) => step.replies.push((reply, result.map(|_| ()))),
+                        Answer::Remote(id) => step.action_results.push((
+                            id,
+                            match result {
+                                Ok(_) => json!({"ok": true}),
+                                Err(e) => json!({"error": e}),
+                            },
+                        )),
+                    }
                 }
                 Msg::Input {
                     run,

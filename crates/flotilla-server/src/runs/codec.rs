@@ -1,6 +1,7 @@
 //! The documents of runs: their snapshots, the run document and its status rendered from an engine, the fleet's member table read from the store, operation keys.
 
 use super::*;
+use flotilla_engine::engine::RollbackPlan;
 
 /// What a run is created from, stored with it.
 pub struct RunSnapshot {
@@ -9,12 +10,20 @@ pub struct RunSnapshot {
     pub members: Vec<SharedMember>,
     pub catalog: Catalog,
     pub rules: flotilla_engine::engine::RunRules,
+    /// A rollback run (SEMANTICS §15): the plan it was made from, which decides its stages,
+    /// groups and targets (its strategy and upgrade are not read).
+    pub rollback: Option<RollbackPlan>,
 }
 
 pub fn engine_from_snapshot(
     run: &str,
     snapshot: &RunSnapshot,
 ) -> Result<(Engine, Vec<String>), ApiError> {
+    if let Some(plan) = &snapshot.rollback {
+        let engine =
+            Engine::create_rollback(run, plan, &snapshot.members, snapshot.catalog.clone())?;
+        return Ok((engine, Vec::new()));
+    }
     let strategy = snapshot
         .strategy
         .as_ref()
@@ -56,6 +65,8 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         members: Vec<StoredMember<'a>>,
         catalog: &'a Catalog,
         rules: &'a RunRules,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rollback: Option<&'a RollbackPlan>,
         #[serde(rename = "createdAt")]
         created_at: Time,
     }
@@ -86,6 +97,7 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         members,
         catalog: &snapshot.catalog,
         rules: &snapshot.rules,
+        rollback: snapshot.rollback.as_ref(),
         created_at,
     })
 }
@@ -116,6 +128,8 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         catalog: Catalog,
         #[serde(default)]
         rules: flotilla_engine::engine::RunRules,
+        #[serde(default)]
+        rollback: Option<RollbackPlan>,
     }
     let stored: Stored = serde_json::from_str(internal).map_err(|e| bad(e.to_string()))?;
     let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
@@ -154,12 +168,13 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         members,
         catalog: stored.catalog,
         rules: stored.rules,
+        rollback: stored.rollback,
     })
 }
 
 /// A run's stored document without its status, read without building the status (the bulk of
 /// a large run's document) as a JSON tree.
-pub(super) fn run_base(text: &str) -> Result<Value, ApiError> {
+pub fn run_base(text: &str) -> Result<Value, ApiError> {
     let bad = |e: serde_json::Error| ApiError::conflict(format!("stored run is unreadable: {e}"));
     let fields: serde_json::Map<String, Value> = {
         let raw: raw_fields::Fields<'_> = serde_json::from_str(text).map_err(bad)?;
