@@ -6,7 +6,10 @@
 //! file. At the end every cluster the run changed and whose check failed was rolled back by one
 //! operation (one key; a re-send of the same key after a restart is allowed and must start
 //! nothing new), every healthy one keeps its upgrade, no cluster the run did not change was
-//! touched, and the statuses say so (`rolledBack: true`).
+//! touched, and the statuses say so (`rolledBack: true`). Then the whole run is rolled back
+//! (`POST …/updateRuns/r1/rollback`, its Approval gate approved) through kills again: every
+//! changed member ends rolled back by exactly one key, the ones rolled back already are left
+//! out, and the clusters at target are still untouched.
 
 mod common;
 
@@ -180,8 +183,68 @@ fn run_state(api: &Api, run: &str) -> (String, Value) {
     (state, value)
 }
 
+/// Kills and restarts the server while a run goes on.
+struct Killer<'a> {
+    api: &'a Api,
+    state: &'a Path,
+    db: &'a Path,
+    port: u16,
+    log: &'a Path,
+    bin: &'a Path,
+    rng: &'a mut Lcg,
+}
+
+impl Killer<'_> {
+    /// Until `run` ends: half the time waits for a rollback in flight (while fewer than
+    /// `rollbacks` keys were started) and kills the server then, otherwise at a random instant;
+    /// restarts it on the same file. Kills stop after [`MAX_KILLS`] so that soaks (which a
+    /// restart may begin again) can end. The run as it ended, the kills, and those made while
+    /// a rollback ran.
+    fn drive(&mut self, run: &str, server: &mut Child, rollbacks: usize) -> (Value, usize, usize) {
+        let (mut kills, mut kills_in_rollback) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(150);
+        loop {
+            let started = keys(&self.state.join("rollbacks.log"))
+                .values()
+                .map(BTreeSet::len)
+                .sum::<usize>();
+            let mut in_rollback = false;
+            if self.rng.next(2) == 0 && started < rollbacks {
+                let until = Instant::now() + Duration::from_secs(4);
+                while Instant::now() < until && !rollback_in_flight(self.state) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                std::thread::sleep(Duration::from_millis(self.rng.next(OPERATION_MS / 2)));
+                in_rollback = rollback_in_flight(self.state);
+            } else {
+                std::thread::sleep(Duration::from_millis(200 + self.rng.next(1500)));
+            }
+            let (now, value) = run_state(self.api, run);
+            if ["Completed", "Failed", "Stopped"].contains(&now.as_str()) {
+                return (value, kills, kills_in_rollback);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run} did not finish; last state {now:?}; see {}",
+                self.log.display()
+            );
+            if kills >= MAX_KILLS {
+                continue;
+            }
+            server.kill().expect("kill");
+            let _ = server.wait();
+            kills += 1;
+            if in_rollback {
+                kills_in_rollback += 1;
+            }
+            *server = start_server(self.db, self.port, self.log, self.bin);
+            self.api.wait_ready();
+        }
+    }
+}
+
 #[test]
-fn members_whose_checks_fail_are_rolled_back_once_through_kills() {
+fn rollbacks_of_members_and_of_the_whole_run_happen_once_through_kills() {
     let dir = TempDir::new("rollback-exec");
     let state = dir.path().join("state");
     let bin = dir.path().join("bin");
@@ -260,44 +323,16 @@ fn members_whose_checks_fail_are_rolled_back_once_through_kills() {
     eprintln!("rollback crash test seed {seed}");
     let mut rng = Lcg(seed);
     let changed_unhealthy = UNHEALTHY.iter().filter(|i| !AT_TARGET.contains(i)).count();
-    let (mut kills, mut kills_in_rollback) = (0, 0);
-    let deadline = Instant::now() + Duration::from_secs(150);
-    let final_run = loop {
-        // Half the time, wait for a rollback in flight (while some are still to come) and kill
-        // the server then; otherwise at a random instant.
-        let rollbacks_done = keys(&state.join("rollbacks.log")).len();
-        let mut in_rollback = false;
-        if rng.next(2) == 0 && rollbacks_done < changed_unhealthy {
-            let until = Instant::now() + Duration::from_secs(4);
-            while Instant::now() < until && !rollback_in_flight(&state) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            std::thread::sleep(Duration::from_millis(rng.next(OPERATION_MS / 2)));
-            in_rollback = rollback_in_flight(&state);
-        } else {
-            std::thread::sleep(Duration::from_millis(200 + rng.next(1500)));
-        }
-        let (run_state_now, value) = run_state(&api, "r1");
-        if ["Completed", "Failed", "Stopped"].contains(&run_state_now.as_str()) {
-            break value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run did not finish; last state {run_state_now:?}; see {}",
-            server_log.display()
-        );
-        if kills >= MAX_KILLS {
-            continue;
-        }
-        server.kill().expect("kill");
-        let _ = server.wait();
-        kills += 1;
-        if in_rollback {
-            kills_in_rollback += 1;
-        }
-        server = start_server(&db, port, &server_log, &bin);
-        api.wait_ready();
+    let mut killer = Killer {
+        api: &api,
+        state: &state,
+        db: &db,
+        port,
+        log: &server_log,
+        bin: &bin,
+        rng: &mut rng,
     };
+    let (final_run, kills, kills_in_rollback) = killer.drive("r1", &mut server, changed_unhealthy);
     eprintln!("{kills} kills, {kills_in_rollback} while a rollback ran");
     assert!(kills >= 8, "only {kills} kills; the test proves little");
     assert!(
@@ -373,6 +408,99 @@ fn members_whose_checks_fail_are_rolled_back_once_through_kills() {
         status["status"]["state"], "Completed",
         "the failures were allowed (100 %)"
     );
+
+    // The whole run rolled back (POST …/rollback): a rollback run over the members it changed
+    // and that are not rolled back yet, waiting at its Approval gate; approved, it is driven
+    // through kills like the run. Every changed member ends rolled back by exactly one key
+    // (the ones rolled back already get none more), the others are never touched.
+    let made = api.must(
+        reqwest::Method::POST,
+        "/v1/fleets/edge/updateRuns/r1/rollback",
+        None,
+    );
+    assert_eq!(made["name"], "rollback-of-r1", "{made}");
+    let gate = made["properties"]["status"]["stages"][0]["beforeGates"][0]["gateId"]
+        .as_str()
+        .and_then(|id| id.rsplit('/').next())
+        .unwrap_or_else(|| panic!("an Approval gate: {made}"))
+        .to_string();
+    api.must(
+        reqwest::Method::PATCH,
+        &format!("/v1/fleets/edge/gates/{gate}"),
+        Some(&json!({"properties": {"state": "Completed"}})),
+    );
+    let changed_healthy = (0..MEMBERS)
+        .filter(|i| !AT_TARGET.contains(i) && !UNHEALTHY.contains(i))
+        .count();
+    let mut killer = Killer {
+        api: &api,
+        state: &state,
+        db: &db,
+        port,
+        log: &server_log,
+        bin: &bin,
+        rng: &mut rng,
+    };
+    let (rolled, kills, kills_in_rollback) = killer.drive(
+        "rollback-of-r1",
+        &mut server,
+        changed_unhealthy + changed_healthy,
+    );
+    eprintln!("rollback run: {kills} kills, {kills_in_rollback} while a rollback ran");
+    assert!(kills >= 4, "only {kills} kills in the rollback run");
+    assert!(
+        kills_in_rollback >= 1,
+        "no kill happened while the rollback run's operations ran"
+    );
+    let status = &rolled["properties"]["status"];
+    assert_eq!(status["status"]["state"], "Completed", "{status}");
+    let upgrades_asked = keys(&state.join("upgrade-received.log"));
+    let rollbacks_asked = keys(&state.join("rollback-received.log"));
+    let rollbacks_done = keys(&state.join("rollbacks.log"));
+    let logs = format!("upgrades asked {upgrades_asked:?}\nrollbacks asked {rollbacks_asked:?}");
+    let in_run: BTreeMap<String, Value> = status["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .flat_map(|s| s["groups"].as_array().into_iter().flatten())
+        .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap_or_default().to_string(),
+                m.clone(),
+            )
+        })
+        .collect();
+    for i in 0..MEMBERS {
+        let name = member(i);
+        let count = |k: &BTreeMap<String, BTreeSet<String>>| k.get(&name).map_or(0, BTreeSet::len);
+        let version = std::fs::read_to_string(state.join("clusters").join(&name))
+            .unwrap_or_else(|_| "1.30.5".into());
+        if AT_TARGET.contains(&i) {
+            assert_eq!(count(&upgrades_asked), 0, "{name}\n{logs}");
+            assert_eq!(count(&rollbacks_asked), 0, "{name}\n{logs}");
+            assert_eq!(version.trim(), "1.31.1", "{name}");
+            assert!(
+                !in_run.contains_key(&name),
+                "{name} was never changed: {status}"
+            );
+            continue;
+        }
+        assert_eq!(count(&upgrades_asked), 1, "{name}\n{logs}");
+        assert_eq!(count(&rollbacks_asked), 1, "{name}\n{logs}");
+        assert_eq!(count(&rollbacks_done), 1, "{name}\n{logs}");
+        assert_eq!(version.trim(), "1.30.5", "{name}");
+        if UNHEALTHY.contains(&i) {
+            assert!(
+                !in_run.contains_key(&name),
+                "{name} was rolled back already: {status}"
+            );
+        } else {
+            let m = &in_run[&name];
+            assert_eq!(m["status"]["state"], "Completed", "{m}");
+            assert_eq!(m["rolledBack"], true, "{m}");
+        }
+    }
     let _ = server.kill();
     let _ = server.wait();
 }
