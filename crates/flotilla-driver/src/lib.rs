@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use flotilla_engine::engine::{Target, apply_target};
+use flotilla_engine::engine::{Rollback, Target, apply_target};
 use flotilla_engine::error::from_json_value;
-use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, ClusterSpec};
+use flotilla_engine::fleet::{Catalog, CatalogSpec, Cluster, ClusterSpec, RollbackScope};
 use flotilla_engine::release::{self, Published, Release, ReleaseSpec, parse_offset};
 use flotilla_engine::time::Time;
 use flotilla_engine::version::{ImageVersion, KubeVersion};
@@ -818,6 +818,10 @@ struct ExecConfig {
     observe: Vec<String>,
     upgrade: Vec<String>,
     poll: Vec<String>,
+    /// Run instead of `upgrade` for the provider's rollback of one scope (SEMANTICS §15);
+    /// absent, the driver rolls nothing back.
+    #[serde(default)]
+    rollback: Option<Vec<String>>,
     #[serde(default)]
     catalog: Option<Vec<String>>,
     #[serde(default = "default_timeout")]
@@ -887,14 +891,37 @@ impl ExecDriver {
             "nodeImages",
         ];
         let poll = ["member", "clusterResourceId", "operationId", "operationKey"];
-        let catalog = config.catalog.clone().unwrap_or_default();
+        let rollback = [
+            "member",
+            "clusterResourceId",
+            "operationKey",
+            "rollbackScope",
+            "pool",
+            "kubernetesVersion",
+            "nodeImageVersion",
+        ];
+        let catalog_argv = config.catalog.clone();
+        let rollback_argv = config.rollback.clone();
+        let none = Vec::new();
         for (field, argv, known) in [
             ("observe", &config.observe, &member[..]),
             ("upgrade", &config.upgrade, &upgrade[..]),
             ("poll", &config.poll, &poll[..]),
-            ("catalog", &catalog, &[][..]),
+            ("catalog", catalog_argv.as_ref().unwrap_or(&none), &[][..]),
+            (
+                "rollback",
+                rollback_argv.as_ref().unwrap_or(&none),
+                &rollback[..],
+            ),
         ] {
-            if argv.is_empty() && field != "catalog" {
+            // An optional command may be absent, never present and empty (there would be no
+            // program to run).
+            let absent = match field {
+                "catalog" => catalog_argv.is_none(),
+                "rollback" => rollback_argv.is_none(),
+                _ => false,
+            };
+            if argv.is_empty() && !absent {
                 return Err(DriverError::permanent(format!(
                     "properties.driver.{field}: needs at least the program to run"
                 )));
@@ -932,6 +959,9 @@ impl ExecDriver {
             if let Some(program) = config.catalog.as_mut().and_then(|c| c.first_mut()) {
                 *program = allow.check(program, "properties.driver.catalog[0]")?;
             }
+            if let Some(program) = config.rollback.as_mut().and_then(|c| c.first_mut()) {
+                *program = allow.check(program, "properties.driver.rollback[0]")?;
+            }
         }
         let timeout = bounded_seconds(
             config.timeout_seconds,
@@ -967,7 +997,12 @@ impl ExecDriver {
                     .fold(arg.clone(), |a, (k, v)| a.replace(&format!("{{{k}}}"), v))
             })
             .collect();
-        let mut command = tokio::process::Command::new(&argv[0]);
+        let Some(program) = argv.first() else {
+            return Err(DriverError::permanent(format!(
+                "properties.driver.{what}: needs at least the program to run"
+            )));
+        };
+        let mut command = tokio::process::Command::new(program);
         command
             .args(&argv[1..])
             .stdin(Stdio::null())
@@ -977,14 +1012,14 @@ impl ExecDriver {
         // The server's own resources running out (no file descriptors, no processes) is never
         // the member's failure: transient.
         let child = command.spawn().map_err(|e| {
-            DriverError::transient(format!("{what}: cannot run {:?}: {e}", argv[0]))
+            DriverError::transient(format!("{what}: cannot run {:?}: {e}", program))
         })?;
         let output = tokio::time::timeout(self.timeout, child.wait_with_output())
             .await
             .map_err(|_| {
                 DriverError::transient(format!(
                     "{what}: {:?} timed out after {}s",
-                    argv[0],
+                    program,
                     self.timeout.as_secs_f64()
                 ))
             })?
@@ -1003,7 +1038,7 @@ impl ExecDriver {
                         .collect::<Vec<_>>()
                         .join(": ");
                     return Err(DriverError::permanent(if said.is_empty() {
-                        format!("{what}: {:?} refused it (exit 2)", argv[0])
+                        format!("{what}: {:?} refused it (exit 2)", program)
                     } else {
                         format!("{what}: {}", truncate(&said))
                     }));
@@ -1013,7 +1048,7 @@ impl ExecDriver {
             };
             return Err(DriverError::transient(format!(
                 "{what}: {:?} exited with {text}{}",
-                argv[0],
+                program,
                 if stderr.is_empty() {
                     String::new()
                 } else {
@@ -1024,10 +1059,64 @@ impl ExecDriver {
         serde_json::from_slice(&output.stdout).map_err(|e| {
             DriverError::transient(format!(
                 "{what}: {:?} printed something that is not JSON ({e}): {}",
-                argv[0],
+                program,
                 truncate(&String::from_utf8_lossy(&output.stdout))
             ))
         })
+    }
+
+    /// The provider's rollback of one scope (SEMANTICS §15): the `rollback` command with the
+    /// scope, the pool and the versions to go back to; its reply is an upgrade's, and the
+    /// operation is polled like any other.
+    async fn start_rollback(
+        &self,
+        member: &MemberRef,
+        target: &Target,
+        rollback: &Rollback,
+        key: &str,
+    ) -> Result<String, DriverError> {
+        let Some(argv) = &self.config.rollback else {
+            return Err(DriverError::permanent(format!(
+                "the exec driver has no rollback command (properties.driver.rollback), so it cannot roll back {}",
+                rollback.scope
+            )));
+        };
+        let mut vars = ExecDriver::member_vars(member);
+        vars.push(("operationKey", key.to_string()));
+        let (scope, pool, version, image) = match &rollback.scope {
+            RollbackScope::ControlPlane => (
+                "ControlPlane",
+                String::new(),
+                target.kubernetes_version,
+                String::new(),
+            ),
+            RollbackScope::NodePool(pool) => {
+                let image = target
+                    .node_images
+                    .iter()
+                    .find(|p| &p.pool == pool)
+                    .or(target.node_images.first())
+                    .map(|p| format!("{}-{}", p.family, p.image))
+                    .unwrap_or_default();
+                (
+                    "NodePool",
+                    pool.clone(),
+                    rollback.orchestrator_version.or(target.kubernetes_version),
+                    image,
+                )
+            }
+        };
+        vars.push(("rollbackScope", scope.to_string()));
+        vars.push(("pool", pool));
+        vars.push((
+            "kubernetesVersion",
+            version.map(|v| v.to_string()).unwrap_or_default(),
+        ));
+        vars.push(("nodeImageVersion", image));
+        let reply = self.run("rollback", argv, &vars).await?;
+        let reply: UpgradeReply =
+            serde_json::from_value(reply).unwrap_or(UpgradeReply { operation_id: None });
+        Ok(reply.operation_id.unwrap_or_else(|| key.to_string()))
     }
 
     fn member_vars(member: &MemberRef) -> Vec<(&'static str, String)> {
@@ -1080,6 +1169,9 @@ impl Driver for ExecDriver {
         target: &Target,
         key: &str,
     ) -> Result<String, DriverError> {
+        if let Some(rollback) = &target.rollback {
+            return self.start_rollback(member, target, rollback, key).await;
+        }
         let mut vars = ExecDriver::member_vars(member);
         let images: Vec<Value> = target
             .node_images
@@ -1257,6 +1349,187 @@ mod tests {
         .err()
         .expect("refused");
         assert!(err.message.contains("properties.driver.observe"), "{err}");
+    }
+
+    /// A driver whose `rollback` command prints what it was given, one placeholder per
+    /// argument, as its operation id.
+    fn exec_with_rollback() -> ExecDriver {
+        ExecDriver::new(&json!({
+            "type": "exec",
+            "observe": ["sh", "-c", "echo '{\"region\":\"eastus\",\"kubernetesVersion\":\"1.31.1\",\"nodePools\":[]}'"],
+            "upgrade": ["sh", "-c", "echo upgrade was called >&2; exit 2"],
+            "rollback": ["sh", "-c", "printf '{\"operationId\":\"%s|%s|%s|%s|%s|%s\"}' \"$1\" \"$2\" \"$3\" \"$4\" \"$5\" \"$6\"", "rollback",
+                         "{member}", "{operationKey}", "{rollbackScope}", "{pool}", "{kubernetesVersion}", "{nodeImageVersion}"],
+            "poll": ["sh", "-c", "echo '{\"state\":\"Succeeded\"}'"],
+        }))
+        .expect("valid config")
+    }
+
+    fn control_plane_rollback() -> Target {
+        Target {
+            upgrade_type: UpgradeType::ControlPlaneOnly,
+            kubernetes_version: KubeVersion::parse("1.30.5"),
+            node_images: vec![],
+            rollback: Some(Rollback {
+                scope: RollbackScope::ControlPlane,
+                orchestrator_version: None,
+            }),
+        }
+    }
+
+    fn node_pool_rollback() -> Target {
+        Target {
+            upgrade_type: UpgradeType::NodeImageOnly,
+            kubernetes_version: None,
+            node_images: vec![flotilla_engine::engine::PoolTarget {
+                pool: "np1".into(),
+                family: "AKSUbuntu-2204gen2containerd".into(),
+                image: ImageVersion::parse("202601.05.0").expect("image"),
+            }],
+            rollback: Some(Rollback {
+                scope: RollbackScope::NodePool("np1".into()),
+                orchestrator_version: KubeVersion::parse("1.30.5"),
+            }),
+        }
+    }
+
+    /// SEMANTICS §15: a rollback target runs the `rollback` command, never `upgrade`, with the
+    /// scope, the pool and the versions to go back to; its operation is polled like any other.
+    #[tokio::test]
+    async fn exec_rollback_runs_its_own_command_with_the_scope() {
+        let driver = exec_with_rollback();
+        let id = driver
+            .start_upgrade(&who(), &control_plane_rollback(), "k-cp")
+            .await
+            .expect("starts");
+        assert_eq!(id, "m1|k-cp|ControlPlane||1.30.5|");
+        let id = driver
+            .start_upgrade(&who(), &node_pool_rollback(), "k-np")
+            .await
+            .expect("starts");
+        assert_eq!(
+            id,
+            "m1|k-np|NodePool|np1|1.30.5|AKSUbuntu-2204gen2containerd-202601.05.0"
+        );
+        assert_eq!(
+            driver.poll(&who(), &id, "k-np").await.expect("polls"),
+            OperationState::Succeeded
+        );
+        // An upgrade target still runs `upgrade` (which refuses here).
+        let err = driver
+            .start_upgrade(&who(), &target(), "k-up")
+            .await
+            .unwrap_err();
+        assert!(err.message.contains("upgrade was called"), "{err}");
+    }
+
+    /// Without a `rollback` command a rollback target is a definitive no that says so; nothing
+    /// runs (the `upgrade` command would take the cluster the wrong way).
+    #[tokio::test]
+    async fn exec_without_a_rollback_command_refuses_a_rollback() {
+        let driver = exec("echo upgrade was called >&2; exit 3", 10.0);
+        for target in [control_plane_rollback(), node_pool_rollback()] {
+            let err = driver
+                .start_upgrade(&who(), &target, "k1")
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Permanent, "{err}");
+            assert!(
+                err.message.contains("no rollback command")
+                    && err.message.contains("properties.driver.rollback")
+                    && !err.message.contains("upgrade was called"),
+                "{err}"
+            );
+        }
+        assert!(
+            driver
+                .start_upgrade(&who(), &node_pool_rollback(), "k1")
+                .await
+                .unwrap_err()
+                .message
+                .contains("node pool \"np1\""),
+        );
+    }
+
+    /// The `rollback` command is checked like the others: known placeholders only (an
+    /// upgrade's `{upgradeType}` is not one), a program, from an allowed directory; the error
+    /// names the field and the value.
+    #[test]
+    fn a_rollback_command_is_validated_like_the_others() {
+        let allow = ExecAllow::default();
+        let config = |rollback: Value| json!({"type": "exec", "observe": ["x"], "upgrade": ["x"], "poll": ["x"], "rollback": rollback});
+        for (rollback, field, value) in [
+            (
+                json!(["x", "{upgradeType}"]),
+                "properties.driver.rollback[1]",
+                "{upgradeType}",
+            ),
+            (
+                json!(["x", "--to={kubernetesVersion}", "{scope}"]),
+                "properties.driver.rollback[2]",
+                "{scope}",
+            ),
+            (
+                json!([]),
+                "properties.driver.rollback",
+                "needs at least the program",
+            ),
+            (
+                json!(["{pool}"]),
+                "properties.driver.rollback[0]",
+                "cannot hold a placeholder",
+            ),
+            (
+                json!("rollback.sh"),
+                "properties.driver.rollback",
+                "rollback.sh",
+            ),
+        ] {
+            let err = ExecDriver::new(&config(rollback.clone()))
+                .err()
+                .expect("refused");
+            assert!(
+                err.message.contains(field) && err.message.contains(value),
+                "{rollback}: {err}"
+            );
+            let err =
+                validate_driver_config(&config(rollback.clone()), &allow).expect_err("refused");
+            assert_eq!(err.field, field, "{rollback}: {}", err.message);
+        }
+        let every = json!([
+            "x",
+            "{member}",
+            "{clusterResourceId}",
+            "{operationKey}",
+            "{rollbackScope}",
+            "{pool}",
+            "{kubernetesVersion}",
+            "{nodeImageVersion}"
+        ]);
+        assert!(ExecDriver::new(&config(every)).is_ok());
+        // An empty catalog command is refused too (it had no program to run).
+        let err = ExecDriver::new(&json!({"type": "exec", "observe": ["x"], "upgrade": ["x"], "poll": ["x"], "catalog": []}))
+            .err()
+            .expect("refused");
+        assert!(err.message.contains("properties.driver.catalog:"), "{err}");
+        // From an allowed directory only, like every exec command.
+        let dir = std::env::temp_dir().join(format!("flotilla-allow-rb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let script = dir.join("s.sh");
+        std::fs::write(&script, "#!/bin/sh\n").expect("script");
+        let script = script.display().to_string();
+        let allowed = ExecAllow::new(std::slice::from_ref(&dir)).expect("allow");
+        let with = |rollback: &str| json!({"type": "exec", "observe": [script], "upgrade": [script], "poll": [script], "rollback": [rollback, "{operationKey}"]});
+        assert!(ExecDriver::with_allow(&with(&script), &allowed).is_ok());
+        let err = ExecDriver::with_allow(&with("/bin/sh"), &allowed)
+            .err()
+            .expect("refused");
+        assert!(
+            err.message.contains("properties.driver.rollback[0]")
+                && err.message.contains("not in a directory"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// API.md: exit 2 is a permanent failure with its output as the message; any other exit, a

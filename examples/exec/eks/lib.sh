@@ -57,3 +57,34 @@ settle() {
   esac
   return 1
 }
+
+# The control plane rollback EKS offers the cluster now at MINOR, as Flotilla's `rollback` JSON
+# (empty: none). EKS rolls a control plane back to the previous minor within 7 days of an
+# in-place upgrade, and not a cluster created at its version or rolled back to it
+# (https://docs.aws.amazon.com/eks/latest/userguide/rollback-cluster.html). Nothing in
+# describe-cluster says so; it is read from the cluster's updates: the latest successful
+# Kubernetes version change must be a VersionUpdate to MINOR. An update records when it was
+# created, not when it ended, so the offer ends 7 days after its creation: a little before
+# EKS's own window (7 days from the end of the upgrade) closes, never after.
+rollback_offer() {
+  minor=$1
+  latest=0 latest_type= latest_version=
+  for id in $(eks list-updates --name "$name" --query 'updateIds[]'); do
+    out=$(eks describe-update --name "$name" --update-id "$id" \
+      --query 'update.[type,status,createdAt,params[?type==`Version`].value|[0]]')
+    set -- $out
+    [ "${2:-}" = Successful ] || continue
+    case "$1" in VersionUpdate|VersionRollback) ;; *) continue ;; esac
+    at=$(date -u -d "$3" +%s)
+    if [ "$at" -gt "$latest" ]; then
+      latest=$at latest_type=$1 latest_version=${4:-}
+    fi
+  done
+  [ "$latest_type" = VersionUpdate ] && [ "$latest_version" = "$minor" ] || return 0
+  until=$((latest + 7 * 86400))
+  [ "$(date -u +%s)" -lt "$until" ] || return 0
+  major=${minor%%.*} previous=$((${minor#*.} - 1))
+  [ "$previous" -ge 0 ] || return 0
+  printf '{"scope":"ControlPlane","to":{"kubernetesVersion":"%s.%s.0"},"until":"%s"}' \
+    "$major" "$previous" "$(date -u -d "@$until" +%Y-%m-%dT%H:%M:%SZ)"
+}
