@@ -480,6 +480,99 @@ impl FleetEngine {
         self.members.len()
     }
 
+    /// A member joins the table, or is written again: runs created later see it; a cluster
+    /// that changed is news for the runs that selected it.
+    fn join(&mut self, now: Time, shared: SharedMember) {
+        let (name, cluster) = (shared.name.clone(), shared.cluster.clone());
+        let before = self.current(&name);
+        self.interned.remove(&name);
+        self.members.insert(name.clone(), shared);
+        if !self.freezes.is_empty() {
+            // Its labels may put it under a freeze's selector, or take it out: worked out once
+            // before the next turns, not once per member of an import.
+            self.freezes_stale = true;
+        }
+        // Likewise for budgets: its partitions, and their sizes.
+        self.budgets_stale |= !self.budgets.is_empty();
+        if before.is_some_and(|b| b != cluster) {
+            self.changed.insert(name.clone());
+            self.fan_out(now, &name, cluster, None);
+        }
+    }
+
+    /// The fleet's members as stored, read by a shell before it creates a run: a member the
+    /// table lacks joins it (its observation has not reached the fleet yet), and one whose
+    /// group, labels or cluster id were written since takes them, keeping the cluster the
+    /// fleet last saw, which is never older than the stored one.
+    pub fn take_stored_members(&mut self, now: Time, stored: Vec<SharedMember>) {
+        for member in stored {
+            match self.members.get(&member.name) {
+                None => self.join(now, member),
+                Some(held)
+                    if held.group != member.group
+                        || held.labels != member.labels
+                        || held.cluster_resource_id != member.cluster_resource_id =>
+                {
+                    let cluster = held.cluster.clone();
+                    self.join(now, SharedMember { cluster, ..member });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Every member of the table, in name order, as a run created now would see them.
+    pub fn table(&self) -> impl Iterator<Item = &SharedMember> {
+        self.members.values()
+    }
+
+    /// Decides run `name` over the fleet's members as they are now (SEMANTICS §2) with the
+    /// catalog given, without taking it in: the run and its creation warnings, or why it is
+    /// refused. `unknown`: members whose clusters cannot be observed now (standing in with an
+    /// unknown cluster) and why; a run that would select one is refused with that reason, one
+    /// that does not is made from the others.
+    pub fn plan_run(
+        &self,
+        name: &str,
+        spec: &RunSpec,
+        catalog: Catalog,
+        unknown: &[(SharedMember, ApiError)],
+    ) -> Result<(Engine, Vec<String>), ApiError> {
+        if self.names.contains_key(name) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("update run {name:?} already exists"),
+                "updateRun",
+            ));
+        }
+        if !unknown.is_empty() {
+            let mut all: Vec<&SharedMember> = self
+                .members
+                .values()
+                .chain(unknown.iter().map(|(m, _)| m))
+                .collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            let (probe, _) = Engine::create_shared(name, spec, all, catalog.clone())?;
+            if let Some((_, why)) = unknown.iter().find(|(m, _)| probe.has_member(&m.name)) {
+                return Err(why.clone());
+            }
+        }
+        Engine::create_shared(name, spec, self.members.values(), catalog)
+    }
+
+    /// Takes in run `name` as [`FleetEngine::plan_run`] decided it.
+    pub fn take_run(&mut self, name: &str, engine: Engine) -> Result<(), ApiError> {
+        if self.names.contains_key(name) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("update run {name:?} already exists"),
+                "updateRun",
+            ));
+        }
+        self.add_new_run(name, engine);
+        Ok(())
+    }
+
     /// Creates a run over the fleet's members as they are now (SEMANTICS §2) with the catalog
     /// given (the fleet's own, or a run-specific view of it). Returns the creation warnings.
     pub fn create_run(
@@ -488,14 +581,7 @@ impl FleetEngine {
         spec: &RunSpec,
         catalog: Catalog,
     ) -> Result<Vec<String>, ApiError> {
-        if self.names.contains_key(name) {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("update run {name:?} already exists"),
-                "updateRun",
-            ));
-        }
-        let (engine, warnings) = Engine::create_shared(name, spec, self.members.values(), catalog)?;
+        let (engine, warnings) = self.plan_run(name, spec, catalog, &[])?;
         self.add_new_run(name, engine);
         Ok(warnings)
     }
@@ -683,22 +769,7 @@ impl FleetEngine {
                 Ok(())
             }
             FleetInput::MemberAdded(member) => {
-                let shared = SharedMember::from(&member);
-                let (name, cluster) = (shared.name.clone(), shared.cluster.clone());
-                let before = self.current(&name);
-                self.interned.remove(&name);
-                self.members.insert(name.clone(), shared);
-                if !self.freezes.is_empty() {
-                    // Its labels may put it under a freeze's selector, or take it out: worked
-                    // out once before the next turns, not once per member of an import.
-                    self.freezes_stale = true;
-                }
-                // Likewise for budgets: its partitions, and their sizes.
-                self.budgets_stale |= !self.budgets.is_empty();
-                if before.is_some_and(|b| b != cluster) {
-                    self.changed.insert(name.clone());
-                    self.fan_out(now, &name, cluster, None);
-                }
+                self.join(now, SharedMember::from(&member));
                 Ok(())
             }
             FleetInput::MemberRemoved { member } => {

@@ -24,7 +24,6 @@ use serde_json::{Value, json};
 
 use flotilla_engine::engine::{Input, SkipKind, SkipTarget};
 use flotilla_engine::error::{ApiError, ErrorCode, from_json_value};
-use flotilla_engine::fleet::Cluster;
 use flotilla_engine::selector::{validate_label_key, validate_label_value};
 use flotilla_engine::strategy::{
     DEFAULT_STAGE_CONCURRENCY_LIMIT, ManagedClusterUpdateSpec, StrategySpec, check_name,
@@ -36,7 +35,7 @@ use crate::clock::now;
 use crate::driver::validate_driver_config;
 use crate::error::{HttpError, HttpResult};
 use crate::request::{precondition, read_json, read_json_limited, system_data};
-use crate::runs::{RunSnapshot, SNAPSHOT, engine_from_snapshot};
+use crate::runs::{CreatedRun, SNAPSHOT};
 use crate::state::{AppState, IMPORT_BODY_LIMIT, Shared};
 use crate::store::{
     Kind, MemberWrite, Notice, Precondition, RegisterMode, Resource, StoreError, cluster_key,
@@ -72,7 +71,7 @@ use import::*;
 use members::*;
 pub use profiles::*;
 pub use routes::*;
-pub use run_actions::*;
+use run_actions::*;
 use service::*;
 use strategies::*;
 pub use update_runs::*;

@@ -49,24 +49,41 @@ async fn partitions(state: &AppState, fleet: &str, budget: &Budget) -> HttpResul
             return Ok(Value::Array(mine));
         }
     }
-    // No task drives the fleet here: nothing is in flight if this replica holds its lease;
-    // otherwise the replica that does counts them.
-    let known = state.runs.holds_lease(fleet);
+    // No task drives the fleet here (another replica does, or none yet): the members in
+    // flight are those with an operation recorded as sent and not finished, in any run that
+    // can still move, as the store holds them.
     let table = crate::runs::member_table(&state.runs.store, fleet).await?;
+    let in_flight = in_flight_as_stored(state, fleet).await?;
     let one = BTreeMap::from([(budget.name.clone(), budget.clone())]);
-    let view = Budgets::cover(&one, table.iter(), std::iter::empty());
+    let view = Budgets::cover(&one, table.iter(), in_flight.iter());
     Ok(view
         .partitions
         .iter()
-        .map(|p| {
-            let mut shown =
-                json!({"value": p.value, "members": p.members, "maxUnavailable": p.limit});
-            if known {
-                shown["disrupted"] = json!(0);
-            }
-            shown
+        .zip(&view.in_flight)
+        .map(|(p, n)| {
+            json!({"value": p.value, "members": p.members, "maxUnavailable": p.limit, "disrupted": n})
         })
         .collect())
+}
+
+/// The members with an operation sent and not finished, in the fleet's runs that are not over.
+async fn in_flight_as_stored(
+    state: &AppState,
+    fleet: &str,
+) -> HttpResult<std::collections::BTreeSet<std::sync::Arc<str>>> {
+    let store = state.runs.store.as_ref();
+    let mut members = std::collections::BTreeSet::new();
+    for (run, head) in crate::run_head::heads(store, fleet).await? {
+        if head.is_over() || head.state() == "NotStarted" {
+            continue;
+        }
+        for intent in store.intents(fleet, &run).await? {
+            if !intent.finished {
+                members.insert(std::sync::Arc::from(intent.member.as_str()));
+            }
+        }
+    }
+    Ok(members)
 }
 
 /// The resource as the API shows it, with its partitions where they were worked out.

@@ -59,7 +59,7 @@ pub fn spawn_register(state: Shared, fleet: String, writes: &[crate::store::Memb
                 })
             })
             .collect();
-        state.runs.members_joined(&fleet, joined);
+        state.runs.members_joined(&fleet, joined).await;
     });
 }
 

@@ -81,6 +81,14 @@ enum Msg {
         reply: Reply,
         at: Instant,
     },
+    /// Create (or replace, before it starts) a run: the fleet's engine decides it over its
+    /// member table, brought up to date with the members as stored (`members`), and the run is
+    /// recorded before the engine takes it in.
+    Create {
+        request: Box<CreateRequest>,
+        members: Vec<SharedMember>,
+        answer: CreateAnswer,
+    },
     /// Roll back run `original` (SEMANTICS §15): the fleet's engine decides, and a new
     /// rollback run is recorded before the engine takes it in.
     RollBack {
@@ -131,16 +139,98 @@ enum Answer {
     Remote(i64),
 }
 
-/// What a handed-over action asks (the store keeps it as JSON): an input for the run, or a
-/// rollback of it (SEMANTICS §15), which the fleet's engine decides.
+/// Who waits for a run's creation: a caller of this replica, or another replica through the
+/// store (the action's id).
+enum CreateAnswer {
+    Caller(oneshot::Sender<Result<CreatedRun, ApiError>>),
+    Remote(i64),
+}
+
+/// What a handed-over action asks (the store keeps it as JSON): an input for the run, its
+/// creation, or a rollback of it (SEMANTICS §15), which the fleet's engine decides.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(untagged)]
 enum HandedOver {
+    Create {
+        create: Box<CreateRequest>,
+    },
+    Members {
+        members: MemberNews,
+    },
+    /// The fleet's freezes and budgets changed: read them again.
+    Rules {
+        rules: bool,
+    },
     RollBack {
         #[serde(rename = "rollBack")]
         system_data: Value,
     },
     Input(Input),
+}
+
+/// Members written (and observed) or deleted through a replica that does not drive their
+/// fleet: the driving replica's table takes them, so its runs, freezes and budgets see the
+/// fleet as it is (a member deleted is not upgraded).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MemberNews {
+    #[serde(default)]
+    joined: Vec<JoinedMember>,
+    #[serde(default)]
+    left: Option<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JoinedMember {
+    name: String,
+    cluster_resource_id: String,
+    group: Option<String>,
+    labels: std::collections::BTreeMap<String, String>,
+    cluster: Cluster,
+}
+
+/// A run to create (SEMANTICS §2) as the API checked it, with what was read from the driver
+/// for it: the fleet's actor decides it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateRequest {
+    pub run: String,
+    pub strategy: Option<StrategySpec>,
+    pub strategy_id: Option<String>,
+    pub update: ManagedClusterUpdateSpec,
+    pub rules: flotilla_engine::engine::RunRules,
+    pub profile_id: Option<String>,
+    /// Who creates it, and when.
+    pub system_data: Value,
+    /// `If-None-Match: *`: never replaces a run.
+    pub create_only: bool,
+    /// `If-Match`: the run's eTag.
+    pub if_match: Option<String>,
+    /// The release catalog the driver listed.
+    pub catalog: Catalog,
+    /// Members the driver could not observe now, and why: they refuse only a run that would
+    /// select them.
+    pub unobserved: Vec<Unobserved>,
+}
+
+/// A member that could not be observed when a run was created.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unobserved {
+    pub name: String,
+    pub cluster_resource_id: String,
+    pub group: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub why: ApiError,
+}
+
+/// A run just created or replaced: its document as stored, and its eTag.
+pub struct CreatedRun {
+    pub text: String,
+    pub etag: String,
+    pub created: bool,
+    pub warnings: Vec<String>,
 }
 
 /// Why a fleet's task did not carry out an action.
@@ -404,7 +494,8 @@ impl Runs {
         if !self.own(fleet).await {
             return self
                 .act_remotely(fleet, run, HandedOver::Input(input))
-                .await;
+                .await
+                .map(|_| ());
         }
         for _ in 0..2 {
             let tx = self.handle(fleet, run).await?;
@@ -487,7 +578,7 @@ impl Runs {
             return self
                 .act_remotely(fleet, original, asked)
                 .await
-                .map(|()| name);
+                .map(|_| name);
         }
         for _ in 0..2 {
             let tx = self.handle(fleet, original).await?;
@@ -526,13 +617,57 @@ impl Runs {
         ))
     }
 
+    /// Creates (or replaces, before it starts) run `request.run` and answers it as recorded:
+    /// the fleet's engine decides it, over its member table brought up to date with the
+    /// members as stored (`members`: those the caller read, each with its cluster), on this
+    /// replica if it drives the fleet, otherwise on the one that does.
+    pub async fn create(
+        self: &Arc<Self>,
+        fleet: &str,
+        request: CreateRequest,
+        members: Vec<SharedMember>,
+    ) -> Result<CreatedRun, ApiError> {
+        let name = request.run.clone();
+        if !self.own(fleet).await {
+            drop(members);
+            let asked = HandedOver::Create {
+                create: Box::new(request),
+            };
+            let result = self.act_remotely(fleet, &name, asked).await?;
+            let (text, etag) = self
+                .store
+                .get_raw(fleet, Kind::Run, &name)
+                .await
+                .map_err(|e| ApiError::conflict(e.to_string()))?
+                .ok_or_else(|| {
+                    ApiError::conflict(format!("update run {name:?} was not recorded"))
+                })?;
+            return Ok(CreatedRun {
+                text,
+                etag,
+                created: result["created"].as_bool().unwrap_or(false),
+                warnings: serde_json::from_value(result["warnings"].clone()).unwrap_or_default(),
+            });
+        }
+        let task = self.fleet_task(fleet).await?;
+        let (reply, answer) = oneshot::channel();
+        let asked = Msg::Create {
+            request: Box::new(request),
+            members,
+            answer: CreateAnswer::Caller(reply),
+        };
+        let stopped = || ApiError::conflict("the fleet's reconciler stopped; try again");
+        task.tx.send(asked).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
     /// Hands an action to the fleet's owner through the store and waits for its result.
     async fn act_remotely(
         &self,
         fleet: &str,
         run: &str,
         action: HandedOver,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Value, ApiError> {
         let store_error = |e: StoreError| ApiError::conflict(e.to_string());
         let mut notices = self.store.notices();
         let value = serde_json::to_value(&action).map_err(|e| ApiError::conflict(e.to_string()))?;
@@ -553,7 +688,7 @@ impl Runs {
             {
                 return match serde_json::from_value::<ApiError>(result["error"].clone()) {
                     Ok(e) => Err(e),
-                    Err(_) => Ok(()),
+                    Err(_) => Ok(result),
                 };
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
@@ -811,10 +946,105 @@ impl Runs {
                     "",
                 )
             });
+            // A creation is decided over the members as stored, read here, off the fleet's task.
+            let asked = match asked {
+                Ok(HandedOver::Rules { .. }) => {
+                    let rules = crate::fleet_rules::rules_of(self.store.as_ref(), fleet)
+                        .await
+                        .map_err(|e| ApiError::conflict(e.to_string()));
+                    let told = match (rules, self.fleet_task(fleet).await) {
+                        (Ok(rules), Ok(task)) => task
+                            .tx
+                            .send(Msg::Rules(rules))
+                            .map_err(|_| ApiError::conflict("the fleet's reconciler stopped")),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                    let finished = told.is_ok()
+                        && self
+                            .store
+                            .finish_action(action.id, &json!({"ok": true}))
+                            .await
+                            .is_ok();
+                    if !finished {
+                        self.undeliver(fleet, action.id);
+                    }
+                    continue;
+                }
+                Ok(HandedOver::Members { members }) => {
+                    let told = self.fleet_task(fleet).await.and_then(|task| {
+                        let stopped = || ApiError::conflict("the fleet's reconciler stopped");
+                        if !members.joined.is_empty() {
+                            let joined = members
+                                .joined
+                                .into_iter()
+                                .map(|m| flotilla_engine::fleet::Member {
+                                    name: m.name,
+                                    cluster_resource_id: m.cluster_resource_id,
+                                    group: m.group,
+                                    labels: m.labels,
+                                    cluster: m.cluster,
+                                })
+                                .collect();
+                            task.tx.send(Msg::Joined(joined)).map_err(|_| stopped())?;
+                        }
+                        if let Some(member) = members.left {
+                            task.tx.send(Msg::Left { member }).map_err(|_| stopped())?;
+                        }
+                        Ok(())
+                    });
+                    let finished = match told {
+                        Ok(()) => self
+                            .store
+                            .finish_action(action.id, &json!({"ok": true}))
+                            .await
+                            .is_ok(),
+                        Err(_) => false,
+                    };
+                    if !finished {
+                        self.undeliver(fleet, action.id);
+                    }
+                    continue;
+                }
+                Ok(HandedOver::Create { create }) => {
+                    let members = stored_members(&self.store, fleet).await.map(|members| {
+                        members
+                            .into_iter()
+                            .filter_map(|m| {
+                                let cluster = m.cluster.clone()?;
+                                Some(m.with_cluster(cluster))
+                            })
+                            .collect::<Vec<_>>()
+                    });
+                    let sent = match (members, self.fleet_task(fleet).await) {
+                        (Ok(members), Ok(task)) => task
+                            .tx
+                            .send(Msg::Create {
+                                request: create,
+                                members,
+                                answer: CreateAnswer::Remote(action.id),
+                            })
+                            .map_err(|_| ApiError::conflict("the fleet's reconciler stopped")),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                    if sent.is_err() {
+                        self.undeliver(fleet, action.id);
+                    }
+                    continue;
+                }
+                other => other,
+            };
             let sent = match asked {
+                Ok(
+                    HandedOver::Create { .. }
+                    | HandedOver::Members { .. }
+                    | HandedOver::Rules { .. },
+                ) => continue,
                 Ok(asked) => match self.handle(fleet, &action.run).await {
                     Ok(tx) => {
                         let msg = match asked {
+                            HandedOver::Create { .. }
+                            | HandedOver::Members { .. }
+                            | HandedOver::Rules { .. } => continue,
                             HandedOver::Input(input) => Msg::Remote {
                                 run: action.run.clone(),
                                 id: action.id,
@@ -945,23 +1175,23 @@ impl Runs {
         }
     }
 
-    /// Reads the fleet's freezes and budgets and hands them to the task driving the fleet, if
-    /// one runs here (a write on another replica reaches it at the next catalog pass, which
-    /// calls this too).
+    /// Reads the fleet's freezes and budgets and hands them to the task driving the fleet: here,
+    /// or on the replica that drives it, told through the store before the caller is answered
+    /// (the next catalog pass, which calls this too, would tell it later).
     pub async fn rules_changed(&self, fleet: &str) {
+        let Some(inbox) = self.task_here(fleet) else {
+            // The replica driving the fleet reads them again (handed over before the caller is
+            // answered, so what the caller does next reaches it after them).
+            if self.driven_elsewhere(fleet).await {
+                self.hand_over(fleet, &HandedOver::Rules { rules: true })
+                    .await;
+            }
+            return;
+        };
         let Ok(rules) = crate::fleet_rules::rules_of(self.store.as_ref(), fleet).await else {
             return;
         };
-        if let Ok(fleets) = self.fleets.lock()
-            && let Some(task) = fleets.get(fleet)
-        {
-            let _ = task.tx.send(Msg::Rules(rules));
-        }
-    }
-
-    /// Whether this replica holds the fleet's lease (drives its runs, if any).
-    pub fn holds_lease(&self, fleet: &str) -> bool {
-        self.replica.fence(fleet).is_some()
+        let _ = inbox.send(Msg::Rules(rules));
     }
 
     /// Each partition of the fleet's budgets with the members in flight in it, as the task
@@ -980,25 +1210,86 @@ impl Runs {
 
     /// Hands members just written and observed to the task driving their fleet, if one runs
     /// here (a task started later reads them from the store).
-    pub fn members_joined(&self, fleet: &str, members: Vec<flotilla_engine::fleet::Member>) {
+    pub async fn members_joined(&self, fleet: &str, members: Vec<flotilla_engine::fleet::Member>) {
         if members.is_empty() {
             return;
         }
-        if let Ok(fleets) = self.fleets.lock()
-            && let Some(task) = fleets.get(fleet)
-        {
-            let _ = task.tx.send(Msg::Joined(members));
+        if let Some(inbox) = self.task_here(fleet) {
+            let _ = inbox.send(Msg::Joined(members));
+            return;
+        }
+        let joined = members
+            .into_iter()
+            .map(|m| JoinedMember {
+                name: m.name,
+                cluster_resource_id: m.cluster_resource_id,
+                group: m.group,
+                labels: m.labels,
+                cluster: m.cluster,
+            })
+            .collect();
+        let news = MemberNews { joined, left: None };
+        self.hand_over_members(fleet, news).await;
+    }
+
+    /// Tells the task driving a fleet that a member was deleted: here, or through the store
+    /// on the replica that drives it.
+    pub async fn member_left(&self, fleet: &str, member: &str) {
+        let member = member.to_string();
+        match self.task_here(fleet) {
+            Some(inbox) => {
+                let _ = inbox.send(Msg::Left { member });
+            }
+            None => {
+                let news = MemberNews {
+                    joined: Vec::new(),
+                    left: Some(member),
+                };
+                self.hand_over_members(fleet, news).await;
+            }
         }
     }
 
-    /// Tells the task driving a fleet, if one runs here, that a member was deleted.
-    pub fn member_left(&self, fleet: &str, member: &str) {
-        if let Ok(fleets) = self.fleets.lock()
-            && let Some(task) = fleets.get(fleet)
-        {
-            let _ = task.tx.send(Msg::Left {
-                member: member.to_string(),
-            });
+    /// The inbox of the task driving a fleet here, under the lease this replica holds now.
+    fn task_here(&self, fleet: &str) -> Option<Inbox> {
+        let fence = self.replica.fence(fleet)?;
+        let fleets = self.fleets.lock().ok()?;
+        fleets
+            .get(fleet)
+            .filter(|t| t.epoch == fence.epoch && !t.tx.is_closed())
+            .map(|t| t.tx.clone())
+    }
+
+    /// Members written or deleted here while another replica drives their fleet reach its
+    /// table through the store. When no other replica holds the fleet's lease, whoever takes
+    /// it loads the table from the store as its task starts.
+    async fn hand_over_members(&self, fleet: &str, news: MemberNews) {
+        if self.driven_elsewhere(fleet).await {
+            // Handed over before the caller is answered: what it does next (create a run, say)
+            // reaches the owner after this.
+            self.hand_over(fleet, &HandedOver::Members { members: news })
+                .await;
+        }
+    }
+
+    /// Whether another replica holds the fleet's lease (not knowing: it may).
+    async fn driven_elsewhere(&self, fleet: &str) -> bool {
+        match self.store.leases().await {
+            Ok(leases) => leases
+                .iter()
+                .any(|l| l.fleet == fleet && l.owner != self.replica.id && l.expires_in_ms > 0),
+            // News given twice changes nothing.
+            Err(_) => true,
+        }
+    }
+
+    /// Hands news about a fleet to the replica driving it, through the store, without waiting.
+    async fn hand_over(&self, fleet: &str, news: &HandedOver) {
+        let Ok(value) = serde_json::to_value(news) else {
+            return;
+        };
+        if let Err(e) = self.store.submit_action(fleet, "", &value).await {
+            tracing::warn!(fleet, error = %e, "cannot hand news to the fleet's replica");
         }
     }
 

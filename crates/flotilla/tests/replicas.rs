@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, serve};
 
@@ -550,5 +550,105 @@ fn events_stream_from_any_replica() {
     eprintln!(
         "{} events; a non-owner's stream behind the owner's, µs (sorted): {lag_us:?}",
         lag_us.len()
+    );
+}
+
+/// One door, whichever replica is asked (#37): a member registered and a member deleted
+/// through a replica that does not drive the fleet reach the owner's table, and a run created
+/// through it is decided by the owner over the fleet as it now is: the new member is in it, the
+/// deleted one is not and is never sent an upgrade.
+#[test]
+fn members_and_runs_written_through_any_replica_reach_the_fleet_s_owner() {
+    if !postgres_reachable() {
+        return;
+    }
+    let cluster = Cluster::new("door", 2);
+    cluster.create_run(3, 2, 200);
+    let (owner, _) = cluster.wait_owner("edge", None, Duration::from_secs(10));
+    let other = cluster.api((owner + 1) % 2);
+    // Written through the replica that does not drive the fleet.
+    other.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge/members/late-1",
+        Some(&json!({"properties": {"clusterResourceId": "late-1", "group": "stores"}})),
+    );
+    other.must(
+        reqwest::Method::DELETE,
+        &format!("/v1/fleets/edge/members/{}", member_name(0)),
+        None,
+    );
+    let run = json!({"properties": {
+        "strategy": {"stages": [{"name": "all", "groups": [{"name": "stores", "maxConcurrency": "2"}]}]},
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+    }});
+    let created = other.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge/updateRuns/r2",
+        Some(&run),
+    );
+    let mut selected: Vec<String> =
+        created["properties"]["status"]["stages"][0]["groups"][0]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["name"].as_str().map(String::from))
+            .collect();
+    selected.sort();
+    let mut want = vec![member_name(1), member_name(2), "late-1".to_string()];
+    want.sort();
+    assert_eq!(selected, want, "{created}");
+    // The same through the owner: the answer does not depend on who is asked.
+    let (_, read) = cluster.call(reqwest::Method::GET, "/v1/fleets/edge/updateRuns/r2", None);
+    assert_eq!(
+        read["properties"]["status"],
+        created["properties"]["status"]
+    );
+    // A budget of one: the replica that does not drive the fleet counts its members in flight
+    // too, from what the store records of operations sent.
+    other.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/edge/disruptionBudgets/one",
+        Some(&json!({"properties": {"maxUnavailable": "1"}})),
+    );
+    other.must(
+        reqwest::Method::POST,
+        "/v1/fleets/edge/updateRuns/r2/start",
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut counted = Vec::new();
+    while cluster.run_state("edge", "r2") != "Completed" {
+        assert!(
+            Instant::now() < deadline,
+            "r2 did not complete: {}; logs in {}",
+            cluster.run_state("edge", "r2"),
+            cluster.dir.display()
+        );
+        let budget = other.must(
+            reqwest::Method::GET,
+            "/v1/fleets/edge/disruptionBudgets/one",
+            None,
+        );
+        let disrupted = &budget["properties"]["status"]["partitions"][0]["disrupted"];
+        counted.push(
+            disrupted
+                .as_i64()
+                .unwrap_or_else(|| panic!("counted: {budget}")),
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        counted.iter().all(|n| (0..=1).contains(n)) && counted.contains(&1),
+        "in flight as the other replica counted it: {counted:?}"
+    );
+    let received: Vec<String> = cluster.received().into_iter().map(|(m, _, _)| m).collect();
+    assert!(
+        !received.contains(&member_name(0)),
+        "the deleted member was upgraded: {received:?}"
+    );
+    assert_eq!(
+        received.iter().filter(|m| *m == "late-1").count(),
+        1,
+        "{received:?}"
     );
 }

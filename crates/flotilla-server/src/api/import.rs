@@ -188,7 +188,7 @@ pub(super) async fn delete_member(
         return Err(not_found("member", &member));
     }
     // The fleet's member table no longer holds it (what freezes and budgets cover).
-    state.runs.member_left(&fleet, &member);
+    state.runs.member_left(&fleet, &member).await;
     // Every run that can still move skips it where it has not started (SEMANTICS §2), a Failed
     // run included: a retry must not upgrade a member that left the fleet. Each is told through
     // the fleet's task, and its engine decides what that means for the run.

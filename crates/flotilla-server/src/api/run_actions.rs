@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// Creates (or replaces, before it starts) a run: resolves membership from each member's latest
-/// observation, takes the catalog from the driver, and stores the run and its snapshot.
+/// Creates (or replaces, before it starts) a run: reads the fleet's members as stored,
+/// observes those never observed, takes the catalog from the driver, and hands the run to the
+/// fleet's actor, where the fleet's engine decides it and it is recorded.
 pub(super) async fn create_run(
     state: &Shared,
     fleet: &str,
@@ -11,7 +12,6 @@ pub(super) async fn create_run(
     new: NewRun,
     when: Precondition,
 ) -> HttpResult<CreatedRun> {
-    let (strategy, strategy_id, update) = (new.strategy, new.strategy_id, new.update);
     if let Some((existing, etag)) = state.runs.store.get_raw(fleet, Kind::Run, run).await? {
         // Held before anything changes: a create-only write (`If-None-Match: *`) never
         // replaces a run, even one not started.
@@ -22,14 +22,17 @@ pub(super) async fn create_run(
                 format!("If-None-Match: * but the resource exists (eTag {etag})"),
             ));
         }
-        let head = crate::run_head::RunHead::parse(&existing);
-        let current = head.state();
-        if current != "NotStarted" {
-            return Err(ApiError::conflict(format!(
-                "update run {run:?} is {current}; a run can be changed only before it starts"
-            ))
-            .into());
+        if let Precondition::IfMatch(wanted) = &when
+            && wanted != "*"
+            && *wanted != etag
+        {
+            return Err(HttpError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "PreconditionFailed",
+                format!("If-Match {wanted} but the resource's eTag is {etag}"),
+            ));
         }
+        drop(existing);
     }
     let driver = state
         .runs
@@ -39,7 +42,7 @@ pub(super) async fn create_run(
     let mut members = Vec::new();
     // Members the driver could not observe now, with why: they refuse only a run that selects
     // them (an unobservable member affects only itself).
-    let mut unobserved: Vec<(String, ApiError)> = Vec::new();
+    let mut unobserved = Vec::new();
     let mut never_observed = Vec::new();
     for stored in crate::runs::stored_members(&state.runs.store, fleet).await? {
         match stored.cluster.clone() {
@@ -54,122 +57,36 @@ pub(super) async fn create_run(
             .collect();
         let answers = observe_members(state, fleet, asked).await?;
         for (stored, (_, answer)) in never_observed.into_iter().zip(answers) {
-            let cluster = match answer {
-                Ok(c) => std::sync::Arc::new(c),
-                Err(e) => {
-                    unobserved.push((stored.name.to_string(), e));
-                    // Stands in only to learn whether the run selects the member.
-                    std::sync::Arc::new(Cluster::unknown())
-                }
-            };
-            members.push(stored.with_cluster(cluster));
+            match answer {
+                Ok(c) => members.push(stored.with_cluster(std::sync::Arc::new(c))),
+                Err(why) => unobserved.push(crate::runs::Unobserved {
+                    name: stored.name.to_string(),
+                    cluster_resource_id: stored.cluster_resource_id.to_string(),
+                    group: stored.group,
+                    labels: stored.labels,
+                    why,
+                }),
+            }
         }
-        // The engine orders members by name; the snapshot keeps the order they were read in.
-        members.sort_by(|a, b| a.name.cmp(&b.name));
     }
     let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
-    let mut snapshot = RunSnapshot {
-        strategy: strategy.clone(),
-        update: update.clone(),
-        members,
-        catalog,
+    let request = crate::runs::CreateRequest {
+        run: run.to_string(),
+        strategy: new.strategy,
+        strategy_id: new.strategy_id,
+        update: new.update,
         rules: new.rules,
-        rollback: None,
+        profile_id: new.profile_id,
+        system_data: new.system_data,
+        create_only: when == Precondition::IfNoneMatchAny,
+        if_match: match when {
+            Precondition::IfMatch(etag) => Some(etag),
+            _ => None,
+        },
+        catalog,
+        unobserved,
     };
-    let (mut engine, mut warnings) = engine_from_snapshot(run, &snapshot)?;
-    if !unobserved.is_empty() {
-        if let Some((_, error)) = unobserved.iter().find(|(m, _)| engine.has_member(m)) {
-            return Err(error.clone().into());
-        }
-        // None of them is selected: the run is made from the others alone.
-        snapshot
-            .members
-            .retain(|m| !unobserved.iter().any(|(u, _)| u.as_str() == &*m.name));
-        (engine, warnings) = engine_from_snapshot(run, &snapshot)?;
-    }
-    let status = engine.status();
-    let head = crate::run_head::head_of(&status);
-    let mut properties = json!({
-        "provisioningState": "Succeeded",
-        "managedClusterUpdate": update,
-    });
-    if let Some(s) = &strategy {
-        properties["strategy"] = json!(s);
-    }
-    if let Some(id) = strategy_id {
-        properties["updateStrategyId"] = json!(id);
-    }
-    if snapshot.rules.chain_minor_versions {
-        properties["chainMinorVersions"] = json!(true);
-    }
-    if let Some(id) = new.profile_id {
-        properties["autoUpgradeProfileId"] = json!(id);
-    }
-    let base = json!({
-        "id": format!("/v1/fleets/{fleet}/updateRuns/{run}"),
-        "name": run,
-        "type": "Microsoft.ContainerService/fleets/updateRuns",
-        "systemData": new.system_data,
-        "properties": properties,
-    });
-    // Rendered straight to text, as the run's task writes it: a large run's status is never
-    // built as a JSON tree.
-    let unwritable =
-        |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
-    let text = crate::runs::run_document(&base, &status).map_err(unwritable)?;
-    drop(status);
-    let internal = crate::runs::snapshot_document(&snapshot, now()).map_err(unwritable)?;
-    drop((engine, snapshot));
-    state.runs.retire(fleet, run);
-    // A run replaced before it started starts from a clean log.
-    let mut when = when;
-    if state
-        .runs
-        .store
-        .get_raw(fleet, Kind::Run, run)
-        .await?
-        .is_some()
-    {
-        state
-            .runs
-            .store
-            .delete(fleet, Kind::Run, run, &when)
-            .await?;
-        when = Precondition::None;
-    }
-    state
-        .runs
-        .store
-        .put_raw(
-            fleet,
-            Kind::RunSnapshot,
-            run,
-            &internal,
-            &Precondition::None,
-        )
-        .await?;
-    drop(internal);
-    let (etag, created) = state
-        .runs
-        .store
-        .put_raw(fleet, Kind::Run, run, &text, &when)
-        .await?;
-    // Were this lost (a crash between the two writes), the run's document is read instead.
-    state.runs.store.init_run_head(fleet, run, &head).await?;
-    Ok(CreatedRun {
-        text,
-        etag,
-        created,
-        warnings,
-    })
-}
-
-/// A run just created or replaced: its document as stored, and its eTag.
-pub struct CreatedRun {
-    pub text: String,
-    pub etag: String,
-    pub created: bool,
-    pub warnings: Vec<String>,
+    Ok(state.runs.create(fleet, request, members).await?)
 }
 
 pub(super) async fn delete_run(

@@ -326,8 +326,8 @@ impl FleetActor {
             &run,
             loaded.base,
             loaded.snapshot_etag,
-            loaded.log_cost,
-            loaded.checkpoint_bytes,
+            (loaded.log_cost, loaded.checkpoint_bytes),
+            false,
         );
         let Some(engine) = self.engine.run(&run) else {
             return Ok(());
@@ -374,14 +374,15 @@ impl FleetActor {
     }
 
     /// Drives a run the fleet's engine holds (loaded from the store, or made here): what the
-    /// task keeps for it beside its engine.
+    /// task keeps for it beside its engine. `stored_current`: the stored status is the run's as
+    /// it is now (it was just made), so nothing is written until the run changes.
     fn drive(
         &mut self,
         run: &str,
         base: Value,
         snapshot_etag: String,
-        log_cost: u64,
-        checkpoint_bytes: u64,
+        (log_cost, checkpoint_bytes): (u64, u64),
+        stored_current: bool,
     ) {
         let mut status = StatusChanges::new();
         self.engine.refresh_status(run, &mut status);
@@ -392,8 +393,8 @@ impl FleetActor {
                 forecast: None,
                 operations: HashMap::new(),
                 outstanding: Default::default(),
-                // The stored status may be older than the log the run was rebuilt from.
-                status_dirty: true,
+                // A stored status may be older than the log the run was rebuilt from.
+                status_dirty: !stored_current,
                 status,
                 last_status_write: None,
                 status_bytes: 0,
@@ -409,6 +410,164 @@ impl FleetActor {
         if let Ok(mut driving) = self.driving.lock() {
             driving.insert(run.to_string());
         }
+    }
+
+    /// Creates (or replaces, before it starts) a run as the fleet's engine decides it (SEMANTICS
+    /// §2): over its member table, first brought up to date with the members as stored. The run
+    /// is recorded (its snapshot, its document, its head) before the engine takes it in, so
+    /// nothing changes if it is refused or the store refuses it.
+    async fn create(
+        &mut self,
+        now: Time,
+        request: CreateRequest,
+        members: Vec<SharedMember>,
+    ) -> Result<CreatedRun, ApiError> {
+        let name = request.run.clone();
+        let store = self.runs.store.clone();
+        let refused = |e: StoreError| ApiError::conflict(e.to_string());
+        // Only a run not started yet is replaced; the one driven here knows best.
+        let existing = store
+            .get_raw(&self.fleet, Kind::Run, &name)
+            .await
+            .map_err(refused)?;
+        if let Some((text, _)) = &existing {
+            if request.create_only {
+                return Err(ApiError::conflict(format!(
+                    "update run {name:?} exists; If-None-Match: * never replaces a run"
+                )));
+            }
+            let state = match self.engine.run(&name) {
+                Some(engine) => format!("{:?}", engine.state()),
+                None => crate::run_head::RunHead::parse(text).state().to_string(),
+            };
+            if state != "NotStarted" {
+                return Err(ApiError::conflict(format!(
+                    "update run {name:?} is {state}; a run can be changed only before it starts"
+                )));
+            }
+        }
+        self.engine.take_stored_members(now, members);
+        let spec = RunSpec {
+            strategy: request
+                .strategy
+                .as_ref()
+                .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
+                .transpose()?,
+            upgrade: parse_upgrade(&request.update, "properties.managedClusterUpdate")?,
+            rules: request.rules,
+        };
+        let unknown: Vec<(SharedMember, ApiError)> = request
+            .unobserved
+            .iter()
+            .map(|u| {
+                let member = SharedMember {
+                    name: u.name.as_str().into(),
+                    cluster_resource_id: u.cluster_resource_id.as_str().into(),
+                    group: u.group.clone(),
+                    labels: u.labels.clone(),
+                    cluster: Arc::new(Cluster::unknown()),
+                };
+                (member, u.why.clone())
+            })
+            .collect();
+        // A run replaced is no longer driven: its name is free for the new one.
+        let replaced = self.engine.remove_run(&name);
+        let planned = self
+            .engine
+            .plan_run(&name, &spec, request.catalog.clone(), &unknown);
+        let (engine, warnings) = match planned {
+            Ok(made) => made,
+            Err(e) => {
+                if let Some(old) = replaced {
+                    let _ = self.engine.adopt_run(now, &name, old);
+                }
+                return Err(e);
+            }
+        };
+        if replaced.is_some() {
+            self.drop_run(&name);
+        }
+        let snapshot = RunSnapshot {
+            strategy: request.strategy.clone(),
+            update: request.update.clone(),
+            members: self.engine.table().cloned().collect(),
+            catalog: request.catalog,
+            rules: request.rules,
+            rollback: None,
+        };
+        let status = engine.status();
+        let head = crate::run_head::head_of(&status);
+        let mut properties = json!({
+            "provisioningState": "Succeeded",
+            "managedClusterUpdate": request.update,
+        });
+        if let Some(s) = &request.strategy {
+            properties["strategy"] = json!(s);
+        }
+        if let Some(id) = request.strategy_id {
+            properties["updateStrategyId"] = json!(id);
+        }
+        if request.rules.chain_minor_versions {
+            properties["chainMinorVersions"] = json!(true);
+        }
+        if let Some(id) = request.profile_id {
+            properties["autoUpgradeProfileId"] = json!(id);
+        }
+        let base = json!({
+            "id": format!("/v1/fleets/{}/updateRuns/{name}", self.fleet),
+            "name": name,
+            "type": "Microsoft.ContainerService/fleets/updateRuns",
+            "systemData": request.system_data,
+            "properties": properties,
+        });
+        // Rendered straight to text: a large run's status is never built as a JSON tree.
+        let unwritable =
+            |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
+        let text = run_document(&base, &status).map_err(unwritable)?;
+        drop(status);
+        let internal = snapshot_document(&snapshot, now).map_err(unwritable)?;
+        drop(snapshot);
+        let mut when = match request.if_match {
+            Some(etag) => Precondition::IfMatch(etag),
+            None if request.create_only => Precondition::IfNoneMatchAny,
+            None => Precondition::None,
+        };
+        // A run replaced before it started starts from a clean log.
+        if existing.is_some() {
+            store
+                .delete(&self.fleet, Kind::Run, &name, &when)
+                .await
+                .map_err(refused)?;
+            when = Precondition::None;
+        }
+        let (snapshot_etag, _) = store
+            .put_raw(
+                &self.fleet,
+                Kind::RunSnapshot,
+                &name,
+                &internal,
+                &Precondition::None,
+            )
+            .await
+            .map_err(refused)?;
+        drop(internal);
+        let (etag, created) = store
+            .put_raw(&self.fleet, Kind::Run, &name, &text, &when)
+            .await
+            .map_err(refused)?;
+        // Were this lost (a crash between the two writes), the run's document is read instead.
+        store
+            .init_run_head(&self.fleet, &name, &head)
+            .await
+            .map_err(refused)?;
+        self.engine.take_run(&name, engine)?;
+        self.drive(&name, base, snapshot_etag, (0, 0), true);
+        Ok(CreatedRun {
+            text,
+            etag,
+            created,
+            warnings,
+        })
     }
 
     /// Rolls back run `original` as the fleet's engine decides (SEMANTICS §15) and answers the
@@ -486,7 +645,7 @@ impl FleetActor {
             .await
             .map_err(refused)?;
         let made = self.engine.create_rollback_run(now, original)?;
-        self.drive(&made, base, snapshot_etag, 0, 0);
+        self.drive(&made, base, snapshot_etag, (0, 0), false);
         Ok(made)
     }
 
@@ -580,6 +739,7 @@ impl FleetActor {
             matches!(
                 m,
                 Msg::Action { .. }
+                    | Msg::Create { .. }
                     | Msg::RollBack { .. }
                     | Msg::Remote { .. }
                     | Msg::Observed { .. }
@@ -668,6 +828,29 @@ impl FleetActor {
                         },
                     );
                     steps.entry(run).or_default().replies.push((reply, result));
+                }
+                Msg::Create {
+                    request,
+                    members,
+                    answer,
+                } => {
+                    let result = self.create(now, *request, members).await;
+                    match answer {
+                        CreateAnswer::Caller(reply) => {
+                            let _ = reply.send(result);
+                        }
+                        CreateAnswer::Remote(id) => {
+                            let outcome = match result {
+                                Ok(made) => {
+                                    json!({"ok": true, "created": made.created, "warnings": made.warnings})
+                                }
+                                Err(e) => json!({"error": e}),
+                            };
+                            if self.runs.store.finish_action(id, &outcome).await.is_err() {
+                                self.runs.undeliver(&self.fleet, id);
+                            }
+                        }
+                    }
                 }
                 Msg::RollBack {
                     original,
