@@ -540,18 +540,25 @@ async fn delete_child(
     role: Role,
 ) -> HttpResult<Response> {
     require(&caller, role)?;
-    if !state
-        .runs
-        .store
-        .delete(&fleet, kind, &name, &precondition(&headers))
-        .await?
-    {
+    let when = precondition(&headers);
+    let rule = matches!(kind, Kind::Freeze | Kind::DisruptionBudget);
+    let existed = if rule {
+        // Deleted and reported in one transaction (a fleet's rule, SEMANTICS §12).
+        let report = crate::rule_http::report(&fleet, kind, &name);
+        let store = state.runs.store.as_ref();
+        let (_, existed) = store
+            .write_reported(&fleet, kind, &name, None, &when, &report)
+            .await?;
+        existed
+    } else {
+        state.runs.store.delete(&fleet, kind, &name, &when).await?
+    };
+    if !existed {
         return Err(not_found(kind_name(kind), &name));
     }
-    if matches!(kind, Kind::Freeze | Kind::DisruptionBudget) {
+    if rule {
         // Members it held may start at the next scheduling pass (SEMANTICS §12).
         state.runs.rules_changed(&fleet).await;
-        crate::rule_http::changed(&state, &fleet, kind, &name, "Deleted", None).await;
     }
     Ok(StatusCode::OK.into_response())
 }

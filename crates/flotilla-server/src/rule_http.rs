@@ -15,48 +15,45 @@ use crate::request::{precondition, read_json, system_data};
 use crate::state::AppState;
 use crate::store::{Kind, Resource};
 
-/// Records that a fleet's freeze or disruption budget was created, changed or deleted, for the
-/// webhooks that want `FreezeChanged` or `DisruptionBudgetChanged` (API.md). After the write it
-/// reports: a server killed between the two sends no event for that write.
-pub(crate) async fn changed(
-    state: &AppState,
+/// The event that reports a change of a fleet's freeze or disruption budget to the webhooks that
+/// want `FreezeChanged` or `DisruptionBudgetChanged` (API.md), and its id, for the change as
+/// the store made it: created or updated (with the new eTag), or deleted (no eTag). The store
+/// records it in the change's own transaction (`Store::write_reported`), so a server killed at
+/// any instant keeps both or neither.
+pub(crate) fn report(
     fleet: &str,
     kind: Kind,
     name: &str,
-    change: &str,
-    etag: Option<&str>,
-) {
+) -> impl Fn(bool, Option<&str>) -> (String, serde_json::Value) + Send + Sync + use<> {
     let (event_type, key, what) = match kind {
         Kind::Freeze => ("FreezeChanged", "freeze", "freeze"),
-        Kind::DisruptionBudget => (
+        _ => (
             "DisruptionBudgetChanged",
             "disruptionBudget",
             "disruption budget",
         ),
-        _ => return,
     };
-    let now = crate::clock::now();
-    let resource = format!("/v1/fleets/{fleet}/{}/{name}", kind.as_str());
-    let event = serde_json::json!({
-        "type": event_type,
-        "time": now,
-        key: name,
-        "change": change,
-        "resource": resource,
-        "message": format!("{what} {name:?} {}", change.to_ascii_lowercase()),
-    });
-    let version = match etag {
-        Some(etag) => etag.trim_matches('"').to_string(),
-        None => format!("deleted-{}", now.unix()),
-    };
-    let id = format!("{fleet}/{}/{name}/{version}", kind.as_str());
-    if let Err(e) = state
-        .runs
-        .store
-        .record_fleet_event(fleet, &id, &event)
-        .await
-    {
-        tracing::warn!(fleet, name, error = %e, "cannot record the event for webhooks");
+    let (fleet, collection, name) = (fleet.to_string(), kind.as_str(), name.to_string());
+    move |created, etag| {
+        let now = crate::clock::now();
+        let change = match (etag, created) {
+            (None, _) => "Deleted",
+            (Some(_), true) => "Created",
+            (Some(_), false) => "Updated",
+        };
+        let event = serde_json::json!({
+            "type": event_type,
+            "time": now,
+            key: name,
+            "change": change,
+            "resource": format!("/v1/fleets/{fleet}/{collection}/{name}"),
+            "message": format!("{what} {name:?} {}", change.to_ascii_lowercase()),
+        });
+        let version = match etag {
+            Some(etag) => etag.trim_matches('"').to_string(),
+            None => format!("deleted-{}", now.unix()),
+        };
+        (format!("{fleet}/{collection}/{name}/{version}"), event)
     }
 }
 
@@ -145,12 +142,22 @@ where
         "properties": spec,
     });
     body["systemData"] = system_data(caller, stored.as_ref().map(|r| &r.body));
-    let (resource, created) = store
-        .put(fleet, kind, name, &body, &precondition(headers))
+    let (etag, created) = store
+        .write_reported(
+            fleet,
+            kind,
+            name,
+            Some(&body.to_string()),
+            &precondition(headers),
+            &report(fleet, kind, name),
+        )
         .await?;
+    let resource = Resource {
+        name: name.to_string(),
+        body,
+        etag: etag.unwrap_or_default(),
+    };
     state.runs.rules_changed(fleet).await;
-    let change = if created { "Created" } else { "Updated" };
-    changed(state, fleet, kind, name, change, Some(&resource.etag)).await;
     Ok((parsed, resource, created))
 }
 

@@ -1210,6 +1210,21 @@ pub trait Webhooks: Send + Sync {
     /// Deletes deliveries no longer pending that were made before `before` (Unix
     /// milliseconds); returns how many.
     async fn prune_deliveries(&self, before: i64) -> StoreResult<u64>;
+    /// Writes (`text`) or deletes (`None`) one of a fleet's rule resources (a freeze, a
+    /// disruption budget) and records the event that reports it for the webhooks, in one
+    /// transaction: a change is never kept without its report, nor reported without being kept.
+    /// `report(created, eTag)` gives the event's id and the event for the change as made (for a
+    /// deletion, `eTag` is `None`). Returns the new eTag and whether the resource was created,
+    /// or (a deletion) `None` and whether it existed; nothing is reported when it did not.
+    async fn write_reported(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        text: Option<&str>,
+        when: &Precondition,
+        report: &(dyn for<'e> Fn(bool, Option<&'e str>) -> (String, Value) + Send + Sync),
+    ) -> StoreResult<(Option<String>, bool)>;
     /// Records a fleet's event that is in no run's log (a freeze or a disruption budget
     /// written, SEMANTICS §12) in the outbox of every webhook that wants it; `event_id` names
     /// it (the same id twice is one delivery).

@@ -1480,6 +1480,53 @@ where
         Ok(DB::rows_affected(&done))
     }
 
+    async fn write_reported(
+        &self,
+        fleet: &str,
+        kind: Kind,
+        name: &str,
+        text: Option<&str>,
+        when: &Precondition,
+        report: &(dyn for<'e> Fn(bool, Option<&'e str>) -> (String, Value) + Send + Sync),
+    ) -> StoreResult<(Option<String>, bool)> {
+        if !matches!(kind, Kind::Freeze | Kind::DisruptionBudget) {
+            return Err(StoreError::Refused {
+                item: 0,
+                field: "kind",
+                conflict: false,
+                message: format!(
+                    "{} are not a fleet's rules; only freezes and disruption budgets are reported so",
+                    kind.as_str()
+                ),
+            });
+        }
+        let mut tx = self.begin_write().await?;
+        let current = Self::current_etag(&mut tx, fleet, kind, name).await?;
+        check(current.as_deref(), when)?;
+        let (etag, flag) = match text {
+            Some(text) => {
+                let (etag, created) = Self::upsert(&mut tx, fleet, kind, name, text).await?;
+                (Some(etag), created.unwrap_or(current.is_none()))
+            }
+            None if current.is_none() => return Ok((None, false)),
+            None => {
+                sqlx::query(DB::SQL.delete)
+                    .bind(fleet)
+                    .bind(kind.as_str())
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                (None, true)
+            }
+        };
+        let (event_id, event) = report(flag, etag.as_deref());
+        let hooks = Self::webhooks_in(&mut tx).await?;
+        let rows = fleet_event_rows(fleet, &event_id, &event, &hooks, unix_millis());
+        Self::insert_deliveries(&mut tx, &rows).await?;
+        tx.commit().await?;
+        Ok((etag, flag))
+    }
+
     async fn record_fleet_event(
         &self,
         fleet: &str,

@@ -157,6 +157,7 @@ on_both_backends!(
     webhooks_are_kept_with_their_conditions,
     events_make_deliveries_in_their_own_batch,
     fleet_events_make_deliveries_once,
+    a_rule_and_its_report_are_written_together,
     deliveries_are_claimed_once_and_recorded,
     deleting_a_webhook_takes_its_deliveries,
 );
@@ -2541,6 +2542,145 @@ async fn fleet_events_make_deliveries_once(store: Arc<dyn Store>) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A freeze written or deleted and the event that reports it are one transaction: a write
+/// its precondition refuses reports nothing, and each change is reported once, as made.
+async fn a_rule_and_its_report_are_written_together(store: Arc<dyn Store>) {
+    store
+        .put_webhook(
+            &webhook("rules", &["f"], &["FreezeChanged"]),
+            &Precondition::None,
+        )
+        .await
+        .unwrap();
+    let report = |created: bool, etag: Option<&str>| {
+        let change = match (etag, created) {
+            (None, _) => "Deleted",
+            (Some(_), true) => "Created",
+            (Some(_), false) => "Updated",
+        };
+        (
+            format!("f/freezes/peak/{}", etag.unwrap_or("gone")),
+            json!({"type": "FreezeChanged", "freeze": "peak", "change": change}),
+        )
+    };
+    let changes = |store: Arc<dyn Store>| async move {
+        store
+            .list_deliveries("rules", None, 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.event["change"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let body = json!({"properties": {"start": "2026-12-24T00:00:00Z"}}).to_string();
+    let (etag, created) = store
+        .write_reported(
+            "f",
+            Kind::Freeze,
+            "peak",
+            Some(&body),
+            &Precondition::IfNoneMatchAny,
+            &report,
+        )
+        .await
+        .unwrap();
+    assert!(created);
+    let etag = etag.expect("an eTag");
+    assert_eq!(
+        store
+            .get("f", Kind::Freeze, "peak")
+            .await
+            .unwrap()
+            .unwrap()
+            .etag,
+        etag
+    );
+    // Refused by its precondition: nothing written, nothing reported.
+    let refused = store
+        .write_reported(
+            "f",
+            Kind::Freeze,
+            "peak",
+            Some(&body),
+            &Precondition::IfNoneMatchAny,
+            &report,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Precondition(_))),
+        "{refused:?}"
+    );
+    assert_eq!(changes(store.clone()).await, ["Created"]);
+    let (_, created) = store
+        .write_reported(
+            "f",
+            Kind::Freeze,
+            "peak",
+            Some(&body),
+            &Precondition::IfMatch(etag),
+            &report,
+        )
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(
+        store
+            .write_reported(
+                "f",
+                Kind::Freeze,
+                "peak",
+                None,
+                &Precondition::None,
+                &report
+            )
+            .await
+            .unwrap(),
+        (None, true)
+    );
+    assert!(
+        store
+            .get("f", Kind::Freeze, "peak")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Gone already: nothing to report.
+    assert_eq!(
+        store
+            .write_reported(
+                "f",
+                Kind::Freeze,
+                "peak",
+                None,
+                &Precondition::None,
+                &report
+            )
+            .await
+            .unwrap(),
+        (None, false)
+    );
+    assert_eq!(
+        changes(store.clone()).await,
+        ["Created", "Updated", "Deleted"]
+    );
+    // Only a fleet's rules are written so.
+    let member = store
+        .write_reported(
+            "f",
+            Kind::Member,
+            "m",
+            Some("{}"),
+            &Precondition::None,
+            &report,
+        )
+        .await;
+    assert!(
+        matches!(member, Err(StoreError::Refused { .. })),
+        "{member:?}"
+    );
+    assert!(store.get("f", Kind::Member, "m").await.unwrap().is_none());
 }
 
 async fn events_make_deliveries_in_their_own_batch(store: Arc<dyn Store>) {
