@@ -4881,3 +4881,87 @@ async fn a_finished_run_is_rolled_back_by_its_rollback_run() {
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
 }
+
+/// A run's plan at creation (#42): what it leaves to chance is said in its warnings, without
+/// refusing it: a group that selects nobody, a stage threshold stricter than its group's,
+/// fleet members in no group, members more than one minor behind without a chain, and a target
+/// some members' regions do not list yet.
+#[tokio::test]
+async fn a_run_s_plan_says_what_it_leaves_to_chance() {
+    let h = Harness::start("plan-warnings").await;
+    let clusters = json!({
+        "c-a": {"region": "eastus", "kubernetesVersion": "1.29.9"},
+        "c-b": {"region": "eastus", "kubernetesVersion": "1.30.5"},
+        "c-c": {"region": "westus", "kubernetesVersion": "1.30.5"},
+    });
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/f1",
+        Some(json!({"properties": {"driver": {"type": "sim", "timeScale": 6000,
+            "catalog": {"eastus": {"kubernetes": [{"version": "1.29.9"}, {"version": "1.30.5"}, {"version": "1.31.1"}]},
+                        "westus": {"kubernetes": [{"version": "1.30.5"}]}},
+            "clusters": clusters}}})),
+    )
+    .await;
+    for (name, group) in [("a", "g1"), ("b", "elsewhere"), ("c", "g2")] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let (status, run, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {
+                "strategy": {"stages": [{"name": "s", "groups": [
+                    {"name": "g1", "maxAllowedFailures": "1"},
+                    {"name": "g2"},
+                    {"name": "nobody"}]}]},
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+            }})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let warnings: Vec<&str> = run["properties"]["status"]["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for expected in [
+        r#"group "nobody" of stage "s" selects no member of the fleet"#,
+        r#"group "g1" allows 1 failures, but its stage "s" allows 0 (maxAllowedFailures not given): the stage fails first"#,
+        "1 of the fleet's 3 members are in no group of the strategy and are left out of the run (b)",
+        "1 members are more than one minor behind 1.31.1 (a)",
+        "1.31.1 is not listed yet in westus (1 members)",
+    ] {
+        assert!(
+            warnings.iter().any(|w| w.starts_with(expected)),
+            "{expected:?} in {warnings:#?}"
+        );
+    }
+    // With the chain, the minor skip is no longer a surprise.
+    let chained = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r2",
+            Some(json!({"properties": {
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}},
+                "chainMinorVersions": true,
+            }})),
+        )
+        .await;
+    let text = chained["properties"]["status"]["warnings"].to_string();
+    assert!(!text.contains("minor behind"), "{text}");
+    assert!(
+        !text.contains("no group"),
+        "no strategy, no group to miss: {text}"
+    );
+}

@@ -72,6 +72,14 @@ fn checks(out: &mut String, prefix: &str, results: &[CheckResult]) {
 }
 
 /// The final tree of a run status.
+/// How many members a stage or group selected.
+fn count(members: usize) -> String {
+    match members {
+        1 => "1 member".to_string(),
+        n => format!("{n} members"),
+    }
+}
+
 pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -92,9 +100,10 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
     for stage in &status.stages {
         let _ = writeln!(
             out,
-            "  stage {}  {:?}  failures {}/{} allowed  concurrency {}{}",
+            "  stage {}  {:?}  {}  failures {}/{} allowed  concurrency {}{}",
             stage.name,
             stage.status.state,
+            count(stage.groups.iter().map(|g| g.members.len()).sum()),
             stage.failure_count,
             stage.max_allowed_failures,
             stage.max_concurrency,
@@ -108,9 +117,10 @@ pub fn tree(name: &str, status: &UpdateRunStatus) -> String {
         for group in &stage.groups {
             let _ = writeln!(
                 out,
-                "    group {}  {:?}  failures {}/{} allowed  concurrency {}{}{}",
+                "    group {}  {:?}  {}  failures {}/{} allowed  concurrency {}{}{}",
                 group.name,
                 group.status.state,
+                count(group.members.len()),
                 group.failure_count,
                 group.max_allowed_failures,
                 group.max_concurrency,

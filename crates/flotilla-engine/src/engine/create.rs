@@ -246,6 +246,26 @@ impl Engine {
                         "group {name:?}: maxAllowedFailures {group_failures} tolerates all {size} of its members failing"
                     ));
                 }
+                if assigned.is_none() {
+                    if size == 0 && !stage.groups.is_empty() {
+                        warnings.push(format!(
+                            "group {name:?} of stage {:?} selects no member of the fleet",
+                            stage.name
+                        ));
+                    }
+                    // The stage's threshold (0 when not given) is reached first.
+                    if group_failures > stage_failures {
+                        warnings.push(format!(
+                            "group {name:?} allows {group_failures} failures, but its stage {:?} allows {stage_failures}{}: the stage fails first",
+                            stage.name,
+                            if stage.max_allowed_failures.is_none() {
+                                " (maxAllowedFailures not given)"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
+                }
                 let gate_group = Some(gi as u32);
                 engine.groups.push(GroupRt {
                     before: gates_rt(run_name, before, si as u32, gate_group, Timing::Before),
@@ -313,6 +333,9 @@ impl Engine {
                 error: None,
             });
         }
+        if assigned.is_none() {
+            warnings.extend(plan_warnings(spec, &sorted, &engine));
+        }
         // A run holds every member it selected for its whole life: no growth slack.
         engine.members.shrink_to_fit();
         engine.member_index.shrink_to_fit();
@@ -320,6 +343,85 @@ impl Engine {
         engine.warnings = warnings.clone();
         Ok((engine, warnings))
     }
+}
+
+/// What a run's plan leaves to chance (API.md, a run's plan at creation): fleet members in no
+/// group of the strategy, members more than one minor behind a target without
+/// `chainMinorVersions` (SEMANTICS §13), and a target some selected members' regions do not list
+/// yet (they wait for it). Names are listed up to three.
+fn plan_warnings(spec: &RunSpec, fleet: &[&SharedMember], engine: &Engine) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let some = |names: &[&str]| {
+        let mut text = names.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+        if names.len() > 3 {
+            text.push_str(", …");
+        }
+        text
+    };
+    if spec.strategy.is_some() {
+        let left_out: Vec<&str> = fleet
+            .iter()
+            .filter(|m| !engine.member_index.contains_key(&*m.name))
+            .map(|m| &*m.name)
+            .collect();
+        if !left_out.is_empty() {
+            warnings.push(format!(
+                "{} of the fleet's {} members are in no group of the strategy and are left out of the run ({})",
+                left_out.len(),
+                fleet.len(),
+                some(&left_out)
+            ));
+        }
+    }
+    let target = spec
+        .upgrade
+        .kubernetes_version
+        .filter(|_| spec.upgrade.changes_kubernetes());
+    if let Some(target) = target {
+        if !spec.rules.chain_minor_versions {
+            let behind: Vec<&str> = engine
+                .members
+                .iter()
+                .filter(|m| {
+                    let v = m.cluster.kubernetes_version;
+                    v.major == target.major && v.minor + 1 < target.minor
+                })
+                .map(|m| &*m.name)
+                .collect();
+            if !behind.is_empty() {
+                warnings.push(format!(
+                    "{} members are more than one minor behind {target} ({}): each is asked to skip minors, which providers such as AKS refuse; properties.chainMinorVersions takes them one minor at a time",
+                    behind.len(),
+                    some(&behind)
+                ));
+            }
+        }
+        if !engine.catalog.is_unknown() && engine.catalog.lists_kubernetes(target) {
+            let mut waiting: BTreeMap<&str, usize> = BTreeMap::new();
+            for m in &engine.members {
+                let region = m.cluster.region.as_str();
+                let listed = engine
+                    .catalog
+                    .regions
+                    .get(region)
+                    .is_some_and(|r| r.kubernetes.iter().any(|k| k.version == target));
+                if !listed {
+                    *waiting.entry(region).or_default() += 1;
+                }
+            }
+            if !waiting.is_empty() {
+                let regions: Vec<String> = waiting
+                    .iter()
+                    .map(|(r, n)| format!("{r} ({n} members)"))
+                    .collect();
+                warnings.push(format!(
+                    "{target} is not listed yet in {}: those members wait until it arrives in their region",
+                    regions.join(", ")
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 /// What the catalog cannot vouch for in a run's target (First hour, safety rails): a version no
