@@ -773,7 +773,16 @@ impl Runs {
             }
             held.remove(fleet);
         }
-        tracing::warn!(fleet, epoch, replica = %self.replica.id, "no longer driving the fleet's runs");
+        // Letting go at a clean shutdown is what was asked for; losing the lease is not.
+        if self
+            .replica
+            .closing
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::info!(fleet, epoch, replica = %self.replica.id, "let the fleet's runs go at shutdown");
+        } else {
+            tracing::warn!(fleet, epoch, replica = %self.replica.id, "no longer driving the fleet's runs");
+        }
         let task = self
             .fleets
             .lock()

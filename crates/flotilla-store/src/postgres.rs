@@ -33,6 +33,76 @@ const REGISTER_ATTEMPTS: u32 = 3;
 /// The store on a PostgreSQL database, which several replicas may share.
 pub type PgStore = SqlStore<Postgres>;
 
+/// A PostgreSQL URL as it may be shown: its password, if any, replaced.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{scheme}://{name}:***@{host}{path}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The SQLSTATE of a database's error, if it is one.
+fn sql_state(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+}
+
+/// Creates the database `options` names, connected to the server's maintenance database as the
+/// same role; a database another replica created meanwhile is fine. A role that may not create
+/// databases gets the exact command an administrator runs.
+async fn create_database(options: &PgConnectOptions, shown: &str) -> StoreResult<()> {
+    use sqlx::Connection;
+    let role = options.get_username().to_string();
+    let name = options.get_database().unwrap_or(&role).to_string();
+    let quoted = |id: &str| format!("\"{}\"", id.replace('"', "\"\""));
+    let by_hand = format!(
+        "database {name:?} does not exist on {shown}; create it as an administrator with\n  psql -h {} -p {} -U postgres -c 'CREATE DATABASE {} OWNER {}'",
+        options.get_host(),
+        options.get_port(),
+        quoted(&name),
+        quoted(&role)
+    );
+    let mut last = None;
+    for maintenance in ["postgres", "template1"] {
+        let mut conn =
+            match sqlx::PgConnection::connect_with(&options.clone().database(maintenance)).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+        let sql = format!("CREATE DATABASE {}", quoted(&name));
+        let made = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await;
+        let _ = conn.close().await;
+        return match made {
+            Ok(_) => {
+                tracing::info!(database = name, "created the database");
+                Ok(())
+            }
+            // Made by another replica starting at the same time.
+            Err(e) if matches!(sql_state(&e).as_deref(), Some("42P04" | "23505")) => Ok(()),
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "{by_hand}\n(role {role:?} may not create it here: {e})"
+            ))),
+        };
+    }
+    Err(StoreError::Unavailable(format!(
+        "{by_hand}\n(the server's maintenance database cannot be reached to create it: {})",
+        last.map_or_else(String::new, |e| e.to_string())
+    )))
+}
+
 impl SqlStore<Postgres> {
     /// Connects to `url` (`postgres://user@host:port/database`), runs migrations (one replica
     /// at a time), and starts listening for other replicas' notices.
@@ -41,20 +111,33 @@ impl SqlStore<Postgres> {
             // The URL may hold a password: it is not repeated.
             StoreError::Unavailable(format!("--database: not a PostgreSQL URL: {e}"))
         })?;
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(
-                options
-                    .application_name("flotilla")
-                    // A replica paused or cut off inside a transaction would hold its row locks
-                    // (a fleet's lease row among them) and block every other replica's
-                    // takeover; the database ends such a session instead. Flotilla's
-                    // transactions never wait between statements for anything but the database.
-                    .options([("idle_in_transaction_session_timeout", "1000")]),
-            )
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("cannot connect to {url}: {e}")))?;
+        let connect = |options: PgConnectOptions| {
+            PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(
+                    options
+                        .application_name("flotilla")
+                        // A replica paused or cut off inside a transaction would hold its row
+                        // locks (a fleet's lease row among them) and block every other replica's
+                        // takeover; the database ends such a session instead. Flotilla's
+                        // transactions never wait between statements for anything but the
+                        // database.
+                        .options([("idle_in_transaction_session_timeout", "1000")]),
+                )
+        };
+        let shown = redacted(url);
+        let unreachable =
+            |e: sqlx::Error| StoreError::Unavailable(format!("cannot connect to {shown}: {e}"));
+        let pool = match connect(options.clone()).await {
+            Ok(pool) => pool,
+            // The database does not exist yet: made here if the role may create databases.
+            Err(e) if sql_state(&e).as_deref() == Some("3D000") => {
+                create_database(&options, &shown).await?;
+                connect(options).await.map_err(unreachable)?
+            }
+            Err(e) => return Err(unreachable(e)),
+        };
         let store = PgStore {
             pool,
             notices: broadcast::channel(4096).0,

@@ -3036,3 +3036,51 @@ async fn deleting_a_webhook_takes_its_deliveries(store: Arc<dyn Store>) {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].event_id, "f/r/0/3");
 }
+
+/// A PostgreSQL database that does not exist is created when the role may create databases;
+/// otherwise the error says exactly what an administrator runs, and never shows the URL's
+/// password (#42).
+#[tokio::test]
+async fn a_missing_postgres_database_is_created_or_its_creation_spelled_out() {
+    if !postgres_reachable() {
+        return;
+    }
+    use sqlx::Connection;
+    let name = format!("flotilla_made_{}_{}", std::process::id(), unique());
+    let _made = TempDatabase(name.clone());
+    let store = PgStore::open(&format!("{}/{name}", postgres_base()))
+        .await
+        .expect("the database is created");
+    store.list_tokens().await.expect("and migrated");
+    drop(store);
+    // A role that may log in but not create databases.
+    let role = format!("flotilla_nocreate_{}", std::process::id());
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
+        .await
+        .unwrap();
+    for sql in [
+        format!("DROP ROLE IF EXISTS {role}"),
+        format!("CREATE ROLE {role} LOGIN NOCREATEDB PASSWORD 'hunter2'"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let base = postgres_base();
+    let host = base
+        .rsplit_once('@')
+        .map_or(base.trim_start_matches("postgres://"), |(_, h)| h);
+    let never = format!("flotilla_never_{}", std::process::id());
+    let refused = PgStore::open(&format!("postgres://{role}:hunter2@{host}/{never}")).await;
+    let message = refused.err().expect("refused").to_string();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        message.contains(&format!("CREATE DATABASE \"{never}\" OWNER \"{role}\"")),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+}

@@ -163,7 +163,7 @@ enum Command {
         #[arg(long, env = "FLOTILLA_DATABASE")]
         database: Option<String>,
         /// Serve without authentication (loopback addresses only).
-        #[arg(long)]
+        #[arg(long, env = "FLOTILLA_INSECURE_NO_AUTH")]
         insecure_no_auth: bool,
         /// Seconds a replica's hold on a fleet lasts without renewal: how long a dead replica's
         /// runs wait before another replica takes them over.
@@ -171,7 +171,12 @@ enum Command {
         lease_ttl: f64,
         /// Bytes of input log a run writes before it is checkpointed (at least its
         /// checkpoint's size): a restart replays at most about this much of each run's log.
-        #[arg(long, default_value_t = flotilla_server::runs::CHECKPOINT_AFTER, value_name = "BYTES")]
+        #[arg(
+            long,
+            default_value_t = flotilla_server::runs::CHECKPOINT_AFTER,
+            value_name = "BYTES",
+            env = "FLOTILLA_CHECKPOINT_AFTER"
+        )]
         checkpoint_after: u64,
         /// How long the audit trail keeps an entry (`400d`, `12h`, `90m`, `30s`, or seconds):
         /// older entries are pruned in the background.
@@ -184,6 +189,21 @@ enum Command {
         audit_retention: String,
         #[command(flatten)]
         limits: ServeLimits,
+        /// A configuration file (TOML): any of these flags as `key = value`, named as the flag
+        /// (`listen`, `database`, `lease-ttl` or `lease_ttl`, lists for repeatable flags). A flag
+        /// given on the command line wins over its environment variable, which wins over the
+        /// file; unknown keys are refused.
+        #[arg(long, env = "FLOTILLA_SERVE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print the configuration `serve` would run with (every setting, from the command
+        /// line, the environment, the file or its default) as TOML, and exit.
+        #[arg(long)]
+        print_config: bool,
+        /// How log lines are written to standard error: `plain` (no colour unless it is a
+        /// terminal) or `json` (one object per line). Which lines: `FLOTILLA_LOG` (`info` by
+        /// default for `serve`; `warn`, `debug`, or per module: `flotilla_server=debug`).
+        #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "FLOTILLA_LOG_FORMAT")]
+        log_format: LogFormat,
     },
     /// Fleets and their drivers.
     Fleet {
@@ -797,10 +817,171 @@ async fn token_command(
     }
 }
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// The arguments with `serve`'s configuration file laid under them: each key of the file that
+/// names a flag given neither on the command line nor in its environment variable becomes that
+/// flag. Anything wrong with the file (unreadable, not TOML, a key no flag has, a value of the
+/// wrong shape) is an error naming the file and the key.
+fn with_config_file(args: Vec<std::ffi::OsString>) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    use clap::CommandFactory;
+    use clap::parser::ValueSource;
+    let command = Cli::command();
+    // Whatever does not parse is left for the real parse to report.
+    let Ok(matches) = command.clone().try_get_matches_from(&args) else {
+        return Ok(args);
+    };
+    let Some(("serve", given)) = matches.subcommand() else {
+        return Ok(args);
+    };
+    let Some(path) = given.get_one::<PathBuf>("config") else {
+        return Ok(args);
+    };
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).with_context(|| format!("--config {shown}"))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("--config {shown}: not TOML"))?;
+    let serve = command
+        .find_subcommand("serve")
+        .context("the serve command")?;
+    let settable: Vec<&clap::Arg> = serve
+        .get_arguments()
+        .filter(|a| {
+            a.get_long()
+                .is_some_and(|l| !["config", "print-config", "help"].contains(&l))
+        })
+        .collect();
+    let mut extra: Vec<std::ffi::OsString> = Vec::new();
+    for (key, value) in &table {
+        let long = key.replace('_', "-");
+        let Some(arg) = settable
+            .iter()
+            .find(|a| a.get_long() == Some(long.as_str()))
+        else {
+            let known: Vec<&str> = settable.iter().filter_map(|a| a.get_long()).collect();
+            bail!(
+                "--config {shown}: unknown key {key:?}; the keys are the flags of `flotilla serve`: {}",
+                known.join(", ")
+            );
+        };
+        if matches!(
+            given.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        let flag = format!("--{long}");
+        let scalar = |v: &toml::Value| -> anyhow::Result<String> {
+            Ok(match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(x) => x.to_string(),
+                other => bail!(
+                    "--config {shown}: {key} = {other}: must be a string or a number{}",
+                    if arg.get_action().takes_values() {
+                        ""
+                    } else {
+                        " (or true/false)"
+                    }
+                ),
+            })
+        };
+        match (value, arg.get_action().takes_values()) {
+            (toml::Value::Boolean(on), false) => {
+                if *on {
+                    extra.push(flag.into());
+                }
+            }
+            (_, false) => bail!("--config {shown}: {key} = {value}: must be true or false"),
+            (toml::Value::Array(items), true)
+                if matches!(arg.get_action(), clap::ArgAction::Append) =>
+            {
+                for item in items {
+                    extra.push(flag.clone().into());
+                    extra.push(scalar(item)?.into());
+                }
+            }
+            (v, true) => {
+                extra.push(flag.into());
+                extra.push(scalar(v)?.into());
+            }
+        }
+    }
+    let mut args = args;
+    args.extend(extra);
+    Ok(args)
+}
+
+/// The configuration `serve` runs with, as TOML: every setting of `flotilla serve` with the
+/// value it has (from the command line, the environment, the file, or its default).
+fn print_config(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let matches = command.clone().try_get_matches_from(args)?;
+    let Some(("serve", given)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let serve = command
+        .find_subcommand("serve")
+        .context("the serve command")?;
+    let mut table = toml::Table::new();
+    for arg in serve.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if ["config", "print-config", "help"].contains(&long) {
+            continue;
+        }
+        let id = arg.get_id().as_str();
+        if !arg.get_action().takes_values() {
+            table.insert(long.to_string(), toml::Value::Boolean(given.get_flag(id)));
+            continue;
+        }
+        let values: Vec<String> = given
+            .get_raw(id)
+            .into_iter()
+            .flatten()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
+        let value = match (values.as_slice(), repeatable) {
+            (_, true) => toml::Value::Array(values.into_iter().map(toml::Value::String).collect()),
+            ([], false) => continue,
+            ([one], false) => toml::Value::String(one.clone()),
+            (_, false) => toml::Value::Array(values.into_iter().map(toml::Value::String).collect()),
+        };
+        table.insert(long.to_string(), value);
+    }
+    out!("{}", toml::to_string(&table)?);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // One TLS implementation for the client, the server and PostgreSQL: rustls on aws-lc.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let cli = Cli::parse();
+    let args = match with_config_file(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("flotilla: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(&args);
+    if let Command::Serve {
+        print_config: true, ..
+    } = &cli.command
+    {
+        return match print_config(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("flotilla: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let outcome = match cli.command {
         Command::Simulate {
             scenario,
@@ -822,13 +1003,24 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         command => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-                        .unwrap_or_else(|_| "warn".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            // A server says what it does (serving, leases taken, a clean shutdown) at INFO; the
+            // other commands only what goes wrong. Colour only on a terminal.
+            let (format, default_level) = match &command {
+                Command::Serve { log_format, .. } => (*log_format, "info"),
+                _ => (LogFormat::Plain, "warn"),
+            };
+            let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| default_level.into());
+            let logs = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr);
+            match format {
+                LogFormat::Json => logs.json().init(),
+                LogFormat::Plain => {
+                    use std::io::IsTerminal;
+                    logs.with_ansi(std::io::stderr().is_terminal()).init()
+                }
+            }
             match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -843,6 +1035,7 @@ fn main() -> ExitCode {
                             checkpoint_after,
                             audit_retention,
                             limits,
+                            ..
                         } => {
                             let timing = ServeTiming {
                                 lease_ttl,
