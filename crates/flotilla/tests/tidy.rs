@@ -239,6 +239,18 @@ fn copies_of_the_shared_suite_match_it() {
                 shared.join("spec/SEMANTICS.md"),
                 workspace().join("docs/spec/SEMANTICS.md"),
             ),
+            (
+                shared.join("spec/STYLE.md"),
+                workspace().join("docs/spec/STYLE.md"),
+            ),
+            (
+                shared.join("spec/ENGINE-DESIGN.md"),
+                workspace().join("docs/spec/ENGINE-DESIGN.md"),
+            ),
+            (
+                shared.join("spec/FLEET-DESIGN.md"),
+                workspace().join("docs/spec/FLEET-DESIGN.md"),
+            ),
         ]);
     let mut stale = Vec::new();
     for (original, copy) in pairs {
