@@ -268,3 +268,68 @@ fn copies_of_the_shared_suite_match_it() {
         stale.join("\n")
     );
 }
+
+/// `flotilla <path> --help`, as a user reads it (no environment variable set shows a value).
+fn help(path: &[String]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(path)
+        .arg("--help")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("COLUMNS", "100")
+        .output()
+        .expect("the binary runs");
+    assert!(out.status.success(), "flotilla {} --help", path.join(" "));
+    String::from_utf8(out.stdout).expect("UTF-8 help")
+}
+
+/// The subcommands a help text lists.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(String::from)
+        .collect()
+}
+
+/// docs/cli.md is the command line's own help, every command and flag of it, so the reference
+/// never drifts from the binary (#42). `FLOTILLA_BLESS=1 cargo test -p flotilla --test tidy`
+/// writes it again after a change to the command line.
+#[test]
+fn the_cli_reference_is_the_cli_s_own_help() {
+    let mut doc = String::from(
+        "# The command line, command by command\n\n\
+         Every command of `flotilla` and every flag, as `--help` prints them (a flag's environment\n\
+         variable is named in brackets). Written from the binary by\n\
+         `FLOTILLA_BLESS=1 cargo test -p flotilla --test tidy`; a test fails when it differs.\n",
+    );
+    let mut paths: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(path) = paths.pop() {
+        let text = help(&path);
+        let title = if path.is_empty() {
+            "flotilla".to_string()
+        } else {
+            format!("flotilla {}", path.join(" "))
+        };
+        doc.push_str(&format!("\n## `{title}`\n\n```text\n{}```\n", text));
+        // Depth first, in the order the help lists them.
+        for sub in subcommands(&text).into_iter().rev() {
+            let mut next = path.clone();
+            next.push(sub);
+            paths.push(next);
+        }
+    }
+    let file = workspace().join("docs/cli.md");
+    if std::env::var_os("FLOTILLA_BLESS").is_some() {
+        std::fs::write(&file, &doc).expect("docs/cli.md written");
+        return;
+    }
+    let written = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        written == doc,
+        "docs/cli.md is not the command line's help: write it again with\n  FLOTILLA_BLESS=1 cargo test -p flotilla --test tidy"
+    );
+}
