@@ -497,24 +497,45 @@ impl Runs {
                 .await
                 .map(|_| ());
         }
+        let make = |reply| Msg::Action {
+            run: run.to_string(),
+            input: input.clone(),
+            reply,
+            at: Instant::now(),
+        };
+        self.ask_loaded(fleet, run, None, make).await
+    }
+
+    /// Gives a message made around a reply to the task driving run `run` (loaded first, with
+    /// run `also` if the store holds it) and waits for the answer: a run dropped just before
+    /// the message came (it finished) is loaded again once.
+    async fn ask_loaded(
+        self: &Arc<Self>,
+        fleet: &str,
+        run: &str,
+        also: Option<&str>,
+        make: impl Fn(Reply) -> Msg,
+    ) -> Result<(), ApiError> {
         for _ in 0..2 {
             let tx = self.handle(fleet, run).await?;
+            if let Some(also) = also {
+                let recorded = self
+                    .store
+                    .get_raw(fleet, Kind::Run, also)
+                    .await
+                    .map_err(|e| ApiError::conflict(e.to_string()))?;
+                if recorded.is_some() {
+                    self.handle(fleet, also).await?;
+                }
+            }
             let (reply, answer) = oneshot::channel();
-            if tx
-                .send(Msg::Action {
-                    run: run.to_string(),
-                    input: input.clone(),
-                    reply,
-                    at: Instant::now(),
-                })
-                .is_err()
-            {
+            if tx.send(make(reply)).is_err() {
                 continue;
             }
             match answer.await {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(Refusal::Api(e))) => return Err(e),
-                // The run finished (or was dropped) just before the action came: load it again.
+                // The run finished (or was dropped) just before the message came: load it again.
                 Ok(Err(Refusal::NotLoaded)) => continue,
                 Err(_) => {
                     return Err(ApiError::conflict(
@@ -580,41 +601,15 @@ impl Runs {
                 .await
                 .map(|_| name);
         }
-        for _ in 0..2 {
-            let tx = self.handle(fleet, original).await?;
-            // A rollback run recorded before a restart is driven again: it is the answer.
-            let recorded = self
-                .store
-                .get_raw(fleet, Kind::Run, &name)
-                .await
-                .map_err(|e| ApiError::conflict(e.to_string()))?;
-            if recorded.is_some() {
-                self.handle(fleet, &name).await?;
-            }
-            let (reply, answer) = oneshot::channel();
-            let asked = Msg::RollBack {
-                original: original.to_string(),
-                system_data: system_data.clone(),
-                answer: Answer::Caller(reply),
-                at: Instant::now(),
-            };
-            if tx.send(asked).is_err() {
-                continue;
-            }
-            match answer.await {
-                Ok(Ok(())) => return Ok(name),
-                Ok(Err(Refusal::Api(e))) => return Err(e),
-                Ok(Err(Refusal::NotLoaded)) => continue,
-                Err(_) => {
-                    return Err(ApiError::conflict(
-                        "the fleet's reconciler stopped; try again",
-                    ));
-                }
-            }
-        }
-        Err(ApiError::conflict(
-            "the run's reconciler is not available; try again",
-        ))
+        // A rollback run recorded before a restart is driven again: it is the answer.
+        let make = |reply| Msg::RollBack {
+            original: original.to_string(),
+            system_data: system_data.clone(),
+            answer: Answer::Caller(reply),
+            at: Instant::now(),
+        };
+        self.ask_loaded(fleet, original, Some(&name), make).await?;
+        Ok(name)
     }
 
     /// Creates (or replaces, before it starts) run `request.run` and answers it as recorded:

@@ -540,26 +540,11 @@ impl FleetActor {
                 .map_err(refused)?;
             when = Precondition::None;
         }
-        let (snapshot_etag, _) = store
-            .put_raw(
-                &self.fleet,
-                Kind::RunSnapshot,
-                &name,
-                &internal,
-                &Precondition::None,
-            )
-            .await
-            .map_err(refused)?;
+        let recorded = self
+            .record_run(&name, &internal, &text, &head, &when)
+            .await?;
         drop(internal);
-        let (etag, created) = store
-            .put_raw(&self.fleet, Kind::Run, &name, &text, &when)
-            .await
-            .map_err(refused)?;
-        // Were this lost (a crash between the two writes), the run's document is read instead.
-        store
-            .init_run_head(&self.fleet, &name, &head)
-            .await
-            .map_err(refused)?;
+        let (snapshot_etag, etag, created) = recorded;
         self.engine.take_run(&name, engine)?;
         self.drive(&name, base, snapshot_etag, (0, 0), true);
         Ok(CreatedRun {
@@ -568,6 +553,41 @@ impl FleetActor {
             created,
             warnings,
         })
+    }
+
+    /// Records a run made here before the fleet's engine takes it in: its snapshot, its document
+    /// (under `when`) and its head. Answers the snapshot's eTag, the document's, and whether the
+    /// document was created.
+    async fn record_run(
+        &self,
+        name: &str,
+        snapshot: &str,
+        document: &str,
+        head: &str,
+        when: &Precondition,
+    ) -> Result<(String, String, bool), ApiError> {
+        let store = &self.runs.store;
+        let refused = |e: StoreError| ApiError::conflict(e.to_string());
+        let (snapshot_etag, _) = store
+            .put_raw(
+                &self.fleet,
+                Kind::RunSnapshot,
+                name,
+                snapshot,
+                &Precondition::None,
+            )
+            .await
+            .map_err(refused)?;
+        let (etag, created) = store
+            .put_raw(&self.fleet, Kind::Run, name, document, when)
+            .await
+            .map_err(refused)?;
+        // Were this lost (a crash between the two writes), the run's document is read instead.
+        store
+            .init_run_head(&self.fleet, name, head)
+            .await
+            .map_err(refused)?;
+        Ok((snapshot_etag, etag, created))
     }
 
     /// Rolls back run `original` as the fleet's engine decides (SEMANTICS §15) and answers the
@@ -618,32 +638,10 @@ impl FleetActor {
         drop((status, engine));
         let internal = snapshot_document(&snapshot, now).map_err(unwritable)?;
         drop(snapshot);
-        let store = &self.runs.store;
-        let refused = |e: StoreError| ApiError::conflict(e.to_string());
-        let (snapshot_etag, _) = store
-            .put_raw(
-                &self.fleet,
-                Kind::RunSnapshot,
-                &name,
-                &internal,
-                &Precondition::None,
-            )
-            .await
-            .map_err(refused)?;
-        store
-            .put_raw(
-                &self.fleet,
-                Kind::Run,
-                &name,
-                &text,
-                &Precondition::IfNoneMatchAny,
-            )
-            .await
-            .map_err(refused)?;
-        store
-            .init_run_head(&self.fleet, &name, &head)
-            .await
-            .map_err(refused)?;
+        let when = Precondition::IfNoneMatchAny;
+        let (snapshot_etag, _, _) = self
+            .record_run(&name, &internal, &text, &head, &when)
+            .await?;
         let made = self.engine.create_rollback_run(now, original)?;
         self.drive(&made, base, snapshot_etag, (0, 0), false);
         Ok(made)
