@@ -264,6 +264,75 @@ pub enum EventType {
     DisruptionBudgetChanged,
 }
 
+impl EventType {
+    /// Every event type, in the order of the enum: what a client matches a name against (the
+    /// CLI's `--events`, in any case).
+    pub const ALL: [EventType; 40] = [
+        EventType::RunStarted,
+        EventType::RunStopped,
+        EventType::RunCompleted,
+        EventType::RunFailed,
+        EventType::RunSkipped,
+        EventType::StageStarted,
+        EventType::StageCompleted,
+        EventType::StageFailed,
+        EventType::StageSkipped,
+        EventType::StageStopped,
+        EventType::GroupStarted,
+        EventType::GroupCompleted,
+        EventType::GroupFailed,
+        EventType::GroupSkipped,
+        EventType::GroupStopped,
+        EventType::GatePending,
+        EventType::GateCompleted,
+        EventType::GateSkipped,
+        EventType::GateFailed,
+        EventType::WaitStarted,
+        EventType::WaitCompleted,
+        EventType::WaitSkipped,
+        EventType::MemberPending,
+        EventType::MemberStarted,
+        EventType::MemberReattached,
+        EventType::MemberSucceeded,
+        EventType::MemberFailed,
+        EventType::MemberSkipped,
+        EventType::MemberStopped,
+        EventType::MemberVerifying,
+        EventType::MemberHopStarted,
+        EventType::MemberHopSucceeded,
+        EventType::MemberHopFailed,
+        EventType::MemberRollingBack,
+        EventType::MemberRolledBack,
+        EventType::RollbackRunCreated,
+        EventType::HealthCheckEvaluated,
+        EventType::ActionRejected,
+        EventType::FreezeChanged,
+        EventType::DisruptionBudgetChanged,
+    ];
+}
+
+#[cfg(test)]
+mod event_type_tests {
+    use super::EventType;
+
+    /// `ALL` is every variant: serde's list of the names it reads, which the derive keeps.
+    #[test]
+    fn all_lists_every_event_type() {
+        let e = serde_json::from_value::<EventType>(serde_json::json!("NoSuchEvent"))
+            .expect_err("not an event type");
+        let message = e.to_string();
+        let listed: Vec<&str> = message
+            .split("expected one of ")
+            .nth(1)
+            .expect("serde lists the variants")
+            .split(", ")
+            .map(|v| v.trim_matches('`'))
+            .collect();
+        let all: Vec<String> = EventType::ALL.iter().map(|t| format!("{t:?}")).collect();
+        assert_eq!(listed, all);
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub time: Time,

@@ -692,7 +692,7 @@ pub fn router(state: Shared) -> Router {
         .route(&format!("{fleet}/gates"), get(list_gates))
         .route(
             &format!("{fleet}/gates/{{gate}}"),
-            getter(Kind::Gate).patch(patch_gate),
+            get(get_gate).patch(patch_gate),
         )
         .route(&format!("{fleet}/releases"), get(releases))
         .route(&format!("{fleet}/forecast"), post(forecast_what_if))

@@ -4965,3 +4965,149 @@ async fn a_run_s_plan_says_what_it_leaves_to_chance() {
         "no strategy, no group to miss: {text}"
     );
 }
+
+/// A gate its run lists but has not reached yet (SEMANTICS §5: its resource appears when the
+/// run reaches it) is answered as not reached, where it is, never "does not exist"; approving
+/// it is a conflict. An id no run holds still does not exist.
+#[tokio::test]
+async fn a_gate_not_reached_yet_says_so() {
+    let h = Harness::start("gate-not-reached").await;
+    fleet_of(&h, &[("a", "canary", "1.30.5"), ("b", "prod", "1.30.5")]).await;
+    let run = h
+        .ok(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateRuns/r1",
+            Some(json!({"properties": {
+                "strategy": {"stages": [
+                    {"name": "canary", "groups": [{"name": "canary"}]},
+                    {"name": "prod", "beforeGates": [{"type": "Approval", "displayName": "Go to production"}],
+                     "groups": [{"name": "prod"}]}]},
+                "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+        )
+        .await;
+    let gate = run["properties"]["status"]["stages"][1]["beforeGates"][0]["gateId"]
+        .as_str()
+        .expect("the run's status lists its gate")
+        .to_string();
+    let (status, body, _) = h
+        .call(
+            "reader",
+            Method::GET,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("gate {gate} is not reached yet"))
+            && message.contains(r#"the before-gate "Go to production" of stage "prod" of update run "r1" (NotStarted)"#)
+            && !message.contains("does not exist"),
+        "{body}"
+    );
+    let (status, body, _) = h
+        .call(
+            "approver",
+            Method::PATCH,
+            &format!("/v1/fleets/f1/gates/{gate}"),
+            Some(json!({"properties": {"state": "Completed"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot be approved yet") && m.contains("not reached yet")),
+        "{body}"
+    );
+    let (status, body, _) = h
+        .call(
+            "reader",
+            Method::GET,
+            "/v1/fleets/f1/gates/00000000-0000-4000-8000-000000000000",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not exist")),
+        "{body}"
+    );
+    // Once the run reaches it, the gate is there, Pending.
+    h.ok(
+        "operator",
+        Method::POST,
+        "/v1/fleets/f1/updateRuns/r1/start",
+        None,
+    )
+    .await;
+    h.wait_run("/v1/fleets/f1/updateRuns/r1", "the gate", |r| {
+        r["properties"]["status"]["stages"][1]["beforeGates"][0]["status"]["state"] == "Pending"
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body, _) = h
+            .call(
+                "reader",
+                Method::GET,
+                &format!("/v1/fleets/f1/gates/{gate}"),
+                None,
+            )
+            .await;
+        if status == StatusCode::OK {
+            assert_eq!(body["properties"]["state"], "Pending", "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A stages body written as a bare array, and a cron expression as a freeze's recurring
+/// schedule: 400, naming the field and the value and saying what is expected.
+#[tokio::test]
+async fn bare_stages_and_cron_schedules_are_refused_clearly() {
+    let h = Harness::start("shapes").await;
+    fleet_of(&h, &[("a", "canary", "1.30.5")]).await;
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/updateStrategies/s",
+            Some(json!({"properties": {"strategy": [{"name": "canary", "groups": [{"name": "canary"}]}]}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["target"], "properties.strategy", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(r#"expected an object {"stages": [...]}"#)
+            && message.contains("not an array")
+            && !message.contains("expected a sequence"),
+        "{body}"
+    );
+    let (status, body, _) = h
+        .call(
+            "operator",
+            Method::PUT,
+            "/v1/fleets/f1/freezes/nights",
+            Some(
+                json!({"properties": {"recurrence": {"schedule": "0 3 * * 1", "durationHours": 4,
+                "startTime": "03:00", "utcOffset": "+00:00"}}}),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("properties.recurrence.schedule")
+            && message.contains(r#"not the string "0 3 * * 1""#)
+            && message.contains(r#"{"weekly": {"intervalWeeks": 1, "dayOfWeek": "Saturday"}}"#)
+            && !message.contains("ScheduleSpec"),
+        "{body}"
+    );
+}

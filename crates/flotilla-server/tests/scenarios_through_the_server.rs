@@ -646,7 +646,7 @@ async fn act(h: &Harness, fleet: &str, run: Option<&str>, action: &Action) -> Op
                 }
                 None => (
                     StatusCode::NOT_FOUND,
-                    json!({"error": {"code": "NotFound", "message": format!("no {} gate at stage {:?} group {:?}", locator.timing, locator.stage, locator.group), "target": "gate"}}),
+                    json!({"error": {"code": "NotFound", "message": locator.not_found_message(), "target": "gate"}}),
                 ),
             }
         }

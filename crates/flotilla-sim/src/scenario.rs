@@ -220,6 +220,42 @@ pub struct GateLocator {
     pub timing: String,
 }
 
+impl GateLocator {
+    /// What an approve action says when the run has no such gate: the place in words, never
+    /// Rust's spelling of an absent group (`None`, `Some("g")`).
+    pub fn not_found_message(&self) -> String {
+        match &self.group {
+            Some(group) => format!(
+                "no {} gate at stage {:?}, group {group:?}",
+                self.timing, self.stage
+            ),
+            None => format!("no {} gate of stage {:?}", self.timing, self.stage),
+        }
+    }
+}
+
+#[cfg(test)]
+mod locator_tests {
+    use super::GateLocator;
+
+    #[test]
+    fn a_missing_gate_is_named_in_words() {
+        let at = |group: Option<&str>| GateLocator {
+            stage: "prod".into(),
+            group: group.map(String::from),
+            timing: "Before".into(),
+        };
+        assert_eq!(
+            at(None).not_found_message(),
+            r#"no Before gate of stage "prod""#
+        );
+        assert_eq!(
+            at(Some("eu")).not_found_message(),
+            r#"no Before gate at stage "prod", group "eu""#
+        );
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TargetSpec {

@@ -1087,10 +1087,7 @@ fn act(
                 ),
                 None => Err(ApiError::new(
                     ErrorCode::NotFound,
-                    format!(
-                        "no {} gate at stage {:?} group {:?}",
-                        locator.timing, locator.stage, locator.group
-                    ),
+                    locator.not_found_message(),
                     "gate",
                 )),
             }

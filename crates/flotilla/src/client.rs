@@ -317,10 +317,12 @@ impl Client {
     }
 
     /// A streaming GET (server-sent events).
-    pub async fn stream(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+    /// A live event stream from the event after `after` (`Last-Event-ID`; 0: from the start).
+    pub async fn stream(&self, path: &str, after: usize) -> anyhow::Result<reqwest::Response> {
         let response = self
             .request(reqwest::Method::GET, path)
             .header("Accept", "text/event-stream")
+            .header("Last-Event-ID", after.to_string())
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;

@@ -90,12 +90,14 @@ impl WaitFor {
 }
 
 /// Polls `path` until `wait`'s condition holds: exit 0 then, 1 after `--timeout`, 2 on an error
-/// other than the resource being absent.
+/// other than the resource being absent. A `--custom` condition that does not hold on a
+/// resource that has `ended` (an update run over) cannot come to hold: exit 1 at once.
 async fn wait_for(
     client: &Client,
     path: &str,
     what: &str,
     wait: &WaitFor,
+    ended: fn(&Value) -> Option<String>,
 ) -> anyhow::Result<ExitCode> {
     let conditions = [
         wait.created,
@@ -136,6 +138,14 @@ async fn wait_for(
         if holds {
             return Ok(ExitCode::SUCCESS);
         }
+        if let (Some(v), Some(custom)) = (&found, &wait.custom)
+            && let Some(how) = ended(v)
+        {
+            eprintln!(
+                "flotilla: {what} {how} and changes no more by itself; --custom {custom:?} does not hold"
+            );
+            return Ok(ExitCode::from(1));
+        }
         let now = Instant::now();
         if now >= deadline {
             eprintln!(
@@ -146,6 +156,22 @@ async fn wait_for(
         }
         tokio::time::sleep(interval.min(deadline - now)).await;
     }
+}
+
+/// What a resource other than an update run is: never over, a condition on it may hold later.
+fn never_ends(_: &Value) -> Option<String> {
+    None
+}
+
+/// How an update run ended (`ended Completed`), if it has: nothing about it changes by itself
+/// any more.
+fn run_ended(run: &Value) -> Option<String> {
+    finished(run).then(|| {
+        format!(
+            "ended {}",
+            s(run, &["properties", "status", "status", "state"])
+        )
+    })
 }
 
 /// Whether a command failed because what it names does not exist (404).
@@ -424,7 +450,7 @@ pub enum RunCommand {
     Skip {
         #[command(flatten)]
         target: Target,
-        /// Space-separated targets to skip, each `Type:Name` with Type (case-sensitive) one of
+        /// Space-separated targets to skip, each `Type:Name` with Type (in any case) one of
         /// `Member`, `Group`, `Stage` or `AfterStageWait` (a wait is named by its stage).
         #[arg(long, num_args = 1.., required = true)]
         targets: Vec<String>,
@@ -452,7 +478,8 @@ pub enum RunCommand {
     },
     /// Wait until the run ends; the exit code tells how it ended (0 completed, 6 completed with
     /// tolerated failures, 4 failed, 5 stopped, 1 not ended by `--timeout`). With `--created`,
-    /// `--updated`, `--deleted`, `--exists` or `--custom`, wait for that instead, as `az`.
+    /// `--updated`, `--deleted`, `--exists` or `--custom`, wait for that instead, as `az`; a
+    /// `--custom` condition that does not hold on a run that has ended exits 1 at once.
     ///
     /// Example: `flotilla updaterun wait -f retail -n upgrade-131 --timeout 7200`.
     Wait {
@@ -505,12 +532,19 @@ pub enum RunCommand {
 
 #[derive(Subcommand)]
 pub enum GateCommand {
-    /// List a fleet's gates, with their run, stage, group and state.
+    /// List a fleet's gates, with their run, stage, group and state: those its runs have
+    /// reached (a gate appears, Pending, when its run reaches it).
     ///
-    /// Example: `flotilla gate list -f retail --state Pending`.
+    /// Example: `flotilla gate list -f retail --run upgrade-131 --stage prod --state Pending`.
     List {
         #[command(flatten)]
         fleet: FleetOnly,
+        /// Only the gates of this update run (which must exist).
+        #[arg(long, alias = "update-run-name")]
+        run: Option<String>,
+        /// Only the gates of this stage (with --run, a stage of that run), its groups' included.
+        #[arg(long)]
+        stage: Option<String>,
         /// Only gates in this state (az's `--state-filter`).
         #[arg(long, alias = "state-filter", ignore_case = true, value_parser = choice(&["Pending", "Completed", "Skipped", "Failed"]))]
         state: Option<String>,
@@ -805,6 +839,32 @@ fn given<const N: usize>(fields: [(&str, Option<Value>); N]) -> Value {
     )
 }
 
+/// `--per-value-of` as the API spells it: `region`, `group` and the `label:` prefix in any case
+/// (a label's key keeps its case: keys are case-sensitive).
+fn per_value_of_value(given: &str) -> Value {
+    let lower = given.to_ascii_lowercase();
+    Value::from(match lower.as_str() {
+        "region" | "group" => lower,
+        _ if lower.starts_with("label:") => format!("label:{}", &given["label:".len()..]),
+        _ => given.to_string(),
+    })
+}
+
+/// `--events` as the API spells them: each event type in any case (`runcompleted` is
+/// `RunCompleted`); what is no event type is passed on for the server to refuse.
+fn event_types(given: Vec<String>) -> Vec<String> {
+    given
+        .into_iter()
+        .map(|e| {
+            flotilla_engine::status::EventType::ALL
+                .iter()
+                .map(|t| format!("{t:?}"))
+                .find(|t| t.eq_ignore_ascii_case(&e))
+                .unwrap_or(e)
+        })
+        .collect()
+}
+
 /// A `--selector` as the API's selector (SEMANTICS §2).
 fn by_label(selector: String) -> Value {
     json!({"byLabel": selector})
@@ -1020,7 +1080,10 @@ pub async fn budget(
         } => {
             let properties = given([
                 ("maxUnavailable", Some(Value::from(max_unavailable))),
-                ("perValueOf", per_value_of.map(Value::from)),
+                (
+                    "perValueOf",
+                    per_value_of.as_deref().map(per_value_of_value),
+                ),
                 ("selector", selector.map(by_label)),
             ]);
             rules.put(&target, properties).await?;
@@ -1190,7 +1253,7 @@ pub async fn webhook(
                 properties["fleets"] = json!(fleets);
             }
             if !events.is_empty() {
-                properties["events"] = json!(events);
+                properties["events"] = json!(event_types(events));
             }
             if let Some(shape) = shape {
                 properties["format"] = json!(shape);
@@ -1246,7 +1309,7 @@ fn file_or_json(text: &str, what: &str) -> anyhow::Result<Value> {
 
 /// One of `choices`, matched without regard to case as `az` matches enum values, and passed on
 /// in its canonical spelling (`--upgrade-type full` is `Full`).
-fn choice(
+pub fn choice(
     choices: &'static [&'static str],
 ) -> impl clap::builder::TypedValueParser<Value = String> {
     use clap::builder::TypedValueParser;
@@ -1413,6 +1476,7 @@ pub async fn fleet(
                 &format!("/v1/fleets/{name}"),
                 &format!("fleet {name}"),
                 &wait,
+                never_ends,
             )
             .await;
         }
@@ -1521,7 +1585,14 @@ pub async fn member(
         }
         MemberCommand::Wait { target, wait } => {
             let path = format!("/v1/fleets/{}/members/{}", target.fleet, target.name);
-            return wait_for(client, &path, &format!("member {}", target.name), &wait).await;
+            return wait_for(
+                client,
+                &path,
+                &format!("member {}", target.name),
+                &wait,
+                never_ends,
+            )
+            .await;
         }
         MemberCommand::List { fleet } => {
             let items = client
@@ -1713,6 +1784,7 @@ pub async fn strategy(
                 &path,
                 &format!("update strategy {}", target.name),
                 &wait,
+                never_ends,
             )
             .await;
         }
@@ -2099,19 +2171,20 @@ pub async fn run(
             })?;
         }
         RunCommand::Skip { target, targets } => {
+            const KINDS: [&str; 4] = ["Member", "Group", "Stage", "AfterStageWait"];
             let mut parsed = Vec::new();
             for t in &targets {
                 let mut parts = t.splitn(3, ':');
-                match (parts.next(), parts.next(), parts.next()) {
-                    (
-                        Some(kind @ ("Member" | "Group" | "Stage" | "AfterStageWait")),
-                        Some(name),
-                        None,
-                    ) if !name.is_empty() => {
+                // The type matches in any case, as every enum value of the command line does.
+                let kind = parts
+                    .next()
+                    .and_then(|k| KINDS.iter().find(|c| c.eq_ignore_ascii_case(k)));
+                match (kind, parts.next(), parts.next()) {
+                    (Some(kind), Some(name), None) if !name.is_empty() => {
                         parsed.push(json!({"type": kind, "name": name}));
                     }
                     _ => bail!(
-                        "--targets {t:?}: write Type:Name with Type one of Member, Group, Stage, AfterStageWait (case-sensitive)"
+                        "--targets {t:?}: write Type:Name with Type one of Member, Group, Stage, AfterStageWait"
                     ),
                 }
             }
@@ -2204,7 +2277,7 @@ pub async fn run(
         }
         RunCommand::Wait { target, wait } if wait.any() => {
             let what = format!("update run {}", target.name);
-            return wait_for(client, &path(&target), &what, &wait).await;
+            return wait_for(client, &path(&target), &what, &wait, run_ended).await;
         }
         RunCommand::Wait { target, wait } => {
             let timeout = wait.timeout;
@@ -2276,8 +2349,9 @@ pub async fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `watch` knows of a run, kept from its events after one GET: each member's stage and
-/// state, members in flight, gates waiting, waits running, and the failures with their messages.
+/// What `watch` knows of a run: its state when `watch` began (one GET, and the log as it was
+/// then for what gates and waits said), then each new event: each member's stage and state,
+/// members in flight, gates waiting, waits running, and the failures with their messages.
 struct Watched {
     stages: Vec<String>,
     member_stage: BTreeMap<String, usize>,
@@ -2338,8 +2412,27 @@ fn short_duration(seconds: i64) -> String {
     }
 }
 
+/// What a waiting gate's line says: where, its id (what `gate approve -n` takes), and the
+/// gate's message (`prod: gate 3f2c… waiting: Go to production`).
+fn gate_label(stage: &str, group: &str, gate: &str, message: &str) -> String {
+    let place = if group.is_empty() {
+        stage.to_string()
+    } else {
+        format!("{stage}/{group}")
+    };
+    let message = if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    };
+    format!("{place}: gate {gate} waiting{message}")
+}
+
 impl Watched {
-    fn new(run: &Value) -> Watched {
+    /// The run as one GET found it; `history`, its log up to then, only for what the gates and
+    /// waits still open said when they began (when a scheduled gate opens, when a wait ends).
+    fn new(run: &Value, history: &[Value]) -> Watched {
+        let status = &run["properties"]["status"];
         let mut w = Watched {
             stages: Vec::new(),
             member_stage: BTreeMap::new(),
@@ -2348,35 +2441,105 @@ impl Watched {
             gates: BTreeMap::new(),
             waits: BTreeMap::new(),
             failures: BTreeMap::new(),
-            failed: false,
+            failed: s(status, &["status", "state"]) == "Failed",
             ended: finished(run),
         };
-        for (si, stage) in run["properties"]["status"]["stages"]
+        let began = |kind: &str, key: &str, value: &str| {
+            history
+                .iter()
+                .rev()
+                .find(|e| s(e, &["type"]) == kind && s(e, &[key]) == value)
+        };
+        let mut gates = |stage: &str, group: &str, list: &Value| {
+            for gate in list.as_array().into_iter().flatten() {
+                if s(gate, &["status", "state"]) != "Pending" {
+                    continue;
+                }
+                let id = s(gate, &["gateId"]);
+                let countdown = match began("GatePending", "gate", id) {
+                    Some(event) => {
+                        let label = gate_label(stage, group, id, s(event, &["message"]));
+                        Countdown::of(label, event)
+                    }
+                    None => Countdown {
+                        label: gate_label(stage, group, id, s(gate, &["displayName"])),
+                        since: Time::parse(s(gate, &["status", "startTime"])).ok(),
+                        until: None,
+                    },
+                };
+                w.gates.insert(id.to_string(), countdown);
+            }
+        };
+        for stage in status["stages"].as_array().into_iter().flatten() {
+            let name = s(stage, &["name"]);
+            gates(name, "", &stage["beforeGates"]);
+            gates(name, "", &stage["afterGates"]);
+            for g in stage["groups"].as_array().into_iter().flatten() {
+                gates(name, s(g, &["name"]), &g["beforeGates"]);
+                gates(name, s(g, &["name"]), &g["afterGates"]);
+            }
+        }
+        for (si, stage) in status["stages"]
             .as_array()
             .into_iter()
             .flatten()
             .enumerate()
         {
-            w.stages.push(s(stage, &["name"]).to_string());
+            let name = s(stage, &["name"]).to_string();
+            let wait = &stage["afterStageWaitStatus"];
+            if s(wait, &["status", "state"]) == "Running" {
+                let countdown = match began("WaitStarted", "stage", &name) {
+                    Some(event) => {
+                        Countdown::of(format!("{name}: waiting {}", s(event, &["message"])), event)
+                    }
+                    None => {
+                        let since = Time::parse(s(wait, &["status", "startTime"])).ok();
+                        let seconds = wait["waitDurationInSeconds"].as_i64().unwrap_or(0);
+                        Countdown {
+                            label: format!("{name}: waiting"),
+                            since,
+                            until: since.map(|t| Time(t.0.saturating_add(seconds))),
+                        }
+                    }
+                };
+                w.waits.insert(name.clone(), countdown);
+            }
+            w.stages.push(name);
             for g in stage["groups"].as_array().into_iter().flatten() {
                 for m in g["members"].as_array().into_iter().flatten() {
                     let name = s(m, &["name"]).to_string();
+                    let state = s(m, &["status", "state"]).to_string();
+                    if state == "Running" {
+                        w.in_flight.insert(name.clone());
+                    }
+                    if state == "Failed"
+                        && let Some(message) = m["status"]["error"]["message"].as_str()
+                    {
+                        w.failures.insert(name.clone(), message.to_string());
+                    }
                     w.member_stage.insert(name.clone(), si);
-                    w.member_state
-                        .insert(name, s(m, &["status", "state"]).to_string());
+                    w.member_state.insert(name, state);
                 }
             }
         }
         w
     }
 
-    /// Applies one event of the run's log; the log is read from its start, so the state after
-    /// the last event is the run's.
+    /// Applies one event that followed the state `watch` began from. A member Completed or
+    /// Skipped stays so: an event the first GET had already seen (the stream picks up where
+    /// the log was a moment before that GET) never moves a bar backwards.
     fn apply(&mut self, event: &Value) {
         let member = s(event, &["member"]).to_string();
         let stage = s(event, &["stage"]).to_string();
         let message = s(event, &["message"]).to_string();
+        let settled = self
+            .member_state
+            .get(&member)
+            .is_some_and(|st| matches!(st.as_str(), "Completed" | "Skipped"));
         match s(event, &["type"]) {
+            "MemberStarted" | "MemberReattached" | "MemberSucceeded" | "MemberFailed"
+            | "MemberSkipped" | "MemberStopped" | "MemberPending"
+                if settled => {}
             "MemberStarted" | "MemberReattached" => {
                 self.in_flight.insert(member.clone());
                 self.member_state.insert(member, "Running".into());
@@ -2396,16 +2559,10 @@ impl Watched {
                 self.member_state.insert(member, state.to_string());
             }
             "GatePending" => {
-                let label = format!(
-                    "{stage}: gate waiting{}",
-                    if message.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {message}")
-                    }
-                );
+                let gate = s(event, &["gate"]);
+                let label = gate_label(&stage, s(event, &["group"]), gate, &message);
                 self.gates
-                    .insert(s(event, &["gate"]).to_string(), Countdown::of(label, event));
+                    .insert(gate.to_string(), Countdown::of(label, event));
             }
             "GateCompleted" | "GateSkipped" => {
                 self.gates.remove(s(event, &["gate"]));
@@ -2462,17 +2619,30 @@ impl Watched {
     }
 }
 
-/// Follows a run over its event stream to the run's last event: on a terminal the progress is
-/// redrawn in place (a line per stage, gate and wait), otherwise each event is a plain line. One
-/// GET before (membership) and one after (the outcome); none per event.
+/// Follows a run from its state now over its new events to its last: on a terminal the
+/// progress is redrawn in place (a line per stage, gate and wait), otherwise the state now is
+/// printed once and then each new event is a plain line. The history is never replayed (bars
+/// would go backwards). The log as it is now (its length is the id of its last event: a run's
+/// events are numbered from 1), then one GET of the run before the stream and one after (the
+/// outcome); none per event.
 async fn watch(client: &Client, target: &Target) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let path = format!("/v1/fleets/{}/updateRuns/{}", target.fleet, target.name);
+    let log = client.get(&format!("{path}/events")).await?;
+    let history = log["value"].as_array().cloned().unwrap_or_default();
     let run = client.get(&path).await?;
     let terminal = std::io::stdout().is_terminal();
-    let mut watched = Watched::new(&run);
+    let mut watched = Watched::new(&run, &history);
     if !watched.ended {
-        let mut stream = client.stream(&format!("{path}/events")).await?;
+        let mut stream = client
+            .stream(&format!("{path}/events"), history.len())
+            .await?;
+        drop(history);
+        if !terminal {
+            for line in watched.lines(flotilla_server::clock::now()) {
+                outln!("{line}");
+            }
+        }
         let mut buffer = String::new();
         let mut drawn = 0usize;
         // On a terminal the countdowns are redrawn every second, events or not.
@@ -2574,16 +2744,48 @@ pub async fn gate(
     match command {
         GateCommand::List {
             fleet,
+            run,
+            stage,
             state,
             gate_type,
         } => {
+            // A run or stage that is not there is said so, not answered with an empty list.
+            if let Some(run) = &run {
+                let found = client
+                    .get(&format!("/v1/fleets/{}/updateRuns/{run}", fleet.fleet))
+                    .await?;
+                if let Some(stage) = &stage {
+                    let stages: Vec<&str> = found["properties"]["status"]["stages"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|st| s(st, &["name"]))
+                        .collect();
+                    if !stages.contains(&stage.as_str()) {
+                        bail!(
+                            "--stage {stage:?}: update run {run} has no such stage (its stages: {})",
+                            stages.join(", ")
+                        );
+                    }
+                }
+            }
             let query = state.map(|s| format!("?state={s}")).unwrap_or_default();
             let mut items = client
                 .list_all(&format!("/v1/fleets/{}/gates{query}", fleet.fleet))
                 .await?;
-            if let Some(kind) = gate_type {
-                items.retain(|g| g["properties"]["gateType"] == kind.as_str());
-            }
+            let place = |g: &Value, key: &str| {
+                g["properties"]["target"]["updateRunProperties"][key]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            items.retain(|g| {
+                gate_type
+                    .as_deref()
+                    .is_none_or(|kind| g["properties"]["gateType"] == kind)
+                    && run.as_deref().is_none_or(|r| place(g, "name") == r)
+                    && stage.as_deref().is_none_or(|st| place(g, "stage") == st)
+            });
             print(format, &Value::Array(items.clone()), || {
                 resource_rows(&items, GATE_COLUMNS, colour)
             })?;
@@ -2854,7 +3056,7 @@ pub async fn profile(
         }
         ProfileCommand::Wait { target, wait } => {
             let what = format!("auto-upgrade profile {}", target.name);
-            return wait_for(client, &path(&target), &what, &wait).await;
+            return wait_for(client, &path(&target), &what, &wait, never_ends).await;
         }
         ProfileCommand::List { fleet } => {
             let items = client
@@ -2895,7 +3097,7 @@ mod watch_tests {
         let run = json!({"properties": {"status": {"status": {"state": "Running"}, "stages": [
             {"name": "canary", "groups": [{"name": "c", "members": [{"name": "m1", "status": {"state": "Completed"}}]}]},
             {"name": "prod", "groups": [{"name": "p", "members": [{"name": "m2", "status": {"state": "NotStarted"}}]}]}]}}});
-        let mut watched = Watched::new(&run);
+        let mut watched = Watched::new(&run, &[]);
         watched.apply(&json!({"type": "WaitStarted", "stage": "canary", "time": "2026-03-02T00:00:00Z", "message": "until 2026-03-02T00:30:00Z"}));
         watched.apply(&json!({"type": "GatePending", "stage": "prod", "gate": "g1", "time": "2026-03-02T00:30:00Z", "message": "Go to production"}));
         watched.apply(&json!({"type": "GatePending", "stage": "prod", "gate": "g2", "time": "2026-03-02T00:30:00Z", "message": "opens at 2026-03-02T02:00:00Z"}));
@@ -2907,11 +3109,11 @@ mod watch_tests {
         );
         let lines = watched.lines(at("2026-03-02T00:35:05Z")).join("\n");
         assert!(
-            lines.contains("prod: gate waiting: Go to production (for 5m 05s)"),
+            lines.contains("prod: gate g1 waiting: Go to production (for 5m 05s)"),
             "{lines}"
         );
         assert!(
-            lines.contains("prod: gate waiting: opens at 2026-03-02T02:00:00Z (1h 24m left)"),
+            lines.contains("prod: gate g2 waiting: opens at 2026-03-02T02:00:00Z (1h 24m left)"),
             "{lines}"
         );
         assert!(
@@ -2924,6 +3126,67 @@ mod watch_tests {
                 .lines(at("2026-03-02T00:36:00Z"))
                 .join("\n")
                 .contains("Go to production")
+        );
+    }
+
+    /// `watch` begins from the run's state, not from its history: a stage already done is a
+    /// full bar at once, the gates and waits open then are there with their ids and what their
+    /// events said, and an event the first look had already seen moves nothing backwards.
+    #[test]
+    fn begins_from_the_runs_state_and_never_goes_backwards() {
+        let run = json!({"properties": {"status": {"status": {"state": "Running"}, "stages": [
+            {"name": "canary", "status": {"state": "Completed"},
+             "afterStageWaitStatus": {"status": {"state": "Running", "startTime": "2026-03-02T00:00:00Z"}, "waitDurationInSeconds": 1800},
+             "groups": [{"name": "c", "members": [
+                {"name": "m1", "status": {"state": "Completed"}},
+                {"name": "m3", "status": {"state": "Failed", "error": {"message": "drain timed out"}}}]}]},
+            {"name": "prod", "status": {"state": "Pending"},
+             "beforeGates": [{"gateId": "g1", "displayName": "Go to production", "status": {"state": "Pending", "startTime": "2026-03-02T00:10:00Z"}}],
+             "groups": [{"name": "p",
+                "beforeGates": [{"gateId": "g2", "status": {"state": "Pending", "startTime": "2026-03-02T00:10:00Z"}},
+                                {"gateId": "g3", "status": {"state": "NotStarted"}}],
+                "members": [{"name": "m2", "status": {"state": "NotStarted"}}]}]}]}}});
+        let history = [
+            json!({"type": "MemberStarted", "stage": "canary", "member": "m1", "time": "2026-03-01T23:50:00Z"}),
+            json!({"type": "GatePending", "stage": "prod", "group": "p", "gate": "g2", "time": "2026-03-02T00:10:00Z", "message": "opens at 2026-03-02T02:00:00Z"}),
+        ];
+        let mut watched = Watched::new(&run, &history);
+        let at = |t: &str| Time::parse(t).expect("time");
+        let lines = watched.lines(at("2026-03-02T00:20:00Z"));
+        assert!(
+            lines[0].starts_with("canary") && lines[0].contains("2/2 done, 0 running, 1 failed"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("0/1 done"), "{lines:?}");
+        let text = lines.join("\n");
+        assert!(
+            text.contains("prod: gate g1 waiting: Go to production (for 10m 00s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prod/p: gate g2 waiting: opens at 2026-03-02T02:00:00Z (1h 40m left)"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("g3"),
+            "a gate not reached is not waiting: {text}"
+        );
+        assert!(text.contains("canary: waiting (10m 00s left)"), "{text}");
+        assert_eq!(
+            watched.failures.get("m3").map(String::as_str),
+            Some("drain timed out")
+        );
+        // The stream picks up a moment before the GET: an event it had seen changes nothing.
+        watched.apply(&json!({"type": "MemberStarted", "stage": "canary", "member": "m1"}));
+        let lines = watched.lines(at("2026-03-02T00:20:00Z"));
+        assert!(lines[0].contains("2/2 done, 0 running"), "{lines:?}");
+        // A new event moves the run on.
+        watched.apply(&json!({"type": "GateCompleted", "stage": "prod", "gate": "g1"}));
+        watched.apply(&json!({"type": "MemberStarted", "stage": "prod", "member": "m2"}));
+        let text = watched.lines(at("2026-03-02T00:21:00Z")).join("\n");
+        assert!(
+            !text.contains("g1") && text.contains("0/1 done, 1 running"),
+            "{text}"
         );
     }
 }

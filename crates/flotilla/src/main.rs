@@ -89,7 +89,7 @@ struct ClientArgs {
     #[arg(long, global = true, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Output format (default: table on a terminal, JSON otherwise).
-    #[arg(short = 'o', long, global = true, value_enum)]
+    #[arg(short = 'o', long, global = true, value_enum, ignore_case = true)]
     output: Option<client::Format>,
     /// A JMESPath query applied to the answer before it is printed, as `az --query`
     /// (example: `--query "[?properties.group=='canary'].name"`).
@@ -142,7 +142,7 @@ enum Command {
         check: bool,
         /// How to print the result: `table` (default) the timeline and the final tree, `json`
         /// or `yaml` the result document (`--json` is `-o json`).
-        #[arg(short = 'o', long, value_enum, conflicts_with_all = ["check", "json"])]
+        #[arg(short = 'o', long, value_enum, ignore_case = true, conflicts_with_all = ["check", "json"])]
         output: Option<client::Format>,
         /// A JMESPath query over the result document, as the client commands' `--query`
         /// (example: `--query run.properties.status.status.state`).
@@ -315,7 +315,7 @@ enum Command {
     /// Example: `flotilla completions zsh > ~/.zfunc/_flotilla`.
     Completions {
         /// The shell to write the completion script for.
-        #[arg(value_enum)]
+        #[arg(value_enum, ignore_case = true)]
         shell: clap_complete::Shell,
     },
     /// Start a server with a simulated fleet of 60 clusters and run a staged upgrade on it.
@@ -350,7 +350,7 @@ enum TokenCommand {
         /// What the token may do: `reader` (read only), `operator` (members, strategies, runs
         /// and their actions), `approver` (an operator that may also approve gates) or `admin`
         /// (everything, also fleets, auto-upgrade profiles and tokens).
-        #[arg(long)]
+        #[arg(long, ignore_case = true, value_parser = commands::choice(&["reader", "operator", "approver", "admin"]))]
         role: String,
         /// Who the token is for (recorded as the approver of gates).
         #[arg(long)]

@@ -710,6 +710,25 @@ fn gates_watch_and_actions() {
         ],
         "approvalDelaySeconds -1",
     );
+    // The gate is in the run's status before the run reaches it: asked for then, it is not
+    // reached yet (not "does not exist"), and cannot be approved yet.
+    let created = env.json(&["updaterun", "show", "-f", "retail", "-n", "r1"]);
+    let future = created["status"]["stages"][1]["beforeGates"][0]["gateId"]
+        .as_str()
+        .expect("the gate's id in the run's status")
+        .to_string();
+    let shown = env.fails(
+        &["gate", "show", "-f", "retail", "-n", &future],
+        "is not reached yet",
+    );
+    assert!(
+        shown.contains(r#"stage "prod" of update run "r1""#) && !shown.contains("does not exist"),
+        "{shown}"
+    );
+    env.fails(
+        &["gate", "approve", "-f", "retail", "-n", &future],
+        "cannot be approved yet",
+    );
     env.ok(&["updaterun", "start", "-f", "retail", "-n", "r1"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let gate = loop {
@@ -734,17 +753,52 @@ fn gates_watch_and_actions() {
         pending.contains("before-gate \"Go to production\"  Pending") && pending.contains(&gate),
         "{pending}"
     );
+    assert_eq!(
+        gate, future,
+        "the gate reached is the one the status listed"
+    );
+    // Gates by run and stage.
+    let listed = env.json(&[
+        "gate", "list", "-f", "retail", "--run", "r1", "--stage", "prod",
+    ]);
+    assert_eq!(listed[0]["name"], gate.as_str(), "{listed}");
+    let listed = env.json(&["gate", "list", "-f", "retail", "--stage", "canary"]);
+    assert_eq!(listed, json!([]), "the canary stage has no gate");
+    env.fails(
+        &[
+            "gate", "list", "-f", "retail", "--run", "r1", "--stage", "nope",
+        ],
+        "update run r1 has no such stage (its stages: canary, prod)",
+    );
+    let ghost = env.run(&["gate", "list", "-f", "retail", "--run", "ghost"]);
+    assert_eq!(ghost.status.code(), Some(3), "no such run");
     let mut watch = env
         .command()
         .args(["updaterun", "watch", "-f", "retail", "-n", "r1"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("watch");
-    // Its first line is the stream's backlog: watch follows the run before the gate is
-    // approved (were the run to end first, watch would only print how it ended).
+    // It begins with the run as it is (the canary done, the gate waiting, with its id), not
+    // with its history replayed: a line per stage, then the gate, before the gate is approved
+    // (were the run to end first, watch would only print how it ended).
     let mut watched = std::io::BufReader::new(watch.stdout.take().expect("stdout"));
     let mut out = String::new();
-    std::io::BufRead::read_line(&mut watched, &mut out).expect("watch's first line");
+    for _ in 0..3 {
+        std::io::BufRead::read_line(&mut watched, &mut out).expect("watch's first lines");
+    }
+    let first: Vec<&str> = out.lines().collect();
+    assert!(
+        first[0].starts_with("canary") && first[0].contains("1/1 done"),
+        "{out}"
+    );
+    assert!(
+        first[1].starts_with("prod") && first[1].contains("0/1 done"),
+        "{out}"
+    );
+    assert!(
+        first[2].contains(&format!("prod: gate {gate} waiting: Go to production")),
+        "{out}"
+    );
     let approved = env.ok(&[
         "gate", "approve", "-f", "retail", "-n", &gate, "-o", "table",
     ]);
@@ -763,6 +817,46 @@ fn gates_watch_and_actions() {
         out.contains("GateCompleted") && out.contains("ended Completed") && out.contains("[####"),
         "{out}"
     );
+    assert!(
+        !out.contains("RunStarted") && !out.contains("MemberStarted  canary"),
+        "what happened before watch began is not replayed: {out}"
+    );
+    // A condition on a run that has ended is answered at once, holding or not.
+    let ended = Instant::now();
+    let never = env.run(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--custom",
+        "status.status.state=='Failed'",
+        "--timeout",
+        "120",
+    ]);
+    let said = String::from_utf8_lossy(&never.stderr);
+    assert_eq!(never.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("update run r1 ended Completed") && said.contains("does not hold"),
+        "{said}"
+    );
+    assert!(
+        ended.elapsed() < Duration::from_secs(30),
+        "answered at once, not after --timeout"
+    );
+    env.ok(&[
+        "updaterun",
+        "wait",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "--custom",
+        "status.status.state=='Completed'",
+        "--timeout",
+        "120",
+    ]);
     let gate_show = env.ok(&["gate", "show", "-f", "retail", "-n", &gate, "-o", "table"]);
     insta::assert_snapshot!("gate_show", normalise(&gate_show));
     // Stop and skip.
@@ -780,7 +874,8 @@ fn gates_watch_and_actions() {
         &["updaterun", "stop", "-f", "retail", "-n", "r2"],
         "only a Running or Pending run can be stopped",
     );
-    env.ok(&[
+    // A target's type matches in any case, as the README says enum values do.
+    let skipped = env.json(&[
         "updaterun",
         "skip",
         "-f",
@@ -788,9 +883,16 @@ fn gates_watch_and_actions() {
         "-n",
         "r2",
         "--targets",
-        "Member:canary",
-        "Member:west-1",
+        "member:canary",
+        "MEMBER:west-1",
     ]);
+    let members = &skipped["status"]["stages"][0]["groups"][0]["members"];
+    assert!(
+        members
+            .as_array()
+            .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m["status"]["state"] == "Skipped")),
+        "{skipped}"
+    );
     env.fails(
         &[
             "updaterun",
@@ -800,7 +902,7 @@ fn gates_watch_and_actions() {
             "-n",
             "r2",
             "--targets",
-            "member:canary",
+            "bogus:canary",
         ],
         "Type:Name",
     );
@@ -1700,4 +1802,146 @@ fn a_run_rolled_back_from_the_command_line() {
         member["status"]["cluster"]["kubernetesVersion"], "1.30.5",
         "{member}"
     );
+}
+
+/// Every enum value of the command line matches in any case (README: "enum values match in
+/// any case"), and bad shapes are one clear line naming the field, the value and what is
+/// expected.
+#[test]
+fn enum_values_in_any_case_and_shapes_said_clearly() {
+    let env = Env::start("enums");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "retail", "--driver", &driver]);
+    // -o and a value parser's enums.
+    let fleets: Value =
+        serde_json::from_str(&env.ok(&["fleet", "list", "-o", "JSON"])).expect("-o JSON is JSON");
+    assert_eq!(fleets[0]["name"], "retail");
+    let token = env.ok(&["token", "create", "--role", "Reader", "--subject", "carol"]);
+    assert!(!token.trim().is_empty());
+    let tokens = env.json(&["token", "list"]);
+    assert!(
+        tokens
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["subject"] == "carol" && t["role"] == "reader"),
+        "{tokens}"
+    );
+    let budget = env.json(&[
+        "budget",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "per-region",
+        "--max-unavailable",
+        "1",
+        "--per-value-of",
+        "Region",
+    ]);
+    assert_eq!(budget["perValueOf"], "region", "{budget}");
+    let budget = env.json(&[
+        "budget",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "per-tier",
+        "--max-unavailable",
+        "1",
+        "--per-value-of",
+        "LABEL:Tier",
+    ]);
+    assert_eq!(
+        budget["perValueOf"], "label:Tier",
+        "the key keeps its case: {budget}"
+    );
+    let hook = env.json(&[
+        "webhook",
+        "create",
+        "-n",
+        "ops",
+        "--url",
+        "http://127.0.0.1:9/hook",
+        "--secret",
+        "s3cret",
+        "--events",
+        "runcompleted,GATEPENDING",
+        "--format",
+        "slack",
+    ]);
+    assert_eq!(
+        hook["events"],
+        json!(["RunCompleted", "GatePending"]),
+        "{hook}"
+    );
+    let completions = env.ok(&["completions", "BASH"]);
+    assert!(completions.contains("updaterun"));
+    // A stages file written as a bare array of stages.
+    let bare = env.write(
+        "bare.json",
+        r#"[{"name": "canary", "groups": [{"name": "canary"}]}]"#,
+    );
+    let said = env.fails(
+        &[
+            "updatestrategy",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "s",
+            "--stages",
+            &bare,
+        ],
+        r#"properties.strategy: expected an object {"stages": [...]}"#,
+    );
+    assert!(
+        said.contains("not an array") && !said.contains("expected a sequence"),
+        "{said}"
+    );
+    // A cron expression as a recurring freeze's schedule.
+    let said = env.fails(
+        &[
+            "freeze",
+            "create",
+            "-f",
+            "retail",
+            "-n",
+            "nights",
+            "--recurrence",
+            r#"{"schedule": "0 3 * * 1", "durationHours": 4, "startTime": "03:00", "utcOffset": "+00:00"}"#,
+        ],
+        "properties.recurrence.schedule",
+    );
+    assert!(
+        said.contains(r#"not the string "0 3 * * 1""#)
+            && said.contains(r#"{"weekly": {"intervalWeeks": 1, "dayOfWeek": "Saturday"}}"#)
+            && !said.contains("ScheduleSpec"),
+        "{said}"
+    );
+    // A skip target of no type: one line, the value named.
+    env.ok(&[
+        "updaterun",
+        "create",
+        "-f",
+        "retail",
+        "-n",
+        "r",
+        "--upgrade-type",
+        "nodeimageonly",
+    ]);
+    let said = env.fails(
+        &[
+            "updaterun",
+            "skip",
+            "-f",
+            "retail",
+            "-n",
+            "r",
+            "--targets",
+            "Cluster:x",
+        ],
+        r#"--targets "Cluster:x""#,
+    );
+    assert!(!said.contains("Some("), "{said}");
 }
