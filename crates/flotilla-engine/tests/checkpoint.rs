@@ -181,3 +181,63 @@ fn a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing() {
     let error = other.restore(&text).unwrap_err();
     assert!(error.contains("not this run's checkpoint"), "{error}");
 }
+
+/// A checkpoint of a run holding members for a budget restores them held; one written by the
+/// engine before 2026-12-05, with the members it had queued again for free places (`reserved`)
+/// and the partitions it had yet to serve (`opened`), is still read, and those lists are not
+/// written any more (a held member is reached when its group has a slot and its partition room).
+#[test]
+fn a_checkpoint_of_members_held_by_a_budget_restores_and_older_ones_are_read() {
+    use flotilla_engine::budget::{BudgetSpec, parse_budget};
+    use flotilla_engine::fleet_engine::{FleetEngine, FleetInput};
+    let now = t0();
+    let mut fleet = FleetEngine::new(&members(4), catalog(&[("eastus", &["1.31.1"])]));
+    let spec = spec();
+    for run in ["a", "b"] {
+        fleet
+            .create_run(run, &spec, catalog(&[("eastus", &["1.31.1"])]))
+            .expect("created");
+    }
+    let created = fleet.run("b").expect("b").clone();
+    let budget: BudgetSpec = serde_json::from_str(r#"{"maxUnavailable": "1"}"#).unwrap();
+    fleet
+        .handle(
+            now,
+            FleetInput::PutBudget(Box::new(parse_budget("one", &budget).unwrap())),
+        )
+        .unwrap();
+    for run in ["a", "b"] {
+        let input = Input::Start;
+        let run = run.to_string();
+        fleet.handle(now, FleetInput::Run { run, input }).unwrap();
+    }
+    fleet.settle(now);
+    while fleet.poll_command().is_some() {}
+    while fleet.poll_event().is_some() {}
+    let b = fleet.run("b").expect("b");
+    b.check_invariants(now).expect("invariants");
+    let text = b.checkpoint(now).expect("checkpoint");
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let held = &value["budgets"]["parked"];
+    assert!(
+        held.as_array().is_some_and(|h| !h.is_empty()),
+        "members held: {value}"
+    );
+    assert!(value["budgets"].get("reserved").is_none());
+    assert!(value["budgets"].get("opened").is_none());
+    let mut restored = created.clone();
+    restored.restore(&text).expect("restored");
+    assert_eq!(restored.differences(b), None);
+    // As an older engine wrote it.
+    let mut older = value.clone();
+    older["budgets"]["reserved"] = serde_json::json!([1]);
+    older["budgets"]["opened"] = serde_json::json!([0]);
+    let mut restored = created.clone();
+    restored.restore(&older.to_string()).expect("restored");
+    assert_eq!(restored.differences(b), None);
+    // A reserved member out of range is still refused.
+    older["budgets"]["reserved"] = serde_json::json!([99]);
+    let mut restored = created;
+    let error = restored.restore(&older.to_string()).unwrap_err();
+    assert!(error.contains("reserved member 99 out of range"), "{error}");
+}

@@ -4,8 +4,12 @@
 //! - API: requests per second and p99 for reading a large run and for listing runs, and the
 //!   process's memory with that fleet and its runs.
 //!
-//! `cargo bench -p flotilla-server --bench server [-- MEMBERS RUNS [--budget N]]` (default
-//! 10000 10; `--budget N` gives the large fleet a fleet-wide disruption budget of N);
+//! `cargo bench -p flotilla-server --bench server [-- MEMBERS RUNS [--budget N] [--seconds S]
+//! [--timeline]]` (default 10000 10; `--budget N` gives the large fleet a fleet-wide disruption
+//! budget of N; `--seconds S` makes each of its upgrades take S simulated seconds, 600 by
+//! default, at a time scale of 100; `--timeline` prints, each second from the runs' start, the
+//! process's CPU use, its RSS and the large fleet's upgrades started and succeeded, and marks
+//! where each read load begins, so one sees whether the runs still work during the reads);
 //! `FLOTILLA_BENCH_POSTGRES=postgres://…/DB` runs it on PostgreSQL instead of a SQLite file.
 
 use std::sync::Arc;
@@ -76,6 +80,14 @@ fn status_mib(field: &str) -> f64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
 }
 
 fn p99(mut samples: Vec<f64>) -> f64 {
@@ -151,12 +163,21 @@ fn completed(r: &Value) -> bool {
 async fn main() {
     // `--budget N`: the large fleet has a fleet-wide disruption budget of N (SEMANTICS §12).
     let mut budget: Option<usize> = None;
+    let mut seconds: u64 = 600;
+    let mut timeline = false;
     let mut args: Vec<usize> = Vec::new();
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
         if word == "--budget" {
             budget = words.next().and_then(|n| n.parse().ok());
             assert!(budget.is_some(), "--budget takes a number");
+        } else if word == "--seconds" {
+            seconds = words
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("--seconds takes a number");
+        } else if word == "--timeline" {
+            timeline = true;
         } else if let Ok(n) = word.parse() {
             args.push(n);
         }
@@ -360,7 +381,7 @@ async fn main() {
         .send(
             reqwest::Method::PUT,
             "/v1/fleets/big",
-            Some(&sim("eastus", 600, now)),
+            Some(&sim("eastus", seconds, now)),
         )
         .await;
     // Registered in batches (`importMembers`, 10,000 a request, as a large fleet is); one `PUT`
@@ -416,6 +437,43 @@ async fn main() {
             .await;
         println!("a fleet-wide disruption budget of {n} over the large fleet");
     }
+    if timeline {
+        let b = bench.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let mut last_cpu = cpu_seconds();
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let text = b
+                    .http
+                    .get(format!("{}/metrics", b.base))
+                    .bearer_auth(&b.token)
+                    .send()
+                    .await
+                    .expect("sent")
+                    .text()
+                    .await
+                    .unwrap_or_default();
+                let grab = |name: &str| {
+                    text.lines()
+                        .find(|l| l.starts_with(name) && l.contains("fleet=\"big\""))
+                        .and_then(|l| l.split_whitespace().last())
+                        .unwrap_or("0")
+                        .to_string()
+                };
+                let cpu = cpu_seconds();
+                println!(
+                    "timeline {:5.1} s: CPU {:4.0} %, RSS {:5.0} MiB, upgrades started {}, succeeded {}",
+                    t0.elapsed().as_secs_f64(),
+                    (cpu - last_cpu) * 100.0,
+                    status_mib("VmRSS:"),
+                    grab("flotilla_member_upgrades_started_total"),
+                    grab("flotilla_member_upgrades_succeeded_total")
+                );
+                last_cpu = cpu;
+            }
+        });
+    }
     // Every run started: they share the members, so one upgrades a member while the others
     // wait for it (one operation per cluster).
     for r in 0..runs {
@@ -445,16 +503,25 @@ async fn main() {
             b["properties"]["status"]["partitions"]
         );
     }
+    if timeline {
+        println!("timeline: reading (a run)");
+    }
     let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns/r000", 8, 10).await;
     println!(
         "GET a {members}-member run ({:.1} MB) while {runs} runs run: {rps:.1} requests/s, p99 {latency:.0} ms (8 clients, 10 s)",
         bytes as f64 / 1e6
     );
+    if timeline {
+        println!("timeline: reading (a page of runs)");
+    }
     let (rps, latency, bytes) = load(&bench, "/v1/fleets/big/updateRuns?$top=10", 4, 10).await;
     println!(
         "list runs ($top=10, {:.1} MB): {rps:.1} requests/s, p99 {latency:.0} ms (4 clients, 10 s)",
         bytes as f64 / 1e6
     );
+    if timeline {
+        println!("timeline: reading (a member)");
+    }
     let (rps, latency, _) = load(&bench, "/v1/fleets/big/members/m000001", 8, 5).await;
     println!("GET a member: {rps:.0} requests/s, p99 {latency:.1} ms (8 clients, 5 s)");
     println!(

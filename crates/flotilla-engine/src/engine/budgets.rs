@@ -4,37 +4,67 @@
 //!
 //! The counts come from the fleet engine before each of the run's turns; the run adds its own
 //! starts as it makes them, so the runs of a pass, served oldest first, share the places. A
-//! held member is parked and indexed by the partition that holds it. When a partition has free
-//! places, the first members parked on it in each group (in the group's order) are queued again,
-//! as many as there are places, and *reserve* them until their group reaches them: a member
-//! still parked is held as long as the free places of its partition are reserved in its group.
-//! So a place that frees costs the members it can serve, not every member held.
+//! held member is parked and indexed by the partition that holds it. It is reached again when
+//! its group is handed a slot while that partition has a free place: the group's next member
+//! is then the first of its queue or of its members parked on a partition with room,
+//! whichever comes first in the group's order (`budget_candidate`). So a place that frees
+//! costs the member that takes it; the members still held are not touched, and a group with
+//! no free slot leaves its held members as they are (Pending, as SEMANTICS §12 has them until
+//! they are reached).
 
 use super::*;
 
 impl Engine {
-    /// The partition that holds member `m` now, if any: one that is full or, for a member
-    /// parked, one whose free places are reserved by members of its group queued before it.
+    /// The partition that holds member `m` now, if any: the first of its partitions that is
+    /// full.
     pub(super) fn budget_hold(&self, m: u32) -> Option<u32> {
         let b = &self.budget;
         if b.view.is_empty() {
             return None;
         }
-        let member = &self.members[m as usize];
-        let parked = member.place == Place::Parked;
         b.view
-            .partitions_of(&member.name)
+            .partitions_of(&self.members[m as usize].name)
             .iter()
             .copied()
             .find(|&p| {
                 let limit = b.view.partitions[p as usize].limit;
-                let in_flight = b.in_flight.get(p as usize).copied().unwrap_or_default();
-                in_flight >= limit
-                    || (parked
-                        && b.reserved_count
-                            .get(&(p, member.group))
-                            .is_some_and(|&r| r >= limit - in_flight))
+                b.in_flight.get(p as usize).copied().unwrap_or_default() >= limit
             })
+    }
+
+    /// The partitions with members parked on them that have a free place now (in this run's
+    /// view): a skip over the parked index, one seek per partition holding members.
+    pub(super) fn budget_open(&self) -> Vec<u32> {
+        let b = &self.budget;
+        let mut open = Vec::new();
+        let mut next = b.parked.first().map(|k| k.0);
+        while let Some(p) = next {
+            let limit = b.view.partitions.get(p as usize).map(|part| part.limit);
+            let in_flight = b.in_flight.get(p as usize).copied().unwrap_or_default();
+            if limit.is_some_and(|limit| in_flight < limit) {
+                open.push(p);
+            }
+            next = p
+                .checked_add(1)
+                .and_then(|q| b.parked.range((q, 0, 0, 0)..).next())
+                .map(|k| k.0);
+        }
+        open
+    }
+
+    /// The first member of group `g` (in the group's order: class, then member) parked on one
+    /// of the `open` partitions: the member the group reaches next if it comes before the
+    /// first of the group's queue.
+    pub(super) fn budget_candidate(&self, g: u32, open: &[u32]) -> Option<(u8, u32)> {
+        open.iter()
+            .filter_map(|&p| {
+                self.budget
+                    .parked
+                    .range((p, g, 0, 0)..=(p, g, u8::MAX, u32::MAX))
+                    .next()
+                    .map(|&(_, _, class, m)| (class, m))
+            })
+            .min()
     }
 
     /// Whether a member nothing else holds may start, as its budgets say.
@@ -44,10 +74,7 @@ impl Engine {
         };
         let b = &self.budget;
         let in_flight = b.in_flight.get(p as usize).copied().unwrap_or_default();
-        let mut message = b.view.message(p, in_flight);
-        if in_flight < b.view.partitions[p as usize].limit {
-            message.push_str("; its free places go to members queued before this one");
-        }
+        let message = b.view.message(p, in_flight);
         Readiness::Wait {
             // Reached again when its window closes (then the window holds it first).
             wake: self.class_of(m, now).1,
@@ -77,86 +104,12 @@ impl Engine {
         }
     }
 
-    /// A member leaves the parked index, and lets go of its reservation if it held one (its
-    /// places may serve others), unless it is about to start (`starts`: it takes them).
+    /// A member leaves the parked index (queued, reached, parked for something else, or out
+    /// of the group's walk).
     pub(super) fn budget_unindex(&mut self, m: u32) {
         if let Some((p, class)) = self.budget.held.remove(&m) {
             let g = self.members[m as usize].group;
             self.budget.parked.remove(&(p, g, class, m));
-        }
-    }
-
-    pub(super) fn budget_unreserve(&mut self, m: u32, starts: bool) {
-        if !self.budget.reserved.remove(&m) {
-            return;
-        }
-        let g = self.members[m as usize].group;
-        let view = self.budget.view.clone();
-        for &p in view.partitions_of(&self.members[m as usize].name) {
-            if let Some(r) = self.budget.reserved_count.get_mut(&(p, g)) {
-                *r -= 1;
-                if *r == 0 {
-                    self.budget.reserved_count.remove(&(p, g));
-                }
-            }
-            if !starts {
-                self.budget.opened.insert(p);
-            }
-        }
-    }
-
-    /// Queues again, in each group, the first members parked on each partition that has free
-    /// places not yet reserved there; they reserve the places until their group reaches them.
-    pub(super) fn release_budgets(&mut self, now: Time) -> bool {
-        if self.phase != RunPhase::Running {
-            self.budget.opened.clear();
-            return false;
-        }
-        let mut changed = false;
-        while let Some(p) = self.budget.opened.pop_first() {
-            let Some(part) = self.budget.view.partitions.get(p as usize) else {
-                continue;
-            };
-            let in_flight = self.budget.in_flight[p as usize];
-            if in_flight >= part.limit {
-                continue;
-            }
-            let free = part.limit - in_flight;
-            let mut next = (p, 0, 0, 0);
-            while let Some(&(_, g, _, _)) = self.budget.parked.range(next..(p + 1, 0, 0, 0)).next()
-            {
-                let reserved = self
-                    .budget
-                    .reserved_count
-                    .get(&(p, g))
-                    .copied()
-                    .unwrap_or_default();
-                let take: Vec<u32> = self
-                    .budget
-                    .parked
-                    .range((p, g, 0, 0)..(p, g + 1, 0, 0))
-                    .take(free.saturating_sub(reserved) as usize)
-                    .map(|k| k.3)
-                    .collect();
-                for m in take {
-                    self.enqueue(now, m);
-                    self.budget_reserve(m);
-                    changed = true;
-                }
-                next = (p, g + 1, 0, 0);
-            }
-        }
-        changed
-    }
-
-    fn budget_reserve(&mut self, m: u32) {
-        if !self.budget.reserved.insert(m) {
-            return;
-        }
-        let g = self.members[m as usize].group;
-        let view = self.budget.view.clone();
-        for &p in view.partitions_of(&self.members[m as usize].name) {
-            *self.budget.reserved_count.entry((p, g)).or_default() += 1;
         }
     }
 
@@ -185,17 +138,12 @@ impl Engine {
         self.repark_waiting(now);
     }
 
-    /// The counts in flight changed: the partitions with fewer serve the members they hold.
+    /// The counts in flight changed: a partition with fewer serves the members it holds as
+    /// their groups are handed slots (at the settle that follows).
     pub(super) fn budget_room(&mut self, counts: Vec<u64>) {
-        if counts.len() != self.budget.in_flight.len() {
-            return;
+        if counts.len() == self.budget.in_flight.len() {
+            self.budget.in_flight = counts;
         }
-        for (p, (new, old)) in counts.iter().zip(&self.budget.in_flight).enumerate() {
-            if new < old {
-                self.budget.opened.insert(p as u32);
-            }
-        }
-        self.budget.in_flight = counts;
     }
 
     /// What the fleet engine takes after each of the run's inputs and turns.

@@ -31,7 +31,10 @@ struct BudgetCk {
     /// (partition, group, class, member) of each member parked for a budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     parked: Vec<(u32, u32, u8, u32)>,
-    /// Members queued again for free places.
+    /// Members an older engine queued again for a partition's free places, and partitions
+    /// whose places it had yet to hand out: read from older checkpoints and no longer written.
+    /// Such members are queued in their groups (restored with them) and reached as any other;
+    /// a member parked now is reached when its partition has room.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     reserved: Vec<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -461,8 +464,8 @@ impl Engine {
                 view: (*self.budget.view).clone(),
                 in_flight: self.budget.in_flight.clone(),
                 parked: self.budget.parked.iter().copied().collect(),
-                reserved: self.budget.reserved.iter().copied().collect(),
-                opened: self.budget.opened.iter().copied().collect(),
+                reserved: Vec::new(),
+                opened: Vec::new(),
             }),
             phase: self.phase,
             current: self.current,
@@ -835,20 +838,9 @@ impl Engine {
             state.parked.insert((p, g, class, m));
             state.held.insert(m, (p, class));
         }
-        for m in b.reserved {
-            let Some(member) = self.members.get(m as usize) else {
-                return Err(format!("checkpoint: reserved member {m} out of range"));
-            };
-            state.reserved.insert(m);
-            for &p in state.view.partitions_of(&member.name) {
-                *state.reserved_count.entry((p, member.group)).or_default() += 1;
-            }
+        if let Some(m) = b.reserved.iter().find(|&&m| m as usize >= members) {
+            return Err(format!("checkpoint: reserved member {m} out of range"));
         }
-        state.opened = b
-            .opened
-            .into_iter()
-            .filter(|&p| (p as usize) < partitions)
-            .collect();
         Ok(state)
     }
 }

@@ -6,10 +6,7 @@ impl Engine {
     /// Applies one input at `now` without scheduling. User actions the API would refuse return
     /// the API error and change nothing.
     pub fn handle(&mut self, now: Time, input: Input) -> Result<(), ApiError> {
-        let result = self.handle_input(now, input);
-        // A reservation let go, or counts that fell, serve the members held for a budget.
-        self.release_budgets(now);
-        result
+        self.handle_input(now, input)
     }
 
     fn handle_input(&mut self, now: Time, input: Input) -> Result<(), ApiError> {

@@ -172,7 +172,11 @@ impl Engine {
                                 "member {name} is Pending although it is decided without an upgrade"
                             ));
                         }
-                        if matches!(self.readiness(m, now), Readiness::Ready) {
+                        // A member held by a budget whose partition has room since waits for its
+                        // group to be handed a slot (then it is reached first, see below).
+                        if matches!(self.readiness(m, now), Readiness::Ready)
+                            && !self.budget.held.contains_key(&m)
+                        {
                             return Err(format!("member {name} is Pending but could start"));
                         }
                     }
@@ -197,7 +201,8 @@ impl Engine {
                 }
             }
             if active
-                && !group.ready.is_empty()
+                && (!group.ready.is_empty()
+                    || self.budget_candidate(g, &self.budget_open()).is_some())
                 && group.in_flight < group.max_concurrency
                 && stage.in_flight < stage.max_concurrency
             {

@@ -482,10 +482,9 @@ pub struct Engine {
 }
 
 /// What a run knows of the fleet's disruption budgets (SEMANTICS §12), and the members it
-/// holds for them. A member held by a full partition is parked and indexed by partition, so a
-/// place freed reaches the first members it can serve, not every member held (O(change)); the
-/// members queued again for free places reserve them until they are reached, so the members
-/// still held stay held for a reason (see `budget_hold`).
+/// holds for them. A member held by a full partition is parked and indexed by partition and
+/// group, so a group handed a slot finds its first member held on a partition with room, and a
+/// place freed costs the member that takes it, not the members held (O(change)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct BudgetState {
     pub(crate) view: Arc<crate::budget::Budgets>,
@@ -495,11 +494,6 @@ pub(crate) struct BudgetState {
     pub(crate) parked: BTreeSet<(u32, u32, u8, u32)>,
     /// Member → its key in `parked`.
     pub(crate) held: BTreeMap<u32, (u32, u8)>,
-    /// Members queued again for a partition's free places, and how many per (partition, group).
-    pub(crate) reserved: BTreeSet<u32>,
-    pub(crate) reserved_count: BTreeMap<(u32, u32), u64>,
-    /// Partitions whose free places may serve parked members.
-    pub(crate) opened: BTreeSet<u32>,
 }
 
 /// Members whose window opens within this long are priority class 2 (SEMANTICS §3).

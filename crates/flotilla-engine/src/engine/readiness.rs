@@ -20,7 +20,6 @@ impl Engine {
         self.set_member_timer(m, None);
         self.end_watch(Subject::Readiness(m));
         self.budget_unindex(m);
-        self.budget_unreserve(m, false);
     }
 
     /// The priority class of a member now (SEMANTICS §3) and the instant it changes.
@@ -89,7 +88,6 @@ impl Engine {
         member.waiting = Some(reason);
         member.place = Place::Parked;
         self.set_member_timer(m, wake);
-        self.budget_unreserve(m, false);
         self.budget_parked(now, m, reason);
         if newly || changed {
             self.emit_member(now, EventType::MemberPending, m, Some(message));

@@ -15,7 +15,6 @@ impl Engine {
             if self.phase == RunPhase::Running {
                 changed |= self.advance(now);
                 changed |= self.dispatch(now);
-                changed |= self.release_budgets(now);
             }
             if self.phase == RunPhase::Failed && self.run_completed.is_none() {
                 changed |= self.finish_groups_after_failure(now);
@@ -370,6 +369,9 @@ impl Engine {
         'slots: while self.phase == RunPhase::Running
             && self.stages[si].in_flight < self.stages[si].max_concurrency
         {
+            // Partitions with room and members held on them: their groups have someone to
+            // reach even with an empty queue.
+            let open = self.budget_open();
             let start = self.stages[si].last_served;
             for k in 1..=n {
                 let pos = (start + k) % n;
@@ -379,7 +381,7 @@ impl Engine {
                     || group.outcome.is_some()
                     || group.user_skipped
                     || group.in_flight >= group.max_concurrency
-                    || group.ready.is_empty()
+                    || (group.ready.is_empty() && self.budget_candidate(g, &open).is_none())
                 {
                     continue;
                 }
@@ -414,7 +416,22 @@ impl Engine {
     /// walk (§4: the pass neither starts, skips nor fails anyone after it).
     pub(super) fn reach(&mut self, now: Time, g: u32) -> (Option<(u32, Option<Target>)>, bool) {
         let mut touched = false;
-        while let Some(&(class, m)) = self.groups[g as usize].ready.first() {
+        let open = self.budget_open();
+        loop {
+            // A member held by a budget whose partition has room now is reached in its place
+            // in the group's order, as if it had been queued (SEMANTICS §12: reached again at
+            // the next pass): queued now, then decided like the rest.
+            if let Some((class, m)) = self.budget_candidate(g, &open)
+                && self.groups[g as usize]
+                    .ready
+                    .first()
+                    .is_none_or(|&first| (class, m) < first)
+            {
+                self.enqueue(now, m);
+            }
+            let Some(&(class, m)) = self.groups[g as usize].ready.first() else {
+                break;
+            };
             touched = true;
             let decision = self.decide(m, now);
             if self.members[m as usize].reverify && matches!(decision, Decision::Skip(_)) {
@@ -423,7 +440,6 @@ impl Engine {
                 self.groups[g as usize].ready.remove(&(class, m));
                 self.members[m as usize].place = Place::Nowhere;
                 self.set_member_timer(m, None);
-                self.budget_unreserve(m, true);
                 return (Some((m, None)), true);
             }
             match decision {
@@ -432,7 +448,6 @@ impl Engine {
                         self.groups[g as usize].ready.remove(&(class, m));
                         self.members[m as usize].place = Place::Nowhere;
                         self.set_member_timer(m, None);
-                        self.budget_unreserve(m, true);
                         return (Some((m, Some(target))), true);
                     }
                     Readiness::Wait {
