@@ -53,7 +53,7 @@ trap cleanup EXIT
 
 # --- Build and inspect the package -------------------------------------------------------------
 rm -rf "$target_dir/debian"
-deb="$(cargo deb -p flotilla --no-build --output "$target_dir/debian/" 2>"$target_dir/cargo-deb.log" | tail -1)" \
+deb="$(cargo deb -p flotilla --no-build --strip --output "$target_dir/debian/" 2>"$target_dir/cargo-deb.log" | tail -1)" \
     || { cat "$target_dir/cargo-deb.log" >&2; fail "cargo deb"; }
 [ -f "$deb" ] || { cat "$target_dir/cargo-deb.log" >&2; fail "cargo deb printed no package path"; }
 say "built $deb"
@@ -87,6 +87,8 @@ dpkg -i "$deb" | tee "$work/dpkg-install.log"
 grep -q 'runuser -u flotilla -- flotilla token create --role admin' "$work/dpkg-install.log" \
     || fail "postinst did not print the first-run note"
 id flotilla >/dev/null || fail "installing did not create the flotilla user"
+# Stripped (--strip): the release profile's line tables would make it 187 MB.
+[ "$(stat -c %s /usr/bin/flotilla)" -lt 100000000 ] || fail "/usr/bin/flotilla is $(stat -c %s /usr/bin/flotilla) bytes: not stripped"
 [ "$(stat -c %U:%G:%a /var/lib/flotilla)" = flotilla:flotilla:750 ] \
     || fail "/var/lib/flotilla is $(stat -c %U:%G:%a /var/lib/flotilla), not flotilla:flotilla:750"
 
