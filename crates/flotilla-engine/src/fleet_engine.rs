@@ -545,6 +545,12 @@ impl FleetEngine {
                 "updateRun",
             ));
         }
+        // A member the table holds was observed since (its observation reached the fleet
+        // first): it is not unknown.
+        let unknown: Vec<&(SharedMember, ApiError)> = unknown
+            .iter()
+            .filter(|(m, _)| !self.members.contains_key(&m.name))
+            .collect();
         if !unknown.is_empty() {
             let mut all: Vec<&SharedMember> = self
                 .members

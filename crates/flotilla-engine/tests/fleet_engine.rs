@@ -557,3 +557,38 @@ fn run_to_the_end(f: &mut FleetEngine, t0: Time, run: &str) -> usize {
     }
     panic!("run {run} did not finish");
 }
+
+/// A member a shell could not observe, but whose observation reached the table meanwhile, is
+/// not unknown: the run is made over it once (it was refused as selected by two groups).
+#[test]
+fn a_member_observed_since_the_shell_asked_is_not_unknown() {
+    use flotilla_engine::error::ApiError;
+    use flotilla_engine::fleet::SharedMember;
+    let fleet = fleet(&["a", "b"]);
+    let stand_in = |name: &str| {
+        let mut m = SharedMember::from(&member(name, "1.30.5"));
+        m.cluster = std::sync::Arc::new(Cluster::unknown());
+        m
+    };
+    let unknown = vec![
+        (
+            stand_in("b"),
+            ApiError::conflict("member \"b\" cannot be observed"),
+        ),
+        (
+            stand_in("c"),
+            ApiError::conflict("member \"c\" cannot be observed"),
+        ),
+    ];
+    // Both members of the table, and c, unknown, selected: refused with c's reason.
+    let refused = fleet
+        .plan_run("r1", &spec("1.31.1"), catalog(), &unknown)
+        .err()
+        .expect("c is selected and cannot be observed");
+    assert!(refused.message.contains("\"c\""), "{refused:?}");
+    // b alone is in the table already: the run is made over a and b.
+    let (engine, _) = fleet
+        .plan_run("r1", &spec("1.31.1"), catalog(), &unknown[..1])
+        .expect("made");
+    assert!(engine.has_member("a") && engine.has_member("b"));
+}
