@@ -581,10 +581,9 @@ fn a_member_observed_since_the_shell_asked_is_not_unknown() {
         ),
     ];
     // Both members of the table, and c, unknown, selected: refused with c's reason.
-    let refused = fleet
-        .plan_run("r1", &spec("1.31.1"), catalog(), &unknown)
-        .err()
-        .expect("c is selected and cannot be observed");
+    let Err(refused) = fleet.plan_run("r1", &spec("1.31.1"), catalog(), &unknown) else {
+        panic!("c is selected and cannot be observed");
+    };
     assert!(refused.message.contains("\"c\""), "{refused:?}");
     // b alone is in the table already: the run is made over a and b.
     let (engine, _) = fleet
