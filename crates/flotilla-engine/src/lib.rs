@@ -20,6 +20,7 @@ pub mod status;
 pub mod strategy;
 pub mod threshold;
 pub mod time;
+pub mod train;
 pub mod version;
 pub mod window;
 

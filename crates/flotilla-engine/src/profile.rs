@@ -36,6 +36,10 @@ pub struct ProfileSpec {
     /// (SEMANTICS §13) instead of being skipped (§8).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub chain_minor_versions: bool,
+    /// A release train (SEMANTICS §14): the profile triggers only on what this upstream
+    /// profile validated, once its soak is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::train::UpstreamSpec>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +72,8 @@ pub struct Profile {
     pub disabled: bool,
     /// `chainMinorVersions`: only with a channel that selects a Kubernetes version.
     pub chain_minor_versions: bool,
+    /// The profile it follows in a release train (SEMANTICS §14).
+    pub upstream: Option<crate::train::Upstream>,
 }
 
 /// What a channel selects now.
@@ -78,16 +84,34 @@ pub enum ChannelTarget {
     /// Node images only: the newest version of each family (Linux families only for
     /// SecurityPatch).
     NodeImages(BTreeMap<String, ImageVersion>),
+    /// What an upstream run validated (SEMANTICS §14): its Kubernetes version, where it had
+    /// one, and the node images its members ended on, where they are pinned.
+    Promoted {
+        kubernetes: Option<KubeVersion>,
+        node_images: BTreeMap<String, ImageVersion>,
+    },
 }
 
 impl ChannelTarget {
     /// The versions as `lastTriggerUpgradeVersions` lists them.
     pub fn versions(&self) -> Vec<String> {
+        let images = |images: &BTreeMap<String, ImageVersion>| {
+            images
+                .iter()
+                .map(|(f, v)| format!("{f}-{v}"))
+                .collect::<Vec<_>>()
+        };
         match self {
             ChannelTarget::Kubernetes(v) => vec![v.to_string()],
-            ChannelTarget::NodeImages(images) => {
-                images.iter().map(|(f, v)| format!("{f}-{v}")).collect()
-            }
+            ChannelTarget::NodeImages(i) => images(i),
+            ChannelTarget::Promoted {
+                kubernetes,
+                node_images,
+            } => kubernetes
+                .iter()
+                .map(|v| v.to_string())
+                .chain(images(node_images))
+                .collect(),
         }
     }
 
@@ -99,8 +123,12 @@ impl ChannelTarget {
             (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
         });
         let tag = match self {
-            ChannelTarget::Kubernetes(v) => format!("{}-{}-{}", v.major, v.minor, v.patch),
-            ChannelTarget::NodeImages(_) => "images".to_string(),
+            ChannelTarget::Kubernetes(v)
+            | ChannelTarget::Promoted {
+                kubernetes: Some(v),
+                ..
+            } => format!("{}-{}-{}", v.major, v.minor, v.patch),
+            ChannelTarget::NodeImages(_) | ChannelTarget::Promoted { .. } => "images".to_string(),
         };
         let head: String = profile.chars().take(50 - tag.len() - 10).collect();
         format!("{}-{tag}-{:08x}", head.trim_end_matches('-'), digest as u32)
@@ -227,12 +255,18 @@ pub fn parse_profile(spec: &ProfileSpec) -> Result<Profile, ApiError> {
             ),
         ));
     }
+    let upstream = spec
+        .upstream
+        .as_ref()
+        .map(crate::train::parse_upstream)
+        .transpose()?;
     Ok(Profile {
         channel,
         update_strategy_id: spec.update_strategy_id.clone(),
         consistent_images,
         disabled: spec.disabled,
         chain_minor_versions: spec.chain_minor_versions,
+        upstream,
     })
 }
 
@@ -393,85 +427,117 @@ pub fn plan_run(
     now: Time,
 ) -> Option<GeneratedRun> {
     let target = resolve(profile.channel, catalog, &[], now)?;
-    let (update, rules) = match &target {
-        ChannelTarget::Kubernetes(version) => {
-            // Every listing of the version is kept only by long-term support: members without
-            // it fail (SEMANTICS §8, LTS).
-            let lts_only = catalog
-                .regions
-                .values()
-                .flat_map(|r| r.kubernetes.iter())
-                .filter(|k| k.version == *version)
-                .all(|k| k.long_term_support);
-            let selection = if profile.consistent_images {
-                "Consistent"
-            } else {
-                "Latest"
-            };
-            (
-                ManagedClusterUpdateSpec {
-                    upgrade: Some(UpgradeSpec {
-                        upgrade_type: Some("Full".into()),
-                        kubernetes_version: Some(version.to_string()),
-                    }),
-                    node_image_selection: Some(NodeImageSelectionSpec {
-                        selection_type: Some(selection.into()),
-                        custom_node_image_versions: Vec::new(),
-                    }),
-                },
-                RunRules {
-                    // A chain brings a member behind up one minor at a time instead
-                    // (SEMANTICS §13).
-                    skip_minor_jumps: !profile.chain_minor_versions,
-                    require_long_term_support: lts_only,
-                    linux_node_pools_only: false,
-                    chain_minor_versions: profile.chain_minor_versions,
-                },
-            )
-        }
-        ChannelTarget::NodeImages(images) if profile.channel == Channel::SecurityPatch => (
-            // The newest Linux images, named exactly; Windows pools are left alone, with a
-            // message (the rule below).
-            ManagedClusterUpdateSpec {
-                upgrade: Some(UpgradeSpec {
-                    upgrade_type: Some("NodeImageOnly".into()),
-                    kubernetes_version: None,
-                }),
-                node_image_selection: Some(NodeImageSelectionSpec {
-                    selection_type: Some("Custom".into()),
-                    custom_node_image_versions: images
-                        .iter()
-                        .map(|(f, v)| NodeImageVersionSpec {
-                            version: Some(format!("{f}-{v}")),
-                        })
-                        .collect(),
-                }),
-            },
-            RunRules {
-                linux_node_pools_only: true,
-                ..RunRules::default()
-            },
-        ),
-        ChannelTarget::NodeImages(_) => (
-            ManagedClusterUpdateSpec {
-                upgrade: Some(UpgradeSpec {
-                    upgrade_type: Some("NodeImageOnly".into()),
-                    kubernetes_version: None,
-                }),
-                node_image_selection: Some(NodeImageSelectionSpec {
-                    selection_type: Some("Consistent".into()),
-                    custom_node_image_versions: Vec::new(),
-                }),
-            },
-            RunRules::default(),
-        ),
+    Some(generated_run(profile_name, profile, catalog, target))
+}
+
+/// The run `profile` generates for `target`: its deterministic name, its upgrade and its rules.
+pub fn generated_run(
+    profile_name: &str,
+    profile: &Profile,
+    catalog: &Catalog,
+    target: ChannelTarget,
+) -> GeneratedRun {
+    let custom = |images: &BTreeMap<String, ImageVersion>| NodeImageSelectionSpec {
+        selection_type: Some("Custom".into()),
+        custom_node_image_versions: images
+            .iter()
+            .map(|(f, v)| NodeImageVersionSpec {
+                version: Some(format!("{f}-{v}")),
+            })
+            .collect(),
     };
-    Some(GeneratedRun {
+    let node_images_only = |selection: NodeImageSelectionSpec| ManagedClusterUpdateSpec {
+        upgrade: Some(UpgradeSpec {
+            upgrade_type: Some("NodeImageOnly".into()),
+            kubernetes_version: None,
+        }),
+        node_image_selection: Some(selection),
+    };
+    let consistent = NodeImageSelectionSpec {
+        selection_type: Some("Consistent".into()),
+        custom_node_image_versions: Vec::new(),
+    };
+    // Windows pools are left alone by the SecurityPatch channel, with a message.
+    let image_rules = RunRules {
+        linux_node_pools_only: profile.channel == Channel::SecurityPatch,
+        ..RunRules::default()
+    };
+    let (update, rules) = match &target {
+        ChannelTarget::Kubernetes(version) => full_upgrade(profile, catalog, version, None),
+        ChannelTarget::Promoted {
+            kubernetes: Some(version),
+            node_images,
+        } => full_upgrade(
+            profile,
+            catalog,
+            version,
+            (!node_images.is_empty()).then(|| custom(node_images)),
+        ),
+        // The newest Linux images, named exactly (SecurityPatch); what an upstream validated.
+        ChannelTarget::NodeImages(images) if profile.channel == Channel::SecurityPatch => {
+            (node_images_only(custom(images)), image_rules)
+        }
+        ChannelTarget::Promoted {
+            kubernetes: None,
+            node_images,
+        } if !node_images.is_empty() => (node_images_only(custom(node_images)), image_rules),
+        ChannelTarget::NodeImages(_) | ChannelTarget::Promoted { .. } => {
+            (node_images_only(consistent), image_rules)
+        }
+    };
+    GeneratedRun {
         name: target.run_name(profile_name),
         target,
         update,
         rules,
-    })
+    }
+}
+
+/// A Full upgrade to `version` with `images` (else the profile's Latest or Consistent
+/// selection), and the rules of a profile's runs.
+fn full_upgrade(
+    profile: &Profile,
+    catalog: &Catalog,
+    version: &KubeVersion,
+    images: Option<NodeImageSelectionSpec>,
+) -> (ManagedClusterUpdateSpec, RunRules) {
+    // Every listing of the version is kept only by long-term support: members without it fail
+    // (SEMANTICS §8, LTS).
+    let listings: Vec<bool> = catalog
+        .regions
+        .values()
+        .flat_map(|r| r.kubernetes.iter())
+        .filter(|k| k.version == *version)
+        .map(|k| k.long_term_support)
+        .collect();
+    let lts_only = listings.iter().all(|lts| *lts) && !listings.is_empty();
+    let selection = images.unwrap_or_else(|| NodeImageSelectionSpec {
+        selection_type: Some(
+            if profile.consistent_images {
+                "Consistent"
+            } else {
+                "Latest"
+            }
+            .into(),
+        ),
+        custom_node_image_versions: Vec::new(),
+    });
+    (
+        ManagedClusterUpdateSpec {
+            upgrade: Some(UpgradeSpec {
+                upgrade_type: Some("Full".into()),
+                kubernetes_version: Some(version.to_string()),
+            }),
+            node_image_selection: Some(selection),
+        },
+        RunRules {
+            // A chain brings a member behind up one minor at a time instead (SEMANTICS §13).
+            skip_minor_jumps: !profile.chain_minor_versions,
+            require_long_term_support: lts_only,
+            linux_node_pools_only: false,
+            chain_minor_versions: profile.chain_minor_versions,
+        },
+    )
 }
 
 /// When `profile` next generates a run, and which (what a profile's create answer tells): at

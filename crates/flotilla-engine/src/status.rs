@@ -198,6 +198,44 @@ pub struct UpdateRunStatus {
     /// The rollback run of this run (SEMANTICS §15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolled_back_by: Option<String>,
+    /// A run a downstream profile generated from what its upstream validated (SEMANTICS §14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_from: Option<PromotedFrom>,
+    /// A Completed run: what it left its members on, and whether that validates its target for
+    /// a downstream profile (SEMANTICS §14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_on: Option<EndedOn>,
+}
+
+/// Where a promoted run's target comes from (SEMANTICS §14): the upstream run that validated
+/// it, and when that run completed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromotedFrom {
+    pub run_id: String,
+    pub completed_time: Time,
+    /// Whether the node images are pinned to the upstream's; `false` where the fleet's driver
+    /// cannot pin them (the Kubernetes version still is).
+    pub images_pinned: bool,
+}
+
+/// What a Completed run left its members on (SEMANTICS §14).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndedOn {
+    /// The run's Kubernetes target, where its upgrade had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<crate::version::KubeVersion>,
+    /// Per image family, the oldest node image its members' pools ended on (runs that upgrade
+    /// node images only), as `<family>-<version>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_image_versions: Vec<SelectedNodeImageVersion>,
+    /// Whether the run validates its target: no member failed, nothing skipped by a user, and
+    /// at least one member upgraded by an operation.
+    pub validates: bool,
+    /// Why it does not validate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A running run's forecast as its status shows it.

@@ -81,8 +81,8 @@ impl Engine {
             });
         }
         let by = match subject {
-            Some(who) => format!("skipped by {who}"),
-            None => "skipped by a user".to_string(),
+            Some(who) => format!("{SKIPPED_BY}{who}"),
+            None => format!("{SKIPPED_BY}a user"),
         };
         for r in resolved {
             match r {

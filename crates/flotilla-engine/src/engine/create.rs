@@ -108,6 +108,7 @@ impl Engine {
             hops_due: BTreeSet::new(),
             released: Vec::new(),
             rollback: Default::default(),
+            promoted_from: None,
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use crate::error::{ApiError, ErrorCode};
 use crate::fleet::{Availability, Catalog, Cluster, Member, Os, SharedMember};
 use crate::status::{
-    ErrorDetail, Event, EventType, GateStatus, GroupStatus, MemberStatus, NodeImageSelectionStatus,
-    SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus, UpdateStatus, WaitStatus,
+    EndedOn, ErrorDetail, Event, EventType, GateStatus, GroupStatus, MemberStatus,
+    NodeImageSelectionStatus, SelectedNodeImageVersion, StageStatus, State, UpdateRunStatus,
+    UpdateStatus, WaitStatus,
 };
 use crate::strategy::{
     DEFAULT_STAGE_CONCURRENCY, Gate, GateKind, Group, NodeImageSelection, Stage, Strategy, Upgrade,
@@ -82,6 +83,9 @@ pub struct RunRules {
 
 /// Why a member deleted from the fleet during the run is Skipped (SEMANTICS §2).
 const REMOVED: &str = "member removed from fleet";
+
+/// How the message of a member, group or stage a user skipped begins ("skipped by NAME").
+const SKIPPED_BY: &str = "skipped by ";
 
 /// Name of the implicit stage and group of a run without a strategy.
 pub const DEFAULT_STAGE_NAME: &str = "default";
@@ -479,6 +483,9 @@ pub struct Engine {
     /// Rollbacks (SEMANTICS §15): members' states before their first operation, members
     /// rolling back, and the runs this one rolls back or is rolled back by.
     rollback: rollback::RollbackState,
+    /// A promoted run's provenance (SEMANTICS §14), set by its creator: a fact of its creation,
+    /// not of its progress, so a checkpoint does not carry it.
+    promoted_from: Option<crate::status::PromotedFrom>,
 }
 
 /// What a run knows of the fleet's disruption budgets (SEMANTICS §12), and the members it
@@ -547,6 +554,12 @@ pub(super) enum Decision {
 }
 
 impl Engine {
+    /// Marks a run a downstream profile generated (SEMANTICS §14): its status says where its
+    /// target comes from.
+    pub fn set_promoted_from(&mut self, from: crate::status::PromotedFrom) {
+        self.promoted_from = Some(from);
+    }
+
     pub fn run_name(&self) -> &str {
         &self.run_name
     }

@@ -318,7 +318,60 @@ impl Engine {
             warnings: self.warnings.clone(),
             rollback_of: self.rollback.of.clone(),
             rolled_back_by: self.rollback.by.clone(),
+            promoted_from: self.promoted_from.clone(),
+            ended_on: self.ended_on(),
         }
+    }
+
+    /// What a Completed run left its members on, and whether it validates its target
+    /// (SEMANTICS §14); `None` for a run not Completed and for a rollback run.
+    fn ended_on(&self) -> Option<EndedOn> {
+        if self.run_state() != State::Completed || self.rollback.of.is_some() {
+            return None;
+        }
+        let upgrade = self.upgrade();
+        let present = || self.members.iter().filter(|m| !m.removed);
+        let mut images: BTreeMap<&str, &ImageVersion> = BTreeMap::new();
+        if upgrade.changes_node_images() {
+            for pool in present().flat_map(|m| m.cluster.node_pools.iter()) {
+                let oldest = images.entry(&pool.family).or_insert(&pool.image);
+                if pool.image < **oldest {
+                    *oldest = &pool.image;
+                }
+            }
+        }
+        let user_skipped = self.stages.iter().any(|s| s.user_skipped)
+            || self.groups.iter().any(|g| g.user_skipped)
+            || self.members.iter().any(|m| {
+                m.state == State::Skipped
+                    && m.message
+                        .as_deref()
+                        .is_some_and(|t| t.starts_with(SKIPPED_BY))
+            });
+        let failed = self.members.iter().any(|m| m.state == State::Failed);
+        let upgraded = present().any(|m| m.state == State::Completed && m.operation_id.is_some());
+        let message = if failed {
+            Some("a member failed")
+        } else if user_skipped {
+            Some("a member, group or stage was skipped by a user")
+        } else if !upgraded {
+            Some("no member was upgraded by an operation")
+        } else {
+            None
+        };
+        Some(EndedOn {
+            kubernetes_version: upgrade
+                .kubernetes_version
+                .filter(|_| upgrade.changes_kubernetes()),
+            node_image_versions: images
+                .into_iter()
+                .map(|(family, v)| SelectedNodeImageVersion {
+                    version: format!("{family}-{v}"),
+                })
+                .collect(),
+            validates: message.is_none(),
+            message: message.map(String::from),
+        })
     }
 }
 
