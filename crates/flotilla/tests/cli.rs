@@ -183,7 +183,7 @@ fn normalise(text: &str) -> String {
     out
 }
 
-/// A file of the repository's `examples/`, which the README's walkthrough uses.
+/// A file of the repository's `examples/`, which the walkthrough of docs/cli-guide.md uses.
 fn example(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../examples")
@@ -197,8 +197,9 @@ fn stages_file() -> PathBuf {
 #[test]
 fn the_seed_walkthrough_from_the_command_line() {
     let env = Env::start("walkthrough");
-    // The README's walkthrough with its example files: the sim fleet, one member created, the
-    // others imported. The example's time scale, 300, is for watching; ten times that here.
+    // The walkthrough of docs/cli-guide.md with its example files: the sim fleet, one member
+    // created, the others imported. The example's time scale, 300, is for watching; ten times
+    // that here.
     let mut driver: Value = serde_json::from_str(
         &std::fs::read_to_string(example("sim/driver.json")).expect("the example fleet"),
     )
@@ -372,13 +373,13 @@ fn the_seed_walkthrough_from_the_command_line() {
     );
 }
 
-/// The exec example of the README: the scripts keep clusters in files and do every upgrade type,
-/// checked against the catalog their `catalog.sh` prints.
+/// The exec example of docs/drivers.md: the scripts keep clusters in files and do every upgrade
+/// type, checked against the catalog their `catalog.sh` prints.
 #[test]
 fn the_exec_example_does_every_upgrade_type() {
     let examples = example("").canonicalize().expect("examples");
     let env = Env::start_with("exec-example", |dir| {
-        // The server runs where `examples/` is, as from the repository's root in the README.
+        // The server runs where `examples/` is, as from the repository's root in docs/drivers.md.
         std::os::unix::fs::symlink(&examples, dir.join("examples")).expect("link");
         vec![
             "--exec-allow".to_string(),
@@ -874,7 +875,7 @@ fn gates_watch_and_actions() {
         &["updaterun", "stop", "-f", "retail", "-n", "r2"],
         "only a Running or Pending run can be stopped",
     );
-    // A target's type matches in any case, as the README says enum values do.
+    // A target's type matches in any case, as docs/cli-guide.md says enum values do.
     let skipped = env.json(&[
         "updaterun",
         "skip",
@@ -1804,8 +1805,8 @@ fn a_run_rolled_back_from_the_command_line() {
     );
 }
 
-/// Every enum value of the command line matches in any case (README: "enum values match in
-/// any case"), and bad shapes are one clear line naming the field, the value and what is
+/// Every enum value of the command line matches in any case (docs/cli-guide.md: "enum values
+/// match in any case"), and bad shapes are one clear line naming the field, the value and what is
 /// expected.
 #[test]
 fn enum_values_in_any_case_and_shapes_said_clearly() {

@@ -333,3 +333,169 @@ fn the_cli_reference_is_the_cli_s_own_help() {
         "docs/cli.md is not the command line's help: write it again with\n  FLOTILLA_BLESS=1 cargo test -p flotilla --test tidy"
     );
 }
+
+/// The markdown files a reader follows links through: the README, the top-level notes and the
+/// pages of docs/ (docs/spec/ is a copy of the shared spec, checked byte for byte above).
+fn documentation() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md"]
+        .iter()
+        .map(|f| workspace().join(f))
+        .collect();
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(workspace().join("docs"))
+        .expect("docs/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    files.extend(pages);
+    files
+}
+
+/// The lines of a markdown file outside fenced code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
+/// The anchors GitHub gives a markdown file's headings: lower case, letters, digits, `-` and
+/// `_` kept, spaces as `-`, everything else dropped; a repeated heading gets `-1`, `-2`, ...
+fn anchors(text: &str) -> std::collections::BTreeSet<String> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut anchors = std::collections::BTreeSet::new();
+    for line in prose(text) {
+        let Some(title) = line.strip_prefix('#') else {
+            continue;
+        };
+        let title = title.trim_start_matches('#');
+        if !title.starts_with(' ') {
+            continue;
+        }
+        let slug: String = title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let count = seen.entry(slug.clone()).or_default();
+        anchors.insert(if *count == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// The targets of a markdown file's inline links, `[text](target)`, outside code blocks.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    for line in prose(text) {
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            targets.push(rest[..end].trim().to_string());
+            rest = &rest[end..];
+        }
+    }
+    targets
+}
+
+/// Every relative link of the README and docs/ names a file that exists, and a heading of it
+/// where it names one (#42): pages move, and a link left behind is a dead end for the reader.
+/// Every flag of every command is documented already: docs/cli.md is the help itself (above).
+#[test]
+fn every_relative_link_of_the_documentation_resolves() {
+    let files = documentation();
+    assert!(files.len() > 5, "found only {} pages", files.len());
+    let mut broken = Vec::new();
+    for file in &files {
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let linked = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().expect("a directory").join(path)
+            };
+            let shown = format!("{}: ({target})", file.display());
+            if !linked.exists() {
+                broken.push(format!("{shown}: no such file"));
+                continue;
+            }
+            if let Some(anchor) = anchor
+                && linked.extension().is_some_and(|e| e == "md")
+            {
+                let page = std::fs::read_to_string(&linked).expect("readable");
+                if !anchors(&page).contains(anchor) {
+                    broken.push(format!("{shown}: no heading with the anchor #{anchor}"));
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "links that lead nowhere:\n{}",
+        broken.join("\n")
+    );
+}
+
+/// CI runs the test command the README gives (`.ci/run`), so a reader runs what CI runs.
+#[test]
+fn the_readme_s_test_command_is_ci_s() {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    let ci = std::fs::read_to_string(workspace().join(".ci/run")).expect(".ci/run");
+    let command = "cargo test --workspace";
+    assert!(
+        readme.lines().any(|l| l.trim() == command),
+        "README.md must give `{command}` on a line of its own"
+    );
+    assert!(
+        ci.lines().any(|l| l.trim() == command),
+        ".ci/run must run `{command}`, the README's test command"
+    );
+}
+
+#[test]
+fn anchors_and_links_are_read_as_github_reads_them() {
+    let page = concat!(
+        "# Operating the server\n## Several replicas (PostgreSQL)\n",
+        "```\n# not a heading\n```\n",
+        "## Fleet Manager's ARM paths\n## `flotilla serve`\n## Notes\n## Notes\n",
+    );
+    let found = anchors(page);
+    for anchor in [
+        "operating-the-server",
+        "several-replicas-postgresql",
+        "fleet-managers-arm-paths",
+        "flotilla-serve",
+        "notes",
+        "notes-1",
+    ] {
+        assert!(found.contains(anchor), "{anchor} in {found:?}");
+    }
+    assert!(!found.contains("not-a-heading"), "{found:?}");
+    assert_eq!(
+        link_targets("see [a](a.md#x) and [b](../b.md)\n```\n[c](c.md)\n```\n"),
+        ["a.md#x", "../b.md"]
+    );
+}
