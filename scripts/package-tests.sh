@@ -60,7 +60,8 @@ say "built $deb"
 
 contents="$(dpkg-deb --contents "$deb")"
 for path in ./usr/bin/flotilla ./usr/lib/systemd/system/flotilla.service ./usr/lib/sysusers.d/flotilla.conf \
-    ./etc/flotilla/flotilla.toml ./usr/share/doc/flotilla/README.Debian ./usr/share/doc/flotilla/install.md; do
+    ./etc/flotilla/flotilla.toml ./usr/share/doc/flotilla/README.Debian ./usr/share/doc/flotilla/README.md \
+    ./usr/share/doc/flotilla/docs/install.md ./usr/share/doc/flotilla/docs/operate.md; do
     grep -qE " $path\$" <<<"$contents" || fail "the package lacks $path"
 done
 control="$work/control"

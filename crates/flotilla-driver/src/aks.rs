@@ -676,7 +676,7 @@ impl AksDriver {
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                     // Access is a configuration the user fixes; until then, asked again.
                     return Err(DriverError::transient(format!(
-                        "{method} {url}: {} (does the identity have the role the README names?)",
+                        "{method} {url}: {} (does the identity have the role docs/drivers.md names?)",
                         answer.error()
                     )));
                 }
