@@ -1587,6 +1587,11 @@ impl Driver for AksDriver {
         }))
     }
 
+    /// AKS upgrades a pool to its region's newest image only (`NodeImageSelectionUnsupported`).
+    fn pins_node_images(&self) -> bool {
+        false
+    }
+
     fn discover_every(&self) -> Option<Duration> {
         self.discover.as_ref().and_then(|d| d.every)
     }

@@ -157,6 +157,12 @@ pub trait Driver: Send + Sync {
     fn discover_every(&self) -> Option<Duration> {
         None
     }
+
+    /// Whether the driver can upgrade node images to a version named exactly (a Custom
+    /// selection): a promoted run pins them only then (SEMANTICS §14).
+    fn pins_node_images(&self) -> bool {
+        true
+    }
 }
 
 /// What a discovery found.

@@ -365,12 +365,21 @@ pub enum NoRun {
     Disabled,
     /// Its channel selects nothing from the catalog yet: not a failure, a trigger waits.
     NothingSelected(Channel),
+    /// A downstream profile (SEMANTICS §14) whose upstream validated nothing yet (`None`), or
+    /// whose validated target soaks until the instant given.
+    Soaking(Option<Time>),
 }
 
 impl NoRun {
     /// What `generateUpdateRun` answers (409): a trigger records neither.
     pub fn error(self, profile_name: &str) -> ApiError {
         ApiError::conflict(match self {
+            NoRun::Soaking(None) => format!(
+                "auto-upgrade profile {profile_name:?} follows an upstream profile that has validated nothing yet"
+            ),
+            NoRun::Soaking(Some(until)) => format!(
+                "auto-upgrade profile {profile_name:?} promotes what its upstream validated when the soak ends at {until}"
+            ),
             NoRun::Disabled => format!(
                 "auto-upgrade profile {profile_name:?} is disabled; a disabled profile generates nothing"
             ),
@@ -649,6 +658,8 @@ pub fn already_recorded(status: &Value, outcome: &TriggerOutcome) -> bool {
         let mut v = v.clone();
         if let Some(fields) = v.as_object_mut() {
             fields.remove("lastTriggeredAt");
+            // A downstream profile's standing is not a trigger's (SEMANTICS §14).
+            fields.remove("upstream");
         }
         v
     };

@@ -300,12 +300,17 @@ pub enum EventType {
     FreezeChanged,
     /// A fleet's disruption budget was created, changed or deleted (SEMANTICS §12).
     DisruptionBudgetChanged,
+    /// A downstream profile's upstream validated a target: it promotes when the soak ends
+    /// (SEMANTICS §14). A fleet's event, in no run's log.
+    PromotionScheduled,
+    /// A downstream profile created and started its promoted run (SEMANTICS §14).
+    PromotionStarted,
 }
 
 impl EventType {
     /// Every event type, in the order of the enum: what a client matches a name against (the
     /// CLI's `--events`, in any case).
-    pub const ALL: [EventType; 40] = [
+    pub const ALL: [EventType; 42] = [
         EventType::RunStarted,
         EventType::RunStopped,
         EventType::RunCompleted,
@@ -346,6 +351,8 @@ impl EventType {
         EventType::ActionRejected,
         EventType::FreezeChanged,
         EventType::DisruptionBudgetChanged,
+        EventType::PromotionScheduled,
+        EventType::PromotionStarted,
     ];
 }
 

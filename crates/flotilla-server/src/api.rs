@@ -48,6 +48,7 @@ use flotilla_engine::forecast::{ForecastParams, forecast};
 use flotilla_engine::profile::{
     NoRun, Profile, ProfileSpec, next_generation, parse_profile, plan_generation,
 };
+use flotilla_engine::train::Promotion;
 
 mod discover;
 mod fleets;
@@ -541,6 +542,10 @@ async fn delete_child(
 ) -> HttpResult<Response> {
     require(&caller, role)?;
     let when = precondition(&headers);
+    if kind == Kind::Profile {
+        // A profile others follow stays (SEMANTICS §14).
+        crate::trains::refuse_if_followed(&state, &fleet, Some(&name), "deleted").await?;
+    }
     let rule = matches!(kind, Kind::Freeze | Kind::DisruptionBudget);
     let existed = if rule {
         // Deleted and reported in one transaction (a fleet's rule, SEMANTICS §12).

@@ -4,6 +4,9 @@
 
 use flotilla_engine::engine::Input;
 use flotilla_engine::profile::{TriggerOutcome, already_recorded, trigger_status};
+use flotilla_engine::time::Time;
+use flotilla_engine::train::{Promotion, profile_id, promotion};
+use serde_json::{Value, json};
 
 use crate::api::{discover, generate};
 use crate::auth::Caller;
@@ -56,11 +59,14 @@ async fn tell_runs_of_new_releases(state: &Shared, fleet: &str) {
 }
 
 /// Profiles trigger by themselves: when a profile's channel selects a target it has no run for,
-/// the run is created and started, and the profile's status says so (SEMANTICS §8).
-pub async fn trigger_profiles(state: &Shared) {
+/// the run is created and started, and the profile's status says so (SEMANTICS §8); a
+/// downstream profile promotes what its upstream validated when the soak ends (§14). Answers
+/// the next instant a soak ends, when the server should look again.
+pub async fn trigger_profiles(state: &Shared) -> Option<Time> {
     let Ok(fleets) = state.runs.store.list("", Kind::Fleet, None, 100_000).await else {
-        return;
+        return None;
     };
+    let mut wake: Option<Time> = None;
     for fleet in fleets {
         // Only the replica driving a fleet tells its runs and triggers its profiles.
         if !state.runs.replica.holds(&fleet.name) {
@@ -79,16 +85,37 @@ pub async fn trigger_profiles(state: &Shared) {
             if profile.body["properties"]["disabled"].as_bool() == Some(true) {
                 continue;
             }
+            // A downstream profile's standing: what it waits for, and until when.
+            let upstream = match crate::trains::stored_profile(&profile.body) {
+                Ok((_, p)) => match p.upstream {
+                    Some(up) => match crate::trains::validated_runs(state, &up).await {
+                        Ok(validated) => Some(promotion(&validated, up.soak_seconds, now())),
+                        Err(_) => continue,
+                    },
+                    None => None,
+                },
+                Err(_) => None,
+            };
+            if let Some(at) = upstream.as_ref().and_then(Promotion::wakes_at) {
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+            }
             let outcome = generate(state, &fleet.name, &profile.name, &Caller::system()).await;
             let outcome = match outcome {
                 // Nothing selected yet (or disabled since it was listed) is not a failure.
-                Ok(Err(_no_run)) => continue,
-                Ok(Ok(g)) if !g.created => continue,
+                Ok(Err(_no_run)) => None,
+                Ok(Ok(g)) if !g.created => None,
                 Ok(Ok(g)) => {
                     let start = state.runs.act(&fleet.name, &g.run, Input::Start).await;
-                    TriggerOutcome::started(g.run, g.versions, start.map_err(|e| e.message))
+                    if upstream.is_some() {
+                        promotion_started(state, &fleet.name, &profile.name, &g.run_id).await;
+                    }
+                    Some(TriggerOutcome::started(
+                        g.run,
+                        g.versions,
+                        start.map_err(|e| e.message),
+                    ))
                 }
-                Err(e) => TriggerOutcome::not_created(e.code, e.message),
+                Err(e) => Some(TriggerOutcome::not_created(e.code, e.message)),
             };
             let Ok(Some(current)) = state
                 .runs
@@ -99,10 +126,28 @@ pub async fn trigger_profiles(state: &Shared) {
                 continue;
             };
             let mut body = current.body.clone();
-            if already_recorded(&body["properties"]["autoUpgradeProfileStatus"], &outcome) {
+            let status = &mut body["properties"]["autoUpgradeProfileStatus"];
+            let was_upstream = status["upstream"].take();
+            let mut changed = false;
+            if let Some(outcome) = &outcome
+                && !already_recorded(status, outcome)
+            {
+                *status = trigger_status(now(), outcome);
+                changed = true;
+            }
+            let standing = upstream.as_ref().and_then(Promotion::status);
+            if let Some(standing) = &standing {
+                if standing["validatedBy"] != was_upstream["validatedBy"] {
+                    promotion_scheduled(state, &fleet.name, &profile.name, standing).await;
+                }
+                changed |= *standing != was_upstream;
+                status["upstream"] = standing.clone();
+            } else if !was_upstream.is_null() {
+                changed = true;
+            }
+            if !changed {
                 continue;
             }
-            body["properties"]["autoUpgradeProfileStatus"] = trigger_status(now(), &outcome);
             let _ = state
                 .runs
                 .store
@@ -115,6 +160,65 @@ pub async fn trigger_profiles(state: &Shared) {
                 )
                 .await;
         }
+    }
+    wake
+}
+
+/// A fleet's event about one of its profiles, in no run's log, for the webhooks that want it;
+/// `id` makes it one delivery whichever replica reports it, however often.
+async fn report_profile_event(state: &Shared, fleet: &str, id: &str, event: serde_json::Value) {
+    if let Err(e) = state.runs.store.record_fleet_event(fleet, id, &event).await {
+        tracing::warn!(fleet, error = %e, "cannot report a promotion to webhooks");
+    }
+}
+
+/// A downstream profile's upstream validated a new target: it promotes when the soak ends.
+async fn promotion_scheduled(state: &Shared, fleet: &str, profile: &str, standing: &Value) {
+    let id = profile_id(fleet, profile);
+    let event = json!({
+        "type": "PromotionScheduled",
+        "time": now(),
+        "profile": id,
+        "upstreamRun": standing["validatedBy"],
+        "validatedTarget": standing["validatedTarget"],
+        "soakEndsAt": standing["soakEndsAt"],
+        "message": format!(
+            "auto-upgrade profile {profile:?} promotes {} when the soak ends at {}",
+            standing["validatedTarget"], standing["soakEndsAt"]
+        ),
+    });
+    let key = format!(
+        "{id}/scheduled/{}",
+        standing["validatedBy"].as_str().unwrap_or_default()
+    );
+    report_profile_event(state, fleet, &key, event).await;
+}
+
+/// A downstream profile created and started its promoted run: reported to webhooks and kept in
+/// the audit trail, as the system's write.
+async fn promotion_started(state: &Shared, fleet: &str, profile: &str, run_id: &str) {
+    let id = profile_id(fleet, profile);
+    let event = json!({
+        "type": "PromotionStarted",
+        "time": now(),
+        "profile": id,
+        "updateRun": run_id,
+        "message": format!("auto-upgrade profile {profile:?} started the promoted run {run_id}"),
+    });
+    report_profile_event(state, fleet, &format!("{id}/started/{run_id}"), event).await;
+    let entry = crate::store::AuditEntry {
+        id: 0,
+        at: now().unix().saturating_mul(1000),
+        subject: "system (release train)".into(),
+        role: "admin".into(),
+        method: "POST".into(),
+        path: format!("{id}/generateUpdateRun"),
+        fleet: Some(fleet.to_string()),
+        status: 201,
+        body: Some(json!({"updateRun": run_id}).to_string()),
+    };
+    if let Err(e) = state.runs.store.append_audit(&entry).await {
+        tracing::warn!(fleet, error = %e, "cannot record a promotion in the audit trail");
     }
 }
 

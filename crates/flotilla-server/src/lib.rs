@@ -40,6 +40,7 @@ pub mod rule_http;
 pub mod run_head;
 pub mod runs;
 pub mod state;
+pub mod trains;
 pub mod webhooks;
 
 pub use flotilla_driver::{self as driver, clock, operation};
@@ -171,6 +172,7 @@ impl Server {
             catalogs: Default::default(),
             answers: Default::default(),
             arm: Default::default(),
+            validations: Default::default(),
         });
         // Webhooks: the outbox the run batches fill, sent from every replica (rows are
         // claimed one sender at a time).
@@ -185,9 +187,17 @@ impl Server {
             // Also the discoveries that drivers run on an interval.
             let mut discovered = std::collections::HashMap::new();
             loop {
-                feed::trigger_profiles(&feed).await;
+                let soak_ends = feed::trigger_profiles(&feed).await;
                 feed::discover_due(&feed, &mut discovered).await;
-                tokio::time::sleep(timing.profiles_every).await;
+                // A soak that ends before the next pass is looked at when it ends (SEMANTICS
+                // §14: the promotion happens at that instant).
+                let until_soak_end = soak_ends.map(|at| {
+                    let seconds = (at.unix() - clock::now().unix()).max(0) as u64;
+                    std::time::Duration::from_secs(seconds)
+                });
+                let pause =
+                    until_soak_end.map_or(timing.profiles_every, |d| d.min(timing.profiles_every));
+                tokio::time::sleep(pause).await;
             }
         });
         Ok(Server {

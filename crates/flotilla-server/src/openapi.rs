@@ -598,7 +598,7 @@ fn schemas() -> Value {
             "chainMinorVersions": {"type": "boolean", "description": "SEMANTICS §13: a target more than one minor ahead is reached one minor at a time; each member's status lists its hops"},
             "autoUpgradeProfileId": {"type": "string", "readOnly": true},
             "rollbackOf": {"type": "string", "readOnly": true, "description": "SEMANTICS §15: a rollback run names the run it rolls back (made only by POST …/rollback; 400 if written)"},
-            "status": {"type": "object", "readOnly": true, "description": "The run's progress; `rollbackOf` and `rolledBackBy` name a rollback run's origin and a run's rollback run (SEMANTICS §15)"}}))),
+            "status": {"type": "object", "readOnly": true, "description": "The run's progress; `rollbackOf` and `rolledBackBy` name a rollback run's origin and a run's rollback run (SEMANTICS §15); `promotedFrom` a promoted run's upstream run and `endedOn` what a Completed run left its members on (§14)"}}))),
         "SkipRequest": {"type": "object", "required": ["targets"], "properties": {
             "targets": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
                 "type": {"type": "string", "enum": ["Member", "Group", "Stage", "AfterStageWait"]},
@@ -620,7 +620,10 @@ fn schemas() -> Value {
             "longTermSupport": {"type": "boolean"},
             "chainMinorVersions": {"type": "boolean"},
             "nodeImageSelection": {"type": "object"},
-            "autoUpgradeProfileStatus": {"type": "object", "readOnly": true}}))),
+            "upstream": {"type": "object", "description": "SEMANTICS §14: trigger only on what this upstream profile validated, once soaked", "properties": {
+                "profileId": text,
+                "soakSeconds": {"type": "integer", "minimum": 0, "maximum": 31_536_000}}},
+            "autoUpgradeProfileStatus": {"type": "object", "readOnly": true, "description": "The last trigger; for a downstream profile, `upstream: {validatedTarget, validatedAt, validatedBy, soakEndsAt}`"}}))),
         "Token": {"type": "object", "required": ["id", "role", "subject"], "properties": {
             "id": text, "role": text, "subject": text,
             "token": {"type": "string", "description": "The secret, shown once when created"}}},

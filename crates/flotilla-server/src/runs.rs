@@ -201,6 +201,9 @@ pub struct CreateRequest {
     pub update: ManagedClusterUpdateSpec,
     pub rules: flotilla_engine::engine::RunRules,
     pub profile_id: Option<String>,
+    /// A promoted run's provenance (SEMANTICS §14).
+    #[serde(default)]
+    pub promoted_from: Option<flotilla_engine::status::PromotedFrom>,
     /// Who creates it, and when.
     pub system_data: Value,
     /// `If-None-Match: *`: never replaces a run.

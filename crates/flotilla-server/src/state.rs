@@ -24,6 +24,9 @@ pub struct AppState {
     pub answers: crate::answers::Answers,
     /// Fleet Manager's ARM paths: the default home of fleets, the default driver.
     pub arm: std::sync::RwLock<Arc<crate::home::Settings>>,
+    /// Release trains: what each Completed run validated (SEMANTICS §14), by run id and
+    /// completion; a verdict never changes once made.
+    pub validations: std::sync::Mutex<HashMap<String, Option<flotilla_engine::train::Validated>>>,
 }
 
 impl AppState {

@@ -5111,3 +5111,6 @@ async fn bare_stages_and_cron_schedules_are_refused_clearly() {
         "{body}"
     );
 }
+
+#[path = "api/trains.rs"]
+mod trains;

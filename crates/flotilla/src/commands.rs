@@ -1961,6 +1961,34 @@ pub fn run_tree(run: &Value, colour: bool) -> String {
         return format!("update run {name}: status unreadable\n");
     };
     let mut out = flotilla_sim::render::tree(name, &status);
+    if let Some(from) = &status.promoted_from {
+        out.push_str(&format!(
+            "promoted from {} (completed {}){}\n",
+            from.run_id,
+            from.completed_time,
+            if from.images_pinned {
+                ""
+            } else {
+                "; node images not pinned: the fleet's driver cannot pin them"
+            }
+        ));
+    }
+    if let Some(ended) = &status.ended_on {
+        let versions: Vec<String> = ended
+            .kubernetes_version
+            .iter()
+            .map(|v| v.to_string())
+            .chain(ended.node_image_versions.iter().map(|i| i.version.clone()))
+            .collect();
+        out.push_str(&format!(
+            "ended on {}; {}\n",
+            versions.join(", "),
+            match &ended.message {
+                None => "validates its target for downstream profiles".to_string(),
+                Some(why) => format!("validates nothing downstream: {why}"),
+            }
+        ));
+    }
     for warning in &status.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
@@ -2928,8 +2956,17 @@ pub enum ProfileCommand {
         /// time instead of skipping them (not with the NodeImage or SecurityPatch channel).
         #[arg(long)]
         chain_minor_versions: bool,
+        /// A release train: trigger only on what this upstream profile validated, as
+        /// `/v1/fleets/FLEET/autoUpgradeProfiles/NAME` (same channel; admin only).
+        #[arg(long)]
+        upstream: Option<String>,
+        /// With `--upstream`: how long after the upstream's run completed its target is
+        /// promoted here, as seconds or `30m`, `48h`, `7d` (default 7 days).
+        #[arg(long, requires = "upstream", value_parser = parse_soak)]
+        soak: Option<u64>,
     },
-    /// Show an auto-upgrade profile and its last trigger.
+    /// Show an auto-upgrade profile, its last trigger and, for a downstream profile, what its
+    /// upstream validated and when it is promoted.
     ///
     /// Example: `flotilla autoupgradeprofile show -f retail -n stable`.
     Show {
@@ -2984,6 +3021,54 @@ const PROFILE_COLUMNS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Parses `--soak`: seconds, or a number with `s`, `m`, `h` or `d`.
+fn parse_soak(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&text[..i], c.to_ascii_lowercase()),
+        _ => (text, 's'),
+    };
+    let scale = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("{text:?} is not a duration such as 3600, 30m, 48h or 7d"))
+}
+
+/// What a downstream profile waits for (SEMANTICS §14), in a sentence.
+fn train_standing(profile: &Value) -> String {
+    let upstream = s(profile, &["properties", "upstream", "profileId"]);
+    let standing = &profile["properties"]["autoUpgradeProfileStatus"]["upstream"];
+    if !standing.is_object() {
+        return format!("follows {upstream}: nothing validated there yet");
+    }
+    let target = standing["validatedTarget"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ends = s(standing, &["soakEndsAt"]);
+    let moved = Time::parse(ends).is_ok_and(|t| t <= flotilla_server::clock::now());
+    format!(
+        "follows {upstream}: {target} validated by {} at {}; {} {ends}",
+        s(standing, &["validatedBy"]),
+        s(standing, &["validatedAt"]),
+        if moved {
+            "promoted when its soak ended at"
+        } else {
+            "promoted here when its soak ends at"
+        }
+    )
+}
+
 pub async fn profile(
     client: &Client,
     format: Option<Format>,
@@ -3002,6 +3087,8 @@ pub async fn profile(
             disabled,
             long_term_support,
             chain_minor_versions,
+            upstream,
+            soak,
         } => {
             if channel == "NodeImage" && node_image_selection.is_some() {
                 bail!("--node-image-selection cannot be used with the NodeImage channel.");
@@ -3025,6 +3112,12 @@ pub async fn profile(
             if chain_minor_versions {
                 properties["chainMinorVersions"] = json!(true);
             }
+            if let Some(id) = upstream {
+                properties["upstream"] = json!({"profileId": id});
+                if let Some(seconds) = soak {
+                    properties["upstream"]["soakSeconds"] = json!(seconds);
+                }
+            }
             let v = client
                 .send(
                     reqwest::Method::PUT,
@@ -3046,13 +3139,22 @@ pub async fn profile(
                         .join(", "),
                     s(next, &["triggersAt"])
                 );
+            } else if v["properties"]["upstream"].is_object() {
+                eprintln!("{}", train_standing(&v));
             } else if v["properties"]["disabled"] != json!(true) {
                 eprintln!("starts nothing now: no release it would upgrade to is out or announced");
             }
         }
         ProfileCommand::Show { target } => {
             let v = client.get(&path(&target)).await?;
-            print(format, &v, || one_row(&v, PROFILE_COLUMNS, colour))?;
+            print(format, &v, || {
+                let mut text = one_row(&v, PROFILE_COLUMNS, colour);
+                if v["properties"]["upstream"].is_object() {
+                    text.push_str(&train_standing(&v));
+                    text.push('\n');
+                }
+                text
+            })?;
         }
         ProfileCommand::Wait { target, wait } => {
             let what = format!("auto-upgrade profile {}", target.name);

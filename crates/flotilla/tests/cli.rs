@@ -1283,6 +1283,106 @@ fn auto_upgrade_profile_commands() {
     );
 }
 
+/// A release train from the command line (SEMANTICS §14): `--upstream` and `--soak` on create,
+/// refusals as the server words them, and `show` saying what the profile waits for.
+#[test]
+fn a_profile_follows_an_upstream_profile() {
+    let env = Env::start("trains");
+    let driver = env.write("driver.json", DRIVER);
+    env.ok(&["fleet", "create", "-n", "staging", "--driver", &driver]);
+    env.ok(&["fleet", "create", "-n", "prod", "--driver", &driver]);
+    let create = |fleet: &str, extra: &[&str]| {
+        let mut args = vec![
+            "autoupgradeprofile",
+            "create",
+            "-f",
+            fleet,
+            "-n",
+            "rapid",
+            "-c",
+            "Rapid",
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let upstream = "/v1/fleets/staging/autoUpgradeProfiles/rapid";
+    let args = create("prod", &["--upstream", upstream, "--soak", "2h"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The upstream must exist first.
+    env.fails(&args, "properties.upstream.profileId");
+    // A soak that is not a duration is refused before anything is sent, naming the value.
+    let bad: Vec<String> = create("prod", &["--upstream", upstream, "--soak", "2 weeks"]);
+    let bad: Vec<&str> = bad.iter().map(String::as_str).collect();
+    // (The command line's own refusals, as clap words them: the error, then where to look.)
+    let clap_refuses = |args: &[&str], needle: &str| {
+        let out = env.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.starts_with("error: ") && err.contains(needle),
+            "{err}"
+        );
+    };
+    clap_refuses(
+        &bad,
+        "'2 weeks' for '--soak <SOAK>': \"2 weeks\" is not a duration",
+    );
+    // `--soak` means nothing without `--upstream`.
+    let alone: Vec<String> = create("prod", &["--soak", "2h"]);
+    let alone: Vec<&str> = alone.iter().map(String::as_str).collect();
+    clap_refuses(&alone, "--upstream");
+    let staging = create("staging", &["--disabled"]);
+    let staging: Vec<&str> = staging.iter().map(String::as_str).collect();
+    env.ok(&staging);
+    let created = env.run(&args);
+    assert!(created.status.success(), "{created:?}");
+    let said = String::from_utf8_lossy(&created.stderr);
+    assert!(
+        said.contains(&format!("follows {upstream}: nothing validated there yet")),
+        "{said}"
+    );
+    let shown = env.json(&["autoupgradeprofile", "show", "-f", "prod", "-n", "rapid"]);
+    assert_eq!(shown["upstream"]["profileId"], upstream, "{shown}");
+    assert_eq!(shown["upstream"]["soakSeconds"], 7200, "{shown}");
+    let table = env.ok(&[
+        "autoupgradeprofile",
+        "show",
+        "-f",
+        "prod",
+        "-n",
+        "rapid",
+        "-o",
+        "table",
+    ]);
+    assert!(table.contains("nothing validated there yet"), "{table}");
+    // The upstream keeps its channel and stays while prod follows it.
+    let stable = [
+        "autoupgradeprofile",
+        "create",
+        "-f",
+        "staging",
+        "-n",
+        "rapid",
+        "-c",
+        "Stable",
+    ];
+    env.fails(
+        &stable,
+        "upstream of /v1/fleets/prod/autoUpgradeProfiles/rapid",
+    );
+    env.fails(
+        &[
+            "autoupgradeprofile",
+            "delete",
+            "-f",
+            "staging",
+            "-n",
+            "rapid",
+        ],
+        "(409",
+    );
+    env.fails(&["fleet", "delete", "-n", "staging"], "(409");
+}
+
 /// `flotilla member import`: CSV, JSON lines and JSON files, in batches; a bad line is named and
 /// nothing of its batch is written; a clash of cluster ids is refused with the item's path.
 #[test]

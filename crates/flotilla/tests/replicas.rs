@@ -652,3 +652,162 @@ fn members_and_runs_written_through_any_replica_reach_the_fleet_s_owner() {
         "{received:?}"
     );
 }
+
+/// A `sim` fleet whose clusters are all at 1.30.5, with 1.31.1 and two images listed.
+fn sim_train_fleet(clusters: &[&str]) -> Value {
+    let clusters: serde_json::Map<String, Value> = clusters
+        .iter()
+        .map(|id| {
+            let cluster = json!({"region": "eastus", "kubernetesVersion": "1.30.5",
+                "nodePools": [{"name": "sys", "family": "AKSUbuntu-2204gen2containerd", "os": "Linux", "nodeImageVersion": "202602.10.0"}]});
+            (id.to_string(), cluster)
+        })
+        .collect();
+    json!({"properties": {"driver": {
+        "type": "sim",
+        "timeScale": 6000,
+        "catalog": {"eastus": {
+            "kubernetes": [{"version": "1.30.5"}, {"version": "1.31.1"}],
+            "nodeImages": {"AKSUbuntu-2204gen2containerd": [{"version": "202602.10.0"}, {"version": "202603.01.0"}]}}},
+        "clusters": clusters,
+    }}})
+}
+
+/// A release train across replicas (SEMANTICS §14): the upstream fleet driven by one replica,
+/// the downstream by the other, which is SIGKILLed during the soak. The replica that takes the
+/// downstream fleet over promotes at the soak's end (within a lease and a pass over profiles),
+/// and exactly once, also after the killed replica is back.
+#[test]
+fn a_promotion_happens_once_at_the_soak_end_when_the_downstream_replica_dies_during_it() {
+    if !postgres_reachable() {
+        return;
+    }
+    let mut cluster = Cluster::new("trains", 2);
+    // Each fleet made through its own replica, which takes it (its fair share is one).
+    for (i, fleet, clusters) in [(0, "staging", &["s1"][..]), (1, "prod", &["p1", "p2"][..])] {
+        let api = cluster.api(i);
+        api.must(
+            reqwest::Method::PUT,
+            &format!("/v1/fleets/{fleet}"),
+            Some(&sim_train_fleet(clusters)),
+        );
+        for c in clusters {
+            api.must(
+                reqwest::Method::PUT,
+                &format!("/v1/fleets/{fleet}/members/{c}"),
+                Some(&json!({"properties": {"clusterResourceId": c}})),
+            );
+        }
+    }
+    let (upstream_owner, _) = cluster.wait_owner("staging", None, Duration::from_secs(10));
+    let (downstream_owner, epoch) = cluster.wait_owner("prod", None, Duration::from_secs(10));
+    assert_ne!(
+        upstream_owner,
+        downstream_owner,
+        "one replica drives both fleets; logs in {}",
+        cluster.dir.display()
+    );
+    // Written through the replica that does not drive prod; staging's profile first, as an
+    // upstream must exist.
+    let writer = cluster.api(upstream_owner);
+    writer.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/staging/autoUpgradeProfiles/rapid",
+        Some(&json!({"properties": {"channel": "Rapid"}})),
+    );
+    writer.must(
+        reqwest::Method::PUT,
+        "/v1/fleets/prod/autoUpgradeProfiles/rapid",
+        Some(&json!({"properties": {"channel": "Rapid", "upstream": {
+            "profileId": "/v1/fleets/staging/autoUpgradeProfiles/rapid", "soakSeconds": 8}}})),
+    );
+    // Staging's run validates; prod's owner sees it soaking.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let soak_ends = loop {
+        let (_, profile) = cluster.call(
+            reqwest::Method::GET,
+            "/v1/fleets/prod/autoUpgradeProfiles/rapid",
+            None,
+        );
+        let ends = &profile["properties"]["autoUpgradeProfileStatus"]["upstream"]["soakEndsAt"];
+        if let Some(ends) = ends.as_str() {
+            break flotilla_engine::time::Time::parse(ends).expect("soakEndsAt is a time");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prod never saw staging's run validated: {profile}; logs in {}",
+            cluster.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The downstream's replica dies during the soak.
+    cluster.kill(downstream_owner);
+    let killed_at = flotilla_server::clock::now();
+    assert!(
+        killed_at < soak_ends,
+        "killed at {killed_at}, after the soak ended at {soak_ends}"
+    );
+    cluster.wait_owner(
+        "prod",
+        Some((downstream_owner, epoch)),
+        Duration::from_secs(10),
+    );
+    let promoted = |cluster: &Cluster| {
+        let (_, runs) = cluster.call(reqwest::Method::GET, "/v1/fleets/prod/updateRuns", None);
+        runs["value"].as_array().cloned().unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let run = loop {
+        let runs = promoted(&cluster);
+        if let Some(run) = runs.first() {
+            assert_eq!(runs.len(), 1, "{runs:?}");
+            break run.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no promoted run; logs in {}",
+            cluster.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Never before the soak's end; after it within a lease and a pass over profiles (2 s each)
+    // and a second of rounding.
+    let created = flotilla_engine::time::Time::parse(
+        run["systemData"]["createdAt"].as_str().unwrap_or_default(),
+    )
+    .expect("createdAt");
+    assert!(
+        created >= soak_ends,
+        "created {created}, soak ends {soak_ends}"
+    );
+    assert!(
+        created.unix() - soak_ends.unix() <= 2 + 2 + 1,
+        "created {created}, soak ends {soak_ends}"
+    );
+    let from = &run["properties"]["status"]["promotedFrom"];
+    assert!(
+        from["runId"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("/v1/fleets/staging/updateRuns/rapid-1-31-1")),
+        "{from}"
+    );
+    // The killed replica comes back and takes its share again: nothing is promoted twice.
+    cluster.start(downstream_owner);
+    cluster.api(downstream_owner).wait_ready();
+    let run_path = format!(
+        "/v1/fleets/prod/updateRuns/{}",
+        run["name"].as_str().unwrap_or_default()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.run_state("prod", run["name"].as_str().unwrap_or_default()) != "Completed" {
+        assert!(
+            Instant::now() < deadline,
+            "{run_path} did not complete; logs in {}",
+            cluster.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Two passes over profiles later, still the one run.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(promoted(&cluster).len(), 1, "{:?}", promoted(&cluster));
+}

@@ -247,6 +247,8 @@ pub(super) async fn delete_fleet(
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     require(&caller, Role::Admin)?;
+    // A fleet whose profiles others follow stays (SEMANTICS §14).
+    crate::trains::refuse_if_followed(&state, &fleet, None, "deleted").await?;
     let runs = crate::run_head::heads(state.runs.store.as_ref(), &fleet).await?;
     if let Some((active, _)) = runs.iter().find(|(_, head)| head.is_active()) {
         return Err(ApiError::conflict(format!(

@@ -32,7 +32,16 @@ pub(super) async fn put_profile(
             ))
         })?;
     }
+    crate::trains::check_upstream(&state, &fleet, &name, &profile).await?;
     let existing = state.runs.store.get(&fleet, Kind::Profile, &name).await?;
+    // A profile others follow keeps its channel (SEMANTICS §14).
+    if let Some(before) = &existing
+        && let Ok((_, old)) = crate::trains::stored_profile(&before.body)
+        && old.channel != profile.channel
+    {
+        crate::trains::refuse_if_followed(&state, &fleet, Some(&name), "given another channel")
+            .await?;
+    }
     let mut properties = serde_json::to_value(&spec).unwrap_or_default();
     properties["provisioningState"] = json!("Succeeded");
     if let Some(status) = existing
@@ -92,7 +101,33 @@ pub(super) async fn next_trigger(
         .into_iter()
         .map(|(run, _)| run)
         .collect();
-    let (at, run) = next_generation(name, profile, &catalog, now(), |r| runs.contains(r))?;
+    let (at, run) = match &profile.upstream {
+        // A downstream profile promotes what its upstream validated when the soak ends
+        // (SEMANTICS §14), nothing before.
+        Some(up) if !profile.disabled => {
+            let validated = crate::trains::validated_runs(state, up).await.ok()?;
+            let (at, validated) =
+                match flotilla_engine::train::promotion(&validated, up.soak_seconds, now()) {
+                    Promotion::Due { validated, .. } => (now(), validated),
+                    Promotion::Soaking {
+                        validated,
+                        soak_ends_at,
+                    } => (soak_ends_at, validated),
+                    Promotion::Nothing => return None,
+                };
+            let (run, _) = flotilla_engine::train::promoted_run(
+                name,
+                profile,
+                &catalog,
+                &validated,
+                driver.pins_node_images(),
+            );
+            (at, run).into()
+        }
+        Some(_) => None,
+        None => next_generation(name, profile, &catalog, now(), |r| runs.contains(r)),
+    }
+    .filter(|(_, run)| !runs.contains(&run.name))?;
     Some(json!({
         "updateRunName": run.name,
         "upgradeVersions": run.target.versions(),
@@ -119,27 +154,37 @@ pub async fn generate(
 ) -> HttpResult<Result<Generated, NoRun>> {
     let (fleet, name) = (fleet.to_string(), name.to_string());
     let resource = get_one(state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
-    let spec: ProfileSpec = from_json_value(
-        {
-            let mut p = resource.body["properties"].clone();
-            if let Some(map) = p.as_object_mut() {
-                map.remove("provisioningState");
-                map.remove("autoUpgradeProfileStatus");
-            }
-            p
-        },
-        "properties",
-    )?;
-    let profile = parse_profile(&spec)?;
+    let (_, profile) = crate::trains::stored_profile(&resource.body)?;
     let driver = state
         .runs
         .drivers
         .for_fleet(state.runs.store.as_ref(), &fleet)
         .await?;
     let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
-    let planned = match plan_generation(&name, &profile, &catalog, now()) {
-        Ok(planned) => planned,
-        Err(no_run) => return Ok(Err(no_run)),
+    // A downstream profile promotes what its upstream validated, once soaked (SEMANTICS §14);
+    // any other follows its channel.
+    let (planned, promoted_from) = match &profile.upstream {
+        _ if profile.disabled => return Ok(Err(NoRun::Disabled)),
+        Some(up) => {
+            let validated = crate::trains::validated_runs(state, up).await?;
+            match flotilla_engine::train::promotion(&validated, up.soak_seconds, now()) {
+                Promotion::Due { validated, .. } => {
+                    let (run, from) = flotilla_engine::train::promoted_run(
+                        &name,
+                        &profile,
+                        &catalog,
+                        &validated,
+                        driver.pins_node_images(),
+                    );
+                    (run, Some(from))
+                }
+                other => return Ok(Err(NoRun::Soaking(other.wakes_at()))),
+            }
+        }
+        None => match plan_generation(&name, &profile, &catalog, now()) {
+            Ok(planned) => (planned, None),
+            Err(no_run) => return Ok(Err(no_run)),
+        },
     };
     let run = planned.name.clone();
     let run_id = format!("/v1/fleets/{fleet}/updateRuns/{run}");
@@ -188,6 +233,7 @@ pub async fn generate(
         update: planned.update,
         rules: planned.rules,
         profile_id: Some(format!("/v1/fleets/{fleet}/autoUpgradeProfiles/{name}")),
+        promoted_from,
         system_data: system_data(caller, None),
     };
     create_run(state, &fleet, &run, new, Precondition::IfNoneMatchAny).await?;

@@ -77,6 +77,7 @@ pub(super) async fn create_run(
         update: new.update,
         rules: new.rules,
         profile_id: new.profile_id,
+        promoted_from: new.promoted_from,
         system_data: new.system_data,
         create_only: when == Precondition::IfNoneMatchAny,
         if_match: match when {

@@ -146,6 +146,7 @@ pub(super) async fn put_run(
             update,
             rules,
             profile_id: None,
+            promoted_from: None,
             system_data: system_data(&caller, None),
         },
         precondition(&headers),
@@ -204,6 +205,8 @@ pub struct NewRun {
     pub update: ManagedClusterUpdateSpec,
     pub rules: RunRules,
     pub profile_id: Option<String>,
+    /// A promoted run's provenance (SEMANTICS §14).
+    pub promoted_from: Option<flotilla_engine::status::PromotedFrom>,
     /// Who creates it, and when.
     pub system_data: Value,
 }

@@ -475,7 +475,7 @@ impl FleetActor {
         let planned = self
             .engine
             .plan_run(&name, &spec, request.catalog.clone(), &unknown);
-        let (engine, warnings) = match planned {
+        let (mut engine, warnings) = match planned {
             Ok(made) => made,
             Err(e) => {
                 if let Some(old) = replaced {
@@ -487,6 +487,9 @@ impl FleetActor {
         if replaced.is_some() {
             self.drop_run(&name);
         }
+        if let Some(from) = &request.promoted_from {
+            engine.set_promoted_from(from.clone());
+        }
         let snapshot = RunSnapshot {
             strategy: request.strategy.clone(),
             update: request.update.clone(),
@@ -494,6 +497,7 @@ impl FleetActor {
             catalog: request.catalog,
             rules: request.rules,
             rollback: None,
+            promoted_from: request.promoted_from.clone(),
         };
         let status = engine.status();
         let head = crate::run_head::head_of(&status);
@@ -617,6 +621,7 @@ impl FleetActor {
             catalog: self.engine.catalog().clone(),
             rules: Default::default(),
             rollback: Some(plan),
+            promoted_from: None,
         };
         let (engine, _) = engine_from_snapshot(&name, &snapshot)?;
         let status = engine.status();

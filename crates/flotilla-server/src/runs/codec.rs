@@ -2,6 +2,7 @@
 
 use super::*;
 use flotilla_engine::engine::RollbackPlan;
+use flotilla_engine::status::PromotedFrom;
 
 /// What a run is created from, stored with it.
 pub struct RunSnapshot {
@@ -13,6 +14,8 @@ pub struct RunSnapshot {
     /// A rollback run (SEMANTICS §15): the plan it was made from, which decides its stages,
     /// groups and targets (its strategy and upgrade are not read).
     pub rollback: Option<RollbackPlan>,
+    /// A run a downstream profile generated (SEMANTICS §14): where its target comes from.
+    pub promoted_from: Option<PromotedFrom>,
 }
 
 pub fn engine_from_snapshot(
@@ -30,7 +33,7 @@ pub fn engine_from_snapshot(
         .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
         .transpose()?;
     let upgrade = parse_upgrade(&snapshot.update, "properties.managedClusterUpdate")?;
-    Engine::create_shared(
+    let (mut engine, warnings) = Engine::create_shared(
         run,
         &RunSpec {
             strategy,
@@ -39,7 +42,11 @@ pub fn engine_from_snapshot(
         },
         &snapshot.members,
         snapshot.catalog.clone(),
-    )
+    )?;
+    if let Some(from) = &snapshot.promoted_from {
+        engine.set_promoted_from(from.clone());
+    }
+    Ok((engine, warnings))
 }
 
 /// The fleet's release catalog from its driver; a driver that cannot list it is a conflict
@@ -67,6 +74,8 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         rules: &'a RunRules,
         #[serde(skip_serializing_if = "Option::is_none")]
         rollback: Option<&'a RollbackPlan>,
+        #[serde(rename = "promotedFrom", skip_serializing_if = "Option::is_none")]
+        promoted_from: Option<&'a PromotedFrom>,
         #[serde(rename = "createdAt")]
         created_at: Time,
     }
@@ -98,6 +107,7 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         catalog: &snapshot.catalog,
         rules: &snapshot.rules,
         rollback: snapshot.rollback.as_ref(),
+        promoted_from: snapshot.promoted_from.as_ref(),
         created_at,
     })
 }
@@ -130,6 +140,8 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         rules: flotilla_engine::engine::RunRules,
         #[serde(default)]
         rollback: Option<RollbackPlan>,
+        #[serde(default, rename = "promotedFrom")]
+        promoted_from: Option<PromotedFrom>,
     }
     let stored: Stored = serde_json::from_str(internal).map_err(|e| bad(e.to_string()))?;
     let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
@@ -169,6 +181,7 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         catalog: stored.catalog,
         rules: stored.rules,
         rollback: stored.rollback,
+        promoted_from: stored.promoted_from,
     })
 }
 
