@@ -187,6 +187,9 @@ fn case(rng: &mut Rng, kind: Durations) -> Case {
         gate_checks: Default::default(),
         freezes: Vec::new(),
         budgets: Vec::new(),
+        fleet: flotilla_sim::scenario::SIM_FLEET.to_string(),
+        pins_node_images: true,
+        fleets: Vec::new(),
         providers: Default::default(),
         expect: None,
     };

@@ -180,6 +180,9 @@ fn fleet(size: usize) -> Scenario {
         gate_checks: Default::default(),
         freezes: Vec::new(),
         budgets: Vec::new(),
+        fleet: flotilla_sim::scenario::SIM_FLEET.to_string(),
+        pins_node_images: true,
+        fleets: Vec::new(),
         providers: Default::default(),
         expect: None,
     }

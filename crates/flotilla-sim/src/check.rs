@@ -75,6 +75,23 @@ pub fn budget_scopes(scenario: &Scenario) -> BudgetScopes {
 /// Compares a scenario's `result` (the `--json` document) with its expectations. Empty means
 /// every expectation held.
 pub fn check_scenario(scenario: &Scenario, result: &Value) -> Vec<String> {
+    if !scenario.fleets.is_empty() {
+        // Several fleets (SEMANTICS §14): each fleet's expectations against its document.
+        let mut errors = Vec::new();
+        for fleet in &scenario.fleets {
+            if fleet.expect.is_none() {
+                continue;
+            }
+            let Some(document) = result["fleets"].get(&fleet.fleet) else {
+                errors.push(format!("fleets.{}: no result for this fleet", fleet.fleet));
+                continue;
+            };
+            for e in check_scenario(fleet, document) {
+                errors.push(format!("fleets.{}.{e}", fleet.fleet));
+            }
+        }
+        return errors;
+    }
     let expect = scenario.expect.as_ref().unwrap_or(&Value::Null);
     check_with(expect, result, &budget_scopes(scenario))
 }
@@ -513,6 +530,20 @@ fn check_run(
             n,
         );
     }
+    // The run's start (SEMANTICS §14: a promoted run starts at the end of its soak).
+    if let Some(want) = exp.get("runStartedAt") {
+        let got = status["status"]["startTime"].as_str();
+        if got.and_then(|g| Time::parse(g).ok()) != time_of(want) {
+            errors.push(format!(
+                "runStartedAt: expected {want}, got {}",
+                got.unwrap_or("nothing")
+            ));
+        }
+    }
+    // Where a promoted run's target comes from (SEMANTICS §14); `null`: not promoted.
+    if let Some(want) = exp.get("promotedFrom") {
+        check_promoted_from(want, &status["promotedFrom"], &mut errors);
+    }
     if let Some(want) = exp.get("runCompletedAt") {
         let got = status["status"]["completedTime"]
             .as_str()
@@ -761,7 +792,14 @@ fn check_profiles(exp: &serde_json::Map<String, Value>, result: &Value, errors: 
         for (field, v) in want.as_object().into_iter().flatten() {
             let label = format!("profiles.{name}.{field}");
             match field.as_str() {
-                "triggered" => cmp(errors, label, Some(Value::Bool(!status.is_null())), v),
+                // A downstream profile may show what it waits for without having triggered.
+                "triggered" => cmp(
+                    errors,
+                    label,
+                    Some(Value::Bool(!status["lastTriggeredAt"].is_null())),
+                    v,
+                ),
+                "upstream" => check_upstream_status(&label, v, &status[field], errors),
                 "lastTriggeredAt" => {
                     if time_of(&status[field]) != time_of(v) {
                         errors.push(format!("{label}: expected {v}, got {}", status[field]));
@@ -856,6 +894,84 @@ fn check_runs(
             budgets,
         ) {
             errors.push(format!("runs.{key}.{e}"));
+        }
+    }
+}
+
+/// `promotedFrom` of a run (SEMANTICS §14): `null` when the run is not promoted; otherwise each
+/// field given: `runId` (the upstream run's id contains it), `completedTime` (the same
+/// instant), `imagesPinned`.
+fn check_promoted_from(want: &Value, got: &Value, errors: &mut Vec<String>) {
+    let Some(fields) = want.as_object() else {
+        if !want.is_null() || !got.is_null() {
+            errors.push(format!("promotedFrom: expected {want}, got {got}"));
+        }
+        return;
+    };
+    if got.is_null() {
+        errors.push(format!(
+            "promotedFrom: expected {want}, got nothing (the run is not promoted)"
+        ));
+        return;
+    }
+    for (field, v) in fields {
+        let label = format!("promotedFrom.{field}");
+        match field.as_str() {
+            "runId" => {
+                let id = text(&got[field]);
+                if got[field].is_null() || !id.contains(&text(v)) {
+                    errors.push(format!("{label}: expected it to contain {v}, got {id}"));
+                }
+            }
+            "completedTime" => {
+                if time_of(&got[field]) != time_of(v) {
+                    errors.push(format!("{label}: expected {v}, got {}", got[field]));
+                }
+            }
+            _ => cmp(errors, label, got.get(field).cloned(), v),
+        }
+    }
+}
+
+/// A downstream profile's `upstream` status (SEMANTICS §14): `null` when it waits for nothing;
+/// otherwise each field given: `validatedTarget` (the versions), `validatedAt` and `soakEndsAt`
+/// (instants), `validatedBy` (the upstream run's id contains it).
+fn check_upstream_status(label: &str, want: &Value, got: &Value, errors: &mut Vec<String>) {
+    let Some(fields) = want.as_object() else {
+        if !want.is_null() || !got.is_null() {
+            errors.push(format!("{label}: expected {want}, got {got}"));
+        }
+        return;
+    };
+    if got.is_null() {
+        errors.push(format!("{label}: expected {want}, got nothing"));
+        return;
+    }
+    for (field, v) in fields {
+        let label = format!("{label}.{field}");
+        match field.as_str() {
+            "validatedAt" | "soakEndsAt" => {
+                if time_of(&got[field]) != time_of(v) {
+                    errors.push(format!("{label}: expected {v}, got {}", got[field]));
+                }
+            }
+            "validatedBy" => {
+                let id = text(&got[field]);
+                if got[field].is_null() || !id.contains(&text(v)) {
+                    errors.push(format!("{label}: expected it to contain {v}, got {id}"));
+                }
+            }
+            "validatedTarget" => {
+                let want = Value::Array(
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|x| Value::String(text(x)))
+                        .collect(),
+                );
+                cmp(errors, label, got.get(field).cloned(), &want);
+            }
+            _ => cmp(errors, label, got.get(field).cloned(), v),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! human-readable rendering and the expectation checker of `flotilla simulate`.
 
 pub mod check;
+mod fleets;
 pub mod render;
 pub mod scenario;
 pub mod simulator;

@@ -232,11 +232,49 @@ pub fn timeline(events: &[Event]) -> String {
     out
 }
 
-/// The whole human-readable report.
+/// The whole human-readable report; for a scenario of several fleets, each fleet's report in
+/// the order they were simulated, then the promotions between them (SEMANTICS §14).
 pub fn report(description: &str, result: &SimResult) -> String {
     let mut out = String::new();
     if !description.is_empty() {
         let _ = writeln!(out, "{description}\n");
+    }
+    if !result.fleets.is_empty() {
+        let mut promotions = Vec::new();
+        for name in &result.fleet_order {
+            let Some(fleet) = result.fleets.get(name) else {
+                continue;
+            };
+            let _ = writeln!(out, "=== fleet {name} ===");
+            out.push_str(&report("", fleet));
+            let _ = writeln!(out);
+            for g in &fleet.generated_runs {
+                if let Some(from) = g.status.as_ref().and_then(|s| s.promoted_from.as_ref()) {
+                    promotions.push((g.created_at, name, g, from));
+                }
+            }
+        }
+        promotions.sort_by_key(|(at, ..)| *at);
+        let _ = writeln!(out, "promotions:");
+        if promotions.is_empty() {
+            let _ = writeln!(out, "  none");
+        }
+        for (at, fleet, g, from) in promotions {
+            let _ = writeln!(
+                out,
+                "  {at}  {fleet}: profile {} promoted {} from {} (completed {}){}",
+                g.profile,
+                g.key.split_once('/').map_or(g.key.as_str(), |(_, v)| v),
+                from.run_id,
+                from.completed_time,
+                if from.images_pinned {
+                    ""
+                } else {
+                    ", node images not pinned"
+                }
+            );
+        }
+        return out;
     }
     for w in &result.warnings {
         let _ = writeln!(out, "warning: {w}");

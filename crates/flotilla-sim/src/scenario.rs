@@ -113,6 +113,19 @@ pub struct ScenarioSpec {
     pub update_runs: serde_json::Map<String, Value>,
     #[serde(default)]
     pub expect: Option<Value>,
+    /// What the fleet's simulated driver can do (tests/scenarios/README.md).
+    #[serde(default)]
+    pub sim: Option<FleetSimSpec>,
+}
+
+/// `sim` at the top of a fleet: what its simulated driver can do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FleetSimSpec {
+    /// Whether the driver can pin node images (SEMANTICS §14); the `sim` driver can, AKS
+    /// cannot (`NodeImageSelectionUnsupported`). Default true.
+    #[serde(default)]
+    pub pins_node_images: Option<bool>,
 }
 
 /// One entry of `updateRuns`: the strategy and upgrade of a further hand-made run.
@@ -390,6 +403,14 @@ pub struct Scenario {
     pub freezes: Vec<Freeze>,
     /// The fleet's disruption budgets at `start`.
     pub budgets: Vec<Budget>,
+    /// The fleet's name, as resource ids say: [`SIM_FLEET`] for a scenario of one fleet.
+    pub fleet: String,
+    /// Whether the fleet's simulated driver pins node images (`sim.pinsNodeImages`).
+    pub pins_node_images: bool,
+    /// A scenario of several fleets (`fleets`): each fleet's scenario, in the order they are
+    /// simulated (every fleet after the fleets whose profiles its profiles follow). Empty for a
+    /// scenario of one fleet.
+    pub fleets: Vec<Scenario>,
     pub expect: Option<Value>,
 }
 
@@ -495,7 +516,7 @@ fn check_scripts(
     Ok(scripts)
 }
 
-fn profile_from(
+pub(crate) fn profile_from(
     path: &str,
     properties: &Value,
     strategies: &BTreeMap<String, Value>,
@@ -520,7 +541,7 @@ fn profile_from(
     Ok((spec, profile))
 }
 
-fn bad(path: &str, message: impl std::fmt::Display) -> ScenarioError {
+pub(crate) fn bad(path: &str, message: impl std::fmt::Display) -> ScenarioError {
     ScenarioError(format!("{path}: {message}"))
 }
 
@@ -655,10 +676,32 @@ impl Scenario {
         Ok(strategy)
     }
 
-    /// Parses scenario YAML. `name` becomes the run's name.
+    /// Parses scenario YAML. `name` becomes the run's name. A scenario with `fleets` is one of
+    /// several fleets (SEMANTICS §14, tests/scenarios/README.md): each fleet is parsed as a
+    /// scenario of its own, and the release trains between them are checked as the API checks
+    /// a profile's `upstream`.
     pub fn parse(name: &str, yaml: &str) -> Result<Scenario, ScenarioError> {
         let value: Value = serde_saphyr::from_str(yaml)
             .map_err(|e| ScenarioError(format!("not valid YAML: {e}")))?;
+        if value.get("fleets").is_some() {
+            return crate::fleets::parse_fleets(name, value);
+        }
+        let scenario = Scenario::parse_value(name, value)?;
+        if let Some(p) = scenario
+            .profiles
+            .iter()
+            .find(|p| p.profile.upstream.is_some())
+        {
+            return Err(bad(
+                &format!("autoUpgradeProfiles.{}.upstream", p.name),
+                "a scenario of one fleet has no other fleet to follow: give `fleets` (tests/scenarios/README.md)",
+            ));
+        }
+        Ok(scenario)
+    }
+
+    /// Parses one fleet's scenario from its document.
+    pub(crate) fn parse_value(name: &str, value: Value) -> Result<Scenario, ScenarioError> {
         let spec: ScenarioSpec = from_json_value(value, "")?;
         let start = time_at("start", &spec.start)?;
         let until = match &spec.until {
@@ -1022,6 +1065,9 @@ impl Scenario {
                 .map(|(name, p)| budget_from(&format!("disruptionBudgets.{name}"), name, p.clone()))
                 .collect::<Result<_, _>>()?,
             expect: spec.expect,
+            fleet: SIM_FLEET.to_string(),
+            pins_node_images: spec.sim.and_then(|s| s.pins_node_images).unwrap_or(true),
+            fleets: Vec::new(),
         })
     }
 

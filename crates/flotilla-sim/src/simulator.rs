@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
 use flotilla_engine::engine::{
@@ -21,14 +21,15 @@ use flotilla_engine::fleet::{Catalog, Cluster};
 use flotilla_engine::fleet_engine::{FleetCommand, FleetEngine, FleetEvent, FleetInput};
 use flotilla_engine::forecast::{Forecast, ForecastParams, forecast};
 use flotilla_engine::profile::{
-    NoRun, Profile, ProfileSpec, TriggerOutcome, plan_generation, trigger_status,
+    GeneratedRun, NoRun, Profile, ProfileSpec, TriggerOutcome, plan_generation, trigger_status,
 };
 use flotilla_engine::release;
-use flotilla_engine::status::{Event, UpdateRunStatus};
+use flotilla_engine::status::{Event, PromotedFrom, UpdateRunStatus};
 use flotilla_engine::strategy::{
     ManagedClusterUpdateSpec, StrategySpec, check_chain_minor_versions, parse_upgrade,
 };
 use flotilla_engine::time::Time;
+use flotilla_engine::train::{self, Promotion, Validated};
 
 use crate::scenario::{
     Action, DeclaredRun, Scenario, Scripted, SimBehaviour, scripted_at, wire_specs_of,
@@ -62,31 +63,64 @@ pub struct ClusterOut {
     pub node_pools: Vec<PoolOut>,
 }
 
-/// The result document of `flotilla simulate --json`.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// The result document of `flotilla simulate --json`; for a scenario of several fleets,
+/// `{fleets: {NAME: <the fleet's document>}}`.
+#[derive(Clone, Debug)]
 pub struct SimResult {
     pub run: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub create_error: Option<ApiError>,
     pub clusters: BTreeMap<String, ClusterOut>,
     pub events: Vec<Event>,
     /// The further hand-made runs of `updateRuns` (SEMANTICS §12), in creation order; left out
     /// when the scenario declares none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub update_runs: Vec<UpdateRunOut>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Profile scenarios: each auto-upgrade profile as the API returns it, status included.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub profiles: BTreeMap<String, Value>,
     /// Profile scenarios: the runs profiles generated, in the order they were created.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub generated_runs: Vec<GeneratedRunOut>,
     /// The final status, typed, for renderers.
-    #[serde(skip)]
     pub status: Option<UpdateRunStatus>,
+    /// A scenario of several fleets (SEMANTICS §14): each fleet's result, by name; the other
+    /// fields are then empty.
+    pub fleets: BTreeMap<String, SimResult>,
+    /// The fleets in the order they were simulated (each after the fleets it follows).
+    pub fleet_order: Vec<String>,
 }
+
+impl Serialize for SimResult {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        if !self.fleets.is_empty() {
+            map.serialize_entry("fleets", &self.fleets)?;
+            return map.end();
+        }
+        map.serialize_entry("run", &self.run)?;
+        if let Some(error) = &self.create_error {
+            map.serialize_entry("createError", error)?;
+        }
+        map.serialize_entry("clusters", &self.clusters)?;
+        map.serialize_entry("events", &self.events)?;
+        if !self.update_runs.is_empty() {
+            map.serialize_entry("updateRuns", &self.update_runs)?;
+        }
+        if !self.warnings.is_empty() {
+            map.serialize_entry("warnings", &self.warnings)?;
+        }
+        if !self.profiles.is_empty() {
+            map.serialize_entry("profiles", &self.profiles)?;
+        }
+        if !self.generated_runs.is_empty() {
+            map.serialize_entry("generatedRuns", &self.generated_runs)?;
+        }
+        map.end()
+    }
+}
+
+/// What upstream profiles validated (SEMANTICS §14), by profile id: the runs of fleets
+/// simulated before, each a run its profile generated that validated its target.
+pub type Validations = BTreeMap<String, Vec<Validated>>;
 
 /// A further hand-made run of `updateRuns`, with its own event log: `{name, run, events}`, or
 /// `{name, run: null, createError, events: []}` when the API would have refused it at creation.
@@ -118,6 +152,7 @@ pub struct GeneratedRunOut {
 
 /// The run resource the API would return, envelope included.
 pub fn run_resource(
+    fleet: &str,
     name: &str,
     strategy: Option<&StrategySpec>,
     update: &ManagedClusterUpdateSpec,
@@ -143,7 +178,7 @@ pub fn run_resource(
         serde_json::to_value(engine.status()).unwrap_or(Value::Null),
     );
     json!({
-        "id": format!("/v1/fleets/simulation/updateRuns/{name}"),
+        "id": format!("/v1/fleets/{fleet}/updateRuns/{name}"),
         "name": name,
         "type": "Microsoft.ContainerService/fleets/updateRuns",
         "properties": properties,
@@ -272,7 +307,7 @@ pub fn forecast_scenario(
 }
 
 pub fn simulate(scenario: &Scenario) -> SimResult {
-    run(scenario, false, None).0
+    run_fleets(scenario, false, None).0
 }
 
 /// What [`simulate_observing`] calls after every instant.
@@ -281,14 +316,14 @@ pub type Observer<'a> = dyn FnMut(&FleetEngine, Time) + 'a;
 /// Like [`simulate`], calling `observe` with the fleet engine after every instant (its
 /// commands answered and events taken): a forecast made midway, say.
 pub fn simulate_observing(scenario: &Scenario, observe: &mut Observer<'_>) -> SimResult {
-    run(scenario, false, Some(observe)).0
+    run_fleets(scenario, false, Some(observe)).0
 }
 
 /// Like [`simulate`], but recounts the fleet engine's state from scratch after every instant
 /// ([`FleetEngine::check_invariants`]), checks that every change of a run's status is
 /// reported ([`StatusChanges`]), and stops at the first violation. For tests.
 pub fn simulate_checking_invariants(scenario: &Scenario) -> Result<SimResult, String> {
-    match run(scenario, true, None) {
+    match run_fleets(scenario, true, None) {
         (result, None) => Ok(result),
         (_, Some(violation)) => Err(violation),
     }
@@ -315,6 +350,8 @@ struct SimProfile {
     spec: ProfileSpec,
     profile: Profile,
     status: Option<Value>,
+    /// A downstream profile's `upstream` status: what it waits for (SEMANTICS §14).
+    upstream: Option<Value>,
 }
 
 fn default_behaviour() -> SimBehaviour {
@@ -423,10 +460,65 @@ fn check_checkpoints(
     Ok(())
 }
 
+/// Runs a scenario: one fleet, or several one after another (SEMANTICS §14). An upstream never
+/// depends on its downstream, so each fleet is simulated over the whole horizon after the fleets
+/// it follows, knowing what their profiles' runs validated and when.
+fn run_fleets(
+    scenario: &Scenario,
+    check_invariants: bool,
+    mut observe: Option<&mut Observer<'_>>,
+) -> (SimResult, Option<String>) {
+    if scenario.fleets.is_empty() {
+        return run(scenario, check_invariants, observe, &Validations::new());
+    }
+    let mut validations = Validations::new();
+    let mut fleets = BTreeMap::new();
+    let mut order = Vec::new();
+    let mut violation = None;
+    for fleet in &scenario.fleets {
+        let (result, broken) = run(
+            fleet,
+            check_invariants,
+            observe.as_deref_mut(),
+            &validations,
+        );
+        for g in &result.generated_runs {
+            let id = g.run["id"].as_str().unwrap_or_default();
+            if let Some(v) = g.status.as_ref().and_then(|s| train::validated(id, s)) {
+                validations
+                    .entry(train::profile_id(&fleet.fleet, &g.profile))
+                    .or_default()
+                    .push(v);
+            }
+        }
+        fleets.insert(fleet.fleet.clone(), result);
+        order.push(fleet.fleet.clone());
+        if let Some(broken) = broken {
+            violation = Some(format!("fleet {}: {broken}", fleet.fleet));
+            break;
+        }
+    }
+    let result = SimResult {
+        run: None,
+        create_error: None,
+        clusters: BTreeMap::new(),
+        events: Vec::new(),
+        update_runs: Vec::new(),
+        warnings: Vec::new(),
+        profiles: BTreeMap::new(),
+        generated_runs: Vec::new(),
+        status: None,
+        fleets,
+        fleet_order: order,
+    };
+    (result, violation)
+}
+
 fn run(
     scenario: &Scenario,
     check_invariants: bool,
     mut observe: Option<&mut Observer<'_>>,
+    upstream: &Validations,
 ) -> (SimResult, Option<String>) {
     let mut clusters: BTreeMap<String, SimCluster> = scenario
         .members
@@ -499,6 +591,8 @@ fn run(
                     profiles: BTreeMap::new(),
                     generated_runs: Vec::new(),
                     status: None,
+                    fleets: BTreeMap::new(),
+                    fleet_order: Vec::new(),
                 };
                 return (result, None);
             }
@@ -538,10 +632,13 @@ fn run(
             spec: p.spec.clone(),
             profile: p.profile.clone(),
             status: None,
+            upstream: None,
         })
         .collect();
     let changes = catalog_changes(scenario);
     let mut next_change = 0;
+    let trains = train_instants(scenario, upstream);
+    let mut next_train = 0;
     let catalog_at = |now: Time| {
         release::published(
             &scenario.catalog,
@@ -570,6 +667,7 @@ fn run(
             sim.finishing.peek().map(|Reverse((t, _, _, _, _))| *t),
             actions.get(next_action).map(|a| a.at),
             changes.get(next_change).copied(),
+            trains.get(next_train).copied(),
             fleet.next_wakeup(),
             first.then_some(scenario.start),
         ];
@@ -616,6 +714,12 @@ fn run(
         } else {
             Catalog::default()
         };
+        // What an upstream validated comes in, or a soak ends (SEMANTICS §14).
+        let mut check_trains = false;
+        while trains.get(next_train).is_some_and(|t| *t <= now) {
+            next_train += 1;
+            check_trains = true;
+        }
         let mut released = false;
         while changes.get(next_change).is_some_and(|t| *t <= now) {
             next_change += 1;
@@ -652,7 +756,9 @@ fn run(
                 Action::GenerateUpdateRun(name) => {
                     match profiles.iter().find(|p| &p.name == name) {
                         Some(p) => {
-                            match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
+                            match generate(
+                                scenario, &mut fleet, &mut runs, p, &catalog, now, upstream,
+                            ) {
                                 Ok(Err(no_run)) => Err(no_run.error(&p.name)),
                                 Ok(Ok(Some(i))) => {
                                     if check_invariants {
@@ -749,28 +855,67 @@ fn run(
         }
         // 4. Profiles: a target an enabled profile has no run for gets one, created and started
         // (SEMANTICS §8).
-        if check_profiles {
+        if check_profiles || check_trains {
             for p in profiles.iter_mut().filter(|p| !p.profile.disabled) {
-                let outcome = match generate(scenario, &mut fleet, &mut runs, p, &catalog, now) {
-                    // Nothing selected yet is not a failure.
-                    Ok(Err(_) | Ok(None)) => continue,
-                    Ok(Ok(Some(i))) => {
-                        if check_invariants {
-                            keep_created(&fleet, &runs[i].name, &mut created);
-                        }
-                        let versions = runs[i].versions.clone();
-                        let start = fleet.handle(
-                            now,
-                            FleetInput::Run {
-                                run: runs[i].name.clone(),
-                                input: Input::Start,
-                            },
-                        );
-                        let start = start.map_err(|e| e.message);
-                        TriggerOutcome::started(runs[i].name.clone(), versions, start)
+                // A downstream profile only promotes what its upstream validated, at the end of
+                // its soak (SEMANTICS §14); it never resolves its own channel.
+                if let Some(up) = &p.profile.upstream {
+                    let validated = upstream
+                        .get(&up.profile_id())
+                        .map_or(&[][..], Vec::as_slice);
+                    let promotion = train::promotion(validated, up.soak_seconds, now);
+                    p.upstream = promotion.status();
+                    let Promotion::Due { validated, .. } = &promotion else {
+                        continue;
+                    };
+                    let (planned, from) = train::promoted_run(
+                        &p.name,
+                        &p.profile,
+                        &catalog,
+                        validated,
+                        scenario.pins_node_images,
+                    );
+                    // Once: the run's name is deterministic.
+                    if runs.iter().any(|r| r.name == planned.name) {
+                        continue;
                     }
-                    Err(e) => TriggerOutcome::not_created(format!("{:?}", e.code), e.message),
-                };
+                    let made = create_generated(
+                        scenario,
+                        &mut fleet,
+                        &mut runs,
+                        p,
+                        planned,
+                        &catalog,
+                        now,
+                        Some(from),
+                    );
+                    let outcome = match made {
+                        Ok(i) => {
+                            if check_invariants {
+                                keep_created(&fleet, &runs[i].name, &mut created);
+                            }
+                            start_generated(&mut fleet, &runs[i], now)
+                        }
+                        Err(e) => TriggerOutcome::not_created(format!("{:?}", e.code), e.message),
+                    };
+                    p.status = Some(trigger_status(now, &outcome));
+                    continue;
+                }
+                if !check_profiles {
+                    continue;
+                }
+                let outcome =
+                    match generate(scenario, &mut fleet, &mut runs, p, &catalog, now, upstream) {
+                        // Nothing selected yet is not a failure.
+                        Ok(Err(_) | Ok(None)) => continue,
+                        Ok(Ok(Some(i))) => {
+                            if check_invariants {
+                                keep_created(&fleet, &runs[i].name, &mut created);
+                            }
+                            start_generated(&mut fleet, &runs[i], now)
+                        }
+                        Err(e) => TriggerOutcome::not_created(format!("{:?}", e.code), e.message),
+                    };
                 p.status = Some(trigger_status(now, &outcome));
             }
         }
@@ -868,7 +1013,11 @@ fn run(
         if let Some(observe) = observe.as_mut() {
             observe(&fleet, now);
         }
-        if fleet.is_finished() && next_action >= actions.len() && next_change >= changes.len() {
+        if fleet.is_finished()
+            && next_action >= actions.len()
+            && next_change >= changes.len()
+            && next_train >= trains.len()
+        {
             break;
         }
     }
@@ -886,16 +1035,24 @@ fn run(
         warnings,
         profiles: profiles
             .iter()
-            .map(|p| (p.name.clone(), profile_resource(p)))
+            .map(|p| (p.name.clone(), profile_resource(&scenario.fleet, p)))
             .collect(),
         generated_runs: Vec::new(),
         status: None,
+        fleets: BTreeMap::new(),
+        fleet_order: Vec::new(),
     };
     for r in runs {
         let Some(engine) = fleet.run(&r.name) else {
             continue;
         };
-        let mut resource = run_resource(&r.name, r.strategy.as_ref(), &r.update, engine);
+        let mut resource = run_resource(
+            &scenario.fleet,
+            &r.name,
+            r.strategy.as_ref(),
+            &r.update,
+            engine,
+        );
         match r.generated {
             None if r.declared => result.update_runs.push(UpdateRunOut {
                 name: r.name,
@@ -914,9 +1071,8 @@ fn run(
                 result.events = events;
             }
             Some((profile, key)) => {
-                resource["properties"]["autoUpgradeProfileId"] = json!(format!(
-                    "/v1/fleets/simulation/autoUpgradeProfiles/{profile}"
-                ));
+                resource["properties"]["autoUpgradeProfileId"] =
+                    json!(train::profile_id(&scenario.fleet, &profile));
                 result.generated_runs.push(GeneratedRunOut {
                     profile,
                     key,
@@ -975,15 +1131,20 @@ fn not_found(what: &str, name: &str) -> ApiError {
     )
 }
 
-/// The profile resource as the API returns it.
-fn profile_resource(p: &SimProfile) -> Value {
+/// The profile resource as the API returns it: a downstream profile's status shows what it
+/// waits for (`upstream`, SEMANTICS §14) beside its last trigger.
+fn profile_resource(fleet: &str, p: &SimProfile) -> Value {
     let mut properties = serde_json::to_value(&p.spec).unwrap_or_else(|_| json!({}));
     properties["provisioningState"] = json!("Succeeded");
-    if let Some(status) = &p.status {
-        properties["autoUpgradeProfileStatus"] = status.clone();
+    let mut status = p.status.clone();
+    if let Some(upstream) = &p.upstream {
+        status.get_or_insert_with(|| json!({}))["upstream"] = upstream.clone();
+    }
+    if let Some(status) = status {
+        properties["autoUpgradeProfileStatus"] = status;
     }
     json!({
-        "id": format!("/v1/fleets/simulation/autoUpgradeProfiles/{}", p.name),
+        "id": train::profile_id(fleet, &p.name),
         "name": p.name,
         "type": "Microsoft.ContainerService/fleets/autoUpgradeProfiles",
         "properties": properties,
@@ -993,7 +1154,9 @@ fn profile_resource(p: &SimProfile) -> Value {
 /// Creates (does not start) the run for the profile's current target, as `generateUpdateRun`
 /// does: `Ok(Ok(None))` when that run already exists, `Ok(Ok(Some(index)))` for a new one,
 /// `Ok(Err(_))` when the profile generates nothing now. The name, upgrade and rules come from
-/// the engine's `plan_generation`, as in the server.
+/// the engine's `plan_generation`, as in the server. A downstream profile's current target is
+/// what its upstream validated once the soak is over (SEMANTICS §14), pinned.
+#[allow(clippy::too_many_arguments)]
 fn generate(
     scenario: &Scenario,
     fleet: &mut FleetEngine,
@@ -1001,15 +1164,65 @@ fn generate(
     p: &SimProfile,
     catalog: &Catalog,
     now: Time,
+    upstream: &Validations,
 ) -> Result<Result<Option<usize>, NoRun>, ApiError> {
-    let planned = match plan_generation(&p.name, &p.profile, catalog, now) {
-        Ok(planned) => planned,
-        Err(no_run) => return Ok(Err(no_run)),
+    let (planned, promoted) = match &p.profile.upstream {
+        _ if p.profile.disabled => return Ok(Err(NoRun::Disabled)),
+        Some(up) => {
+            let validated = upstream
+                .get(&up.profile_id())
+                .map_or(&[][..], Vec::as_slice);
+            match train::promotion(validated, up.soak_seconds, now) {
+                Promotion::Due { validated, .. } => {
+                    let (planned, from) = train::promoted_run(
+                        &p.name,
+                        &p.profile,
+                        catalog,
+                        &validated,
+                        scenario.pins_node_images,
+                    );
+                    (planned, Some(from))
+                }
+                Promotion::Soaking { soak_ends_at, .. } => {
+                    return Err(ApiError::conflict(format!(
+                        "auto-upgrade profile {:?} follows {}: what it validated soaks until {soak_ends_at}",
+                        p.name,
+                        up.profile_id()
+                    )));
+                }
+                Promotion::Nothing => {
+                    return Err(ApiError::conflict(format!(
+                        "auto-upgrade profile {:?} follows {}, which validated nothing yet",
+                        p.name,
+                        up.profile_id()
+                    )));
+                }
+            }
+        }
+        None => match plan_generation(&p.name, &p.profile, catalog, now) {
+            Ok(planned) => (planned, None),
+            Err(no_run) => return Ok(Err(no_run)),
+        },
     };
     if runs.iter().any(|r| r.name == planned.name) {
         return Ok(Ok(None));
     }
-    // The strategy is copied into the run at this moment (SEMANTICS §8).
+    create_generated(scenario, fleet, runs, p, planned, catalog, now, promoted).map(|i| Ok(Some(i)))
+}
+
+/// Creates (does not start) the run a profile planned, with the profile's strategy copied at
+/// this moment (SEMANTICS §8) and, for a promoted run, its provenance (§14).
+#[allow(clippy::too_many_arguments)]
+fn create_generated(
+    scenario: &Scenario,
+    fleet: &mut FleetEngine,
+    runs: &mut Vec<SimRun>,
+    p: &SimProfile,
+    planned: GeneratedRun,
+    catalog: &Catalog,
+    now: Time,
+    promoted: Option<PromotedFrom>,
+) -> Result<usize, ApiError> {
     let strategy_spec = p
         .profile
         .update_strategy_id
@@ -1028,7 +1241,11 @@ fn generate(
         rules: planned.rules,
     };
     // Membership from the fleet as it is now.
-    fleet.create_run(&planned.name, &spec, catalog.clone())?;
+    let (mut engine, _) = fleet.plan_run(&planned.name, &spec, catalog.clone(), &[])?;
+    if let Some(from) = promoted {
+        engine.set_promoted_from(from);
+    }
+    fleet.take_run(&planned.name, engine)?;
     let key = format!("{}/{}", p.name, planned.target.versions().join("+"));
     runs.push(SimRun {
         name: planned.name,
@@ -1040,7 +1257,56 @@ fn generate(
         created_at: now,
         events: Vec::new(),
     });
-    Ok(Ok(Some(runs.len() - 1)))
+    Ok(runs.len() - 1)
+}
+
+/// Starts a run a profile's trigger just created: how the trigger ended.
+fn start_generated(fleet: &mut FleetEngine, run: &SimRun, now: Time) -> TriggerOutcome {
+    let start = fleet.handle(
+        now,
+        FleetInput::Run {
+            run: run.name.clone(),
+            input: Input::Start,
+        },
+    );
+    TriggerOutcome::started(
+        run.name.clone(),
+        run.versions.clone(),
+        start.map_err(|e| e.message),
+    )
+}
+
+/// The instants after the start at which a downstream profile looks at its upstream
+/// (SEMANTICS §14): when a run of the upstream that validated completes (the profile's status
+/// shows it) and when its soak ends (the profile may promote then, exactly), for each soak the
+/// profile has over the scenario.
+pub fn train_instants(scenario: &Scenario, upstream: &Validations) -> Vec<Time> {
+    let edited = scenario.actions.iter().filter_map(|a| match &a.action {
+        Action::UpdateProfile { parsed, .. } => parsed.upstream.as_ref(),
+        _ => None,
+    });
+    let mut instants: Vec<Time> = scenario
+        .profiles
+        .iter()
+        .filter_map(|p| p.profile.upstream.as_ref())
+        .chain(edited)
+        .flat_map(|up| {
+            upstream
+                .get(&up.profile_id())
+                .into_iter()
+                .flatten()
+                .flat_map(move |v| {
+                    [
+                        v.completed_time,
+                        v.completed_time.plus(up.soak_seconds as i64),
+                    ]
+                })
+        })
+        .filter(|t| *t > scenario.start)
+        .collect();
+    instants.sort();
+    instants.dedup();
+    instants
 }
 
 /// A user action on one run.

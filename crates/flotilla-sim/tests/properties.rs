@@ -510,6 +510,9 @@ fn scenario(plan: &Plan) -> Scenario {
         gate_checks,
         freezes: Vec::new(),
         budgets: Vec::new(),
+        fleet: flotilla_sim::scenario::SIM_FLEET.to_string(),
+        pins_node_images: true,
+        fleets: Vec::new(),
         providers: [(
             "prom".to_string(),
             flotilla_engine::checks::parse_provider(

@@ -366,3 +366,64 @@ fn the_checker_counts_budget_scopes() {
     );
     assert_eq!(differences.len(), 2, "{differences:#?}");
 }
+
+/// SEMANTICS §14: the checker of a scenario of several fleets reports wrong expectations per
+/// fleet, on promotions and on profiles' upstream status.
+#[test]
+fn the_checker_reports_wrong_train_expectations() {
+    let mut scenario = load(&workspace().join("tests/scenarios/t01-three-fleet-train.yaml"));
+    let document = serde_json::to_value(simulate(&scenario)).expect("serializes");
+    assert!(check_scenario(&scenario, &document).is_empty());
+    let prod = scenario
+        .fleets
+        .iter_mut()
+        .find(|f| f.fleet == "prod")
+        .expect("a prod fleet");
+    prod.expect = Some(serde_json::json!({
+        "generatedRuns": {"rapid": ["1.31.5"]},
+        "runs": {"rapid/1.31.4+AKSUbuntu-2204gen2containerd-202603.01.0": {
+            "runStartedAt": "2026-03-06T00:00:00Z",
+            "promotedFrom": {"runId": "/v1/fleets/dev/", "completedTime": "2026-03-04T00:00:00Z", "imagesPinned": false},
+        }},
+        "profiles": {"rapid": {"triggered": false, "upstream": {"validatedBy": "rapid-1-31-4", "soakEndsAt": "2026-03-06T00:40:00Z"}}},
+    }));
+    let differences = check_scenario(&scenario, &document);
+    assert_eq!(differences.len(), 8, "{differences:#?}");
+    assert!(
+        differences.iter().all(|d| d.starts_with("fleets.prod.")),
+        "{differences:#?}"
+    );
+    // A promoted run expected not promoted, and the dev run expected promoted.
+    let dev = serde_json::json!({"runs": {"rapid/1.31.4": {"promotedFrom": {"completedTime": "2026-03-03T00:20:00Z"}}}});
+    let dev_document = &document["fleets"]["dev"];
+    assert_eq!(check(&dev, dev_document).len(), 1);
+}
+
+/// `flotilla simulate` prints each fleet of a train, then the promotions between them.
+#[test]
+fn a_train_is_rendered_fleet_by_fleet_with_its_promotions() {
+    let scenario = load(&workspace().join("tests/scenarios/t01-three-fleet-train.yaml"));
+    let result = simulate(&scenario);
+    let text = flotilla_sim::render::report(&scenario.description, &result);
+    let dev = text.find("=== fleet dev ===").expect("dev's section");
+    let staging = text
+        .find("=== fleet staging ===")
+        .expect("staging's section");
+    let prod = text.find("=== fleet prod ===").expect("prod's section");
+    assert!(dev < staging && staging < prod, "{text}");
+    let promotions = &text[text.find("\npromotions:\n").expect("promotions")..];
+    let lines: Vec<&str> = promotions.lines().skip(2).collect();
+    assert_eq!(lines.len(), 3, "{promotions}");
+    assert!(
+        lines[1].starts_with("  2026-03-06T00:40:00Z  prod: profile rapid promoted 1.31.4+AKSUbuntu-2204gen2containerd-202603.01.0 from /v1/fleets/staging/updateRuns/rapid-1-31-4-"),
+        "{promotions}"
+    );
+    // The JSON document is the fleets' documents by name.
+    let document = serde_json::to_value(&result).expect("serializes");
+    let keys: Vec<&String> = document.as_object().expect("an object").keys().collect();
+    assert_eq!(keys, ["fleets"]);
+    assert_eq!(
+        document["fleets"]["prod"]["profiles"]["rapid"]["id"],
+        "/v1/fleets/prod/autoUpgradeProfiles/rapid"
+    );
+}
