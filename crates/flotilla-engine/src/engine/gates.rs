@@ -128,6 +128,27 @@ impl Engine {
         None
     }
 
+    /// Every gate of the run, reached or not, by id, with its type (`Approval`,
+    /// `ScheduledStart`, `HealthCheck`): what a forecast needs to say what it assumes of each.
+    pub fn gate_types(&self) -> std::collections::BTreeMap<String, &'static str> {
+        let mut types = std::collections::BTreeMap::new();
+        for stage in &self.stages {
+            let groups = stage.groups.iter().map(|&g| &self.groups[g as usize]);
+            let lists = [&stage.before, &stage.after]
+                .into_iter()
+                .chain(groups.flat_map(|g| [&g.before, &g.after]));
+            for gate in lists.flatten() {
+                let kind = match &gate.gate.kind {
+                    GateKind::Approval => "Approval",
+                    GateKind::ScheduledStart { .. } => "ScheduledStart",
+                    GateKind::HealthCheck(_) => "HealthCheck",
+                };
+                types.insert(gate.id.clone(), kind);
+            }
+        }
+        types
+    }
+
     /// Every gate the run has reached, for the gate resources of the API.
     pub fn gate_views(&self) -> Vec<GateView> {
         let mut views = Vec::new();
