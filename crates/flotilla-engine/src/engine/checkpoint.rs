@@ -795,7 +795,8 @@ impl Engine {
             health,
             chains,
             hops_due,
-            rollback
+            rollback,
+            time_scale
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

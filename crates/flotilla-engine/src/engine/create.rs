@@ -108,6 +108,7 @@ impl Engine {
             hops_due: BTreeSet::new(),
             released: Vec::new(),
             rollback: Default::default(),
+            time_scale: 1.0,
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

@@ -360,6 +360,7 @@ impl Engine {
     }
 
     pub(super) fn open_gates(&mut self, now: Time, si: usize, group: Option<u32>, timing: Timing) {
+        let scale = self.time_scale();
         for at in self.gate_refs(si, group, timing) {
             let Some(gate) = self.gate_mut(at) else {
                 continue;
@@ -378,7 +379,12 @@ impl Engine {
                 ..
             } = gate.gate.kind
             {
-                let at_time = next_scheduled_start(day, time, utc_offset, now);
+                let mut at_time = next_scheduled_start(day, time, utc_offset, now);
+                // A run with a time scale (a simulated fleet) reaches the time that much sooner.
+                if scale != 1.0 {
+                    let real = ((at_time.unix() - now.unix()) as f64 / scale).ceil() as i64;
+                    at_time = now.plus(real);
+                }
                 gate.absolute_start = Some(at_time);
                 message = Some(format!(
                     "{}opens at {at_time}",

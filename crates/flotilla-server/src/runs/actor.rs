@@ -475,7 +475,7 @@ impl FleetActor {
         let planned = self
             .engine
             .plan_run(&name, &spec, request.catalog.clone(), &unknown);
-        let (engine, warnings) = match planned {
+        let (mut engine, warnings) = match planned {
             Ok(made) => made,
             Err(e) => {
                 if let Some(old) = replaced {
@@ -494,7 +494,9 @@ impl FleetActor {
             catalog: request.catalog,
             rules: request.rules,
             rollback: None,
+            time_scale: self.driver.time_scale(),
         };
+        engine.set_time_scale(snapshot.time_scale);
         let status = engine.status();
         let head = crate::run_head::head_of(&status);
         let mut properties = json!({
@@ -617,6 +619,7 @@ impl FleetActor {
             catalog: self.engine.catalog().clone(),
             rules: Default::default(),
             rollback: Some(plan),
+            time_scale: self.driver.time_scale(),
         };
         let (engine, _) = engine_from_snapshot(&name, &snapshot)?;
         let status = engine.status();

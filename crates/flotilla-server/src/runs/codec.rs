@@ -13,6 +13,9 @@ pub struct RunSnapshot {
     /// A rollback run (SEMANTICS §15): the plan it was made from, which decides its stages,
     /// groups and targets (its strategy and upgrade are not read).
     pub rollback: Option<RollbackPlan>,
+    /// The fleet driver's time scale when the run was made ([`Engine::set_time_scale`]): a
+    /// restart rebuilds the run with the same one, whatever the driver says then.
+    pub time_scale: f64,
 }
 
 pub fn engine_from_snapshot(
@@ -20,8 +23,9 @@ pub fn engine_from_snapshot(
     snapshot: &RunSnapshot,
 ) -> Result<(Engine, Vec<String>), ApiError> {
     if let Some(plan) = &snapshot.rollback {
-        let engine =
+        let mut engine =
             Engine::create_rollback(run, plan, &snapshot.members, snapshot.catalog.clone())?;
+        engine.set_time_scale(snapshot.time_scale);
         return Ok((engine, Vec::new()));
     }
     let strategy = snapshot
@@ -30,7 +34,7 @@ pub fn engine_from_snapshot(
         .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
         .transpose()?;
     let upgrade = parse_upgrade(&snapshot.update, "properties.managedClusterUpdate")?;
-    Engine::create_shared(
+    let (mut engine, warnings) = Engine::create_shared(
         run,
         &RunSpec {
             strategy,
@@ -39,7 +43,9 @@ pub fn engine_from_snapshot(
         },
         &snapshot.members,
         snapshot.catalog.clone(),
-    )
+    )?;
+    engine.set_time_scale(snapshot.time_scale);
+    Ok((engine, warnings))
 }
 
 /// The fleet's release catalog from its driver; a driver that cannot list it is a conflict
@@ -69,6 +75,12 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         rollback: Option<&'a RollbackPlan>,
         #[serde(rename = "createdAt")]
         created_at: Time,
+        /// Written only when it is not 1: snapshots of real fleets read as before.
+        #[serde(rename = "timeScale", skip_serializing_if = "is_one")]
+        time_scale: f64,
+    }
+    fn is_one(scale: &f64) -> bool {
+        *scale == 1.0
     }
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]
@@ -99,6 +111,7 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         rules: &snapshot.rules,
         rollback: snapshot.rollback.as_ref(),
         created_at,
+        time_scale: snapshot.time_scale,
     })
 }
 
@@ -130,6 +143,12 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         rules: flotilla_engine::engine::RunRules,
         #[serde(default)]
         rollback: Option<RollbackPlan>,
+        /// Snapshots written before runs kept their time scale ran at 1.
+        #[serde(default = "one", rename = "timeScale")]
+        time_scale: f64,
+    }
+    fn one() -> f64 {
+        1.0
     }
     let stored: Stored = serde_json::from_str(internal).map_err(|e| bad(e.to_string()))?;
     let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
@@ -169,6 +188,7 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         catalog: stored.catalog,
         rules: stored.rules,
         rollback: stored.rollback,
+        time_scale: stored.time_scale,
     })
 }
 

@@ -189,3 +189,53 @@ async fn a_forecast_says_what_each_stage_waits_for_and_what_it_assumes_of_pendin
     let now = unix_of(&forecast["computedAt"]);
     assert_eq!(unix_of(&forecast["completedTime"]), now + 3600 + upgrade);
 }
+
+/// Issue #42, "Demo": on a `sim` fleet a stage's wait is shortened by the driver's `timeScale`
+/// as its upgrades are. At 600 simulated seconds per real second, a 1,200 s wait takes about
+/// 2 real seconds, not 20 minutes; the status still says what the strategy asked for.
+#[tokio::test]
+async fn a_wait_on_a_simulated_fleet_scales_with_its_time_scale() {
+    let h = Harness::start("wait-scaled").await;
+    let mut fleet = sim_fleet(&[("c-a1", cluster("1.30.5")), ("c-b1", cluster("1.30.5"))]);
+    fleet["properties"]["driver"]["timeScale"] = json!(600);
+    h.ok("admin", Method::PUT, "/v1/fleets/f1", Some(fleet))
+        .await;
+    for (name, group) in [("a1", "canary"), ("b1", "prod")] {
+        h.ok(
+            "operator",
+            Method::PUT,
+            &format!("/v1/fleets/f1/members/{name}"),
+            Some(json!({"properties": {"clusterResourceId": format!("c-{name}"), "group": group}})),
+        )
+        .await;
+    }
+    let strategy = json!({"stages": [
+        {"name": "canary", "groups": [{"name": "canary"}], "afterStageWaitInSeconds": 1200},
+        {"name": "production", "groups": [{"name": "prod"}]},
+    ]});
+    let run = "/v1/fleets/f1/updateRuns/r1";
+    h.ok(
+        "operator",
+        Method::PUT,
+        run,
+        Some(json!({"properties": {"strategy": strategy,
+            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
+    )
+    .await;
+    h.ok("operator", Method::POST, &format!("{run}/start"), None)
+        .await;
+    // wait_run's deadline is 30 s: far less than the 20 minutes of an unscaled wait.
+    let done = h
+        .wait_run(run, "the run to complete", |r| {
+            r["properties"]["status"]["status"]["state"] == "Completed"
+        })
+        .await;
+    let wait = &done["properties"]["status"]["stages"][0]["afterStageWaitStatus"];
+    assert_eq!(wait["waitDurationInSeconds"], 1200, "{wait}");
+    assert_eq!(wait["status"]["state"], "Completed", "{wait}");
+    let lasted = unix_of(&wait["status"]["completedTime"]) - unix_of(&wait["status"]["startTime"]);
+    assert!(
+        (1..=3).contains(&lasted),
+        "1,200 simulated seconds at 600 per real second: {lasted} s"
+    );
+}
