@@ -377,7 +377,11 @@ test('the run page forecasts the end of the run and of each stage, draws predict
   await eventually('what the next stage waits for', async () => (await next.count()) > 0 && (await next.getAttribute('data-stage')) === 'production', 30000);
   const waits = (await next.getAttribute('data-waits')).split(',');
   assert.ok(waits.includes('Gate'), `production waits for its gate: ${waits}`);
-  assert.match(await next.innerText(), /production starts .* waits for .*a gate/);
+  // A start time while it is still to come; once it has passed (the gate pending, assumed
+  // approved at the forecast's now), it is waiting, never "starts" at a past time.
+  const nextText = await next.innerText();
+  assert.match(nextText, /production (starts .+|is waiting) — waits for .*approval of gate "Canary looks healthy: go to production"/);
+  if ((await next.getAttribute('data-overdue')) === 'true') assert.doesNotMatch(nextText, / starts /, nextText);
   // Only what the run's state allows: a run waiting at its gate cannot be started again.
   assert.equal(await page.locator('#start-run').count(), 0, 'no start button on a running run');
   // Predicted bars behind the actual ones, and production's forecast end on its row.
@@ -400,6 +404,19 @@ test('a reader sees the pending gate without an approve button, and the API refu
   const gate = page.locator('#pipeline li.checkpoint[data-gate]');
   await eventually('the production gate to be Pending', async () => (await gate.getAttribute('data-state')) === 'Pending', 90000);
   await page.getByText('waiting for an approver').waitFor();
+  // Issue #42: with the gate pending, the forecast end says it assumes the gate approved now,
+  // the next stage says it waits for that gate alone and shows no start time that has passed,
+  // and the 2-member canary group shows its real ceiling, not the stage's 50.
+  const eta = page.locator('#run-eta');
+  await eventually('the forecast end to name its assumption', async () => /if gate "Canary looks healthy: go to production" is approved now|overdue/.test(await eta.innerText()), 40000);
+  const next = page.locator('#next-stage');
+  await eventually('production to wait for its gate', async () => (await next.count()) > 0 && (await next.getAttribute('data-waits')) === 'Gate', 40000);
+  const nextText = await next.innerText();
+  assert.match(nextText, /waits for approval of gate "Canary looks healthy: go to production"/);
+  assert.doesNotMatch(nextText, /wait after|maintenance window|stage canary/, `only what holds it: ${nextText}`);
+  if ((await next.getAttribute('data-overdue')) === 'true') assert.doesNotMatch(nextText, / starts /, `no start in the past: ${nextText}`);
+  const canaryLimits = await page.locator('#pipeline li.stage[data-stage="canary"] .limits').first().innerText();
+  assert.match(canaryLimits, /\/ 2 at once/, `the canary's two members bound it: ${canaryLimits}`);
   assert.equal(await page.locator('button.approve').count(), 0, 'no approve button for a reader');
   assert.equal(await page.locator('#stop-run').count(), 0, 'no stop button for a reader');
   assert.equal(await page.getByRole('button', { name: /skip/i }).count(), 0, 'no skip button for a reader');
@@ -822,8 +839,11 @@ test('a HealthCheck gate that cannot be evaluated fails the run: the page shows 
   assert.equal(await page.locator('#run-state .badge.s-Failed').count(), 1, 'the run Failed');
   // Why, in plain words: the gate, the check and what its last evaluation found; and the
   // engine's own words (the timeout).
-  assert.match(await reason.locator('.reason-text').innerText(), /^Stopped at stage prod: the HealthCheck gate 'fleet error rate' failed — check fleet-errors could not be evaluated: .+/);
+  assert.match(await reason.locator('.reason-text').innerText(), /^Failed at stage prod: the HealthCheck gate 'fleet error rate' failed — check fleet-errors could not be evaluated: .+/);
   assert.match(await reason.locator('.reason-detail').innerText(), /the checks did not pass for 1 s within 3 s/);
+  // The run has ended: the live dot is off.
+  await eventually('the live mark to say the run ended', async () => (await page.locator('#live').getAttribute('data-state')) === 'ended');
+  assert.doesNotMatch(await page.locator('#live').innerText(), /live/);
   // The gate, Failed, with its evaluations (none could be made) beside it.
   const gate = page.locator('#pipeline li.checkpoint[data-type="HealthCheck"]');
   assert.equal(await gate.getAttribute('data-state'), 'Failed');
@@ -925,7 +945,7 @@ test('a group\'s HealthCheck after-gate that sees a bad value stops the run, and
   await page.goto(`${base}/#/fleets/health-value/runs/bad-value`);
   const reason = page.locator('#run-reason');
   await reason.waitFor({ timeout: 60000 });
-  assert.equal(await reason.locator('.reason-text-words').innerText(), "Stopped at stage edge: the HealthCheck gate 'error budget' after group edge failed — check errors: value 0.5 does not meet condition < 0.05");
+  assert.equal(await reason.locator('.reason-text-words').innerText(), "Failed at stage edge: the HealthCheck gate 'error budget' after group edge failed — check errors: value 0.5 does not meet condition < 0.05");
   // The gate, in its group's card, Failed, with the failing evaluation (once the page has
   // drawn the status that failed it).
   await page.locator('article.group[data-group="edge"][data-state="Failed"] .checkpoint[data-type="HealthCheck"][data-state="Failed"] .check[data-check="errors"][data-verdict="fail"]').first().waitFor();

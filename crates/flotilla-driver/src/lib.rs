@@ -147,6 +147,13 @@ pub trait Driver: Send + Sync {
         None
     }
 
+    /// Simulated seconds per real second: how much faster than real time this driver's world
+    /// runs (the `sim` driver's `timeScale`). A run made over it shortens its waits and
+    /// scheduled gates by as much, as its upgrades are; 1 for real clusters.
+    fn time_scale(&self) -> f64 {
+        1.0
+    }
+
     /// The clusters this driver finds by itself (the `aks` driver's `discover`); `None` when it
     /// is not configured to find any.
     async fn discover(&self) -> Result<Option<Discovery>, DriverError> {
@@ -696,6 +703,10 @@ impl SimDriver {
 
 #[async_trait]
 impl Driver for SimDriver {
+    fn time_scale(&self) -> f64 {
+        self.scale
+    }
+
     fn expected_duration(&self, member: &MemberRef) -> Option<Duration> {
         let state = self.state.lock().ok()?;
         let cluster = [&member.cluster_resource_id, &member.name]

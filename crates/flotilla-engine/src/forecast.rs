@@ -9,6 +9,20 @@
 //! delay after it is reached; windows, scheduled gates, waits and versions known to arrive
 //! later are the engine's own. Pure and deterministic: same fleet, parameters and durations,
 //! same forecast.
+//!
+//! What it assumes is part of the answer: `assumptions.approvals` says how Approval gates are
+//! taken (`IfApprovedNow`: each one pending at `now`, and each reached later, is approved the
+//! moment it is pending; `IfApprovedAfterDelay`: `approvalDelaySeconds` after), and
+//! `assumptions.pendingGates` lists every gate pending at `now` with what is assumed of it.
+//! Each stage and group says what its start waits for (`waitsFor`, [`Hold`]): only what
+//! actually holds it, with the instant each hold is predicted to end.
+//!
+//! No predicted time is before `now`. Times before `now` are what already happened (a member
+//! that finished, a stage that started). An upgrade in flight that has already run longer than
+//! its expected duration is predicted to finish at `now` — the earliest it can — and is
+//! reported `overdue`, never as a finish in the past; a forecast read later than it was
+//! computed says so by its `computedAt`, and a reader shows a predicted time that has since
+//! passed as overdue, not as a time to come.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -92,6 +106,104 @@ pub struct Forecast {
     /// The chain of members, waits, gates, windows and versions that decides the end, first
     /// to last.
     pub critical_path: Vec<PathStep>,
+    /// What each stage's start waits for, by stage name (only what actually holds it).
+    pub stage_holds: BTreeMap<String, Vec<Hold>>,
+    /// What each group's start waits for, by (stage, group).
+    pub group_holds: BTreeMap<(String, String), Vec<Hold>>,
+    /// The gates pending at `now`, with what the forecast assumes of each.
+    pub pending_gates: Vec<PendingGate>,
+    /// Members in flight whose upgrade has run longer than expected: predicted to finish at
+    /// `now`, not before.
+    pub overdue: BTreeSet<String>,
+}
+
+/// What holds a stage's or group's start in a forecast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub enum HoldKind {
+    /// An Approval gate not approved yet; assumed approved as `assumptions.approvals` says.
+    Approval,
+    /// A scheduled-start gate: it opens at its time.
+    ScheduledStart,
+    /// A HealthCheck gate: its checks are assumed to pass.
+    HealthCheck,
+    /// The wait after the previous stage.
+    Wait,
+    /// The previous stage's members, still upgrading (`until`: when the last one ends).
+    Stage,
+    /// Members of the stage or group wait for their maintenance window.
+    Window,
+    /// Members wait for their target version to arrive in their region.
+    Version,
+    /// Members are held by another run.
+    Lock,
+    /// Members are covered by a freeze (SEMANTICS §12).
+    Freeze,
+    /// Members wait for room in a disruption budget (SEMANTICS §12).
+    Budget,
+    /// Members wait for their readiness checks.
+    Readiness,
+}
+
+/// One thing a stage's or group's start waits for, and when it is predicted to end (`None`:
+/// not within the forecast's year).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hold {
+    pub kind: HoldKind,
+    /// The gate, for a gate's hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// A gate's state at `now` (`Pending`, or `NotStarted` for one not reached yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    /// The stage whose end or wait holds it, for `Stage` and `Wait`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// How many members wait, for a member's hold (`Window`, `Freeze`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<usize>,
+    /// When the hold is predicted to end; never before `now`.
+    pub until: Option<Time>,
+}
+
+impl Hold {
+    fn new(kind: HoldKind, until: Option<Time>) -> Hold {
+        Hold {
+            kind,
+            gate_id: None,
+            display_name: None,
+            state: None,
+            stage: None,
+            members: None,
+            until,
+        }
+    }
+}
+
+/// A gate pending at `now`, and what the forecast assumes of it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingGate {
+    pub gate_id: String,
+    #[serde(rename = "type")]
+    pub gate_type: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// `ApprovedNow`, `ApprovedAfterDelay`, `OpensAtItsTime` or `ChecksPass`.
+    pub assumed: &'static str,
+    /// When the forecast has it completed; `None`: not within a year.
+    pub until: Option<Time>,
+}
+
+/// `assumptions.approvals`: how a forecast takes Approval gates.
+pub fn approvals_assumed(params: &ForecastParams) -> &'static str {
+    if params.approval_delay_seconds == 0 {
+        "IfApprovedNow"
+    } else {
+        "IfApprovedAfterDelay"
+    }
 }
 
 /// A member's waits for a reason, from when to when.
@@ -131,6 +243,25 @@ pub fn forecast(
             engine.state()
         )));
     }
+    // The gates as they stand now: reached (`Pending`) or over; the others are not reached.
+    let gates_now: BTreeMap<String, State> = engine
+        .gate_views()
+        .into_iter()
+        .map(|g| (g.id, g.state))
+        .collect();
+    // The groups under way now (past their gates); the others are held by what comes first.
+    let under_way: BTreeSet<(String, String)> = engine
+        .status_skeleton()
+        .stages
+        .into_iter()
+        .flat_map(|s| {
+            let stage = s.name;
+            s.groups
+                .into_iter()
+                .filter(|g| !matches!(g.status.state, State::NotStarted | State::Pending))
+                .map(move |g| (stage.clone(), g.name))
+        })
+        .collect();
     let mut sim = fleet.clone().without_journal();
     if engine.state() == State::NotStarted {
         let input = FleetInput::Run {
@@ -140,7 +271,11 @@ pub fn forecast(
         sim.handle(now, input)?;
     }
     let ended = |sim: &FleetEngine| sim.run(run).is_none_or(|e| e.is_finished());
-    let Forward { sim, waited } = forward(sim, now, params, duration, Some(run), &ended);
+    let Forward {
+        sim,
+        waited,
+        overdue,
+    } = forward(sim, now, params, duration, Some(run), &ended);
     let engine = sim
         .run(run)
         .ok_or_else(|| ApiError::conflict("the run left the forecast"))?;
@@ -151,12 +286,27 @@ pub fn forecast(
         .flatten();
     let waits_for = waits_for(&status, &waited, now);
     let critical_path = critical_path(&status, &waited, now);
+    let gates = Gates {
+        types: engine.gate_types(),
+        now: gates_now,
+        under_way,
+    };
+    let (stage_holds, group_holds) = holds(&status, &waited, &gates, now);
+    let pending_gates = pending_gates(&status, &gates, params);
     Ok(Forecast {
         computed_at: now,
         completed,
         status,
         waits_for,
         critical_path,
+        stage_holds,
+        group_holds,
+        pending_gates,
+        overdue: overdue
+            .into_iter()
+            .filter(|(r, _)| r == run)
+            .map(|(_, m)| m)
+            .collect(),
     })
 }
 
@@ -204,6 +354,8 @@ pub fn completions(
 struct Forward {
     sim: FleetEngine,
     waited: BTreeMap<String, Waited>,
+    /// (run, member) in flight past their expected duration at `now`.
+    overdue: BTreeSet<(String, String)>,
 }
 
 /// Runs `sim` (a copy of a fleet engine) forward in virtual time from `now` until `ended` says
@@ -226,12 +378,17 @@ fn forward(
     };
     // What is in flight now finishes after its expected duration, counted from its start.
     let names: Vec<String> = sim.run_names().map(String::from).collect();
+    let mut overdue = BTreeSet::new();
     for name in &names {
         let Some(e) = sim.run(name) else { continue };
         let reattaching: BTreeSet<(String, u64)> = e.pending_observations().into_iter().collect();
         for (member, attempt, _) in e.operations_in_flight() {
             let started = e.operation_started(member).unwrap_or(now);
-            let end = Time(started.unix() + duration(name, member).max(0)).max(now);
+            let expected = Time(started.unix() + duration(name, member).max(0));
+            if expected < now {
+                overdue.insert((name.clone(), member.to_string()));
+            }
+            let end = expected.max(now);
             let what = if reattaching.contains(&(member.to_string(), attempt)) {
                 Due::Reattached(name.clone(), member.to_string(), attempt)
             } else {
@@ -416,7 +573,11 @@ fn forward(
     for member in open {
         close(&mut pending, &mut waited, &member, t);
     }
-    Forward { sim, waited }
+    Forward {
+        sim,
+        waited,
+        overdue,
+    }
 }
 
 /// Ends a member's open wait at `t`.
@@ -480,6 +641,212 @@ fn waits_for(
             }
         }
         previous_wait = stage.after_stage_wait_status.as_ref().map(|w| &w.status);
+    }
+    out
+}
+
+/// Whether something that starts at `start` and ends at `end` (predicted) is not over at `now`.
+fn open_at(start: Option<Time>, end: Option<Time>, now: Time) -> bool {
+    start.is_none_or(|s| s > now) || end.is_none_or(|e| e > now)
+}
+
+/// The run's gates: each one's type, and the state of those reached at `now`.
+struct Gates {
+    types: BTreeMap<String, &'static str>,
+    now: BTreeMap<String, State>,
+    /// (stage, group) of the groups under way at `now`.
+    under_way: BTreeSet<(String, String)>,
+}
+
+impl Gates {
+    fn type_of(&self, id: &str) -> &'static str {
+        self.types.get(id).copied().unwrap_or("Approval")
+    }
+}
+
+/// A hold for each gate of `list` not over at `now`.
+fn gate_holds<'a>(list: impl Iterator<Item = &'a GateStatus>, gates: &Gates, out: &mut Vec<Hold>) {
+    for g in list {
+        let state = gates
+            .now
+            .get(&g.gate_id)
+            .copied()
+            .unwrap_or(State::NotStarted);
+        if state.is_terminal() {
+            continue;
+        }
+        let kind = match gates.type_of(&g.gate_id) {
+            "ScheduledStart" => HoldKind::ScheduledStart,
+            "HealthCheck" => HoldKind::HealthCheck,
+            _ => HoldKind::Approval,
+        };
+        out.push(Hold {
+            gate_id: Some(g.gate_id.clone()),
+            display_name: g.display_name.clone(),
+            state: Some(state),
+            ..Hold::new(kind, g.status.completed_time)
+        });
+    }
+}
+
+/// The members' own waits after `now` (window, version, lock, freeze, budget, readiness), one
+/// hold per reason: how many members, until the last of them ends.
+fn member_holds<'a>(
+    members: impl Iterator<Item = &'a crate::status::MemberStatus>,
+    waited: &BTreeMap<String, Waited>,
+    now: Time,
+    out: &mut Vec<Hold>,
+) {
+    let mut by: BTreeMap<HoldKind, (usize, Option<Time>)> = BTreeMap::new();
+    for m in members {
+        if m.status.start_time.is_some_and(|s| s <= now) {
+            continue;
+        }
+        let never_started = m.status.start_time.is_none();
+        let mut seen = BTreeSet::new();
+        for (reason, _, to) in waited.get(&m.name).map(Vec::as_slice).unwrap_or_default() {
+            let kind = match reason {
+                WaitReason::Window => HoldKind::Window,
+                WaitReason::Version => HoldKind::Version,
+                WaitReason::Lock => HoldKind::Lock,
+                WaitReason::Freeze => HoldKind::Freeze,
+                WaitReason::Budget => HoldKind::Budget,
+                WaitReason::Readiness => HoldKind::Readiness,
+                _ => continue,
+            };
+            let entry = by.entry(kind).or_insert((0, Some(now)));
+            if seen.insert(kind) {
+                entry.0 += 1;
+            }
+            // A member still waiting when the forecast stopped waits past its year.
+            let end = (!never_started).then_some(*to);
+            entry.1 = match (entry.1, end) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+    }
+    for (kind, (count, until)) in by {
+        out.push(Hold {
+            members: Some(count),
+            ..Hold::new(kind, until)
+        });
+    }
+}
+
+/// What each stage's and group's start waits for (SEMANTICS §11, "the assumptions used"): for
+/// one that has not started by `now`, the gates before it not over (the previous stage's
+/// after-gates, its own before-gates), the previous stage's wait and the previous stage itself
+/// while they last; for every one, what its members not started yet wait for on their own.
+#[allow(clippy::type_complexity)]
+fn holds(
+    status: &UpdateRunStatus,
+    waited: &BTreeMap<String, Waited>,
+    gates: &Gates,
+    now: Time,
+) -> (
+    BTreeMap<String, Vec<Hold>>,
+    BTreeMap<(String, String), Vec<Hold>>,
+) {
+    let mut stages = BTreeMap::new();
+    let mut groups = BTreeMap::new();
+    let mut previous: Option<&crate::status::StageStatus> = None;
+    for stage in &status.stages {
+        let mut out = Vec::new();
+        // A stage at its before-gates has a start time; it starts, for what holds it, when its
+        // first group is under way.
+        let under_way = |group: &str| {
+            gates
+                .under_way
+                .contains(&(stage.name.clone(), group.into()))
+        };
+        if !stage.groups.iter().any(|g| under_way(&g.name)) {
+            if let Some(p) = previous {
+                if open_at(p.status.start_time, p.status.completed_time, now)
+                    && p.status.state != State::Skipped
+                {
+                    // Its members' end (the stage itself ends after its wait and gates).
+                    let ends: Option<Vec<Time>> = p
+                        .groups
+                        .iter()
+                        .flat_map(|g| &g.members)
+                        .map(|m| m.status.completed_time)
+                        .collect();
+                    let until = match ends {
+                        Some(ends) => ends.into_iter().max().or(p.status.completed_time),
+                        None => None,
+                    };
+                    out.push(Hold {
+                        stage: Some(p.name.clone()),
+                        ..Hold::new(HoldKind::Stage, until)
+                    });
+                }
+                gate_holds(p.after_gates.iter(), gates, &mut out);
+                if let Some(w) = &p.after_stage_wait_status
+                    && w.status.state != State::Skipped
+                    && open_at(w.status.start_time, w.status.completed_time, now)
+                {
+                    out.push(Hold {
+                        stage: Some(p.name.clone()),
+                        ..Hold::new(HoldKind::Wait, w.status.completed_time)
+                    });
+                }
+            }
+            gate_holds(stage.before_gates.iter(), gates, &mut out);
+        }
+        member_holds(
+            stage.groups.iter().flat_map(|g| &g.members),
+            waited,
+            now,
+            &mut out,
+        );
+        for group in &stage.groups {
+            let mut held = Vec::new();
+            if !under_way(&group.name) {
+                gate_holds(group.before_gates.iter(), gates, &mut held);
+            }
+            member_holds(group.members.iter(), waited, now, &mut held);
+            groups.insert((stage.name.clone(), group.name.clone()), held);
+        }
+        stages.insert(stage.name.clone(), out);
+        previous = Some(stage);
+    }
+    (stages, groups)
+}
+
+/// The gates pending at `now` and what the forecast assumes of each.
+fn pending_gates(
+    status: &UpdateRunStatus,
+    gates: &Gates,
+    params: &ForecastParams,
+) -> Vec<PendingGate> {
+    let mut out = Vec::new();
+    for stage in &status.stages {
+        let lists = [&stage.before_gates, &stage.after_gates].into_iter().chain(
+            stage
+                .groups
+                .iter()
+                .flat_map(|g| [&g.before_gates, &g.after_gates]),
+        );
+        for g in lists.flatten() {
+            if gates.now.get(&g.gate_id) != Some(&State::Pending) {
+                continue;
+            }
+            let gate_type = gates.type_of(&g.gate_id);
+            let assumed = match gate_type {
+                "ScheduledStart" => "OpensAtItsTime",
+                "HealthCheck" => "ChecksPass",
+                _ if params.approval_delay_seconds == 0 => "ApprovedNow",
+                _ => "ApprovedAfterDelay",
+            };
+            out.push(PendingGate {
+                gate_id: g.gate_id.clone(),
+                gate_type,
+                display_name: g.display_name.clone(),
+                assumed,
+                until: g.status.completed_time,
+            });
+        }
     }
     out
 }
@@ -615,19 +982,29 @@ impl Forecast {
                             .iter()
                             .map(|m| {
                                 let (start, end) = times(&m.status);
-                                json!({
+                                let mut member = json!({
                                     "name": m.name,
                                     "state": m.status.state,
                                     "startTime": start,
                                     "completedTime": end,
                                     "waitsFor": self.waits_for.get(&m.name).cloned().unwrap_or_default(),
-                                })
+                                });
+                                if self.overdue.contains(&m.name) {
+                                    member["overdue"] = json!(true);
+                                }
+                                member
                             })
                             .collect();
-                        json!({"name": group.name, "startTime": start, "completedTime": end, "members": members})
+                        let held = self
+                            .group_holds
+                            .get(&(stage.name.clone(), group.name.clone()))
+                            .cloned()
+                            .unwrap_or_default();
+                        json!({"name": group.name, "startTime": start, "completedTime": end, "waitsFor": held, "members": members})
                     })
                     .collect();
-                json!({"name": stage.name, "startTime": start, "completedTime": end, "groups": groups})
+                let held = self.stage_holds.get(&stage.name).cloned().unwrap_or_default();
+                json!({"name": stage.name, "startTime": start, "completedTime": end, "waitsFor": held, "groups": groups})
             })
             .collect();
         json!({
@@ -636,6 +1013,10 @@ impl Forecast {
             "stages": stages,
             "criticalPath": self.critical_path,
             "assumptions": {
+                "approvals": approvals_assumed(params),
+                "pendingGates": self.pending_gates,
+                "checks": "Pass",
+                "failures": "None",
                 "durations": durations,
                 "approvalDelaySeconds": params.approval_delay_seconds,
                 "defaultDurationSeconds": params.default_duration_seconds,

@@ -548,6 +548,59 @@ fn schemas() -> Value {
                 "properties": {"id": {"type": "integer"}, "time": text, "subject": text, "role": text,
                     "method": text, "path": text, "fleet": text, "status": {"type": "integer"}, "body": {}}}},
             "nextLink": text}});
+    // A forecast (SEMANTICS §11), in parts (one json! of it all is too deep for the macro).
+    let time_or_null = json!({"type": "string", "nullable": true});
+    let forecast_hold = json!({"type": "object", "required": ["kind", "until"], "description": "one thing a stage's or group's start waits for (only what actually holds it) and when it is predicted to end (null: not within a year; never before computedAt)", "properties": {
+        "kind": {"type": "string", "enum": ["Approval", "ScheduledStart", "HealthCheck", "Wait", "Stage", "Window", "Version", "Lock", "Freeze", "Budget", "Readiness"]},
+        "gateId": {"type": "string"},
+        "displayName": {"type": "string"},
+        "state": {"type": "string", "enum": ["Pending", "NotStarted"]},
+        "stage": {"type": "string"},
+        "members": {"type": "integer", "minimum": 1},
+        "until": time_or_null}});
+    let holds = json!({"type": "array", "items": {"$ref": "#/components/schemas/ForecastHold"}});
+    let forecast_member = json!({"type": "object", "required": ["name", "state", "startTime", "completedTime", "waitsFor"], "properties": {
+        "name": {"type": "string"},
+        "state": {"type": "string"},
+        "startTime": time_or_null,
+        "completedTime": time_or_null,
+        "waitsFor": {"type": "array", "items": {"type": "string", "enum": ["Window", "Version", "Lock", "Slot", "Gate", "Wait", "Readiness", "Freeze", "Budget"]}},
+        "overdue": {"type": "boolean", "description": "in flight longer than its expected duration: predicted to finish now, not in the past"}}});
+    let forecast_group = json!({"type": "object", "required": ["name", "startTime", "completedTime", "waitsFor", "members"], "properties": {
+        "name": {"type": "string"},
+        "startTime": time_or_null,
+        "completedTime": time_or_null,
+        "waitsFor": holds,
+        "members": {"type": "array", "items": forecast_member}}});
+    let forecast_stage = json!({"type": "object", "required": ["name", "startTime", "completedTime", "waitsFor", "groups"], "properties": {
+        "name": {"type": "string"},
+        "startTime": time_or_null,
+        "completedTime": time_or_null,
+        "waitsFor": holds,
+        "groups": {"type": "array", "items": forecast_group}}});
+    let pending_gate = json!({"type": "object", "required": ["gateId", "type", "assumed", "until"], "properties": {
+        "gateId": {"type": "string"},
+        "type": {"type": "string", "enum": ["Approval", "ScheduledStart", "HealthCheck"]},
+        "displayName": {"type": "string"},
+        "assumed": {"type": "string", "enum": ["ApprovedNow", "ApprovedAfterDelay", "OpensAtItsTime", "ChecksPass"]},
+        "until": time_or_null}});
+    let assumptions = json!({"type": "object", "required": ["approvals", "pendingGates", "checks", "failures", "durations", "approvalDelaySeconds", "defaultDurationSeconds"], "properties": {
+        "approvals": {"type": "string", "enum": ["IfApprovedNow", "IfApprovedAfterDelay"], "description": "IfApprovedNow: every Approval gate pending now is taken as approved now, and each one reached later the moment it is reached; IfApprovedAfterDelay: approvalDelaySeconds after"},
+        "pendingGates": {"type": "array", "items": pending_gate},
+        "checks": {"type": "string", "enum": ["Pass"]},
+        "failures": {"type": "string", "enum": ["None"]},
+        "durations": {"type": "object", "required": ["history", "fleetMedian", "driver", "default"], "properties": {
+            "history": {"type": "integer"}, "fleetMedian": {"type": "integer"},
+            "driver": {"type": "integer"}, "default": {"type": "integer"}}},
+        "approvalDelaySeconds": {"type": "integer"},
+        "defaultDurationSeconds": {"type": "integer"}}});
+    let forecast = json!({"type": "object", "required": ["computedAt", "stages", "criticalPath", "assumptions"], "properties": {
+        "completedTime": time_or_null,
+        "computedAt": {"type": "string"},
+        "stages": {"type": "array", "items": forecast_stage},
+        "criticalPath": {"type": "array", "items": {"type": "object", "properties": {
+            "kind": {"type": "string"}, "name": {"type": "string"}, "from": {"type": "string"}, "to": {"type": "string"}}}},
+        "assumptions": assumptions}});
     let mut schemas = json!({
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"], "properties": {
@@ -580,13 +633,8 @@ fn schemas() -> Value {
             "run": reference("UpdateRun"),
             "approvalDelaySeconds": {"type": "integer", "minimum": 0, "maximum": 31_622_400},
             "defaultDurationSeconds": {"type": "integer", "minimum": 1, "maximum": 31_622_400}}},
-        "Forecast": {"type": "object", "required": ["computedAt", "stages", "criticalPath", "assumptions"], "properties": {
-            "completedTime": {"type": "string", "nullable": true},
-            "computedAt": text,
-            "stages": {"type": "array", "items": {"type": "object"}},
-            "criticalPath": {"type": "array", "items": {"type": "object", "properties": {
-                "kind": text, "name": text, "from": text, "to": text}}},
-            "assumptions": {"type": "object"}}},
+        "Forecast": forecast,
+        "ForecastHold": forecast_hold,
         "UpdateStrategy": envelope(object(json!({
             "provisioningState": state,
             "strategy": strategy}))),

@@ -1559,6 +1559,35 @@ mod tests {
         );
     }
 
+    /// A run keeps the time scale its fleet's driver had when it was made (issue #42: a
+    /// simulated fleet's waits scale as its upgrades do): the snapshot records it, a restart
+    /// rebuilds the run with it, and an older snapshot (or a real fleet's, not written) reads 1.
+    #[test]
+    fn a_snapshot_keeps_the_runs_time_scale_across_a_restart() {
+        let members: Vec<Value> = (0..2)
+            .map(|i| {
+                json!({"name": format!("m{i}"), "clusterResourceId": format!("/c/{i}"),
+                    "cluster": cluster("1.30.5")})
+            })
+            .collect();
+        let older = json!({"members": members, "catalog": catalog()}).to_string();
+        let mut read = read_snapshot(&base(), &older).expect("an older snapshot reads");
+        assert_eq!(read.time_scale, 1.0, "a snapshot without a scale ran at 1");
+        let text = snapshot_document(&read, Time::from_unix(0)).expect("written");
+        let written: Value = serde_json::from_str(&text).expect("JSON");
+        assert!(written.get("timeScale").is_none(), "1 is not written");
+        read.time_scale = 300.0;
+        let text = snapshot_document(&read, Time::from_unix(0)).expect("written");
+        let again = read_snapshot(&base(), &text).expect("reads");
+        assert_eq!(again.time_scale, 300.0);
+        let (engine, _) = engine_from_snapshot("r", &again).expect("engine");
+        assert_eq!(
+            engine.time_scale(),
+            300.0,
+            "rebuilt with the recorded scale"
+        );
+    }
+
     /// What a status write stores, put together as the store does, is the run's document
     /// rendered whole, at every step of a run: with groups of several chunks, an empty group,
     /// and writes that carry only the chunks that changed.

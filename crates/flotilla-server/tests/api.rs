@@ -4373,6 +4373,9 @@ async fn a_budget_holds_a_run_to_its_size_and_says_so() {
 #[path = "api/review_findings.rs"]
 mod review_findings;
 
+#[path = "api/forecast_honesty.rs"]
+mod forecast_honesty;
+
 /// `If-None-Match: *` creates a run or is refused: a run not yet started is never replaced by
 /// it (found by playing scenario u03 through the server, where such a write replaced the run).
 #[tokio::test]

@@ -180,7 +180,7 @@ export function stopReason(run, typeOf) {
   const stage = stages.find((s) => s.status?.state === 'Failed');
   if (!stage) return { text: `Failed: ${error?.message || 'no reason recorded'}`, target: null };
   const definition = (run.properties?.strategy?.stages || []).find((d) => d.name === stage.name);
-  const where = `Stopped at stage ${stage.name}`;
+  const where = `Failed at stage ${stage.name}`;
 
   // A failed HealthCheck gate: the stage's own, or one of its groups'.
   const scopes = [{ node: stage, definition, group: null }].concat((stage.groups || []).map((g) => ({ node: g, definition: definition?.groups?.find((d) => d.name === g.name), group: g.name })));

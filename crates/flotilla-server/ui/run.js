@@ -94,6 +94,8 @@ export async function render(ctx) {
   };
 
   const live = h('span', { id: 'live', class: 'live', role: 'status' }, 'connecting…');
+  /** The event stream's state; a run that has ended is not live, whatever the stream does. */
+  let streamState = 'connecting';
   const head = h('section', { id: 'run-header', 'aria-label': 'Run summary' });
   const failures = h('section', { id: 'failures', class: 'failures', 'aria-label': 'Failed members', hidden: true });
   const filterBar = h('div', { id: 'state-filter', class: 'state-filter', role: 'radiogroup', 'aria-label': 'Show members by state' });
@@ -209,6 +211,7 @@ export async function render(ctx) {
         status.rolledBackBy ? h('div', { id: 'rolled-back-by' }, h('dt', {}, 'Rolled back by'), h('dd', {}, runLink(status.rolledBackBy))) : null),
       reasonBanner(run),
     ].filter(Boolean));
+    showLive();
   }
 
   /**
@@ -277,37 +280,69 @@ export async function render(ctx) {
     return { at: null, known: false };
   }
 
+  /** The Approval gates the forecast assumes approved now (its assumptions.pendingGates). */
+  function assumedApprovals() {
+    return (view.forecast?.assumptions?.pendingGates || []).filter((g) => g.type === 'Approval');
+  }
+
+  /** `gate "Canary looks healthy"`, `gates "a", "b"`. */
+  function gateNames(gates) {
+    const names = gates.map((g) => `"${g.displayName || g.gateId}"`);
+    return `${names.length === 1 ? 'gate' : 'gates'} ${names.join(', ')}`;
+  }
+
   function etaText(status) {
     if (status.status?.state === 'NotStarted') return h('span', { class: 'muted' }, 'not started');
     const end = predictedEnd(status);
     if (!end.known) return h('span', { class: 'muted' }, 'forecasting…');
     if (!end.at) return h('span', { class: 'warn' }, 'not within a year (it waits for something that does not come)');
     const left = parseTime(end.at) - Date.now();
-    return h('span', {}, time(end.at), left > 0 ? h('span', { class: 'muted' }, ` (in about ${fmtDuration(left)})`) : null);
+    // A forecast end that has passed while the run goes on is overdue, never a time to come.
+    if (left <= 0) return h('span', { class: 'warn', dataset: { overdue: 'true' } }, 'overdue (forecast for ', time(end.at), ')');
+    const approvals = assumedApprovals();
+    const approved = view.forecast?.assumptions?.approvals === 'IfApprovedAfterDelay' ? `approved ${fmtDuration(view.forecast.assumptions.approvalDelaySeconds * 1000)} from now` : 'approved now';
+    return h('span', {}, time(end.at), h('span', { class: 'muted' }, ` (in about ${fmtDuration(left)}`,
+      approvals.length ? h('span', { class: 'assumes' }, ` if ${gateNames(approvals)} ${approvals.length === 1 ? 'is' : 'are'} ${approved}`) : null, ')'));
   }
 
-  /** The first stage that has not ended, and what its members wait for before they start. */
+  /** One thing the forecast says a stage waits for (its waitsFor), in words. */
+  function holdWords(hold) {
+    const gate = `"${hold.displayName || hold.gateId}"`;
+    switch (hold.kind) {
+      case 'Approval': return `approval of gate ${gate}`;
+      case 'ScheduledStart': return `scheduled gate ${gate}`;
+      case 'HealthCheck': return `health checks of gate ${gate}`;
+      case 'Wait': return `the wait after stage ${hold.stage}`;
+      case 'Stage': return `stage ${hold.stage} to finish`;
+      default: return `${WAIT_WORDS[hold.kind] || hold.kind} (${hold.members} ${hold.members === 1 ? 'member' : 'members'})`;
+    }
+  }
+  /** The reasons of holds, in the words of members' waitsFor (a gate of any kind is Gate). */
+  const HOLD_REASON = { Approval: 'Gate', ScheduledStart: 'Gate', HealthCheck: 'Gate' };
+
+  /** The first stage that has not ended, and what the forecast says its start waits for. */
   function nextStage(status) {
     const stages = status.stages || [];
     const next = stages.find((s) => !TERMINAL.has(s.status?.state || 'NotStarted') && (s.status?.state || 'NotStarted') !== 'Running');
     if (!next || !view.forecast) return null;
     const predicted = (view.forecast.stages || []).find((s) => s.name === next.name);
-    const reasons = new Set();
-    // What holds it now: a gate pending before it (the previous stage's after-gates, its own or
-    // its groups' before-gates) or the previous stage's wait...
-    const previous = stages[stages.indexOf(next) - 1];
-    const pending = (gates) => (gates || []).some((g) => g.status?.state === 'Pending');
-    if (pending(previous?.afterGates) || pending(next.beforeGates) || (next.groups || []).some((g) => pending(g.beforeGates))) reasons.add('Gate');
-    if (previous?.afterStageWaitStatus?.status?.state === 'Running') reasons.add('Wait');
-    // ...and what the forecast says its members will wait for.
-    for (const g of predicted?.groups || []) for (const m of g.members || []) for (const r of m.waitsFor || []) reasons.add(r);
-    const waits = [...reasons].map((r) => WAIT_WORDS[r] || r);
+    // Only what actually holds it, as the forecast says (SEMANTICS §11), each while it lasts.
+    const now = Date.now();
+    const holds = (predicted?.waitsFor || []).filter((w) => w.until === null || parseTime(w.until) > now || w.state === 'Pending');
+    const reasons = [...new Set(holds.map((w) => HOLD_REASON[w.kind] || w.kind))];
+    const start = parseTime(predicted?.startTime);
+    const words = holds.map(holdWords);
+    let when;
+    if (!predicted?.startTime) when = ' does not start within a year';
+    // A predicted start that has passed is not a time to come: it is waiting.
+    else if (start <= now) when = words.length ? ' is waiting' : ' is due to start now';
+    else when = [' starts ', time(predicted.startTime)];
     return h('div', {},
       h('dt', {}, 'Next stage'),
-      h('dd', { id: 'next-stage', dataset: { stage: next.name, waits: [...reasons].join(',') } },
+      h('dd', { id: 'next-stage', dataset: { stage: next.name, waits: reasons.join(','), overdue: String(start !== null && start <= now) } },
         h('strong', {}, next.name),
-        predicted?.startTime ? [' starts ', time(predicted.startTime)] : ' does not start within a year',
-        waits.length ? h('span', { class: 'muted' }, ` — waits for ${waits.join(', ')}`) : null));
+        when,
+        words.length ? h('span', { class: 'muted' }, ` — waits for ${words.join(', ')}`) : null));
   }
 
   /** Asks for the run's forecast when the last one is old and the run has not ended. */
@@ -462,7 +497,8 @@ export async function render(ctx) {
     const verifying = running ? members.filter((m) => activity(m) === 'verifying').length : 0;
     const over = node.failureCount > node.maxAllowedFailures;
     return h('p', { class: 'limits' },
-      h('span', { title: 'members upgrading or verifying now / resolved maxConcurrency' }, `${running} / ${node.maxConcurrency} at once`, verifying ? ` (${verifying} verifying)` : ''),
+      // The ceiling that can bind: no more at once than there are members.
+      h('span', { title: 'members upgrading or verifying now / resolved maxConcurrency (at most the members)' }, `${running} / ${Math.min(node.maxConcurrency ?? Infinity, members.length)} at once`, verifying ? ` (${verifying} verifying)` : ''),
       ' · ',
       h('span', { class: over ? 'bad' : node.failureCount ? 'warn' : '', title: 'failures / resolved maxAllowedFailures' }, `failures ${node.failureCount} / ${node.maxAllowedFailures} allowed`));
   }
@@ -1039,6 +1075,13 @@ export async function render(ctx) {
     }
   }
 
+  function showLive() {
+    const s = TERMINAL.has(runState()) ? 'ended' : streamState;
+    const words = { live: '● live', closed: 'not live', ended: 'ended', connecting: 'connecting…' };
+    live.textContent = words[s] || 'reconnecting…';
+    live.dataset.state = s;
+  }
+
   await refresh();
   if (!view.run) throw new Error(`update run ${runName} could not be read`);
   renderEvents();
@@ -1059,8 +1102,8 @@ export async function render(ctx) {
     // A reconnected stream resumes after the last event it delivered (Last-Event-ID): the log
     // is kept as it is, and continues.
     onState: (s) => {
-      live.textContent = s === 'live' ? '● live' : s === 'closed' ? 'not live' : 'reconnecting…';
-      live.dataset.state = s;
+      streamState = s;
+      showLive();
     },
   });
   const poll = setInterval(() => refresh(), POLL_MS);

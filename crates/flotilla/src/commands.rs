@@ -1874,8 +1874,27 @@ fn finished(run: &Value) -> bool {
 /// times, the critical path, and where the durations came from.
 pub fn forecast_table(forecast: &Value) -> String {
     let time = |v: &Value| v.as_str().unwrap_or("never").to_string();
+    // The gates it assumes approved, said with the end (SEMANTICS §11: the assumptions used).
+    let approvals: Vec<&str> = forecast["assumptions"]["pendingGates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["type"] == "Approval")
+        .filter_map(|g| g["displayName"].as_str().or(g["gateId"].as_str()))
+        .collect();
+    let condition = match (approvals.as_slice(), &forecast["assumptions"]["approvals"]) {
+        ([], _) => String::new(),
+        (gates, a) if a == "IfApprovedNow" => {
+            format!(" if {} approved now", gate_names(gates))
+        }
+        (gates, _) => format!(
+            " if {} approved {} s from now",
+            gate_names(gates),
+            forecast["assumptions"]["approvalDelaySeconds"]
+        ),
+    };
     let mut out = format!(
-        "forecast at {}: the run ends {}\n\n",
+        "forecast at {}: the run ends {}{condition}\n\n",
         time(&forecast["computedAt"]),
         time(&forecast["completedTime"])
     );
@@ -1896,6 +1915,15 @@ pub fn forecast_table(forecast: &Value) -> String {
             time(&stage["startTime"]),
             time(&stage["completedTime"])
         ));
+        let holds: Vec<String> = stage["waitsFor"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(hold_text)
+            .collect();
+        if !holds.is_empty() {
+            out.push_str(&format!("  waits for {}\n", holds.join("; ")));
+        }
         for group in stage["groups"].as_array().into_iter().flatten() {
             out.push_str(&format!(
                 "  {:<26} {:<22} {:<22} {:>7}\n",
@@ -1927,6 +1955,36 @@ pub fn forecast_table(forecast: &Value) -> String {
         forecast["assumptions"]["approvalDelaySeconds"]
     ));
     out
+}
+
+/// `gate "Go to production"` or `gates "a", "b"`.
+fn gate_names(gates: &[&str]) -> String {
+    let quoted: Vec<String> = gates.iter().map(|g| format!("{g:?}")).collect();
+    match quoted.as_slice() {
+        [one] => format!("gate {one} is"),
+        many => format!("gates {} are", many.join(", ")),
+    }
+}
+
+/// One entry of a forecast's `waitsFor` of a stage, in words, with when it is predicted to end.
+fn hold_text(hold: &Value) -> String {
+    let until = hold["until"].as_str().unwrap_or("never");
+    let gate = || {
+        hold["displayName"]
+            .as_str()
+            .or(hold["gateId"].as_str())
+            .unwrap_or("?")
+            .to_string()
+    };
+    let what = match hold["kind"].as_str().unwrap_or("?") {
+        "Approval" => format!("approval of gate {:?}", gate()),
+        "ScheduledStart" => format!("scheduled gate {:?}", gate()),
+        "HealthCheck" => format!("health checks of gate {:?}", gate()),
+        "Wait" => format!("the wait after stage {}", s(hold, &["stage"])),
+        "Stage" => format!("stage {}", s(hold, &["stage"])),
+        kind => format!("{kind} ({} members)", hold["members"]),
+    };
+    format!("{what} until {until}")
 }
 
 /// One line comparing two forecasts' ends.

@@ -270,6 +270,10 @@ async fn profile_run(client: &Client) -> anyhow::Result<Option<String>> {
         .and_then(|r| r["name"].as_str().map(String::from)))
 }
 
+/// The demo until it ends: by itself (`--exit-when-done`), or on Ctrl-C or SIGTERM. Either
+/// way the server stops and closes its store (SQLite's write-ahead log checkpointed into the
+/// database file), and a database the demo made in a temporary directory goes with that
+/// directory: nothing of the demo is left behind.
 pub async fn run(
     listen: SocketAddr,
     database: Option<String>,
@@ -277,13 +281,32 @@ pub async fn run(
     approve_after: Option<u64>,
     exit_when_done: bool,
 ) -> anyhow::Result<ExitCode> {
-    let path = match database {
-        Some(d) => crate::database_path(Some(&d))?,
-        None => std::env::temp_dir()
-            .join(format!("flotilla-demo-{}", std::process::id()))
-            .join("flotilla.db"),
+    let temporary = database
+        .is_none()
+        .then(|| std::env::temp_dir().join(format!("flotilla-demo-{}", std::process::id())));
+    let path = match (&database, &temporary) {
+        (Some(d), _) => crate::database_path(Some(d))?,
+        (None, Some(dir)) => dir.join("flotilla.db"),
+        (None, None) => unreachable!("a temporary directory without a database"),
     };
-    let store = SqliteStore::open(&path)
+    let result = serve_demo(&path, listen, time_scale, approve_after, exit_when_done).await;
+    if let Some(dir) = temporary
+        && let Err(e) = std::fs::remove_dir_all(&dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("flotilla demo: cannot remove {}: {e}", dir.display());
+    }
+    result
+}
+
+async fn serve_demo(
+    path: &std::path::Path,
+    listen: SocketAddr,
+    time_scale: f64,
+    approve_after: Option<u64>,
+    exit_when_done: bool,
+) -> anyhow::Result<ExitCode> {
+    let store = SqliteStore::open(path)
         .await
         .with_context(|| format!("database {}", path.display()))?;
     let (admin, admin_record) = new_token(Role::Admin, "demo-admin").map_err(anyhow::Error::msg)?;
@@ -294,13 +317,66 @@ pub async fn run(
     let store: Arc<dyn Store> = Arc::new(store);
     let server = Server::start(store, listen, false).await?;
     let addr = server.local_addr().unwrap_or(listen);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Set on Ctrl-C or SIGTERM, or when the demo is done and exits by itself.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signalled = stop_tx.clone();
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        let _ = signalled.send(true);
+    });
+    let mut server_stop = stop_rx.clone();
     let serving = tokio::spawn(server.serve(async move {
-        tokio::select! {
-            _ = stop_rx => {},
-            _ = tokio::signal::ctrl_c() => {},
-        }
+        let _ = server_stop.wait_for(|s| *s).await;
     }));
+    let shown = show(
+        path,
+        addr,
+        admin,
+        approver,
+        time_scale,
+        approve_after,
+        stop_rx,
+    )
+    .await;
+    let code = match shown {
+        // Ended by a signal: the server is stopping.
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(outcome)) => {
+            let base = format!("http://{addr}");
+            outln!(
+                "the update run ended {outcome}; the server is still up at {base} (Ctrl-C to stop)"
+            );
+            if exit_when_done {
+                let _ = stop_tx.send(true);
+            }
+            if outcome == "Completed" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            serving.await??;
+            return Err(e);
+        }
+    };
+    // Until the server has stopped and closed its store.
+    serving.await??;
+    Ok(code)
+}
+
+/// Sets up the demo's fleet over the API and follows its run, printing as it goes; the run's
+/// outcome once it ends, `None` once `stop` is set first.
+async fn show(
+    path: &std::path::Path,
+    addr: SocketAddr,
+    admin: String,
+    approver: String,
+    time_scale: f64,
+    approve_after: Option<u64>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<String>> {
     let base = format!("http://{addr}");
     let client = Client {
         http: reqwest::Client::new(),
@@ -389,7 +465,10 @@ pub async fn run(
     let mut profile_made = false;
     let mut told_skips = false;
     let outcome = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(None),
+        }
         // The demo's run is the profile's, for the patch: the profile is made once the feed has
         // published it, so that its first trigger is that patch and the demo runs one upgrade
         // (made before, it would first make a run for today's 1.31.1 that skips every store
@@ -497,14 +576,5 @@ pub async fn run(
             break state;
         }
     };
-    outln!("the update run ended {outcome}; the server is still up at {base} (Ctrl-C to stop)");
-    if exit_when_done {
-        let _ = stop_tx.send(());
-    }
-    serving.await??;
-    Ok(if outcome == "Completed" {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(Some(outcome))
 }

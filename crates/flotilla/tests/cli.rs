@@ -655,6 +655,12 @@ fn gates_watch_and_actions() {
         "table",
     ]);
     assert!(table.contains("the run ends 20"), "{table}");
+    // What prod waits for, and no gate is pending yet, so the end is not conditional on one.
+    assert!(
+        table.contains("  waits for approval of gate \"Go to production\" until 20"),
+        "{table}"
+    );
+    assert!(!table.contains("approved now"), "{table}");
     assert!(
         table.contains("critical path:") && table.contains("Gate"),
         "{table}"
@@ -677,6 +683,21 @@ fn gates_watch_and_actions() {
         forecast["stages"][1]["groups"][0]["members"][0]["waitsFor"],
         json!(["Gate"])
     );
+    assert_eq!(
+        forecast["assumptions"]["approvals"], "IfApprovedAfterDelay",
+        "{forecast}"
+    );
+    // The canary's upgrade takes no time at this scale: only the gate holds prod.
+    let holds = &forecast["stages"][1]["waitsFor"];
+    assert_eq!(holds[0]["kind"], "Approval", "{holds}");
+    assert_eq!(holds[0]["state"], "NotStarted", "{holds}");
+    assert_eq!(holds[0]["displayName"], "Go to production", "{holds}");
+    assert_eq!(
+        holds.as_array().map(Vec::len),
+        Some(1),
+        "only what holds it: {holds}"
+    );
+    assert_eq!(forecast["stages"][0]["waitsFor"], json!([]));
     // The same run with one stage and no gate, side by side: ten minutes sooner.
     let compared = env.ok(&[
         "updaterun",
@@ -757,6 +778,21 @@ fn gates_watch_and_actions() {
     assert_eq!(
         gate, future,
         "the gate reached is the one the status listed"
+    );
+    // The gate pending, the forecast's end holds if it is approved now, and says so.
+    let table = env.ok(&[
+        "updaterun",
+        "forecast",
+        "-f",
+        "retail",
+        "-n",
+        "r1",
+        "-o",
+        "table",
+    ]);
+    assert!(
+        table.contains("if gate \"Go to production\" is approved now"),
+        "{table}"
     );
     // Gates by run and stage.
     let listed = env.json(&[

@@ -796,7 +796,8 @@ impl Engine {
             chains,
             hops_due,
             rollback,
-            promoted_from
+            promoted_from,
+            time_scale
         );
         // Members one by one, so a difference names the member.
         for (a, b) in self.members.iter().zip(&other.members) {

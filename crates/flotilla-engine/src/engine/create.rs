@@ -109,6 +109,7 @@ impl Engine {
             released: Vec::new(),
             rollback: Default::default(),
             promoted_from: None,
+            time_scale: 1.0,
         };
         // Which group claimed each member, for the duplicate-membership rule.
         let mut claimed: HashMap<&str, String> = HashMap::new();

@@ -128,6 +128,27 @@ impl Engine {
         None
     }
 
+    /// Every gate of the run, reached or not, by id, with its type (`Approval`,
+    /// `ScheduledStart`, `HealthCheck`): what a forecast needs to say what it assumes of each.
+    pub fn gate_types(&self) -> std::collections::BTreeMap<String, &'static str> {
+        let mut types = std::collections::BTreeMap::new();
+        for stage in &self.stages {
+            let groups = stage.groups.iter().map(|&g| &self.groups[g as usize]);
+            let lists = [&stage.before, &stage.after]
+                .into_iter()
+                .chain(groups.flat_map(|g| [&g.before, &g.after]));
+            for gate in lists.flatten() {
+                let kind = match &gate.gate.kind {
+                    GateKind::Approval => "Approval",
+                    GateKind::ScheduledStart { .. } => "ScheduledStart",
+                    GateKind::HealthCheck(_) => "HealthCheck",
+                };
+                types.insert(gate.id.clone(), kind);
+            }
+        }
+        types
+    }
+
     /// Every gate the run has reached, for the gate resources of the API.
     pub fn gate_views(&self) -> Vec<GateView> {
         let mut views = Vec::new();
@@ -339,6 +360,7 @@ impl Engine {
     }
 
     pub(super) fn open_gates(&mut self, now: Time, si: usize, group: Option<u32>, timing: Timing) {
+        let scale = self.time_scale();
         for at in self.gate_refs(si, group, timing) {
             let Some(gate) = self.gate_mut(at) else {
                 continue;
@@ -357,7 +379,12 @@ impl Engine {
                 ..
             } = gate.gate.kind
             {
-                let at_time = next_scheduled_start(day, time, utc_offset, now);
+                let mut at_time = next_scheduled_start(day, time, utc_offset, now);
+                // A run with a time scale (a simulated fleet) reaches the time that much sooner.
+                if scale != 1.0 {
+                    let real = ((at_time.unix() - now.unix()) as f64 / scale).ceil() as i64;
+                    at_time = now.plus(real);
+                }
                 gate.absolute_start = Some(at_time);
                 message = Some(format!(
                     "{}opens at {at_time}",

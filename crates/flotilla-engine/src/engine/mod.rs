@@ -432,6 +432,10 @@ pub(crate) fn release_drained<T>(queue: &mut VecDeque<T>) {
 #[derive(Clone, Debug)]
 pub struct Engine {
     run_name: String,
+    /// Simulated seconds per real second of the fleet's driver when the run was made (the
+    /// `sim` driver's `timeScale`; 1 for real clusters): the run's waits and scheduled gates
+    /// are that much shorter, as its upgrades are. Set by the shell from the run's snapshot.
+    time_scale: f64,
     upgrade: Upgrade,
     rules: RunRules,
     catalog: Catalog,
@@ -614,6 +618,30 @@ impl Engine {
         let m = *self.member_index.get(name)?;
         let member = &self.members[m as usize];
         Some((member.state, member.attempt))
+    }
+
+    /// Sets the run's time scale (simulated seconds per real second, see [`Engine`]); a scale
+    /// that is not a positive finite number is taken as 1.
+    pub fn set_time_scale(&mut self, scale: f64) {
+        self.time_scale = if scale.is_finite() && scale > 0.0 {
+            scale
+        } else {
+            1.0
+        };
+    }
+
+    /// The run's time scale: 1 unless the shell set another.
+    pub fn time_scale(&self) -> f64 {
+        self.time_scale
+    }
+
+    /// `seconds` of the run's simulated time, in real seconds: divided by its time scale and
+    /// rounded up (a wait of any length lasts at least a second when the scale shortens it).
+    pub(crate) fn scaled(&self, seconds: i64) -> i64 {
+        if self.time_scale == 1.0 || seconds <= 0 {
+            return seconds;
+        }
+        (seconds as f64 / self.time_scale).ceil() as i64
     }
 
     /// Why a Pending member cannot start at `now`, if it is Pending.

@@ -203,10 +203,11 @@ impl Engine {
                     } else {
                         self.stages[si].phase = Phase::AfterGates;
                         self.open_gates(now, si, None, Timing::After);
+                        let real = self.scaled(self.stages[si].wait.seconds);
                         let wait = &mut self.stages[si].wait;
                         if wait.state == State::NotStarted {
                             if wait.seconds > 0 {
-                                let end = now.plus(wait.seconds);
+                                let end = now.plus(real);
                                 wait.state = State::Running;
                                 wait.start = Some(now);
                                 wait.end = Some(end);

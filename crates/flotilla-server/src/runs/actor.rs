@@ -498,7 +498,9 @@ impl FleetActor {
             rules: request.rules,
             rollback: None,
             promoted_from: request.promoted_from.clone(),
+            time_scale: self.driver.time_scale(),
         };
+        engine.set_time_scale(snapshot.time_scale);
         let status = engine.status();
         let head = crate::run_head::head_of(&status);
         let mut properties = json!({
@@ -622,6 +624,7 @@ impl FleetActor {
             rules: Default::default(),
             rollback: Some(plan),
             promoted_from: None,
+            time_scale: self.driver.time_scale(),
         };
         let (engine, _) = engine_from_snapshot(&name, &snapshot)?;
         let status = engine.status();

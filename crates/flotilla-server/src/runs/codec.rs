@@ -16,6 +16,9 @@ pub struct RunSnapshot {
     pub rollback: Option<RollbackPlan>,
     /// A run a downstream profile generated (SEMANTICS §14): where its target comes from.
     pub promoted_from: Option<PromotedFrom>,
+    /// The fleet driver's time scale when the run was made ([`Engine::set_time_scale`]): a
+    /// restart rebuilds the run with the same one, whatever the driver says then.
+    pub time_scale: f64,
 }
 
 pub fn engine_from_snapshot(
@@ -23,8 +26,9 @@ pub fn engine_from_snapshot(
     snapshot: &RunSnapshot,
 ) -> Result<(Engine, Vec<String>), ApiError> {
     if let Some(plan) = &snapshot.rollback {
-        let engine =
+        let mut engine =
             Engine::create_rollback(run, plan, &snapshot.members, snapshot.catalog.clone())?;
+        engine.set_time_scale(snapshot.time_scale);
         return Ok((engine, Vec::new()));
     }
     let strategy = snapshot
@@ -46,6 +50,7 @@ pub fn engine_from_snapshot(
     if let Some(from) = &snapshot.promoted_from {
         engine.set_promoted_from(from.clone());
     }
+    engine.set_time_scale(snapshot.time_scale);
     Ok((engine, warnings))
 }
 
@@ -78,6 +83,12 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         promoted_from: Option<&'a PromotedFrom>,
         #[serde(rename = "createdAt")]
         created_at: Time,
+        /// Written only when it is not 1: snapshots of real fleets read as before.
+        #[serde(rename = "timeScale", skip_serializing_if = "is_one")]
+        time_scale: f64,
+    }
+    fn is_one(scale: &f64) -> bool {
+        *scale == 1.0
     }
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]
@@ -109,6 +120,7 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         rollback: snapshot.rollback.as_ref(),
         promoted_from: snapshot.promoted_from.as_ref(),
         created_at,
+        time_scale: snapshot.time_scale,
     })
 }
 
@@ -142,6 +154,12 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         rollback: Option<RollbackPlan>,
         #[serde(default, rename = "promotedFrom")]
         promoted_from: Option<PromotedFrom>,
+        /// Snapshots written before runs kept their time scale ran at 1.
+        #[serde(default = "one", rename = "timeScale")]
+        time_scale: f64,
+    }
+    fn one() -> f64 {
+        1.0
     }
     let stored: Stored = serde_json::from_str(internal).map_err(|e| bad(e.to_string()))?;
     let clusters: Vec<Arc<Cluster>> = stored.clusters.into_iter().map(Arc::new).collect();
@@ -182,6 +200,7 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
         rules: stored.rules,
         rollback: stored.rollback,
         promoted_from: stored.promoted_from,
+        time_scale: stored.time_scale,
     })
 }
 
