@@ -187,6 +187,17 @@ async fn a_downstream_profile_promotes_exactly_what_its_upstream_validated_after
     .await;
     assert!(waiting.contains("validated nothing yet"), "{waiting}");
 
+    // A webhook that wants the promotions (its receiver is not there: the deliveries wait).
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/webhooks/trains",
+        Some(
+            json!({"properties": {"url": "http://127.0.0.1:9/trains", "secret": "s3cret",
+            "events": ["PromotionScheduled", "PromotionStarted"]}}),
+        ),
+    )
+    .await;
     // Staging's run upgrades its member to 1.31.1 and the newest image it knows, and validates.
     h.ok(
         "admin",
@@ -282,6 +293,22 @@ async fn a_downstream_profile_promotes_exactly_what_its_upstream_validated_after
         done["properties"]["status"]["endedOn"]["nodeImageVersions"],
         json!([{"version": "AKSUbuntu-2204gen2containerd-202603.01.0"}]),
         "prod's members end on staging's image, not the newer one prod lists"
+    );
+    // Each promotion event is queued once for the webhook.
+    let deliveries = h
+        .ok("admin", Method::GET, "/v1/webhooks/trains/deliveries", None)
+        .await;
+    let mut types: Vec<&str> = deliveries["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["type"].as_str().or(d["eventType"].as_str()))
+        .collect();
+    types.sort();
+    assert_eq!(
+        types,
+        ["PromotionScheduled", "PromotionStarted"],
+        "{deliveries}"
     );
     // The promotion is in the audit trail as the system's write.
     let audit = h
