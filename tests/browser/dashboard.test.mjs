@@ -1170,3 +1170,110 @@ test('an approver rolls a finished run back from its page: the rollback run open
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });
+
+/**
+ * A sim fleet for a release train: members name → Kubernetes version, each with a node pool on
+ * an image the catalog has an update for, upgrades of a second.
+ */
+async function trainFleet(fleet, members) {
+  const family = 'AKSUbuntu-2204gen2containerd';
+  const clusters = {};
+  for (const [name, version] of Object.entries(members)) {
+    clusters[`/c/${fleet}-${name}`] = { region: 'eastus', kubernetesVersion: version, nodePools: [{ name: 'sys', family, os: 'Linux', nodeImageVersion: '202602.10.0' }], sim: { durationSeconds: 1 } };
+  }
+  const catalog = { eastus: { kubernetes: [{ version: '1.30.5' }, { version: '1.31.1' }], nodeImages: { [family]: [{ version: '202602.10.0' }, { version: '202603.01.0' }] } } };
+  const made = await apiCall(`/v1/fleets/${fleet}`, adminToken, { method: 'PUT', body: { properties: { driver: { type: 'sim', timeScale: 1, catalog, clusters } } } });
+  assert.equal(made.status, 201, JSON.stringify(made.body));
+  for (const name of Object.keys(members)) {
+    const put = await apiCall(`/v1/fleets/${fleet}/members/${name}`, adminToken, { method: 'PUT', body: { properties: { clusterResourceId: `/c/${fleet}-${name}` } } });
+    assert.ok(put.status < 300, JSON.stringify(put.body));
+  }
+}
+
+test('the release train view shows each fleet of a train in order, what its upstream validated and the soak counting down; runs show their provenance', async () => {
+  // train-dev's Rapid profile upgrades it at once; train-prod follows it after an hour's soak
+  // (soaking all through this test); train-edge follows it after a second (promoted at once).
+  await trainFleet('train-dev', { d1: '1.30.5' });
+  await trainFleet('train-prod', { p1: '1.30.5', p2: '1.30.5', p3: '1.31.1' });
+  await trainFleet('train-edge', { e1: '1.30.5' });
+  const profile = (fleet, properties) => apiCall(`/v1/fleets/${fleet}/autoUpgradeProfiles/rapid`, adminToken, { method: 'PUT', body: { properties } });
+  const head = await profile('train-dev', { channel: 'Rapid' });
+  assert.ok(head.status < 300, JSON.stringify(head.body));
+
+  // A profile that nobody follows makes no train yet.
+  const page = await newPage('trains');
+  await page.goto(`${base}/#token=${approverToken}`);
+  await page.locator('#me').waitFor();
+  await page.locator('#nav-trains').click();
+  await page.locator('#no-trains').waitFor();
+  assert.equal(await page.locator('#no-trains').textContent(), 'No release trains: a profile with an upstream makes one.');
+  assert.equal(await page.locator('#nav-trains').getAttribute('aria-current'), 'page');
+
+  const upstream = { profileId: '/v1/fleets/train-dev/autoUpgradeProfiles/rapid' };
+  for (const [fleet, soakSeconds] of [['train-prod', 3600], ['train-edge', 1]]) {
+    const put = await profile(fleet, { channel: 'Rapid', upstream: { ...upstream, soakSeconds } });
+    assert.ok(put.status < 300, JSON.stringify(put.body));
+  }
+  const devRun = await eventually('train-dev\'s run to complete', async () => {
+    const runs = (await apiCall('/v1/fleets/train-dev/updateRuns', adminToken)).body.value;
+    return runs.find((r) => r.properties.autoUpgradeProfileId === upstream.profileId && r.properties.status?.status?.state === 'Completed');
+  }, 60000);
+  const standing = await eventually('train-prod soaking', async () => {
+    const got = (await apiCall('/v1/fleets/train-prod/autoUpgradeProfiles/rapid', adminToken)).body;
+    return got.properties.autoUpgradeProfileStatus?.upstream?.soakEndsAt ? got.properties.autoUpgradeProfileStatus.upstream : null;
+  }, 30000);
+  assert.ok(Date.parse(standing.soakEndsAt) > Date.now() + 3000 * 1000, JSON.stringify(standing));
+  const edgeRun = await eventually('train-edge\'s promoted run to complete', async () => {
+    const runs = (await apiCall('/v1/fleets/train-edge/updateRuns', adminToken)).body.value;
+    return runs.find((r) => r.properties.status?.promotedFrom && r.properties.status?.status?.state === 'Completed');
+  }, 60000);
+
+  // The train: train-dev heads it, its two followers after it; train-prod soaks, counting down.
+  await page.reload();
+  const train = page.locator('section.train', { has: page.locator('li.train-car[data-fleet="train-prod"]') });
+  await train.waitFor();
+  assert.equal(await train.locator('h2').textContent(), 'train-dev / rapid → train-edge / rapid → train-prod / rapid');
+  assert.deepEqual(await train.locator('li.train-car').evaluateAll((cars) => cars.map((c) => [c.dataset.fleet, c.dataset.depth])), [['train-dev', '0'], ['train-edge', '1'], ['train-prod', '1']]);
+  const dev = train.locator('li.train-car[data-fleet="train-dev"]');
+  assert.match(await dev.locator('.head-note').textContent(), /^Head of the train/);
+  assert.equal(await dev.locator('.member-versions').textContent(), '1 member: 1.31.1 ×1');
+  assert.equal(await dev.locator('.last-run a').textContent(), devRun.name);
+  const prod = train.locator('li.train-car[data-fleet="train-prod"]');
+  assert.equal(await prod.locator('.member-versions').textContent(), '3 members: 1.30.5 ×2, 1.31.1 ×1');
+  assert.equal(await prod.locator('.validated-target').textContent(), standing.validatedTarget.join(', '));
+  assert.match(await prod.locator('.validated-target').textContent(), /^1\.31\.1, AKSUbuntu-2204gen2containerd-202603\.01\.0$/);
+  assert.equal(await prod.locator('.validated a').getAttribute('href'), `#/fleets/train-dev/runs/${devRun.name}`);
+  assert.equal(await prod.locator('.last-trigger').textContent(), 'Not triggered yet.');
+  const countdown = prod.locator('.soak[data-state="soaking"] .countdown');
+  const first = await countdown.textContent();
+  assert.match(first, /^in (59m \d\ds|1h 00m)$/);
+  assert.match(await prod.locator('.soak').textContent(), /^moves at .+ \(in /);
+  await eventually('the countdown to tick', async () => (await countdown.textContent()) !== first, 5000);
+  // train-edge's one-second soak is over: it says it moved, never a time to come.
+  const edge = train.locator('li.train-car[data-fleet="train-edge"]');
+  assert.match(await edge.locator('.soak[data-state="ended"]').textContent(), /^moved at /);
+  assert.equal(await edge.locator('.soak .countdown').count(), 0);
+  assert.equal(await edge.locator('.last-run a').textContent(), edgeRun.name);
+  await page.shot('train');
+
+  // Narrow: the cards stack and nothing scrolls sideways.
+  await page.setViewportSize({ width: 400, height: 900 });
+  assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= document.documentElement.clientWidth), 'no sideways scroll at 400 px');
+  await page.shot('train-narrow');
+  await page.setViewportSize({ width: 1366, height: 900 });
+
+  // The upstream run validates its target; the promoted run says where it comes from.
+  await prod.locator('.validated a').click();
+  await page.locator('#ended-on #validates').waitFor();
+  assert.equal(await page.locator('#ended-on #validates').textContent(), 'Validates its target for downstream profiles');
+  assert.match(await page.locator('#ended-on dd').textContent(), /^1\.31\.1, AKSUbuntu-2204gen2containerd-202603\.01\.0; /);
+  await page.shot('train-upstream-run');
+  await page.goto(`${base}/#/fleets/train-edge/runs/${edgeRun.name}`);
+  await page.locator('#promoted-from a').waitFor();
+  assert.equal(await page.locator('#promoted-from a').textContent(), `train-dev / ${devRun.name}`);
+  assert.match(await page.locator('#promoted-from dd').textContent(), /^train-dev \/ \S+ \(completed .+\)$/);
+  assert.equal(await page.locator('#images-not-pinned').count(), 0, 'the sim driver pins node images');
+  await page.shot('train-promoted-run');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});

@@ -32,6 +32,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("runs.js", JS, include_str!("../ui/runs.js")),
     ("run.js", JS, include_str!("../ui/run.js")),
     ("checks.js", JS, include_str!("../ui/checks.js")),
+    ("trains.js", JS, include_str!("../ui/trains.js")),
     ("icon.svg", "image/svg+xml", include_str!("../ui/icon.svg")),
 ];
 

@@ -3,6 +3,7 @@
 //   #/fleets/F              the fleet's members
 //   #/fleets/F/runs         its update runs
 //   #/fleets/F/runs/R       one run, live
+//   #/trains                release trains across the fleets (trains.js)
 // Any route may carry ?token=flt_… (a link that signs in and opens that page), as may the bare
 // #token=flt_…; the token is taken into session storage and dropped from the address.
 // Each view renders into <main> and returns a function that stops its timers and streams.
@@ -12,6 +13,7 @@ import { h, clear } from './dom.js';
 import * as fleetView from './fleet.js';
 import * as runsView from './runs.js';
 import * as runView from './run.js';
+import * as trainsView from './trains.js';
 
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
@@ -97,6 +99,7 @@ function header(fleet) {
     const link = (href, text) => h('a', { href, 'aria-current': here === href ? 'page' : null }, text);
     nav.append(h('span', { class: 'fleet-name' }, fleet), link(`#/fleets/${enc(fleet)}`, 'Fleet'), link(`#/fleets/${enc(fleet)}/runs`, 'Runs'));
   }
+  nav.append(h('a', { href: '#/trains', id: 'nav-trains', 'aria-current': location.hash === '#/trains' ? 'page' : null }, 'Trains'));
 }
 
 async function route() {
@@ -129,6 +132,10 @@ async function route() {
         document.title = `${ctx.fleet} · Flotilla`;
         stop = await fleetView.render(ctx);
       }
+    } else if (parts[0] === 'trains') {
+      header(null);
+      document.title = 'Release trains · Flotilla';
+      stop = await trainsView.render(ctx);
     } else {
       header(null);
       document.title = 'Flotilla';

@@ -16,6 +16,7 @@
 import { api, listAll, enc, streamEvents, can, ApiError } from './api.js';
 import { h, clear, badge, stateBar, countStates, time, fmtDuration, fmtTime, parseTime, STATES, TERMINAL } from './dom.js';
 import { targetText, progress, progressBar } from './runs.js';
+import { trainFacts } from './trains.js';
 import { checkList, tileMark, splitByGate, healthGates, stopReason, activity, ACTIVITIES, VERDICTS, definitionList } from './checks.js';
 
 /** Above this many members a group shows counts until expanded. */
@@ -208,7 +209,8 @@ export async function render(ctx) {
           : h('div', {}, h('dt', {}, 'Forecast end'), h('dd', { id: 'run-eta' }, etaText(status))),
         nextStage(status),
         status.rollbackOf ? h('div', { id: 'rollback-of' }, h('dt', {}, 'Rolls back'), h('dd', {}, runLink(status.rollbackOf))) : null,
-        status.rolledBackBy ? h('div', { id: 'rolled-back-by' }, h('dt', {}, 'Rolled back by'), h('dd', {}, runLink(status.rolledBackBy))) : null),
+        status.rolledBackBy ? h('div', { id: 'rolled-back-by' }, h('dt', {}, 'Rolled back by'), h('dd', {}, runLink(status.rolledBackBy))) : null,
+        trainFacts(status, fleet)),
       reasonBanner(run),
     ].filter(Boolean));
     showLive();
