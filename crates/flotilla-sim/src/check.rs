@@ -812,19 +812,23 @@ fn check_profiles(exp: &serde_json::Map<String, Value>, result: &Value, errors: 
                     }
                 }
                 "lastTriggerUpgradeVersions" => {
-                    let want = Value::Array(
-                        v.as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|x| Value::String(text(x)))
-                            .collect(),
-                    );
-                    cmp(errors, label, status.get(field).cloned(), &want);
+                    cmp(errors, label, status.get(field).cloned(), &versions(v));
                 }
                 _ => cmp(errors, label, status.get(field).cloned(), v),
             }
         }
     }
+}
+
+/// A list of versions as expected, each as text (YAML reads `1.31` as a number).
+fn versions(v: &Value) -> Value {
+    Value::Array(
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| Value::String(text(x)))
+            .collect(),
+    )
 }
 
 /// `runs` (SEMANTICS §12, tests/scenarios/README.md): a run other than the one of `update`,
@@ -961,16 +965,7 @@ fn check_upstream_status(label: &str, want: &Value, got: &Value, errors: &mut Ve
                     errors.push(format!("{label}: expected it to contain {v}, got {id}"));
                 }
             }
-            "validatedTarget" => {
-                let want = Value::Array(
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|x| Value::String(text(x)))
-                        .collect(),
-                );
-                cmp(errors, label, got.get(field).cloned(), &want);
-            }
+            "validatedTarget" => cmp(errors, label, got.get(field).cloned(), &versions(v)),
             _ => cmp(errors, label, got.get(field).cloned(), v),
         }
     }
