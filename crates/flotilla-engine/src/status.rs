@@ -56,6 +56,11 @@ pub struct GateStatus {
 pub struct WaitStatus {
     pub status: UpdateStatus,
     pub wait_duration_in_seconds: i64,
+    /// When a started wait ends, where that is not its start plus `waitDurationInSeconds`: on
+    /// a fleet whose simulated clock runs faster than real time (the `sim` driver's
+    /// `timeScale`), waits are scaled like upgrades.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<Time>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -98,13 +98,24 @@ pub fn split_profile_id(id: &str) -> Option<(String, String)> {
     {
         return None;
     }
-    // The /v1 form is exactly that; the ARM form has its provider before `fleets`.
+    // The /v1 form is exactly that; the ARM form is
+    // `/subscriptions/S/resourceGroups/G/providers/Microsoft.ContainerService/fleets/F/…`.
     let prefix = &parts[..n - 4];
     let v1 = prefix == ["", "v1"];
-    let arm = prefix.len() >= 7
-        && prefix[0].is_empty()
-        && prefix[1].eq_ignore_ascii_case("subscriptions")
-        && prefix[n - 5].eq_ignore_ascii_case("Microsoft.ContainerService");
+    let arm = match prefix {
+        ["", subscriptions, s, groups, g, providers, provider] => {
+            subscriptions.eq_ignore_ascii_case("subscriptions")
+                && groups.eq_ignore_ascii_case("resourceGroups")
+                && providers.eq_ignore_ascii_case("providers")
+                && provider.eq_ignore_ascii_case("Microsoft.ContainerService")
+                && [s, g].iter().all(|part| {
+                    !part.is_empty()
+                        && part.len() <= 90
+                        && part.chars().all(|c| c.is_ascii_graphic())
+                })
+        }
+        _ => false,
+    };
     let (fleet, profile) = (parts[n - 3], parts[n - 1]);
     let named = |name: &str| crate::strategy::check_name(name, 63).is_ok();
     ((v1 || arm) && named(fleet) && named(profile))
@@ -136,7 +147,11 @@ impl Validated {
 pub fn validated(run_id: &str, status: &UpdateRunStatus) -> Option<Validated> {
     let ended = status.ended_on.as_ref()?;
     let completed_time = status.status.completed_time?;
-    if status.status.state != State::Completed || !ended.validates {
+    // A run rolled back since (SEMANTICS §15) undid what it validated.
+    if status.status.state != State::Completed
+        || !ended.validates
+        || status.rolled_back_by.is_some()
+    {
         return None;
     }
     let node_images = ended
@@ -198,6 +213,33 @@ pub fn promotion(validated: &[Validated], soak_seconds: u64, now: Time) -> Promo
     }
 }
 
+/// The promotion of downstream `profile` at `now`: [`promotion`] over the validated runs its
+/// channel would select (an upstream may have changed its channel while nobody followed it:
+/// its older runs promote nothing a follower's channel does not take).
+pub fn promotion_for(profile: &Profile, validated: &[Validated], now: Time) -> Promotion {
+    let Some(up) = &profile.upstream else {
+        return Promotion::Nothing;
+    };
+    let selected: Vec<Validated> = validated
+        .iter()
+        .filter(|v| selects(profile.channel, v))
+        .cloned()
+        .collect();
+    promotion(&selected, up.soak_seconds, now)
+}
+
+/// Whether a validated run's target is one `channel` upgrades to.
+fn selects(channel: Channel, v: &Validated) -> bool {
+    match (channel, v.kubernetes_version) {
+        (Channel::NodeImage | Channel::SecurityPatch, kube) => kube.is_none(),
+        (Channel::Rapid | Channel::Stable, kube) => kube.is_some(),
+        (Channel::TargetKubernetesVersion { major, minor, .. }, Some(kube)) => {
+            kube.minor_line() == (major, minor)
+        }
+        (Channel::TargetKubernetesVersion { .. }, None) => false,
+    }
+}
+
 impl Promotion {
     /// The profile status's `upstream` (API.md): what it waits for and when its soak ends;
     /// `None` when nothing is validated yet.
@@ -248,7 +290,10 @@ pub fn promoted_run(
             BTreeMap::new()
         },
     };
-    let run = generated_run(profile_name, profile, catalog, target);
+    let mut run = generated_run(profile_name, profile, catalog, target);
+    // Named after what was validated, not what is pinned: where images cannot be pinned, two
+    // validated targets of one Kubernetes version (or none) are still two promotions.
+    run.name = validated.target().run_name(profile_name);
     let from = PromotedFrom {
         run_id: validated.run_id.clone(),
         completed_time: validated.completed_time,
@@ -260,7 +305,7 @@ pub fn promoted_run(
 /// Whether a downstream profile may follow its upstream (SEMANTICS §14): the same channel,
 /// and for TargetKubernetesVersion the same target.
 pub fn check_same_channel(downstream: &Profile, upstream: &Profile) -> Result<(), ApiError> {
-    if downstream.channel == upstream.channel {
+    if same_channel(downstream.channel, upstream.channel) {
         return Ok(());
     }
     let name = |c: Channel| match c {
@@ -281,6 +326,16 @@ pub fn check_same_channel(downstream: &Profile, upstream: &Profile) -> Result<()
         ),
         "properties.channel",
     ))
+}
+
+/// Whether two channels are the same for a release train: TargetKubernetesVersion with the same
+/// target (whether long-term support is asked for or not).
+pub fn same_channel(a: Channel, b: Channel) -> bool {
+    let target = |c: Channel| match c {
+        Channel::TargetKubernetesVersion { major, minor, .. } => Some((major, minor)),
+        _ => None,
+    };
+    std::mem::discriminant(&a) == std::mem::discriminant(&b) && target(a) == target(b)
 }
 
 /// The cycle a profile's upstream would close, if any: `upstream_of` answers a profile id's
@@ -384,6 +439,76 @@ mod tests {
             "{}",
             none.message
         );
+    }
+
+    #[test]
+    fn a_follower_takes_only_what_its_channel_selects_and_names_runs_by_what_was_validated() {
+        let profile = |channel: &str, target: Option<&str>| {
+            crate::profile::parse_profile(&crate::profile::ProfileSpec {
+                channel: Some(channel.into()),
+                target_kubernetes_version: target.map(String::from),
+                upstream: Some(UpstreamSpec {
+                    profile_id: Some("/v1/fleets/a/autoUpgradeProfiles/p".into()),
+                    soak_seconds: Some(0),
+                }),
+                ..Default::default()
+            })
+            .expect("profile")
+        };
+        let mut old = v("old", 100);
+        old.kubernetes_version = KubeVersion::parse("1.30.9");
+        let runs = [old, v("new", 200)];
+        let at = Time::from_unix(300);
+        // Pinned to 1.30: the newer 1.31 run is not its to promote.
+        let pinned = profile("TargetKubernetesVersion", Some("1.30"));
+        assert!(matches!(
+            promotion_for(&pinned, &runs, at),
+            Promotion::Due { validated, .. } if validated.run_id == "old"
+        ));
+        assert!(matches!(
+            promotion_for(&profile("NodeImage", None), &runs, at),
+            Promotion::Nothing
+        ));
+        // Images a driver cannot pin: each validated image set is its own run all the same.
+        let images = profile("NodeImage", None);
+        let image_run = |version: &str| Validated {
+            run_id: version.into(),
+            completed_time: Time::from_unix(100),
+            kubernetes_version: None,
+            node_images: [(
+                "Ubuntu".to_string(),
+                ImageVersion::parse(version).expect("v"),
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let catalog = crate::fleet::Catalog::default();
+        let (a, from) = promoted_run("p", &images, &catalog, &image_run("1.0"), false);
+        let (b, _) = promoted_run("p", &images, &catalog, &image_run("2.0"), false);
+        assert_ne!(a.name, b.name);
+        assert!(!from.images_pinned);
+        assert!(same_channel(
+            profile("TargetKubernetesVersion", Some("1.30")).channel,
+            crate::profile::Channel::TargetKubernetesVersion {
+                major: 1,
+                minor: 30,
+                long_term_support: true
+            }
+        ));
+    }
+
+    #[test]
+    fn a_rolled_back_run_validates_nothing() {
+        let status: UpdateRunStatus = serde_json::from_value(json!({
+            "status": {"state": "Completed", "completedTime": "2026-03-02T00:00:00Z"},
+            "stages": [], "failureCount": 0,
+            "endedOn": {"kubernetesVersion": "1.31.2", "validates": true}
+        }))
+        .expect("status");
+        assert!(validated("r", &status).is_some());
+        let mut rolled = status.clone();
+        rolled.rolled_back_by = Some("rollback-of-r".into());
+        assert_eq!(validated("r", &rolled), None);
     }
 
     #[test]

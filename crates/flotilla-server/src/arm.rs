@@ -439,8 +439,17 @@ async fn arm_answer(
 }
 
 /// The fields that hold ids (API.md: `id`, `gateId`, `target.id`, `autoUpgradeProfileId`,
-/// `updateStrategyId`; and `nextLink`). Only these are rewritten.
-const ID_FIELDS: [&str; 4] = ["id", "gateId", "updateStrategyId", "autoUpgradeProfileId"];
+/// `updateStrategyId`; a release train's `upstream.profileId`, `promotedFrom.runId` and the
+/// profile status's `validatedBy`; and `nextLink`). Only these are rewritten.
+const ID_FIELDS: [&str; 7] = [
+    "id",
+    "gateId",
+    "updateStrategyId",
+    "autoUpgradeProfileId",
+    "profileId",
+    "runId",
+    "validatedBy",
+];
 
 /// Fields whose values are the user's own (tags, labels, a driver's configuration...): never
 /// rewritten, whatever they hold.

@@ -5,7 +5,7 @@
 use flotilla_engine::engine::Input;
 use flotilla_engine::profile::{TriggerOutcome, already_recorded, trigger_status};
 use flotilla_engine::time::Time;
-use flotilla_engine::train::{Promotion, profile_id, promotion};
+use flotilla_engine::train::{Promotion, profile_id, promotion_for};
 use serde_json::{Value, json};
 
 use crate::api::{discover, generate};
@@ -87,9 +87,9 @@ pub async fn trigger_profiles(state: &Shared) -> Option<Time> {
             }
             // A downstream profile's standing: what it waits for, and until when.
             let upstream = match crate::trains::stored_profile(&profile.body) {
-                Ok((_, p)) => match p.upstream {
+                Ok((_, p)) => match p.upstream.clone() {
                     Some(up) => match crate::trains::validated_runs(state, &up).await {
-                        Ok(validated) => Some(promotion(&validated, up.soak_seconds, now())),
+                        Ok(validated) => Some(promotion_for(&p, &validated, now())),
                         Err(_) => continue,
                     },
                     None => None,
@@ -103,10 +103,14 @@ pub async fn trigger_profiles(state: &Shared) -> Option<Time> {
             let outcome = match outcome {
                 // Nothing selected yet (or disabled since it was listed) is not a failure.
                 Ok(Err(_no_run)) => None,
-                Ok(Ok(g)) if !g.created => None,
+                // A run the server created for a trigger but never started (a replica killed
+                // between the two) is started now; one a user generated waits for the user.
+                Ok(Ok(g)) if !g.created && !left_unstarted(state, &fleet.name, &g.run).await => {
+                    None
+                }
                 Ok(Ok(g)) => {
                     let start = state.runs.act(&fleet.name, &g.run, Input::Start).await;
-                    if upstream.is_some() {
+                    if upstream.is_some() && start.is_ok() {
                         promotion_started(state, &fleet.name, &profile.name, &g.run_id).await;
                     }
                     Some(TriggerOutcome::started(
@@ -162,6 +166,25 @@ pub async fn trigger_profiles(state: &Shared) -> Option<Time> {
         }
     }
     wake
+}
+
+/// Whether `run` was created by the server's own trigger and never started.
+async fn left_unstarted(state: &Shared, fleet: &str, run: &str) -> bool {
+    let store = state.runs.store.as_ref();
+    let not_started = crate::run_head::heads(store, fleet)
+        .await
+        .is_ok_and(|heads| {
+            heads
+                .iter()
+                .any(|(r, h)| r == run && h.state() == "NotStarted")
+        });
+    not_started
+        && store
+            .get(fleet, crate::store::Kind::Run, run)
+            .await
+            .is_ok_and(|doc| {
+                doc.is_some_and(|d| d.body["systemData"]["createdByType"] == "Application")
+            })
 }
 
 /// A fleet's event about one of its profiles, in no run's log, for the webhooks that want it;

@@ -144,8 +144,8 @@ pub async fn refuse_if_followed(
     .into())
 }
 
-/// What the runs of `up`'s profile validated (SEMANTICS §14). A Completed run's verdict never
-/// changes: it is read once per completion.
+/// What the runs of `up`'s profile validated (SEMANTICS §14). A Completed run's verdict changes
+/// only if it is rolled back: it is read once per version of its document.
 pub async fn validated_runs(state: &AppState, up: &Upstream) -> HttpResult<Vec<Validated>> {
     let store = state.runs.store.as_ref();
     let profile_id = up.profile_id();
@@ -155,10 +155,11 @@ pub async fn validated_runs(state: &AppState, up: &Upstream) -> HttpResult<Vec<V
             continue;
         }
         let run_id = format!("/v1/fleets/{}/updateRuns/{run}", up.fleet);
-        let key = format!(
-            "{run_id}@{}",
-            head.status().completed_time.as_deref().unwrap_or_default()
-        );
+        // Keyed by the document's eTag: a run rolled back since (`rolledBackBy`) is read again.
+        let Some(etag) = store.etag(&up.fleet, Kind::Run, &run).await? else {
+            continue;
+        };
+        let key = format!("{run_id}@{etag}");
         let cached = state
             .validations
             .lock()

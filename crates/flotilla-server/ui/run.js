@@ -210,7 +210,7 @@ export async function render(ctx) {
         nextStage(status),
         status.rollbackOf ? h('div', { id: 'rollback-of' }, h('dt', {}, 'Rolls back'), h('dd', {}, runLink(status.rollbackOf))) : null,
         status.rolledBackBy ? h('div', { id: 'rolled-back-by' }, h('dt', {}, 'Rolled back by'), h('dd', {}, runLink(status.rolledBackBy))) : null,
-        trainFacts(status, fleet)),
+        trainFacts(status, fleet, run.properties?.autoUpgradeProfileId)),
       reasonBanner(run),
     ].filter(Boolean));
     showLive();
@@ -421,7 +421,9 @@ export async function render(ctx) {
     const started = parseTime(wait.status?.startTime);
     const parts = [h('span', { class: 'gate-mark', 'aria-hidden': 'true' }, '◔'), h('span', { class: 'gate-name' }, `Wait ${fmtDuration(wait.waitDurationInSeconds * 1000)}`), badge(state)];
     if (state === 'Running' && started) {
-      parts.push(h('span', { class: 'countdown', dataset: { deadline: String(started + wait.waitDurationInSeconds * 1000) } }, ''));
+      // A scaled wait (a `sim` fleet's timeScale) says when it ends; any other ends its length after its start.
+      const ends = parseTime(wait.endsAt) || started + wait.waitDurationInSeconds * 1000;
+      parts.push(h('span', { class: 'countdown', dataset: { deadline: String(ends) } }, ''));
     }
     const stageOver = ['Completed', 'Skipped'].includes(stage.status?.state);
     if (can(me, 'operator') && mayChange() && !stageOver && ['NotStarted', 'Running', 'Pending'].includes(state)) {

@@ -288,10 +288,10 @@ export async function render(ctx) {
 
 /**
  * A run's provenance (SEMANTICS §14) as entries of the run page's facts list: where a promoted
- * run's target comes from, and whether a Completed run validates its target for the profiles
- * downstream (and why not).
+ * run's target comes from, and whether a Completed run a profile generated (`profileId`) validates
+ * its target for the profiles downstream (and why not).
  */
-export function trainFacts(status, fleet) {
+export function trainFacts(status, fleet, profileId) {
   const facts = [];
   const from = status?.promotedFrom;
   if (from) {
@@ -301,7 +301,8 @@ export function trainFacts(status, fleet) {
         ? h('span', { class: 'warn', id: 'images-not-pinned' }, '; node images not pinned: the fleet\'s driver cannot pin them')
         : null)));
   }
-  const ended = status?.endedOn;
+  // Only a profile's runs can validate anything for the profiles that follow it.
+  const ended = profileId ? status?.endedOn : null;
   if (ended) {
     const versions = [ended.kubernetesVersion, ...(ended.nodeImageVersions || []).map((i) => i.version)].filter(Boolean);
     facts.push(h('div', { id: 'ended-on', dataset: { validates: String(!!ended.validates) } },

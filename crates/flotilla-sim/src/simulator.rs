@@ -863,7 +863,7 @@ fn run(
                     let validated = upstream
                         .get(&up.profile_id())
                         .map_or(&[][..], Vec::as_slice);
-                    let promotion = train::promotion(validated, up.soak_seconds, now);
+                    let promotion = train::promotion_for(&p.profile, validated, now);
                     p.upstream = promotion.status();
                     let Promotion::Due { validated, .. } = &promotion else {
                         continue;
@@ -1172,7 +1172,7 @@ fn generate(
             let validated = upstream
                 .get(&up.profile_id())
                 .map_or(&[][..], Vec::as_slice);
-            match train::promotion(validated, up.soak_seconds, now) {
+            match train::promotion_for(&p.profile, validated, now) {
                 Promotion::Due { validated, .. } => {
                     let (planned, from) = train::promoted_run(
                         &p.name,

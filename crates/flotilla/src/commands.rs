@@ -2031,7 +2031,12 @@ pub fn run_tree(run: &Value, colour: bool) -> String {
             }
         ));
     }
-    if let Some(ended) = &status.ended_on {
+    // Only a profile's runs validate anything for the profiles that follow it (SEMANTICS §14).
+    if let Some(ended) = status
+        .ended_on
+        .as_ref()
+        .filter(|_| run["properties"]["autoUpgradeProfileId"].is_string())
+    {
         let versions: Vec<String> = ended
             .kubernetes_version
             .iter()

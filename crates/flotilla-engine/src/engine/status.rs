@@ -285,6 +285,7 @@ impl Engine {
                         error: None,
                     },
                     wait_duration_in_seconds: stage.wait.seconds,
+                    ends_at: stage.wait.end.filter(|_| self.time_scale() != 1.0),
                 }),
                 message: stage.message.clone(),
                 health_checks: self.scope_checks(si, None),
@@ -330,10 +331,16 @@ impl Engine {
             return None;
         }
         let upgrade = self.upgrade();
-        let present = || self.members.iter().filter(|m| !m.removed);
+        // What the run's operations produced: members it skipped (behind by more than a minor,
+        // already newer) validate nothing of its target.
+        let upgraded = || {
+            self.members
+                .iter()
+                .filter(|m| !m.removed && m.state == State::Completed && m.operation_id.is_some())
+        };
         let mut images: BTreeMap<&str, &ImageVersion> = BTreeMap::new();
         if upgrade.changes_node_images() {
-            for pool in present().flat_map(|m| m.cluster.node_pools.iter()) {
+            for pool in upgraded().flat_map(|m| m.cluster.node_pools.iter()) {
                 let oldest = images.entry(&pool.family).or_insert(&pool.image);
                 if pool.image < **oldest {
                     *oldest = &pool.image;
@@ -349,13 +356,14 @@ impl Engine {
                         .is_some_and(|t| t.starts_with(SKIPPED_BY))
             });
         let failed = self.members.iter().any(|m| m.state == State::Failed);
-        let upgraded = present().any(|m| m.state == State::Completed && m.operation_id.is_some());
-        let message = if failed {
-            Some("a member failed")
+        let message = if let Some(by) = &self.rollback.by {
+            Some(format!("rolled back by {by}"))
+        } else if failed {
+            Some("a member failed".to_string())
         } else if user_skipped {
-            Some("a member, group or stage was skipped by a user")
-        } else if !upgraded {
-            Some("no member was upgraded by an operation")
+            Some("a member, group or stage was skipped by a user".to_string())
+        } else if upgraded().next().is_none() {
+            Some("no member was upgraded by an operation".to_string())
         } else {
             None
         };
@@ -370,7 +378,7 @@ impl Engine {
                 })
                 .collect(),
             validates: message.is_none(),
-            message: message.map(String::from),
+            message,
         })
     }
 }

@@ -33,11 +33,15 @@ pub(super) async fn put_profile(
         })?;
     }
     crate::trains::check_upstream(&state, &fleet, &name, &profile).await?;
+    // Kept in its `/v1` form, whichever form it was written in.
+    if let (Some(written), Some(up)) = (spec.upstream.as_mut(), &profile.upstream) {
+        written.profile_id = Some(up.profile_id());
+    }
     let existing = state.runs.store.get(&fleet, Kind::Profile, &name).await?;
     // A profile others follow keeps its channel (SEMANTICS §14).
     if let Some(before) = &existing
         && let Ok((_, old)) = crate::trains::stored_profile(&before.body)
-        && old.channel != profile.channel
+        && !flotilla_engine::train::same_channel(old.channel, profile.channel)
     {
         crate::trains::refuse_if_followed(&state, &fleet, Some(&name), "given another channel")
             .await?;
@@ -107,7 +111,7 @@ pub(super) async fn next_trigger(
         Some(up) if !profile.disabled => {
             let validated = crate::trains::validated_runs(state, up).await.ok()?;
             let (at, validated) =
-                match flotilla_engine::train::promotion(&validated, up.soak_seconds, now()) {
+                match flotilla_engine::train::promotion_for(profile, &validated, now()) {
                     Promotion::Due { validated, .. } => (now(), validated),
                     Promotion::Soaking {
                         validated,
@@ -167,7 +171,7 @@ pub async fn generate(
         _ if profile.disabled => return Ok(Err(NoRun::Disabled)),
         Some(up) => {
             let validated = crate::trains::validated_runs(state, up).await?;
-            match flotilla_engine::train::promotion(&validated, up.soak_seconds, now()) {
+            match flotilla_engine::train::promotion_for(&profile, &validated, now()) {
                 Promotion::Due { validated, .. } => {
                     let (run, from) = flotilla_engine::train::promoted_run(
                         &name,

@@ -238,4 +238,11 @@ async fn a_wait_on_a_simulated_fleet_scales_with_its_time_scale() {
         (1..=3).contains(&lasted),
         "1,200 simulated seconds at 600 per real second: {lasted} s"
     );
+    // The status says when the scaled wait ends (the dashboard counts down to it): 1,200 s at
+    // 600 per second is 2 s after its start.
+    assert_eq!(
+        unix_of(&wait["endsAt"]) - unix_of(&wait["status"]["startTime"]),
+        2,
+        "{wait}"
+    );
 }

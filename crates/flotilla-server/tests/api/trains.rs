@@ -326,3 +326,104 @@ async fn a_downstream_profile_promotes_exactly_what_its_upstream_validated_after
     );
     assert_eq!(entry["body"]["updateRun"], path.as_str());
 }
+
+/// What a downstream profile will do, and when, before it does it: its create answer's
+/// `nextTrigger` is the promoted run at the soak's end, not its channel's newest release, and
+/// asked by hand it says when the soak ends.
+#[tokio::test]
+async fn a_soaking_downstream_profile_foresees_its_promotion_at_the_soak_end() {
+    let h = Harness::start_with(
+        "train-forecast",
+        flotilla_server::Timing {
+            profiles_every: std::time::Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Prod also lists 1.31.2, which its own channel would pick: it must not.
+    let mut prod = train_fleet(&[("p1", "1.30.5")], &["202603.01.0"]);
+    prod["properties"]["driver"]["catalog"]["eastus"]["kubernetes"] =
+        json!([{"version": "1.30.5"}, {"version": "1.31.1"}, {"version": "1.31.2"}]);
+    h.ok("admin", Method::PUT, "/v1/fleets/prod", Some(prod))
+        .await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/staging",
+        Some(train_fleet(&[("s1", "1.30.5")], &["202603.01.0"])),
+    )
+    .await;
+    member(&h, "staging", "m1", "s1").await;
+    member(&h, "prod", "m1", "p1").await;
+    h.ok(
+        "admin",
+        Method::PUT,
+        "/v1/fleets/staging/autoUpgradeProfiles/rapid",
+        Some(json!({"properties": {"channel": "Rapid"}})),
+    )
+    .await;
+    // Written in the ARM form, kept in the /v1 form.
+    let arm = "/subscriptions/s1/resourceGroups/rg/providers/Microsoft.ContainerService/fleets/staging/autoUpgradeProfiles/rapid";
+    let body = json!({"properties": {"channel": "Rapid", "upstream": {
+        "profileId": arm, "soakSeconds": 86400}}});
+    let made = h
+        .ok(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/prod/autoUpgradeProfiles/rapid",
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(
+        made["properties"]["upstream"]["profileId"], "/v1/fleets/staging/autoUpgradeProfiles/rapid",
+        "{made}"
+    );
+    let profile = h
+        .wait_run(
+            "/v1/fleets/prod/autoUpgradeProfiles/rapid",
+            "prod's profile to see staging's validated run",
+            |p| p["properties"]["autoUpgradeProfileStatus"]["upstream"]["soakEndsAt"].is_string(),
+        )
+        .await;
+    let ends = profile["properties"]["autoUpgradeProfileStatus"]["upstream"]["soakEndsAt"].clone();
+    let again = h
+        .ok(
+            "admin",
+            Method::PUT,
+            "/v1/fleets/prod/autoUpgradeProfiles/rapid",
+            Some(body),
+        )
+        .await;
+    let next = &again["properties"]["autoUpgradeProfileStatus"]["nextTrigger"];
+    assert_eq!(next["triggersAt"], ends, "{again}");
+    assert_eq!(
+        next["upgradeVersions"],
+        json!(["1.31.1", "AKSUbuntu-2204gen2containerd-202603.01.0"]),
+        "{again}"
+    );
+    // The status written by the server is kept by the PUT.
+    assert_eq!(
+        again["properties"]["autoUpgradeProfileStatus"]["upstream"]["soakEndsAt"], ends,
+        "{again}"
+    );
+    let waiting = refused(
+        &h,
+        Method::POST,
+        "/v1/fleets/prod/autoUpgradeProfiles/rapid/generateUpdateRun",
+        None,
+        StatusCode::CONFLICT,
+    )
+    .await;
+    assert!(
+        waiting.contains(&format!(
+            "when the soak ends at {}",
+            ends.as_str().unwrap_or("?")
+        )),
+        "{waiting}"
+    );
+    // Nothing was promoted, and prod's own channel (1.31.2) generated nothing.
+    let runs = h
+        .ok("reader", Method::GET, "/v1/fleets/prod/updateRuns", None)
+        .await;
+    assert_eq!(runs["value"].as_array().map(Vec::len), Some(0), "{runs}");
+}
