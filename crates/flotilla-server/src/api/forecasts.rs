@@ -111,7 +111,12 @@ pub(super) async fn forecast_what_if(
         .await?;
     let catalog = crate::runs::driver_catalog(driver.as_ref()).await?;
     let mut copy = state.runs.fleet_copy(&fleet, None).await?;
-    copy.create_run(WHAT_IF, &spec, catalog)
+    let (mut what_if, _) = copy
+        .plan_run(WHAT_IF, &spec, catalog, &[])
+        .map_err(|e| prefixed(e.into(), "run"))?;
+    // Its waits run at the fleet's time scale, as a created run's would (a `sim` fleet's).
+    what_if.set_time_scale(driver.time_scale());
+    copy.take_run(WHAT_IF, what_if)
         .map_err(|e| prefixed(e.into(), "run"))?;
     let answer = forecast_answer(&state, &fleet, copy, WHAT_IF.to_string(), params, driver).await?;
     Ok(axum::Json(answer).into_response())

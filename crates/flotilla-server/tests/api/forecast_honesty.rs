@@ -95,15 +95,24 @@ async fn a_forecast_says_what_each_stage_waits_for_and_what_it_assumes_of_pendin
         {"name": "production", "beforeGates": [{"type": "Approval", "displayName": "Canary looks healthy"}],
          "groups": [{"name": "prod"}]},
     ]});
+    let body = json!({"properties": {"strategy": strategy,
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    // A what-if forecast of the run waits as the created run will: 2 s, not 20 minutes.
+    let what_if = h
+        .ok(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/forecast",
+            Some(json!({"run": body.clone()})),
+        )
+        .await;
+    let span = unix_of(&what_if["completedTime"]) - unix_of(&what_if["computedAt"]);
+    assert!(
+        span < 1200,
+        "the what-if waits the unscaled 1,200 s: {what_if}"
+    );
     let run = "/v1/fleets/f1/updateRuns/r1";
-    h.ok(
-        "operator",
-        Method::PUT,
-        run,
-        Some(json!({"properties": {"strategy": strategy,
-            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
-    )
-    .await;
+    h.ok("operator", Method::PUT, run, Some(body)).await;
     h.ok("operator", Method::POST, &format!("{run}/start"), None)
         .await;
     let spec = h.ok("reader", Method::GET, "/openapi.json", None).await;
@@ -213,15 +222,24 @@ async fn a_wait_on_a_simulated_fleet_scales_with_its_time_scale() {
         {"name": "canary", "groups": [{"name": "canary"}], "afterStageWaitInSeconds": 1200},
         {"name": "production", "groups": [{"name": "prod"}]},
     ]});
+    let body = json!({"properties": {"strategy": strategy,
+        "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    // A what-if forecast of the run waits as the created run will: 2 s, not 20 minutes.
+    let what_if = h
+        .ok(
+            "reader",
+            Method::POST,
+            "/v1/fleets/f1/forecast",
+            Some(json!({"run": body.clone()})),
+        )
+        .await;
+    let span = unix_of(&what_if["completedTime"]) - unix_of(&what_if["computedAt"]);
+    assert!(
+        span < 1200,
+        "the what-if waits the unscaled 1,200 s: {what_if}"
+    );
     let run = "/v1/fleets/f1/updateRuns/r1";
-    h.ok(
-        "operator",
-        Method::PUT,
-        run,
-        Some(json!({"properties": {"strategy": strategy,
-            "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}})),
-    )
-    .await;
+    h.ok("operator", Method::PUT, run, Some(body)).await;
     h.ok("operator", Method::POST, &format!("{run}/start"), None)
         .await;
     // wait_run's deadline is 30 s: far less than the 20 minutes of an unscaled wait.
