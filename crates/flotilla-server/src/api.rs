@@ -432,6 +432,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::CheckProvider => "checkProvider",
         Kind::Freeze => "freeze",
         Kind::DisruptionBudget => "disruptionBudget",
+        Kind::IdentityProvider => "identityProvider",
     }
 }
 
@@ -610,6 +611,16 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
             Err(e) => return e.into_response(),
         }
     }
+    // The caller's role where this request acts (an ARM request's too, now that its path is
+    // the /v1 one).
+    if let Some(caller) = request.extensions_mut().remove::<Caller>() {
+        match caller.scoped(request.method(), request.uri().path()) {
+            Ok(scoped) => {
+                request.extensions_mut().insert(scoped);
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
     let method = request.method().clone();
     let mut response = next.run(request).await;
     if method == Method::GET || method == Method::HEAD {
@@ -721,6 +732,16 @@ pub fn router(state: Shared) -> Router {
             get(crate::check_providers::get)
                 .put(crate::check_providers::put)
                 .delete(crate::check_providers::delete),
+        )
+        .route(
+            "/v1/identityProviders",
+            get(crate::identity_providers::list),
+        )
+        .route(
+            "/v1/identityProviders/{provider}",
+            get(crate::identity_providers::get)
+                .put(crate::identity_providers::put)
+                .delete(crate::identity_providers::delete),
         )
         .route("/v1/webhooks", get(crate::webhooks::list))
         .route(

@@ -33,6 +33,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "tokens" => "Token",
         "webhooks" => "Webhook",
         "checkProviders" => "CheckProvider",
+        "identityProviders" => "IdentityProvider",
         "freezes" => "Freeze",
         "disruptionBudgets" => "DisruptionBudget",
         _ => return None,
@@ -140,7 +141,10 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             if schema != "Token" {
                 put(400, error("A paging or filter parameter is invalid"));
             }
-            if !matches!(schema, "Token" | "Webhook" | "CheckProvider") {
+            if !matches!(
+                schema,
+                "Token" | "Webhook" | "CheckProvider" | "IdentityProvider"
+            ) {
                 put(404, error("The fleet does not exist"));
             }
         }
@@ -159,6 +163,19 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(200, answer("Deleted", None));
             put(404, error("It does not exist"));
             put(409, error("A strategy or a run that is not over names it"));
+            put(412, error("If-Match does not hold"));
+        }
+        // Identity providers live outside fleets; those of the configuration file are read-only.
+        ("put", Shape::Resource("IdentityProvider")) => {
+            put(200, answer("Replaced", Some(reference("IdentityProvider"))));
+            put(201, answer("Created", Some(reference("IdentityProvider"))));
+            put(409, error("It is defined in the configuration file"));
+            put(412, error("If-Match or If-None-Match does not hold"));
+        }
+        ("delete", Shape::Resource("IdentityProvider")) => {
+            put(200, answer("Deleted: its tokens are no longer taken", None));
+            put(404, error("It does not exist"));
+            put(409, error("It is defined in the configuration file"));
             put(412, error("If-Match does not hold"));
         }
         // Webhooks live outside fleets and have no state to conflict with.
@@ -628,6 +645,7 @@ fn schemas() -> Value {
             "role": {"type": "string", "enum": ["reader", "operator", "approver", "admin"]},
             "subject": text}},
         "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text,
+            "grants": {"type": "array", "items": {"type": "object", "properties": {"fleets": text, "role": text}}},
             "arm": {"type": "object", "properties": {"subscription": text, "resourceGroup": text}}}},
         "Leases": {"type": "object", "required": ["replica", "value"], "properties": {
             "replica": text,
@@ -641,6 +659,7 @@ fn schemas() -> Value {
     schemas["Audit"] = audit;
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
+    schemas["IdentityProvider"] = identity_provider_schema();
     schemas["Freeze"] = freeze_schema();
     schemas["DisruptionBudget"] = budget_schema();
     schemas["Deliveries"] = deliveries_schema();
@@ -712,6 +731,32 @@ fn check_provider_schema() -> Value {
         "fleets": {"type": "array", "minItems": 1, "maxItems": 100, "items": text}}}),
     );
     schema["required"] = json!(["id", "name", "eTag", "properties"]);
+    if let Some(fields) = schema["properties"].as_object_mut() {
+        fields.remove("type");
+    }
+    schema
+}
+
+/// An identity provider (docs/oidc.md): whose JWTs are taken, and the roles they map to.
+fn identity_provider_schema() -> Value {
+    let text = json!({"type": "string", "minLength": 1});
+    let texts = json!({"type": "array", "items": text});
+    let role = json!({"type": "string", "enum": ["reader", "operator", "approver", "admin"]});
+    let mut schema = envelope(json!({"type": "object", "required": ["issuer", "audience"],
+        "additionalProperties": false, "properties": {
+        "issuer": {"type": "string", "format": "uri", "maxLength": 2048},
+        "audience": text, "clientId": text,
+        "clientSecret": {"type": "object", "additionalProperties": false,
+            "description": "Where the secret is read: {\"env\": NAME} or {\"file\": PATH}",
+            "properties": {"env": text, "file": text}},
+        "userClaim": text, "groupsClaim": text, "scopes": texts,
+        "roles": {"type": "array", "items": {"type": "object", "required": ["role"],
+            "additionalProperties": false, "properties": {
+            "groups": texts, "subjects": texts, "role": role,
+            "fleets": {"type": "array", "minItems": 1, "items": text}}}},
+        "source": {"type": "string", "enum": ["file", "api"], "readOnly": true}}}));
+    // A provider of the configuration file has no eTag (it is not stored), nor a `type`.
+    schema["required"] = json!(["id", "name", "properties"]);
     if let Some(fields) = schema["properties"].as_object_mut() {
         fields.remove("type");
     }

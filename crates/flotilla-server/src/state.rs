@@ -24,6 +24,8 @@ pub struct AppState {
     pub answers: crate::answers::Answers,
     /// Fleet Manager's ARM paths: the default home of fleets, the default driver.
     pub arm: std::sync::RwLock<Arc<crate::home::Settings>>,
+    /// The identity providers whose JWTs are taken, and whether static tokens are.
+    pub oidc: crate::oidc::Oidc,
 }
 
 impl AppState {

@@ -1852,7 +1852,8 @@ async fn the_dashboard_and_its_assets_are_served() {
         let me = h.ok(who, Method::GET, "/v1/me", None).await;
         assert_eq!(
             me,
-            json!({"subject": subject, "role": role, "arm": {"subscription": "00000000-0000-0000-0000-000000000000", "resourceGroup": "flotilla"}})
+            json!({"subject": subject, "role": role, "grants": [{"fleets": "*", "role": role}],
+                "arm": {"subscription": "00000000-0000-0000-0000-000000000000", "resourceGroup": "flotilla"}})
         );
     }
 }

@@ -91,6 +91,8 @@ pub enum Kind {
     Freeze,
     /// A fleet's disruption budget (SEMANTICS §12).
     DisruptionBudget,
+    /// An identity provider made through the API (server-wide, under the fleet `""`).
+    IdentityProvider,
 }
 
 impl Kind {
@@ -106,6 +108,7 @@ impl Kind {
             Kind::CheckProvider => "checkProviders",
             Kind::Freeze => "freezes",
             Kind::DisruptionBudget => "disruptionBudgets",
+            Kind::IdentityProvider => "identityProviders",
         }
     }
 }

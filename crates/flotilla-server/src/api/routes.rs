@@ -113,6 +113,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/v1/identityProviders",
+        "List identity providers: the configuration file's (read-only) and the API's",
+        "admin",
+    ),
+    (
+        "get",
+        "/v1/identityProviders/{provider}",
+        "Get an identity provider",
+        "admin",
+    ),
+    (
+        "put",
+        "/v1/identityProviders/{provider}",
+        "Create or replace an identity provider: {\"properties\": {\"issuer\", \"audience\", \"clientId\", \"clientSecret\": {\"env\" | \"file\"}, \"userClaim\", \"groupsClaim\", \"scopes\", \"roles\": [{\"groups\" | \"subjects\", \"role\", \"fleets\"}]}} (409 for the configuration file's)",
+        "admin",
+    ),
+    (
+        "delete",
+        "/v1/identityProviders/{provider}",
+        "Delete an identity provider: its tokens are no longer taken (409 for the configuration file's)",
+        "admin",
+    ),
+    (
+        "get",
         "/v1/webhooks",
         "List webhooks (their secrets are never shown)",
         "admin",

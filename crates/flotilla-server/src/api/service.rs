@@ -111,6 +111,10 @@ pub(super) async fn who_am_i(State(state): State<Shared>, caller: Caller) -> Htt
     Ok(axum::Json(json!({
         "subject": caller.subject,
         "role": caller.role.name(),
+        // Per fleet pattern (an identity provider's mappings; a static token's is `*`).
+        "grants": caller.access.grants().into_iter()
+            .map(|(fleets, role)| json!({"fleets": fleets, "role": role.name()}))
+            .collect::<Vec<_>>(),
         "arm": {"subscription": arm.subscription, "resourceGroup": arm.resource_group},
     }))
     .into_response())
