@@ -601,10 +601,11 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
     let path = request.uri().path();
     let open = matches!(path, "/healthz" | "/readyz" | "/openapi.json")
         || crate::dashboard::is_dashboard_path(path)
+        || path.starts_with("/auth/")
         // An ARM request was authenticated before its path was rewritten.
         || request.extensions().get::<Caller>().is_some();
     if !open {
-        match authenticate(&state, request.headers()).await {
+        match authenticate(&state, request.method(), request.headers()).await {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
             }
@@ -721,6 +722,10 @@ pub fn router(state: Shared) -> Router {
             &format!("{fleet}/autoUpgradeProfiles/{{profile}}/generateUpdateRun"),
             post(generate_update_run),
         )
+        .route("/auth/providers", get(crate::sign_in::providers))
+        .route("/auth/login", get(crate::sign_in::login))
+        .route("/auth/callback", get(crate::sign_in::callback))
+        .route("/auth/logout", post(crate::sign_in::logout))
         .route("/v1/me", get(who_am_i))
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))

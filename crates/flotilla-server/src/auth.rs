@@ -6,7 +6,6 @@
 //! path names, or on every fleet (`*`) for server-wide resources (identity providers, check
 //! providers, webhooks, tokens, the audit, the fleet list, creating and deleting fleets).
 
-use std::io::Read;
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
@@ -17,7 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::now;
 use crate::error::{HttpError, unauthorized};
 use crate::oidc::config::Grant;
-pub use crate::principal::{Role, SUBJECT_MAX};
+pub use crate::principal::{Role, SUBJECT_MAX, random_hex};
 use crate::state::AppState;
 use crate::store::TokenRecord;
 
@@ -182,16 +181,6 @@ pub fn hash(secret: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Random bytes from the kernel's CSPRNG, as hex. There is no fallback: a token guessable from
-/// the clock is worse than no token.
-fn random_hex(bytes: usize) -> Result<String, String> {
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| format!("cannot read the system's random source /dev/urandom: {e}"))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// A token's subject is shown in gates, skips and logs: at most 256 characters, no control
 /// characters (a terminal escape in it would reach every reader's screen).
 pub fn check_subject(subject: &str) -> Result<(), String> {
@@ -230,9 +219,14 @@ pub fn new_token(role: Role, subject: &str) -> Result<(String, TokenRecord), Str
     Ok((secret, record))
 }
 
-/// Resolves the caller from `Authorization: Bearer …`: a JWT from an identity provider, or a
-/// static token (unless the server takes JWTs only).
-pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, HttpError> {
+/// Resolves the caller from `Authorization: Bearer …` (a JWT from an identity provider, or a
+/// static token unless the server takes JWTs only), else from the dashboard's session cookie;
+/// a write made with the cookie must carry the session's CSRF token (`X-CSRF-Token`).
+pub async fn authenticate(
+    state: &AppState,
+    method: &axum::http::Method,
+    headers: &HeaderMap,
+) -> Result<Caller, HttpError> {
     if state.insecure {
         return Ok(Caller {
             subject: "anonymous".into(),
@@ -241,6 +235,11 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
             access: Access::Everywhere(Role::Admin),
             expires_at: None,
         });
+    }
+    if headers.get(axum::http::header::AUTHORIZATION).is_none()
+        && let Some(id) = crate::sessions::cookie(headers, crate::sessions::COOKIE)
+    {
+        return from_session(state, method, headers, id);
     }
     let value = headers
         .get(axum::http::header::AUTHORIZATION)
@@ -283,6 +282,43 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         token_hash: Some(token_hash),
         access: Access::Everywhere(role),
         expires_at: None,
+    })
+}
+
+/// The caller a dashboard session is; a write needs its CSRF token.
+fn from_session(
+    state: &AppState,
+    method: &axum::http::Method,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<Caller, HttpError> {
+    let session = state
+        .sessions
+        .get(id, now().unix())
+        .ok_or_else(|| unauthorized("the dashboard session has ended; sign in again"))?;
+    if !matches!(
+        *method,
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    ) {
+        let sent = headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if !crate::oidc::equal_secrets(sent, &session.csrf) {
+            return Err(HttpError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "Forbidden",
+                "X-CSRF-Token: a write made with the session cookie must carry its CSRF token",
+            ));
+        }
+    }
+    let access = Access::Grants(session.grants.clone());
+    Ok(Caller {
+        subject: session.subject,
+        role: access.role_everywhere().unwrap_or(Role::Reader),
+        token_hash: None,
+        access,
+        expires_at: Some(session.expires_at),
     })
 }
 

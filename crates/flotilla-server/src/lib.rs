@@ -42,6 +42,8 @@ pub mod request;
 pub mod rule_http;
 pub mod run_head;
 pub mod runs;
+pub mod sessions;
+pub mod sign_in;
 pub mod state;
 pub mod webhooks;
 
@@ -175,6 +177,7 @@ impl Server {
             answers: Default::default(),
             arm: Default::default(),
             oidc: Default::default(),
+            sessions: Default::default(),
         });
         // Webhooks: the outbox the run batches fill, sent from every replica (rows are
         // claimed one sender at a time).

@@ -19,6 +19,10 @@ enum Shape {
     Text,
     /// The dashboard's pages and assets.
     Page,
+    /// A step of the dashboard's sign-in: a redirect, or a refusal in plain text.
+    Redirect,
+    /// The dashboard's sign-out.
+    SignOut,
 }
 
 /// The schema of a resource kind, by the path segment that names its collection.
@@ -50,6 +54,13 @@ fn shape(path: &str) -> Shape {
         .and_then(|i| segments.get(i))
         .copied()
         .unwrap_or_default();
+    if path.starts_with("/auth/") {
+        return match last {
+            "providers" => Shape::Other("AuthProviders"),
+            "logout" => Shape::SignOut,
+            _ => Shape::Redirect,
+        };
+    }
     match last {
         "" | "{asset}" => return Shape::Page,
         "metrics" | "healthz" | "readyz" => return Shape::Text,
@@ -305,6 +316,49 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
         }
         ("get", Shape::Other(schema)) => {
             put(200, answer("OK", Some(reference(schema))));
+        }
+        (_, Shape::Redirect) => {
+            let text = json!({"text/plain": {"schema": {"type": "string"}}});
+            put(
+                303,
+                json!({"description": "To the identity provider, or back to the dashboard"}),
+            );
+            put(
+                400,
+                json!({"description": "The request is not a sign-in this server started", "content": text}),
+            );
+            put(
+                401,
+                json!({"description": "The identity provider refused, or its ID token is not valid", "content": text}),
+            );
+            put(
+                403,
+                json!({"description": "Signed in, but mapped to no role", "content": text}),
+            );
+            put(
+                500,
+                json!({"description": "No random source", "content": text}),
+            );
+            put(
+                502,
+                json!({"description": "The identity provider cannot be reached", "content": text}),
+            );
+        }
+        (_, Shape::SignOut) => {
+            let text = json!({"text/plain": {"schema": {"type": "string"}}});
+            put(
+                200,
+                answer(
+                    "Signed out",
+                    Some(json!({"type": "object", "properties": {
+                "signedOut": {"type": "boolean"}, "endSessionUrl": {"type": "string", "nullable": true}}})),
+                ),
+            );
+            put(401, json!({"description": "No session", "content": text}));
+            put(
+                403,
+                json!({"description": "Not the session's CSRF token", "content": text}),
+            );
         }
         (_, Shape::Text) => {
             put(
@@ -660,6 +714,11 @@ fn schemas() -> Value {
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
     schemas["IdentityProvider"] = identity_provider_schema();
+    schemas["AuthProviders"] = json!({"type": "object", "required": ["value"], "properties": {
+        "value": {"type": "array", "items": {"type": "object", "required": ["name", "issuer"], "properties": {
+            "name": {"type": "string"}, "issuer": {"type": "string"},
+            "clientId": {"type": "string", "nullable": true}, "cliClientId": {"type": "string", "nullable": true},
+            "scopes": {"type": "array", "items": {"type": "string"}}, "dashboard": {"type": "boolean"}}}}}});
     schemas["Freeze"] = freeze_schema();
     schemas["DisruptionBudget"] = budget_schema();
     schemas["Deliveries"] = deliveries_schema();
@@ -745,7 +804,7 @@ fn identity_provider_schema() -> Value {
     let mut schema = envelope(json!({"type": "object", "required": ["issuer", "audience"],
         "additionalProperties": false, "properties": {
         "issuer": {"type": "string", "format": "uri", "maxLength": 2048},
-        "audience": text, "clientId": text,
+        "audience": text, "clientId": text, "cliClientId": text,
         "clientSecret": {"type": "object", "additionalProperties": false,
             "description": "Where the secret is read: {\"env\": NAME} or {\"file\": PATH}",
             "properties": {"env": text, "file": text}},

@@ -26,6 +26,8 @@ pub struct AppState {
     pub arm: std::sync::RwLock<Arc<crate::home::Settings>>,
     /// The identity providers whose JWTs are taken, and whether static tokens are.
     pub oidc: crate::oidc::Oidc,
+    /// The dashboard's sessions and sign-ins under way.
+    pub sessions: crate::sessions::Sessions,
 }
 
 impl AppState {

@@ -290,13 +290,21 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Check a token against a server and remember both for later commands.
+    /// Check a token against a server and remember both for later commands; or, with
+    /// `--oidc`, sign in through the identity provider the server names.
     ///
     /// Example: `flotilla login --server https://flotilla.example:8443 --token "$TOKEN"
-    /// --ca-file ca.pem`.
+    /// --ca-file ca.pem`, or `flotilla login --server https://flotilla.example --oidc` (the
+    /// device flow: open the page it prints and enter the code; the sign-in renews itself).
     Login {
         #[command(flatten)]
         client: ClientArgs,
+        /// Sign in through an identity provider (OpenID Connect device flow) instead of a token.
+        #[arg(long, conflicts_with = "token")]
+        oidc: bool,
+        /// Which of the server's identity providers (with --oidc; needed when it has several).
+        #[arg(long, requires = "oidc")]
+        provider: Option<String>,
     },
     /// Copy a SQLite database consistently, also while a server is using it.
     ///
@@ -1174,7 +1182,15 @@ fn main() -> ExitCode {
                         Command::Autoupgradeprofile { client, command } => {
                             commands::profile(&client.client()?, client.output, command).await
                         }
-                        Command::Login { client: args } => match args.token.clone() {
+                        Command::Login {
+                            client: args,
+                            oidc: true,
+                            provider,
+                        } => {
+                            let server = args.client()?.server;
+                            commands::login_oidc(server, provider, args.ca_file.as_deref()).await
+                        }
+                        Command::Login { client: args, .. } => match args.token.clone() {
                             Some(token) => {
                                 let server = args.client()?.server;
                                 commands::login(server, token, args.ca_file.as_deref()).await

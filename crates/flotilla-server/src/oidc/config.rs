@@ -148,6 +148,9 @@ pub struct ProviderConfig {
     /// The OAuth client people sign in through (the dashboard, `flotilla login --oidc`).
     pub client_id: Option<String>,
     pub client_secret: Option<SecretRef>,
+    /// The public OAuth client `flotilla login --oidc` signs in through (the device flow;
+    /// `clientId` unless told).
+    pub cli_client_id: Option<String>,
     /// The claim that names a user (`sub` unless told: `preferred_username`, `email`).
     pub user_claim: String,
     /// The claim that lists a user's groups.
@@ -162,6 +165,7 @@ const KEYS: &[&str] = &[
     "audience",
     "clientId",
     "clientSecret",
+    "cliClientId",
     "userClaim",
     "groupsClaim",
     "scopes",
@@ -332,6 +336,7 @@ impl ProviderConfig {
         if client_secret.is_some() && client_id.is_none() {
             return Err(error(format!("{path}clientSecret"), "needs clientId"));
         }
+        let cli_client_id = string(map, path, "cliClientId")?;
         let user_claim = claim_name(map, path, "userClaim", "sub")?;
         let groups_claim = claim_name(map, path, "groupsClaim", "groups")?;
         let scopes = strings(map, path, "scopes")?;
@@ -417,6 +422,7 @@ impl ProviderConfig {
             audience,
             client_id,
             client_secret,
+            cli_client_id,
             user_claim,
             groups_claim,
             scopes,
@@ -443,6 +449,9 @@ impl ProviderConfig {
                 );
             }
             None => {}
+        }
+        if let Some(id) = &self.cli_client_id {
+            map.insert("cliClientId".into(), id.clone().into());
         }
         map.insert("userClaim".into(), self.user_claim.clone().into());
         map.insert("groupsClaim".into(), self.groups_claim.clone().into());

@@ -280,6 +280,84 @@ impl Oidc {
         parsed.verify(&key, &expect, crate::clock::now().unix())
     }
 
+    /// The authorization code of a dashboard sign-in exchanged at the provider's token
+    /// endpoint (with the PKCE verifier and the client's secret, if it has one), and the ID
+    /// token it answers verified (audience: the client; the sign-in's nonce): its claims and
+    /// the token itself.
+    pub async fn exchange_code(
+        &self,
+        issuer: &Issuer,
+        code: &str,
+        redirect_uri: &str,
+        verifier: &str,
+        nonce: &str,
+    ) -> Result<(Map<String, Value>, String), String> {
+        let config = &issuer.config;
+        let client_id = config
+            .client_id
+            .as_deref()
+            .ok_or_else(|| format!("identity provider {} has no clientId", config.name))?;
+        let discovery = self.discovery(issuer).await?;
+        let endpoint = discovery.token_endpoint.ok_or_else(|| {
+            format!(
+                "{}: the discovery document names no token_endpoint",
+                config.issuer
+            )
+        })?;
+        let mut pairs = vec![
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", redirect_uri),
+            ("code_verifier", verifier),
+        ];
+        let secret = config
+            .client_secret
+            .as_ref()
+            .map(|s| s.read())
+            .transpose()?;
+        if secret.is_none() {
+            pairs.push(("client_id", client_id));
+        }
+        let mut request = self
+            .http
+            .post(&endpoint)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .header(reqwest::header::ACCEPT, "application/json")
+            .body(form_body(&pairs)?);
+        if let Some(secret) = &secret {
+            // RFC 6749 §2.3.1: both form-encoded, then Basic.
+            request = request.basic_auth(form_value(client_id)?, Some(form_value(secret)?));
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("POST {endpoint}: {e}"))?;
+        let status = response.status();
+        let answer: Value = response
+            .json()
+            .await
+            .map_err(|e| format!("POST {endpoint}: {status}, not JSON ({e})"))?;
+        if !status.is_success() {
+            return Err(format!(
+                "POST {endpoint}: {status} {} {}",
+                answer["error"].as_str().unwrap_or(""),
+                answer["error_description"].as_str().unwrap_or("")
+            ));
+        }
+        let id_token = answer["id_token"]
+            .as_str()
+            .ok_or_else(|| format!("POST {endpoint}: no id_token in the answer"))?
+            .to_string();
+        let claims = self
+            .verify(issuer, &id_token, client_id, Some(nonce))
+            .await
+            .map_err(|e| format!("the ID token is not valid: {}", e.0))?;
+        Ok((claims, id_token))
+    }
+
     /// A bearer JWT from one of the providers: who it names and what it is granted.
     pub async fn authenticate(&self, token: &str) -> Result<Identity, Denied> {
         let unauthorized = |reason: String| {
@@ -316,6 +394,30 @@ impl Oidc {
             provider: issuer.config.name.clone(),
         })
     }
+}
+
+/// `application/x-www-form-urlencoded` pairs.
+pub fn form_body(pairs: &[(&str, &str)]) -> Result<String, String> {
+    let mut url = reqwest::Url::parse("http://form.invalid/").map_err(|e| e.to_string())?;
+    url.query_pairs_mut().extend_pairs(pairs);
+    Ok(url.query().unwrap_or_default().to_string())
+}
+
+fn form_value(text: &str) -> Result<String, String> {
+    form_body(&[("v", text)]).map(|b| b.trim_start_matches("v=").to_string())
+}
+
+/// A PKCE verifier (RFC 7636: 43 characters of base64url from 32 random bytes) and its S256
+/// challenge.
+pub fn pkce() -> Result<(String, String), String> {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use sha2::Digest;
+    let mut bytes = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| "no random source".to_string())?;
+    let verifier = URL_SAFE_NO_PAD.encode(bytes);
+    let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()));
+    Ok((verifier, challenge))
 }
 
 #[cfg(test)]
