@@ -723,6 +723,7 @@ pub fn router(state: Shared) -> Router {
             post(generate_update_run),
         )
         .route("/auth/providers", get(crate::sign_in::providers))
+        .route("/auth/session", get(crate::sign_in::session))
         .route("/auth/login", get(crate::sign_in::login))
         .route("/auth/callback", get(crate::sign_in::callback))
         .route("/auth/logout", post(crate::sign_in::logout))

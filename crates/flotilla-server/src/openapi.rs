@@ -57,6 +57,7 @@ fn shape(path: &str) -> Shape {
     if path.starts_with("/auth/") {
         return match last {
             "providers" => Shape::Other("AuthProviders"),
+            "session" => Shape::Other("AuthSession"),
             "logout" => Shape::SignOut,
             _ => Shape::Redirect,
         };
@@ -700,6 +701,7 @@ fn schemas() -> Value {
             "subject": text}},
         "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text,
             "grants": {"type": "array", "items": {"type": "object", "properties": {"fleets": text, "role": text}}},
+            "csrfToken": {"type": "string", "description": "A dashboard session's: its writes carry it in X-CSRF-Token"},
             "arm": {"type": "object", "properties": {"subscription": text, "resourceGroup": text}}}},
         "Leases": {"type": "object", "required": ["replica", "value"], "properties": {
             "replica": text,
@@ -714,6 +716,7 @@ fn schemas() -> Value {
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
     schemas["IdentityProvider"] = identity_provider_schema();
+    schemas["AuthSession"] = json!({"type": "object", "required": ["signedIn"], "properties": {"signedIn": {"type": "boolean"}}});
     schemas["AuthProviders"] = json!({"type": "object", "required": ["value"], "properties": {
         "value": {"type": "array", "items": {"type": "object", "required": ["name", "issuer"], "properties": {
             "name": {"type": "string"}, "issuer": {"type": "string"},

@@ -41,6 +41,14 @@ pub async fn providers(State(state): State<Shared>) -> Response {
     no_store(axum::Json(json!({"value": value})).into_response())
 }
 
+/// `GET /auth/session` (open): whether the request carries a live dashboard session, so that the
+/// page asks `/v1/me` only then (a 401 would be logged by the browser as an error).
+pub async fn session(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let live =
+        cookie(&headers, COOKIE).is_some_and(|id| state.sessions.get(id, now().unix()).is_some());
+    no_store(axum::Json(json!({"signedIn": live})).into_response())
+}
+
 fn no_store(mut response: Response) -> Response {
     response
         .headers_mut()

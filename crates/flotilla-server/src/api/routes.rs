@@ -53,6 +53,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/auth/session",
+        "Whether the request carries a live dashboard session (signedIn)",
+        "none",
+    ),
+    (
+        "get",
         "/auth/login",
         "The dashboard's sign-in: to the identity provider (provider=NAME), authorization code with PKCE",
         "none",
