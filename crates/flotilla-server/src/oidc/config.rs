@@ -160,6 +160,9 @@ pub struct ProviderConfig {
     pub mappings: Vec<Mapping>,
 }
 
+/// The prefix of the environment variables an API-defined provider's secret may be read from.
+pub const API_SECRET_PREFIX: &str = "FLOTILLA_OIDC_";
+
 const KEYS: &[&str] = &[
     "issuer",
     "audience",
@@ -305,9 +308,31 @@ impl ProviderConfig {
             None | Some(Value::Null) => None,
             Some(Value::Object(secret)) => {
                 let field = format!("{path}clientSecret");
+                // Through the API an admin names where the server reads a secret it then sends
+                // to the provider's token endpoint (which the same admin chose): only variables
+                // meant for it, never a file (the configuration file's author is the server's
+                // operator, who may name either).
                 match (secret.get("env"), secret.get("file"), secret.len()) {
+                    (Some(Value::String(env)), None, 1)
+                        if source == Source::Api && !env.starts_with(API_SECRET_PREFIX) =>
+                    {
+                        return Err(error(
+                            format!("{field}.env"),
+                            format!(
+                                "{env:?}: through the API, only variables named {API_SECRET_PREFIX}* (a secret meant for this)"
+                            ),
+                        ));
+                    }
                     (Some(Value::String(env)), None, 1) if !env.is_empty() => {
                         Some(SecretRef::Env(env.clone()))
+                    }
+                    (None, Some(Value::String(_)), 1) if source == Source::Api => {
+                        return Err(error(
+                            format!("{field}.file"),
+                            format!(
+                                "a file is named in the configuration file only; through the API use {{\"env\": \"{API_SECRET_PREFIX}...\"}}"
+                            ),
+                        ));
                     }
                     (None, Some(Value::String(file)), 1) if !file.is_empty() => {
                         Some(SecretRef::File(file.into()))

@@ -390,3 +390,35 @@ fn glob_matches_runs_of_characters() {
     assert!(!glob("a*b", "acbd"));
     assert!(glob("a*b*c", "axxbyyc"));
 }
+
+#[test]
+fn through_the_api_a_secret_is_read_from_flotilla_oidc_variables_only() {
+    let with_secret = |secret: Value| json!({"issuer": ISSUER, "audience": AUDIENCE, "clientId": "c", "clientSecret": secret});
+    let parse = |source, secret| {
+        ProviderConfig::parse("corp", source, &with_secret(secret), "properties.")
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let refused = parse(Source::Api, json!({"env": "AWS_SECRET_ACCESS_KEY"})).expect_err("env");
+    assert!(
+        refused.starts_with("properties.clientSecret.env: \"AWS_SECRET_ACCESS_KEY\": through the API, only variables named FLOTILLA_OIDC_*"),
+        "{refused}"
+    );
+    let refused = parse(Source::Api, json!({"file": "/etc/shadow"})).expect_err("file");
+    assert!(
+        refused.starts_with(
+            "properties.clientSecret.file: a file is named in the configuration file only"
+        ),
+        "{refused}"
+    );
+    assert_eq!(
+        parse(Source::Api, json!({"env": "FLOTILLA_OIDC_CORP"})),
+        Ok(())
+    );
+    // The configuration file's author may name any variable or a file.
+    assert_eq!(parse(Source::File, json!({"env": "CORP_SECRET"})), Ok(()));
+    assert_eq!(
+        parse(Source::File, json!({"file": "/etc/flotilla/secret"})),
+        Ok(())
+    );
+}
