@@ -70,6 +70,14 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the store was closed (the server is shutting down): a background loop that meets
+    /// it ends quietly instead of warning of it.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::PoolClosed))
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Resource kinds, as they appear in paths.
