@@ -433,6 +433,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::CheckProvider => "checkProvider",
         Kind::Freeze => "freeze",
         Kind::DisruptionBudget => "disruptionBudget",
+        Kind::IdentityProvider => "identityProvider",
     }
 }
 
@@ -605,12 +606,23 @@ async fn auth_layer(State(state): State<Shared>, mut request: Request, next: Nex
     let path = request.uri().path();
     let open = matches!(path, "/healthz" | "/readyz" | "/openapi.json")
         || crate::dashboard::is_dashboard_path(path)
+        || path.starts_with("/auth/")
         // An ARM request was authenticated before its path was rewritten.
         || request.extensions().get::<Caller>().is_some();
     if !open {
-        match authenticate(&state, request.headers()).await {
+        match authenticate(&state, request.method(), request.headers()).await {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    // The caller's role where this request acts (an ARM request's too, now that its path is
+    // the /v1 one).
+    if let Some(caller) = request.extensions_mut().remove::<Caller>() {
+        match caller.scoped(request.method(), request.uri().path()) {
+            Ok(scoped) => {
+                request.extensions_mut().insert(scoped);
             }
             Err(e) => return e.into_response(),
         }
@@ -715,6 +727,11 @@ pub fn router(state: Shared) -> Router {
             &format!("{fleet}/autoUpgradeProfiles/{{profile}}/generateUpdateRun"),
             post(generate_update_run),
         )
+        .route("/auth/providers", get(crate::sign_in::providers))
+        .route("/auth/session", get(crate::sign_in::session))
+        .route("/auth/login", get(crate::sign_in::login))
+        .route("/auth/callback", get(crate::sign_in::callback))
+        .route("/auth/logout", post(crate::sign_in::logout))
         .route("/v1/me", get(who_am_i))
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
@@ -726,6 +743,16 @@ pub fn router(state: Shared) -> Router {
             get(crate::check_providers::get)
                 .put(crate::check_providers::put)
                 .delete(crate::check_providers::delete),
+        )
+        .route(
+            "/v1/identityProviders",
+            get(crate::identity_providers::list),
+        )
+        .route(
+            "/v1/identityProviders/{provider}",
+            get(crate::identity_providers::get)
+                .put(crate::identity_providers::put)
+                .delete(crate::identity_providers::delete),
         )
         .route("/v1/webhooks", get(crate::webhooks::list))
         .route(

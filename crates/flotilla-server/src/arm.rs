@@ -203,7 +203,7 @@ fn no_path(path: &str) -> HttpError {
 
 async fn serve(state: &Shared, mut request: Request, next: Next) -> Result<Response, HttpError> {
     // Who asks, before anything is read: a stranger learns nothing of which fleets exist.
-    let caller = crate::auth::authenticate(state, request.headers()).await?;
+    let caller = crate::auth::authenticate(state, request.method(), request.headers()).await?;
     request.extensions_mut().insert(caller.clone());
     let path = request.uri().path().to_string();
     let target = parse(&path).ok_or_else(|| no_path(&path))?;

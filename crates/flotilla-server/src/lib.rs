@@ -31,14 +31,19 @@ pub mod fleet_rules;
 pub mod freezes;
 pub mod home;
 pub mod http;
+pub mod identity_providers;
 pub mod journal;
 pub mod metrics;
 pub mod observation;
+pub mod oidc;
 pub mod openapi;
+pub mod principal;
 pub mod request;
 pub mod rule_http;
 pub mod run_head;
 pub mod runs;
+pub mod sessions;
+pub mod sign_in;
 pub mod state;
 pub mod trains;
 pub mod webhooks;
@@ -173,6 +178,8 @@ impl Server {
             answers: Default::default(),
             arm: Default::default(),
             validations: Default::default(),
+            oidc: Default::default(),
+            sessions: Default::default(),
         });
         // Webhooks: the outbox the run batches fill, sent from every replica (rows are
         // claimed one sender at a time).
@@ -180,6 +187,17 @@ impl Server {
             state.clone(),
             webhooks::Pacing::default(),
         ));
+        // Identity providers made through the API, on another replica too.
+        let providers = state.clone();
+        tokio::spawn(async move {
+            loop {
+                // Asked again at the next pass; the providers held stay meanwhile.
+                if let Err(e) = identity_providers::reload(&providers).await {
+                    tracing::debug!(error = %e, "cannot read the identity providers");
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        });
         let feed = state.clone();
         tokio::spawn(async move {
             // The release feed: each fleet's catalog is read from its driver and every enabled

@@ -19,6 +19,10 @@ enum Shape {
     Text,
     /// The dashboard's pages and assets.
     Page,
+    /// A step of the dashboard's sign-in: a redirect, or a refusal in plain text.
+    Redirect,
+    /// The dashboard's sign-out.
+    SignOut,
 }
 
 /// The schema of a resource kind, by the path segment that names its collection.
@@ -33,6 +37,7 @@ fn resource_of(collection: &str) -> Option<&'static str> {
         "tokens" => "Token",
         "webhooks" => "Webhook",
         "checkProviders" => "CheckProvider",
+        "identityProviders" => "IdentityProvider",
         "freezes" => "Freeze",
         "disruptionBudgets" => "DisruptionBudget",
         _ => return None,
@@ -49,6 +54,14 @@ fn shape(path: &str) -> Shape {
         .and_then(|i| segments.get(i))
         .copied()
         .unwrap_or_default();
+    if path.starts_with("/auth/") {
+        return match last {
+            "providers" => Shape::Other("AuthProviders"),
+            "session" => Shape::Other("AuthSession"),
+            "logout" => Shape::SignOut,
+            _ => Shape::Redirect,
+        };
+    }
     match last {
         "" | "{asset}" => return Shape::Page,
         "metrics" | "healthz" | "readyz" => return Shape::Text,
@@ -140,7 +153,10 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             if schema != "Token" {
                 put(400, error("A paging or filter parameter is invalid"));
             }
-            if !matches!(schema, "Token" | "Webhook" | "CheckProvider") {
+            if !matches!(
+                schema,
+                "Token" | "Webhook" | "CheckProvider" | "IdentityProvider"
+            ) {
                 put(404, error("The fleet does not exist"));
             }
         }
@@ -159,6 +175,19 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
             put(200, answer("Deleted", None));
             put(404, error("It does not exist"));
             put(409, error("A strategy or a run that is not over names it"));
+            put(412, error("If-Match does not hold"));
+        }
+        // Identity providers live outside fleets; those of the configuration file are read-only.
+        ("put", Shape::Resource("IdentityProvider")) => {
+            put(200, answer("Replaced", Some(reference("IdentityProvider"))));
+            put(201, answer("Created", Some(reference("IdentityProvider"))));
+            put(409, error("It is defined in the configuration file"));
+            put(412, error("If-Match or If-None-Match does not hold"));
+        }
+        ("delete", Shape::Resource("IdentityProvider")) => {
+            put(200, answer("Deleted: its tokens are no longer taken", None));
+            put(404, error("It does not exist"));
+            put(409, error("It is defined in the configuration file"));
             put(412, error("If-Match does not hold"));
         }
         // Webhooks live outside fleets and have no state to conflict with.
@@ -288,6 +317,49 @@ fn responses(method: &str, role: &str, shape: Shape, body: bool) -> Map<String, 
         }
         ("get", Shape::Other(schema)) => {
             put(200, answer("OK", Some(reference(schema))));
+        }
+        (_, Shape::Redirect) => {
+            let text = json!({"text/plain": {"schema": {"type": "string"}}});
+            put(
+                303,
+                json!({"description": "To the identity provider, or back to the dashboard"}),
+            );
+            put(
+                400,
+                json!({"description": "The request is not a sign-in this server started", "content": text}),
+            );
+            put(
+                401,
+                json!({"description": "The identity provider refused, or its ID token is not valid", "content": text}),
+            );
+            put(
+                403,
+                json!({"description": "Signed in, but mapped to no role", "content": text}),
+            );
+            put(
+                500,
+                json!({"description": "No random source", "content": text}),
+            );
+            put(
+                502,
+                json!({"description": "The identity provider cannot be reached", "content": text}),
+            );
+        }
+        (_, Shape::SignOut) => {
+            let text = json!({"text/plain": {"schema": {"type": "string"}}});
+            put(
+                200,
+                answer(
+                    "Signed out",
+                    Some(json!({"type": "object", "properties": {
+                "signedOut": {"type": "boolean"}, "endSessionUrl": {"type": "string", "nullable": true}}})),
+                ),
+            );
+            put(401, json!({"description": "No session", "content": text}));
+            put(
+                403,
+                json!({"description": "Not the session's CSRF token", "content": text}),
+            );
         }
         (_, Shape::Text) => {
             put(
@@ -679,6 +751,8 @@ fn schemas() -> Value {
             "role": {"type": "string", "enum": ["reader", "operator", "approver", "admin"]},
             "subject": text}},
         "Me": {"type": "object", "required": ["subject", "role"], "properties": {"subject": text, "role": text,
+            "grants": {"type": "array", "items": {"type": "object", "properties": {"fleets": text, "role": text}}},
+            "csrfToken": {"type": "string", "description": "A dashboard session's: its writes carry it in X-CSRF-Token"},
             "arm": {"type": "object", "properties": {"subscription": text, "resourceGroup": text}}}},
         "Leases": {"type": "object", "required": ["replica", "value"], "properties": {
             "replica": text,
@@ -692,6 +766,13 @@ fn schemas() -> Value {
     schemas["Audit"] = audit;
     schemas["Webhook"] = webhook_schema();
     schemas["CheckProvider"] = check_provider_schema();
+    schemas["IdentityProvider"] = identity_provider_schema();
+    schemas["AuthSession"] = json!({"type": "object", "required": ["signedIn"], "properties": {"signedIn": {"type": "boolean"}}});
+    schemas["AuthProviders"] = json!({"type": "object", "required": ["value"], "properties": {
+        "value": {"type": "array", "items": {"type": "object", "required": ["name", "issuer"], "properties": {
+            "name": {"type": "string"}, "issuer": {"type": "string"},
+            "clientId": {"type": "string", "nullable": true}, "cliClientId": {"type": "string", "nullable": true},
+            "scopes": {"type": "array", "items": {"type": "string"}}, "dashboard": {"type": "boolean"}}}}}});
     schemas["Freeze"] = freeze_schema();
     schemas["DisruptionBudget"] = budget_schema();
     schemas["Deliveries"] = deliveries_schema();
@@ -763,6 +844,32 @@ fn check_provider_schema() -> Value {
         "fleets": {"type": "array", "minItems": 1, "maxItems": 100, "items": text}}}),
     );
     schema["required"] = json!(["id", "name", "eTag", "properties"]);
+    if let Some(fields) = schema["properties"].as_object_mut() {
+        fields.remove("type");
+    }
+    schema
+}
+
+/// An identity provider (docs/oidc.md): whose JWTs are taken, and the roles they map to.
+fn identity_provider_schema() -> Value {
+    let text = json!({"type": "string", "minLength": 1});
+    let texts = json!({"type": "array", "items": text});
+    let role = json!({"type": "string", "enum": ["reader", "operator", "approver", "admin"]});
+    let mut schema = envelope(json!({"type": "object", "required": ["issuer", "audience"],
+        "additionalProperties": false, "properties": {
+        "issuer": {"type": "string", "format": "uri", "maxLength": 2048},
+        "audience": text, "clientId": text, "cliClientId": text,
+        "clientSecret": {"type": "object", "additionalProperties": false,
+            "description": "Where the secret is read: {\"env\": NAME} or {\"file\": PATH}",
+            "properties": {"env": text, "file": text}},
+        "userClaim": text, "groupsClaim": text, "scopes": texts,
+        "roles": {"type": "array", "items": {"type": "object", "required": ["role"],
+            "additionalProperties": false, "properties": {
+            "groups": texts, "subjects": texts, "role": role,
+            "fleets": {"type": "array", "minItems": 1, "items": text}}}},
+        "source": {"type": "string", "enum": ["file", "api"], "readOnly": true}}}));
+    // A provider of the configuration file has no eTag (it is not stored), nor a `type`.
+    schema["required"] = json!(["id", "name", "properties"]);
     if let Some(fields) = schema["properties"].as_object_mut() {
         fields.remove("type");
     }

@@ -24,9 +24,13 @@ pub struct AppState {
     pub answers: crate::answers::Answers,
     /// Fleet Manager's ARM paths: the default home of fleets, the default driver.
     pub arm: std::sync::RwLock<Arc<crate::home::Settings>>,
-    /// Release trains: what each Completed run validated (SEMANTICS §14), by run id and
-    /// completion; a verdict never changes once made.
+    /// Release trains: what each Completed run validated (SEMANTICS §14), by run id and the
+    /// eTag of its document (a run rolled back since is read again).
     pub validations: std::sync::Mutex<HashMap<String, Option<flotilla_engine::train::Validated>>>,
+    /// The identity providers whose JWTs are taken, and whether static tokens are.
+    pub oidc: crate::oidc::Oidc,
+    /// The dashboard's sessions and sign-ins under way.
+    pub sessions: crate::sessions::Sessions,
 }
 
 impl AppState {

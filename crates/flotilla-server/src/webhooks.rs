@@ -848,6 +848,8 @@ pub async fn deliver(state: Shared, pacing: Pacing) {
                         ));
                     }
                 }
+                // The server is shutting down: nothing more to send from this replica.
+                Err(e) if e.is_closed() => return,
                 Err(e) => tracing::warn!(error = %e, "cannot read the webhooks' outbox"),
             }
         }

@@ -1,6 +1,8 @@
 // The API client: the bearer token lives in this tab's session storage, every request carries
 // it in the Authorization header, and live events are read from a fetch() stream (EventSource
-// cannot send headers, and a token in a URL would be logged).
+// cannot send headers, and a token in a URL would be logged). Signed in through an identity
+// provider instead, the page holds no token: the session is an HttpOnly cookie the browser
+// sends, and every write carries the session's CSRF token (from /v1/me) in X-CSRF-Token.
 
 const KEY = 'flotilla.token';
 
@@ -8,6 +10,13 @@ export const token = {
   get: () => sessionStorage.getItem(KEY),
   set: (value) => sessionStorage.setItem(KEY, value),
   clear: () => sessionStorage.removeItem(KEY),
+};
+
+let csrf = null;
+/** The CSRF token of the identity provider session (null with a bearer token). */
+export const session = {
+  setCsrf: (value) => { csrf = value || null; },
+  csrf: () => csrf,
 };
 
 export class ApiError extends Error {
@@ -22,6 +31,7 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   const headers = { Accept: 'application/json' };
   const secret = token.get();
   if (secret) headers.Authorization = `Bearer ${secret}`;
+  else if (csrf && method !== 'GET') headers['X-CSRF-Token'] = csrf;
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   const response = await fetch(path, {
     method,
@@ -148,6 +158,24 @@ function parseBlock(block) {
 }
 
 export const ROLES = ['reader', 'operator', 'approver', 'admin'];
-export function can(me, role) {
-  return !!me && ROLES.indexOf(me.role) >= ROLES.indexOf(role);
+
+/** Whether a fleet pattern of a grant (`*` any run of characters) matches a fleet. */
+function matches(pattern, fleet) {
+  const escaped = pattern.toLowerCase().split('*').map((part) => part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  return new RegExp(`^${escaped.join('.*')}$`).test(fleet.toLowerCase());
+}
+
+/**
+ * Whether the caller has `role` — on `fleet` when given (an identity provider's grants are per
+ * fleet pattern; the server decides all the same, this only hides what it would refuse).
+ */
+export function can(me, role, fleet) {
+  if (!me) return false;
+  let held = ROLES.indexOf(me.role);
+  if (fleet && Array.isArray(me.grants)) {
+    for (const grant of me.grants) {
+      if (matches(grant.fleets, fleet)) held = Math.max(held, ROLES.indexOf(grant.role));
+    }
+  }
+  return held >= ROLES.indexOf(role);
 }

@@ -1,4 +1,5 @@
-// The dashboard's entry: sign-in with a bearer token, the header, and hash routes
+// The dashboard's entry: sign-in (through an identity provider, which opens a session held in
+// an HttpOnly cookie, or with a bearer token), the header, and hash routes
 //   #/                      fleets (straight to the fleet when there is one)
 //   #/fleets/F              the fleet's members
 //   #/fleets/F/runs         its update runs
@@ -8,7 +9,7 @@
 // #token=flt_…; the token is taken into session storage and dropped from the address.
 // Each view renders into <main> and returns a function that stops its timers and streams.
 
-import { api, token, ApiError, listAll, enc } from './api.js';
+import { api, token, session, ApiError, listAll, enc } from './api.js';
 import { h, clear } from './dom.js';
 import * as fleetView from './fleet.js';
 import * as runsView from './runs.js';
@@ -61,14 +62,19 @@ function takeTokenFromFragment() {
   history.replaceState(null, '', `${location.pathname}${location.search}#${path || '/'}${rest ? `?${rest}` : ''}`);
 }
 
-function signInForm(message) {
+function signInForm(message, extra) {
   clear(nav);
   clear(who);
   const input = h('input', { id: 'token', name: 'token', type: 'password', autocomplete: 'off', required: true, placeholder: 'flt_…', spellcheck: 'false', size: 60 });
+  // The identity providers people sign in with: each a link to the server's /auth/login, which
+  // sends the browser on to the provider's own sign-in page.
+  const providers = h('div', { class: 'providers' });
   const form = h('form', { class: 'signin', 'aria-labelledby': 'signin-title' },
     h('h1', { id: 'signin-title' }, 'Sign in'),
-    h('p', {}, 'Paste an API token (', h('code', {}, 'flotilla token create'), '). It is kept in this tab only, in session storage.'),
     message ? h('p', { class: 'error', role: 'alert' }, message) : null,
+    extra || null,
+    providers,
+    h('p', {}, 'Or paste an API token (', h('code', {}, 'flotilla token create'), '). It is kept in this tab only, in session storage.'),
     h('label', { for: 'token' }, 'Bearer token'),
     input,
     h('button', { type: 'submit', class: 'primary' }, 'Sign in'));
@@ -79,19 +85,45 @@ function signInForm(message) {
   });
   clear(main).append(form);
   input.focus();
+  fetch('/auth/providers', { cache: 'no-store' })
+    .then((r) => (r.ok ? r.json() : { value: [] }))
+    .then((list) => {
+      for (const p of (list.value || []).filter((x) => x.dashboard)) {
+        providers.append(h('p', {}, h('a', { class: 'button primary', href: `/auth/login?provider=${enc(p.name)}`, 'data-provider': p.name }, `Sign in with ${p.name}`)));
+      }
+    })
+    .catch(() => {});
 }
 
-function signOut() {
+async function signOut() {
+  const wasSession = !token.get() && session.csrf();
   token.clear();
   me = null;
   stopView();
   stopView = () => {};
-  signInForm('Signed out.');
+  let extra = null;
+  if (wasSession) {
+    try {
+      const response = await fetch('/auth/logout', { method: 'POST', headers: { 'X-CSRF-Token': session.csrf() }, cache: 'no-store' });
+      const answer = response.ok ? await response.json() : {};
+      if (answer.endSessionUrl) extra = h('p', {}, h('a', { href: answer.endSessionUrl, id: 'provider-sign-out' }, 'Sign out of the identity provider too'));
+    } catch {
+      // The session ends on the server by itself; the page forgets it either way.
+    }
+    session.setCsrf(null);
+  }
+  signInForm('Signed out.', extra);
+}
+
+/** The role shown beside the name: the role on every fleet, and those on fleet patterns. */
+function roles() {
+  const patterns = (me.grants || []).filter((g) => g.fleets !== '*').map((g) => `${g.role} on ${g.fleets}`);
+  return [me.role].concat(patterns).join('; ');
 }
 
 function header(fleet) {
   clear(who).append(
-    h('span', { id: 'me', 'data-role': me.role }, 'Signed in as ', h('strong', {}, me.subject), ` (${me.role})`),
+    h('span', { id: 'me', 'data-role': me.role }, 'Signed in as ', h('strong', {}, me.subject), ` (${roles()})`),
     h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
   clear(nav);
   if (fleet) {
@@ -148,8 +180,9 @@ async function route() {
     }
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) {
+      const hadToken = !!token.get();
       token.clear();
-      signInForm('That token was not accepted.');
+      signInForm(hadToken ? 'That token was not accepted.' : 'The session has ended; sign in again.');
       return;
     }
     if (e?.name !== 'AbortError') {
@@ -162,7 +195,21 @@ async function route() {
 async function start() {
   takeTokenFromFragment();
   if (!token.get()) {
-    signInForm();
+    // Without a token, a session cookie from an identity provider sign-in may be there (the
+    // page cannot read it: it asks the server).
+    try {
+      const live = await (await fetch('/auth/session', { cache: 'no-store' })).json();
+      if (!live.signedIn) {
+        signInForm();
+        return;
+      }
+      me = await api('/v1/me');
+      session.setCsrf(me.csrfToken);
+    } catch (e) {
+      signInForm(e instanceof ApiError && e.status === 403 ? e.message : undefined);
+      return;
+    }
+    await route();
     return;
   }
   try {

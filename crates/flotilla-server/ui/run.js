@@ -162,7 +162,7 @@ export async function render(ctx) {
     const p = progress(status);
     const images = status.nodeImageSelection?.selectedNodeImageVersions?.map((v) => v.version) || [];
     const actions = h('div', { class: 'actions', id: 'run-actions' });
-    if (can(me, 'operator')) {
+    if (can(me, 'operator', fleet)) {
       // A run waiting at a gate (Pending) is running: starting it again is refused.
       if (!['Running', 'Pending', 'Stopping', 'Completed', 'Skipped'].includes(state)) {
         if (state === 'Failed' && membersInFlight()) {
@@ -178,7 +178,7 @@ export async function render(ctx) {
     // An approver may roll a finished or stopped run back (SEMANTICS §15): its rollback run is
     // made and started behind an Approval gate, and opened here. The server decides whether
     // there is anything to roll back; a rollback run is not rolled back in turn.
-    if (can(me, 'approver') && !status.rollbackOf && !status.rolledBackBy
+    if (can(me, 'approver', fleet) && !status.rollbackOf && !status.rolledBackBy
         && ['Completed', 'Failed', 'Stopped'].includes(state)) {
       actions.append(button('a:rollback', 'Roll back', async () => {
         try {
@@ -398,7 +398,7 @@ export async function render(ctx) {
     // (SEMANTICS §10).
     const byHand = type === 'Approval' || type === 'HealthCheck';
     if (byHand && state === 'Pending' && mayChange()) {
-      if (can(me, 'approver')) {
+      if (can(me, 'approver', fleet)) {
         const title = type === 'HealthCheck' ? 'Complete the gate now, without waiting for its checks (recorded as your approval)' : null;
         parts.push(button(`a:approve:${gate.gateId}`, 'Approve', () => approve(gate.gateId, name), { class: 'primary approve', 'aria-label': `Approve gate: ${name}`, title }));
       } else {
@@ -426,7 +426,7 @@ export async function render(ctx) {
       parts.push(h('span', { class: 'countdown', dataset: { deadline: String(ends) } }, ''));
     }
     const stageOver = ['Completed', 'Skipped'].includes(stage.status?.state);
-    if (can(me, 'operator') && mayChange() && !stageOver && ['NotStarted', 'Running', 'Pending'].includes(state)) {
+    if (can(me, 'operator', fleet) && mayChange() && !stageOver && ['NotStarted', 'Running', 'Pending'].includes(state)) {
       parts.push(button(`a:skipwait:${stage.name}`, 'Skip wait', () => skip('AfterStageWait', stage.name), { class: 'small' }));
     }
     return h('li', { class: `checkpoint wait s-${state}`, dataset: { wait: stage.name, state }, 'aria-label': `Wait after stage ${stage.name}: ${state}` }, parts);
@@ -725,7 +725,7 @@ export async function render(ctx) {
       row('Operation', member.operationId);
       row('Cluster', h('code', { class: 'wrap' }, member.clusterResourceId));
       checks(member.healthChecks, `Evaluations of ${member.name}`);
-      if (can(me, 'operator') && mayChange() && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
+      if (can(me, 'operator', fleet) && mayChange() && ['NotStarted', 'Pending'].includes(state)) actions.append(button(`a:skipm:${member.name}`, 'Skip member', () => skip('Member', member.name)));
     } else if (sel.kind === 'group') {
       const { group } = find(sel);
       if (!group) { view.selected = null; renderDetails(); return; }
@@ -739,7 +739,7 @@ export async function render(ctx) {
       if (group.message) row('Message', group.message);
       if (group.status?.error) row('Error', h('span', { class: 'error' }, group.status.error.message));
       checks(group.healthChecks, `Evaluations of group ${group.name}`);
-      if (can(me, 'operator') && mayChange() && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
+      if (can(me, 'operator', fleet) && mayChange() && !TERMINAL.has(group.status?.state)) actions.append(button(`a:skipg:${group.name}`, 'Skip group', () => skip('Group', group.name)));
     } else if (sel.kind === 'stage') {
       const { stage } = find(sel);
       if (!stage) { view.selected = null; renderDetails(); return; }
@@ -753,7 +753,7 @@ export async function render(ctx) {
       if (stage.message) row('Message', stage.message);
       if (stage.status?.error) row('Error', h('span', { class: 'error' }, stage.status.error.message));
       checks(stage.healthChecks, `Evaluations of stage ${stage.name}`);
-      if (can(me, 'operator') && mayChange() && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
+      if (can(me, 'operator', fleet) && mayChange() && !TERMINAL.has(stage.status?.state)) actions.append(button(`a:skips:${stage.name}`, 'Skip stage', () => skip('Stage', stage.name)));
     } else if (sel.kind === 'gate') {
       // The gate as last read (the selection keeps the one clicked, which may be older).
       const found = findGate(sel.gate.gateId);

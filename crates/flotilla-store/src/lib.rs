@@ -70,6 +70,14 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the store was closed (the server is shutting down): a background loop that meets
+    /// it ends quietly instead of warning of it.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::PoolClosed))
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Resource kinds, as they appear in paths.
@@ -91,6 +99,8 @@ pub enum Kind {
     Freeze,
     /// A fleet's disruption budget (SEMANTICS §12).
     DisruptionBudget,
+    /// An identity provider made through the API (server-wide, under the fleet `""`).
+    IdentityProvider,
 }
 
 impl Kind {
@@ -106,6 +116,7 @@ impl Kind {
             Kind::CheckProvider => "checkProviders",
             Kind::Freeze => "freezes",
             Kind::DisruptionBudget => "disruptionBudgets",
+            Kind::IdentityProvider => "identityProviders",
         }
     }
 }

@@ -44,19 +44,24 @@ pub fn read_config() -> Value {
 }
 
 pub fn write_config(server: &str, token: &str, ca_file: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let path = config_path()
-        .context("cannot find a configuration directory: set FLOTILLA_CONFIG or HOME")?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    // The token is secret: the file is private before anything is written to it, and replaced
-    // whole (written beside it, then renamed), so no reader ever sees it open or half-written.
     let mut settings = json!({"server": server, "token": token});
     if let Some(ca) = ca_file {
         let absolute = ca.canonicalize().unwrap_or_else(|_| ca.to_path_buf());
         settings["caFile"] = json!(absolute.display().to_string());
     }
-    let text = serde_json::to_string_pretty(&settings)?;
+    write_settings(&settings)
+}
+
+/// Writes the login file whole. It holds secrets (a token, an identity provider's refresh
+/// token): the file is private (0600) before anything is written to it, and replaced whole
+/// (written beside it, then renamed), so no reader ever sees it open or half-written.
+pub fn write_settings(settings: &Value) -> anyhow::Result<PathBuf> {
+    let path = config_path()
+        .context("cannot find a configuration directory: set FLOTILLA_CONFIG or HOME")?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(settings)?;
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -93,10 +98,98 @@ impl std::fmt::Display for HttpFailure {
 
 impl std::error::Error for HttpFailure {}
 
+/// A person's sign-in through an identity provider (`flotilla login --oidc`), as the login
+/// file keeps it under `oidc`: the access token sent, renewed with the refresh token shortly
+/// before it expires.
+#[derive(Clone, Debug)]
+pub struct OidcLogin {
+    pub issuer: String,
+    pub client_id: String,
+    pub token_endpoint: String,
+    pub access_token: String,
+    pub refresh_token: Option<String>,
+    /// Seconds since the epoch.
+    pub expires_at: i64,
+}
+
+/// Renewed this many seconds before the access token expires.
+const REFRESH_BEFORE: i64 = 5;
+
+fn epoch_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl OidcLogin {
+    pub fn from_value(value: &Value) -> Option<OidcLogin> {
+        let text = |k: &str| value[k].as_str().map(String::from);
+        Some(OidcLogin {
+            issuer: text("issuer")?,
+            client_id: text("clientId")?,
+            token_endpoint: text("tokenEndpoint")?,
+            access_token: text("accessToken")?,
+            refresh_token: text("refreshToken"),
+            expires_at: value["expiresAt"].as_i64()?,
+        })
+    }
+
+    pub fn to_value(&self) -> Value {
+        json!({"issuer": self.issuer, "clientId": self.client_id, "tokenEndpoint": self.token_endpoint,
+            "accessToken": self.access_token, "refreshToken": self.refresh_token, "expiresAt": self.expires_at})
+    }
+
+    /// Takes a token endpoint's answer (`access_token`, `expires_in`, maybe a new
+    /// `refresh_token`).
+    pub fn take(&mut self, answer: &Value) -> anyhow::Result<()> {
+        self.access_token = answer["access_token"]
+            .as_str()
+            .context("the identity provider answered no access_token")?
+            .to_string();
+        if let Some(refresh) = answer["refresh_token"].as_str() {
+            self.refresh_token = Some(refresh.to_string());
+        }
+        self.expires_at = epoch_now() + answer["expires_in"].as_i64().unwrap_or(300);
+        Ok(())
+    }
+}
+
+/// POSTs a form to an identity provider's endpoint; its JSON answer, or its OAuth error.
+pub async fn post_form(
+    http: &reqwest::Client,
+    url: &str,
+    pairs: &[(&str, &str)],
+) -> anyhow::Result<(reqwest::StatusCode, Value)> {
+    let body = flotilla_server::oidc::form_body(pairs).map_err(anyhow::Error::msg)?;
+    let response = http
+        .post(url)
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .header(reqwest::header::ACCEPT, "application/json")
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the identity provider at {url}"))?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{url}: {status}, not JSON: {}",
+            text.chars().take(200).collect::<String>()
+        )
+    })?;
+    Ok((status, value))
+}
+
 pub struct Client {
     pub http: reqwest::Client,
     pub server: String,
     token: Option<String>,
+    /// Without a token given: the login file's identity provider sign-in.
+    oidc: Option<tokio::sync::Mutex<OidcLogin>>,
     /// `-g` and `--subscription`: Fleet Manager's resources are then asked for at their ARM
     /// paths, where a fleet of another resource group or subscription is not found (as in `az`).
     arm: Option<ArmScope>,
@@ -170,6 +263,10 @@ impl Client {
             .unwrap_or_else(|| DEFAULT_SERVER.to_string())
             .trim_end_matches('/')
             .to_string();
+        let oidc = match (&token, OidcLogin::from_value(&config["oidc"])) {
+            (None, Some(login)) => Some(tokio::sync::Mutex::new(login)),
+            _ => None,
+        };
         let token = token.or_else(|| config["token"].as_str().map(String::from));
         let saved = config["caFile"].as_str().map(PathBuf::from);
         let mut http = reqwest::Client::builder();
@@ -192,6 +289,7 @@ impl Client {
             http,
             server,
             token,
+            oidc,
             arm: None,
         })
     }
@@ -244,12 +342,55 @@ impl Client {
         self.exchange(reqwest::Method::GET, path, None).await
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> anyhow::Result<reqwest::RequestBuilder> {
         let mut r = self.http.request(method, format!("{}{path}", self.server));
-        if let Some(t) = &self.token {
+        if let Some(t) = self.bearer().await? {
             r = r.bearer_auth(t);
         }
-        r
+        Ok(r)
+    }
+
+    /// The token to send: the one given, else the identity provider's access token, renewed
+    /// first with the refresh token when it is about to expire (and the login file updated).
+    async fn bearer(&self) -> anyhow::Result<Option<String>> {
+        let Some(oidc) = &self.oidc else {
+            return Ok(self.token.clone());
+        };
+        let mut login = oidc.lock().await;
+        if epoch_now() < login.expires_at - REFRESH_BEFORE {
+            return Ok(Some(login.access_token.clone()));
+        }
+        let Some(refresh) = login.refresh_token.clone() else {
+            bail!(
+                "the identity provider's access token has expired and there is no refresh token; run `flotilla login --oidc` again"
+            );
+        };
+        let (status, answer) = post_form(
+            &self.http,
+            &login.token_endpoint,
+            &[
+                ("grant_type", "refresh_token"),
+                ("refresh_token", &refresh),
+                ("client_id", &login.client_id),
+            ],
+        )
+        .await?;
+        if !status.is_success() {
+            bail!(
+                "the identity provider refused to renew the sign-in ({} {}); run `flotilla login --oidc` again",
+                answer["error"].as_str().unwrap_or(status.as_str()),
+                answer["error_description"].as_str().unwrap_or("")
+            );
+        }
+        login.take(&answer)?;
+        let mut settings = read_config();
+        settings["oidc"] = login.to_value();
+        write_settings(&settings)?;
+        Ok(Some(login.access_token.clone()))
     }
 
     /// Sends a request; a non-2xx answer becomes one line with the field path.
@@ -269,7 +410,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
-        let mut request = self.request(method.clone(), path);
+        let mut request = self.request(method.clone(), path).await?;
         if let Some(b) = body {
             request = request.json(b);
         }
@@ -321,6 +462,7 @@ impl Client {
     pub async fn stream(&self, path: &str, after: usize) -> anyhow::Result<reqwest::Response> {
         let response = self
             .request(reqwest::Method::GET, path)
+            .await?
             .header("Accept", "text/event-stream")
             .header("Last-Event-ID", after.to_string())
             .send()

@@ -2980,6 +2980,197 @@ pub async fn login(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `flotilla login --oidc`: signs in through an identity provider the server names, with the
+/// device authorization flow (RFC 8628): the user opens the provider's page anywhere and enters
+/// the code shown; the access and refresh tokens go to the login file (0600), and later
+/// commands renew the access token by themselves.
+pub async fn login_oidc(
+    server: String,
+    provider: Option<String>,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    use crate::client::{OidcLogin, post_form};
+    let client = Client::new(Some(server), Some(String::new()), ca_file)?;
+    let listed: Value = client
+        .http
+        .get(format!("{}/auth/providers", client.server))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the Flotilla server at {}", client.server))?
+        .json()
+        .await
+        .context("the server's /auth/providers is not JSON")?;
+    let providers: Vec<Value> = listed["value"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p["cliClientId"].is_string())
+        .collect();
+    let names = || {
+        providers
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let chosen = match &provider {
+        Some(name) => providers
+            .iter()
+            .find(|p| p["name"] == json!(name))
+            .with_context(|| {
+                format!(
+                    "--provider {name:?}: the server has no such identity provider (it has: {})",
+                    names()
+                )
+            })?,
+        None if providers.len() == 1 => &providers[0],
+        None if providers.is_empty() => bail!(
+            "the server at {} has no identity provider people sign in with (a provider with clientId or cliClientId)",
+            client.server
+        ),
+        None => bail!(
+            "the server has several identity providers; choose one with --provider ({})",
+            names()
+        ),
+    };
+    let issuer = chosen["issuer"]
+        .as_str()
+        .context("the provider has no issuer")?;
+    let client_id = chosen["cliClientId"]
+        .as_str()
+        .context("the provider has no client id")?;
+    let discovery_url = format!(
+        "{}/.well-known/openid-configuration",
+        issuer.trim_end_matches('/')
+    );
+    let discovery: Value = client
+        .http
+        .get(&discovery_url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the identity provider at {discovery_url}"))?
+        .json()
+        .await
+        .with_context(|| format!("{discovery_url}: not JSON"))?;
+    let device_endpoint = discovery["device_authorization_endpoint"]
+        .as_str()
+        .with_context(|| {
+            format!("{issuer} offers no device authorization flow (device_authorization_endpoint)")
+        })?;
+    let token_endpoint = discovery["token_endpoint"]
+        .as_str()
+        .with_context(|| format!("{issuer}: no token_endpoint"))?
+        .to_string();
+    let mut scopes = vec!["openid", "profile", "offline_access"];
+    for scope in chosen["scopes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if !scopes.contains(&scope) {
+            scopes.push(scope);
+        }
+    }
+    let scope = scopes.join(" ");
+    let (status, device) = post_form(
+        &client.http,
+        device_endpoint,
+        &[("client_id", client_id), ("scope", &scope)],
+    )
+    .await?;
+    if !status.is_success() {
+        bail!(
+            "the identity provider refused the sign-in: {} {}",
+            device["error"].as_str().unwrap_or(status.as_str()),
+            device["error_description"].as_str().unwrap_or("")
+        );
+    }
+    let device_code = device["device_code"]
+        .as_str()
+        .context("no device_code in the answer")?;
+    let user_code = device["user_code"]
+        .as_str()
+        .context("no user_code in the answer")?;
+    let uri = device["verification_uri"]
+        .as_str()
+        .context("no verification_uri in the answer")?;
+    eprintln!("To sign in, open {uri} and enter the code {user_code}");
+    if let Some(complete) = device["verification_uri_complete"].as_str() {
+        eprintln!("(or open {complete})");
+    }
+    let mut interval = device["interval"].as_u64().unwrap_or(5).clamp(1, 60);
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(device["expires_in"].as_u64().unwrap_or(600).min(3600));
+    let answer = loop {
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the code expired before the sign-in was completed; run `flotilla login --oidc` again"
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(interval)).await;
+        let (status, answer) = post_form(
+            &client.http,
+            &token_endpoint,
+            &[
+                ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"),
+                ("device_code", device_code),
+                ("client_id", client_id),
+            ],
+        )
+        .await?;
+        if status.is_success() {
+            break answer;
+        }
+        match answer["error"].as_str() {
+            Some("authorization_pending") => {}
+            Some("slow_down") => interval += 5,
+            other => bail!(
+                "the sign-in was not completed: {} {}",
+                other.unwrap_or(status.as_str()),
+                answer["error_description"].as_str().unwrap_or("")
+            ),
+        }
+    };
+    let mut login = OidcLogin {
+        issuer: issuer.to_string(),
+        client_id: client_id.to_string(),
+        token_endpoint,
+        access_token: String::new(),
+        refresh_token: None,
+        expires_at: 0,
+    };
+    login.take(&answer)?;
+    let check = Client::new(
+        Some(client.server.clone()),
+        Some(login.access_token.clone()),
+        ca_file,
+    )?;
+    let me = check
+        .get("/v1/me")
+        .await
+        .context("the server refused the identity provider's token")?;
+    let mut settings = json!({"server": client.server, "oidc": login.to_value()});
+    if let Some(ca) = ca_file {
+        let absolute = ca.canonicalize().unwrap_or_else(|_| ca.to_path_buf());
+        settings["caFile"] = json!(absolute.display().to_string());
+    }
+    let path = crate::client::write_settings(&settings)?;
+    eprintln!(
+        "logged in to {} as {}; settings saved in {}{}",
+        client.server,
+        me["subject"].as_str().unwrap_or("?"),
+        path.display(),
+        if login.refresh_token.is_some() {
+            " (the sign-in renews itself)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 #[derive(Subcommand)]
 pub enum ProfileCommand {
     /// Create or replace an auto-upgrade profile (`create` without `--disabled` re-enables one).

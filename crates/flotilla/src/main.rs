@@ -290,13 +290,21 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Check a token against a server and remember both for later commands.
+    /// Check a token against a server and remember both for later commands; or, with
+    /// `--oidc`, sign in through the identity provider the server names.
     ///
     /// Example: `flotilla login --server https://flotilla.example:8443 --token "$TOKEN"
-    /// --ca-file ca.pem`.
+    /// --ca-file ca.pem`, or `flotilla login --server https://flotilla.example --oidc` (the
+    /// device flow: open the page it prints and enter the code; the sign-in renews itself).
     Login {
         #[command(flatten)]
         client: ClientArgs,
+        /// Sign in through an identity provider (OpenID Connect device flow) instead of a token.
+        #[arg(long, conflicts_with = "token")]
+        oidc: bool,
+        /// Which of the server's identity providers (with --oidc; needed when it has several).
+        #[arg(long, requires = "oidc")]
+        provider: Option<String>,
     },
     /// Copy a SQLite database consistently, also while a server is using it.
     ///
@@ -569,6 +577,60 @@ struct ServeLimits {
     /// The resource group of fleets created on /v1, in their ARM ids.
     #[arg(long, default_value = "flotilla", env = "FLOTILLA_ARM_RESOURCE_GROUP")]
     arm_resource_group: String,
+    /// Which credentials are taken: `any` (API tokens and identity providers' JWTs) or
+    /// `oidc-only` (identity providers' JWTs only; API tokens are refused).
+    #[arg(long, value_enum, default_value_t = AuthFlag::Any, env = "FLOTILLA_AUTH")]
+    auth: AuthFlag,
+    /// An OpenID Connect identity provider whose JWTs are taken (repeat for more): a JSON
+    /// object with `name` and the fields of docs/oidc.md (`issuer`, `audience`, `clientId`,
+    /// `roles`, ...). In the configuration file, `[[identity-provider]]` tables. These are
+    /// read-only through the API.
+    #[arg(long, value_name = "JSON")]
+    identity_provider: Vec<String>,
+}
+
+/// `serve --auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AuthFlag {
+    Any,
+    OidcOnly,
+}
+
+impl ServeLimits {
+    /// The identity providers of `--identity-provider`, checked: an error names the provider
+    /// and the field.
+    fn identity_providers(
+        &self,
+    ) -> anyhow::Result<Vec<flotilla_server::oidc::config::ProviderConfig>> {
+        use flotilla_server::oidc::config::{ProviderConfig, Source};
+        let mut providers: Vec<ProviderConfig> = Vec::new();
+        for (i, text) in self.identity_provider.iter().enumerate() {
+            let at = format!("identity-provider[{i}]");
+            let mut value: serde_json::Value = serde_json::from_str(text)
+                .with_context(|| format!("--identity-provider {at}: not JSON"))?;
+            let Some(map) = value.as_object_mut() else {
+                bail!("--identity-provider {at}: must be an object");
+            };
+            let name = match map.remove("name") {
+                Some(serde_json::Value::String(name)) => name,
+                Some(other) => bail!("--identity-provider {at}.name: {other}: must be a string"),
+                None => bail!("--identity-provider {at}.name: is required"),
+            };
+            let config = ProviderConfig::parse(&name, Source::File, &value, &format!("{at}."))
+                .map_err(|e| anyhow::anyhow!("--identity-provider {e}"))?;
+            if providers.iter().any(|p| p.name == config.name) {
+                bail!("--identity-provider {at}.name: {name:?} is named twice");
+            }
+            if providers.iter().any(|p| p.issuer == config.issuer) {
+                bail!(
+                    "--identity-provider {at}.issuer: {:?} is another provider's issuer",
+                    config.issuer
+                );
+            }
+            providers.push(config);
+        }
+        Ok(providers)
+    }
 }
 
 impl ServeLimits {
@@ -728,7 +790,25 @@ async fn serve_command(
     let files = flotilla_server::http::raise_file_limit();
     let database = Database::parse(database.as_deref())?;
     let store = database.open(true).await?;
-    if !insecure && store.list_tokens().await?.iter().all(|t| t.revoked) {
+    let identity_providers = limits_flags.identity_providers()?;
+    let auth_mode = match limits_flags.auth {
+        AuthFlag::Any => flotilla_server::oidc::AuthMode::Any,
+        AuthFlag::OidcOnly => flotilla_server::oidc::AuthMode::OidcOnly,
+    };
+    let stored_providers = flotilla_server::identity_providers::stored(store.as_ref()).await?;
+    if auth_mode == flotilla_server::oidc::AuthMode::OidcOnly
+        && identity_providers.is_empty()
+        && stored_providers.is_empty()
+    {
+        bail!(
+            "--auth oidc-only: no identity provider is configured, so nobody could use this server; add an [[identity-provider]] table to the configuration file (docs/oidc.md)"
+        );
+    }
+    if !insecure
+        && identity_providers.is_empty()
+        && stored_providers.is_empty()
+        && store.list_tokens().await?.iter().all(|t| t.revoked)
+    {
         bail!(
             "no API token exists, so nobody could use this server; create one with\n  flotilla token create --role admin --database {database}\nor serve without authentication on loopback with --insecure-no-auth"
         );
@@ -747,6 +827,8 @@ async fn serve_command(
     if let Ok(mut settings) = server.state.arm.write() {
         *settings = Arc::new(arm);
     }
+    server.state.oidc.configure(auth_mode, identity_providers);
+    server.state.oidc.set_from_api(stored_providers);
     server.limits = limits;
     server.allowed_hosts = std::mem::take(&mut allowed_hosts);
     if let (Some(cert), Some(key)) = (&limits_flags.tls_cert, &limits_flags.tls_key) {
@@ -878,6 +960,8 @@ fn with_config_file(args: Vec<std::ffi::OsString>) -> anyhow::Result<Vec<std::ff
         let flag = format!("--{long}");
         let scalar = |v: &toml::Value| -> anyhow::Result<String> {
             Ok(match v {
+                // `[[identity-provider]]`: each table is the flag's JSON object.
+                toml::Value::Table(t) if long == "identity-provider" => serde_json::to_string(t)?,
                 toml::Value::String(s) => s.clone(),
                 toml::Value::Integer(n) => n.to_string(),
                 toml::Value::Float(x) => x.to_string(),
@@ -947,6 +1031,19 @@ fn print_config(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
             .map(|v| v.to_string_lossy().into_owned())
             .collect();
         let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
+        if long == "identity-provider" {
+            // Printed as the configuration file takes them: `[[identity-provider]]` tables.
+            let tables = values
+                .iter()
+                .map(|v| {
+                    serde_json::from_str::<toml::Table>(v)
+                        .map(toml::Value::Table)
+                        .with_context(|| format!("--identity-provider {v}: not a JSON object"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            table.insert(long.to_string(), toml::Value::Array(tables));
+            continue;
+        }
         let value = match (values.as_slice(), repeatable) {
             (_, true) => toml::Value::Array(values.into_iter().map(toml::Value::String).collect()),
             ([], false) => continue,
@@ -1085,7 +1182,15 @@ fn main() -> ExitCode {
                         Command::Autoupgradeprofile { client, command } => {
                             commands::profile(&client.client()?, client.output, command).await
                         }
-                        Command::Login { client: args } => match args.token.clone() {
+                        Command::Login {
+                            client: args,
+                            oidc: true,
+                            provider,
+                        } => {
+                            let server = args.client()?.server;
+                            commands::login_oidc(server, provider, args.ca_file.as_deref()).await
+                        }
+                        Command::Login { client: args, .. } => match args.token.clone() {
                             Some(token) => {
                                 let server = args.client()?.server;
                                 commands::login(server, token, args.ca_file.as_deref()).await

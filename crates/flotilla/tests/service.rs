@@ -111,6 +111,85 @@ fn the_configuration_file_sets_any_flag_under_the_environment_and_the_command_li
 }
 
 #[test]
+fn identity_providers_are_tables_of_the_configuration_file() {
+    let dir = TempDir::new("config-oidc");
+    let file = dir.path().join("flotilla.toml");
+    let config = file.display().to_string();
+    std::fs::write(
+        &file,
+        r#"auth = "oidc-only"
+
+[[identity-provider]]
+name = "corp"
+issuer = "https://login.example.com/tenant/v2.0"
+audience = "api://flotilla"
+clientId = "flotilla-dashboard"
+groupsClaim = "groups"
+roles = [
+  { groups = ["platform"], role = "admin" },
+  { groups = ["release-managers"], role = "approver", fleets = ["prod-*"] },
+]
+
+[[identity-provider]]
+name = "github"
+issuer = "https://token.actions.githubusercontent.com"
+audience = "flotilla"
+roles = [{ subjects = ["repo:acme/deploy:ref:refs/heads/main"], role = "operator" }]
+"#,
+    )
+    .unwrap();
+    let out = flotilla()
+        .args(["serve", "--config", &config, "--print-config"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = toml_of(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(printed["auth"].as_str(), Some("oidc-only"));
+    let providers = printed["identity-provider"].as_array().expect("tables");
+    assert_eq!(providers.len(), 2, "{printed}");
+    assert_eq!(providers[1]["name"].as_str(), Some("github"));
+    assert_eq!(
+        providers[0]["roles"][1]["fleets"][0].as_str(),
+        Some("prod-*"),
+        "{printed}"
+    );
+    // A provider that does not check out stops the server with the field and the value.
+    for (text, needle) in [
+        (
+            "[[identity-provider]]\nname = \"corp\"\nissuer = \"http://idp.example\"\naudience = \"a\"\n",
+            "identity-provider[0].issuer: \"http://idp.example\": must be https://",
+        ),
+        (
+            "[[identity-provider]]\nname = \"corp\"\nissuer = \"https://idp.example\"\naudience = \"a\"\nroles = [{ groups = [\"g\"], role = \"root\" }]\n",
+            "identity-provider[0].roles[0].role: \"root\"",
+        ),
+        (
+            "[[identity-provider]]\nissuer = \"https://idp.example\"\n",
+            "identity-provider[0].name: is required",
+        ),
+        (
+            "auth = \"oidc-only\"\n",
+            "no identity provider is configured",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let out = flotilla()
+            .args(["serve", "--listen", "127.0.0.1:0", "--database"])
+            .arg(dir.path().join("x.db"))
+            .args(["--config", &config])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}: {said}");
+        assert!(said.contains(needle), "{text}: {said}");
+    }
+}
+
+#[test]
 fn a_server_from_its_configuration_file_logs_json_and_says_a_clean_shutdown_at_info() {
     let dir = TempDir::new("service");
     let port = free_port();

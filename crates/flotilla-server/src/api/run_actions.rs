@@ -300,11 +300,16 @@ pub(super) async fn run_events(
     let mut notices = store.notices();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
     let token = caller.token_hash.clone();
+    let expires_at = caller.expires_at;
     tokio::spawn(async move {
         let mut last = after;
         // The token is checked again while the stream is open: revoking it ends the stream.
         let mut checked = tokio::time::Instant::now();
         loop {
+            // An identity provider's token ends the stream when it expires.
+            if expires_at.is_some_and(|exp| crate::clock::now().unix() > exp) {
+                return;
+            }
             if let Some(hash) = &token
                 && checked.elapsed() >= TOKEN_RECHECK
             {

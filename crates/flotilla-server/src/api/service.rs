@@ -105,15 +105,34 @@ pub(super) async fn revoke_token(
 /// The caller's subject and role, so a client (the dashboard) shows only the actions the
 /// server would allow; the server checks the role on every action regardless. Also where
 /// fleets created on `/v1` live in ARM's terms, the subscription a CLI's `-g` alone means.
-pub(super) async fn who_am_i(State(state): State<Shared>, caller: Caller) -> HttpResult<Response> {
+pub(super) async fn who_am_i(
+    State(state): State<Shared>,
+    caller: Caller,
+    headers: axum::http::HeaderMap,
+) -> HttpResult<Response> {
     require(&caller, Role::Reader)?;
     let arm = state.arm_settings();
-    Ok(axum::Json(json!({
+    // A dashboard session's CSRF token, which its writes carry (never with a bearer token).
+    let csrf = if headers.contains_key(axum::http::header::AUTHORIZATION) {
+        None
+    } else {
+        crate::sessions::cookie(&headers, crate::sessions::COOKIE)
+            .and_then(|id| state.sessions.get(id, crate::clock::now().unix()))
+            .map(|s| s.csrf)
+    };
+    let mut me = json!({
         "subject": caller.subject,
         "role": caller.role.name(),
+        // Per fleet pattern (an identity provider's mappings; a static token's is `*`).
+        "grants": caller.access.grants().into_iter()
+            .map(|(fleets, role)| json!({"fleets": fleets, "role": role.name()}))
+            .collect::<Vec<_>>(),
         "arm": {"subscription": arm.subscription, "resourceGroup": arm.resource_group},
-    }))
-    .into_response())
+    });
+    if let Some(csrf) = csrf {
+        me["csrfToken"] = json!(csrf);
+    }
+    Ok(axum::Json(me).into_response())
 }
 
 pub(super) async fn healthz() -> &'static str {
