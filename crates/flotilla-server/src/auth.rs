@@ -312,9 +312,34 @@ fn from_session(
             ));
         }
     }
-    let access = Access::Grants(session.grants.clone());
+    // The roles come from the provider's mappings as they are now; a provider gone (or now
+    // another issuer under the same name) ends the session.
+    let issuer = state
+        .oidc
+        .find(&session.provider)
+        .filter(|p| p.config.issuer == session.issuer);
+    let Some(issuer) = issuer else {
+        state.sessions.close(id);
+        return Err(unauthorized(&format!(
+            "identity provider {:?} is gone; the dashboard session has ended, sign in again",
+            session.provider
+        )));
+    };
+    let subject = issuer.config.subject(&session.claims);
+    let grants = issuer.config.grants(&session.claims);
+    if grants.is_empty() {
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{subject}: none of identity provider {}'s role mappings names your groups now",
+                issuer.config.name
+            ),
+        ));
+    }
+    let access = Access::Grants(grants.into());
     Ok(Caller {
-        subject: session.subject,
+        subject,
         role: access.role_everywhere().unwrap_or(Role::Reader),
         token_hash: None,
         access,

@@ -1,16 +1,18 @@
 //! The dashboard's sign-ins through an identity provider: sign-ins under way (the `state`, the
-//! `nonce` and the PKCE verifier of each, used once, for ten minutes) and sessions (who, the
-//! grants the ID token's claims gave, the CSRF token every write must carry). Held in this
-//! replica's memory: a session id is a random secret kept only as its SHA-256.
+//! `nonce` and the PKCE verifier of each, used once, for ten minutes) and sessions (the ID
+//! token's claims and the provider that vouched for them, the CSRF token every write must
+//! carry). A session keeps claims, not grants: its roles are worked out from the provider's
+//! current mappings on each request, so changing or deleting the provider takes effect at once.
+//! Held in this replica's memory: a session id is a random secret kept only as its SHA-256.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::oidc::config::Grant;
+use serde_json::{Map, Value};
 
-/// How long a session lasts from its sign-in.
+/// How long a session lasts at most from its sign-in (less if the ID token ends sooner).
 pub const SESSION_SECONDS: i64 = 8 * 3600;
 /// How long a sign-in may take at the provider.
 pub const SIGN_IN_SECONDS: i64 = 600;
@@ -24,10 +26,13 @@ pub const SIGN_IN_COOKIE: &str = "flotilla_sign_in";
 
 #[derive(Clone, Debug)]
 pub struct Session {
-    pub subject: String,
-    pub grants: Arc<[Grant]>,
+    /// The verified ID token's claims (`sub`, the user and groups claims, ...).
+    pub claims: Arc<Map<String, Value>>,
     pub csrf: String,
+    /// The provider's name, and its issuer then: a provider since deleted, or renamed onto
+    /// another issuer, ends the session.
     pub provider: String,
+    pub issuer: String,
     /// The ID token, sent back as `id_token_hint` when signing out at the provider.
     pub id_token: String,
     pub expires_at: i64,
@@ -125,10 +130,10 @@ mod tests {
 
     fn session(expires_at: i64) -> Session {
         Session {
-            subject: "alice".into(),
-            grants: Vec::new().into(),
+            claims: Arc::new(Map::new()),
             csrf: "c".into(),
             provider: "corp".into(),
+            issuer: "https://idp.example".into(),
             id_token: String::new(),
             expires_at,
         }

@@ -294,15 +294,17 @@ pub async fn callback(
         return refused(StatusCode::INTERNAL_SERVER_ERROR, "no random source".into());
     };
     tracing::info!(subject = %subject, provider = %issuer.config.name, "signed in to the dashboard");
+    // The session ends with the ID token, or after SESSION_SECONDS if that is sooner.
+    let expires_at = session_end(&claims, now().unix());
     state.sessions.open(
         &id,
         Session {
-            subject,
-            grants: grants.into(),
+            claims: claims.into(),
             csrf,
             provider: issuer.config.name.clone(),
+            issuer: issuer.config.issuer.clone(),
             id_token,
-            expires_at: now().unix() + SESSION_SECONDS,
+            expires_at,
         },
         now().unix(),
     );
@@ -310,13 +312,23 @@ pub async fn callback(
     let headers_out = response.headers_mut();
     headers_out.append(
         header::SET_COOKIE,
-        set_cookie(&headers, COOKIE, &id, "/", SESSION_SECONDS),
+        set_cookie(&headers, COOKIE, &id, "/", expires_at - now().unix()),
     );
     headers_out.append(
         header::SET_COOKIE,
         set_cookie(&headers, SIGN_IN_COOKIE, "", "/auth", 0),
     );
     no_store(response)
+}
+
+/// When a session opened at `now` ends: at the ID token's `exp`, or `SESSION_SECONDS` on,
+/// whichever is sooner.
+pub fn session_end(claims: &serde_json::Map<String, Value>, now: i64) -> i64 {
+    let cap = now + SESSION_SECONDS;
+    claims
+        .get("exp")
+        .and_then(Value::as_i64)
+        .map_or(cap, |exp| exp.min(cap))
 }
 
 /// `POST /auth/logout` (the session's CSRF token in `X-CSRF-Token`): ends the session; answers
@@ -359,4 +371,23 @@ pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response
         .headers_mut()
         .append(header::SET_COOKIE, set_cookie(&headers, COOKIE, "", "/", 0));
     no_store(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_ends_with_its_id_token_or_after_eight_hours() {
+        let claims = |exp: i64| json!({"exp": exp}).as_object().cloned().expect("object");
+        assert_eq!(session_end(&claims(1000 + 3600), 1000), 1000 + 3600);
+        assert_eq!(
+            session_end(&claims(1000 + 86_400), 1000),
+            1000 + SESSION_SECONDS
+        );
+        assert_eq!(
+            session_end(&serde_json::Map::new(), 1000),
+            1000 + SESSION_SECONDS
+        );
+    }
 }

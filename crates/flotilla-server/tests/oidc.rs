@@ -157,6 +157,7 @@ impl Drop for TempDir {
 struct Flotilla {
     base: String,
     admin: String,
+    state: Arc<flotilla_server::state::AppState>,
     http: reqwest::Client,
     _dir: TempDir,
 }
@@ -204,11 +205,13 @@ async fn flotilla(name: &str, mode: AuthMode, providers: Vec<ProviderConfig>) ->
     .await
     .expect("server");
     server.state.oidc.configure(mode, providers);
+    let state = server.state.clone();
     let base = format!("http://{}", server.local_addr().expect("bound"));
     tokio::spawn(server.serve(std::future::pending()));
     Flotilla {
         base,
         admin,
+        state,
         http: reqwest::Client::new(),
         _dir: TempDir(dir),
     }
@@ -230,6 +233,23 @@ impl Flotilla {
             request = request.json(&body);
         }
         let response = request.send().await.expect("sent");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// `GET path` with a dashboard session's cookie.
+    async fn with_cookie(&self, session: &str, path: &str) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", format!("flotilla_session={session}"))
+            .send()
+            .await
+            .expect("sent");
         let status = response.status();
         let text = response.text().await.expect("body");
         (
@@ -581,5 +601,84 @@ async fn identity_providers_are_managed_through_the_api_but_not_the_files() {
             .await
             .0,
         StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn a_session_follows_its_providers_current_mappings_and_ends_with_it() {
+    use flotilla_server::sessions::Session;
+    let idp = provider().await;
+    let f = flotilla("session-roles", AuthMode::Any, Vec::new()).await;
+    let put = |role: &str| {
+        json!({"properties": {"issuer": idp.issuer, "audience": AUDIENCE, "clientId": "dashboard",
+            "roles": [{"groups": ["everyone"], "role": role, "fleets": ["prod-*"]}]}})
+    };
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("reader")),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let claims = claims(&idp.issuer, "alice", &["everyone"]);
+    f.state.sessions.open(
+        "the-session",
+        Session {
+            claims: Arc::new(claims.as_object().cloned().expect("object")),
+            csrf: "csrf".into(),
+            provider: "sso".into(),
+            issuer: idp.issuer.clone(),
+            id_token: String::new(),
+            expires_at: now() + 300,
+        },
+        now(),
+    );
+    let (status, me) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        me["grants"],
+        json!([{"fleets": "prod-*", "role": "reader"}])
+    );
+
+    // The mapping changes: the open session has the new role at once.
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("approver")),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let (status, me) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        me["grants"],
+        json!([{"fleets": "prod-*", "role": "approver"}])
+    );
+
+    // The provider is deleted: the session ends.
+    let (status, answer) = f
+        .call(&f.admin, Method::DELETE, "/v1/identityProviders/sso", None)
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let (status, answer) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    assert!(message(&answer).contains("\"sso\" is gone"), "{answer}");
+    // Made again under the same name, it does not bring the session back.
+    let (status, _) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("admin")),
+        )
+        .await;
+    assert!(status.is_success());
+    assert_eq!(
+        f.with_cookie("the-session", "/v1/me").await.0,
+        StatusCode::UNAUTHORIZED
     );
 }
