@@ -682,3 +682,94 @@ async fn a_session_follows_its_providers_current_mappings_and_ends_with_it() {
         StatusCode::UNAUTHORIZED
     );
 }
+
+/// A discovery document served on loopback (made from the issuer's URL), for documents that
+/// point elsewhere; answers the issuer and how many requests reached any other path.
+async fn fake_discovery(document: impl Fn(&str) -> Value) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let issuer = format!("http://{}", listener.local_addr().expect("addr"));
+    let document = document(&issuer);
+    let others = Arc::new(AtomicUsize::new(0));
+    let counted = others.clone();
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/openid-configuration",
+            axum::routing::get(move || {
+                let d = document.clone();
+                async move { axum::Json(d) }
+            }),
+        )
+        .fallback(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { axum::Json(json!({"error": "invalid_grant"})) }
+        });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (issuer, others)
+}
+
+#[tokio::test]
+async fn an_api_made_provider_reads_its_own_secret_and_sends_it_to_its_issuer_only() {
+    let f = flotilla("secret", AuthMode::Any, Vec::new()).await;
+    // Elsewhere: another server on loopback, which must receive nothing.
+    let (elsewhere, reached) = fake_discovery(|issuer| json!({"issuer": issuer})).await;
+    let (issuer, _) = fake_discovery(|issuer| {
+        json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+            "token_endpoint": format!("{elsewhere}/token")})
+    })
+    .await;
+    let body = |env: &str| {
+        json!({"properties": {"issuer": issuer, "audience": AUDIENCE, "clientId": "dashboard",
+            "clientSecret": {"env": env}, "roles": [{"groups": ["everyone"], "role": "reader"}]}})
+    };
+    // The configuration file's variable (or any but its own) is refused, naming field and value.
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/team-sso",
+            Some(body("FLOTILLA_OIDC_SECRET")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        message(&answer).contains("properties.clientSecret.env: \"FLOTILLA_OIDC_SECRET\""),
+        "{answer}"
+    );
+    assert!(
+        message(&answer).contains("FLOTILLA_OIDC_TEAM_SSO_SECRET"),
+        "{answer}"
+    );
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/team-sso",
+            Some(body("FLOTILLA_OIDC_TEAM_SSO_SECRET")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+
+    // Its discovery document names a token endpoint on another origin: nothing is sent there.
+    let provider = f.state.oidc.find("team-sso").expect("made");
+    let refused = f
+        .state
+        .oidc
+        .exchange_code(
+            &provider,
+            "code",
+            "http://127.0.0.1/auth/callback",
+            "verifier",
+            "nonce",
+        )
+        .await
+        .expect_err("another origin");
+    assert!(
+        refused.contains("is not on the issuer's origin"),
+        "{refused}"
+    );
+    assert_eq!(reached.load(Ordering::SeqCst), 0);
+}

@@ -163,6 +163,16 @@ pub struct ProviderConfig {
 /// The prefix of the environment variables an API-defined provider's secret may be read from.
 pub const API_SECRET_PREFIX: &str = "FLOTILLA_OIDC_";
 
+/// The one environment variable an API-defined provider's secret may be read from:
+/// `FLOTILLA_OIDC_<NAME>_SECRET` for its own name (uppercased, `-` as `_`), so that no admin
+/// can point a provider at another provider's secret.
+pub fn api_secret_variable(name: &str) -> String {
+    format!(
+        "{API_SECRET_PREFIX}{}_SECRET",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
 const KEYS: &[&str] = &[
     "issuer",
     "audience",
@@ -314,12 +324,13 @@ impl ProviderConfig {
                 // operator, who may name either).
                 match (secret.get("env"), secret.get("file"), secret.len()) {
                     (Some(Value::String(env)), None, 1)
-                        if source == Source::Api && !env.starts_with(API_SECRET_PREFIX) =>
+                        if source == Source::Api && *env != api_secret_variable(name) =>
                     {
                         return Err(error(
                             format!("{field}.env"),
                             format!(
-                                "{env:?}: through the API, only variables named {API_SECRET_PREFIX}* (a secret meant for this)"
+                                "{env:?}: through the API, only {:?}, this provider's own variable (another's secret would be sent to the issuer this admin chose)",
+                                api_secret_variable(name)
                             ),
                         ));
                     }
@@ -330,7 +341,8 @@ impl ProviderConfig {
                         return Err(error(
                             format!("{field}.file"),
                             format!(
-                                "a file is named in the configuration file only; through the API use {{\"env\": \"{API_SECRET_PREFIX}...\"}}"
+                                "a file is named in the configuration file only; through the API use {{\"env\": \"{}\"}}",
+                                api_secret_variable(name)
                             ),
                         ));
                     }

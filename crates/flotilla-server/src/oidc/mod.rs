@@ -304,6 +304,14 @@ impl Oidc {
                 config.issuer
             )
         })?;
+        // The code, the PKCE verifier and the client's secret go to the issuer's own origin
+        // only: a discovery document (or an API-made provider) must not send them elsewhere.
+        if !same_origin(&config.issuer, &endpoint) {
+            return Err(format!(
+                "{}: its token_endpoint {endpoint:?} is not on the issuer's origin (scheme, host and port); the code and the client secret are not sent there",
+                config.issuer
+            ));
+        }
         let mut pairs = vec![
             ("grant_type", "authorization_code"),
             ("code", code),
@@ -393,6 +401,14 @@ impl Oidc {
             expires_at: claims.get("exp").and_then(Value::as_i64).unwrap_or(0),
             provider: issuer.config.name.clone(),
         })
+    }
+}
+
+/// Whether two URLs share scheme, host and port (an unparsable one shares nothing).
+pub fn same_origin(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => a.origin().is_tuple() && a.origin() == b.origin(),
+        _ => false,
     }
 }
 
