@@ -1,7 +1,7 @@
 //! Signing in to the dashboard through an identity provider: the authorization code flow with
 //! PKCE, a `state` bound to the browser by a cookie and a `nonce` checked in the ID token; the
-//! session it opens is an `HttpOnly`, `SameSite=Lax` cookie (`Secure` unless the server is
-//! reached on loopback), and every write made with it carries its CSRF token (`auth`). Also
+//! session it opens is an `HttpOnly`, `SameSite=Lax` cookie (`Secure` unless the server's public
+//! URL is plain http on loopback, or it has none and listens on loopback without TLS), and every write made with it carries its CSRF token (`auth`). Also
 //! the providers people sign in with, for the dashboard and `flotilla login --oidc`.
 
 use axum::extract::{Query, State};
@@ -68,24 +68,28 @@ fn refused(status: StatusCode, message: String) -> Response {
     )
 }
 
-/// The host a request names, without its port.
-fn host(headers: &HeaderMap) -> String {
-    let raw = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    match raw.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default().to_string(),
-        None => raw.split(':').next().unwrap_or_default().to_string(),
+/// Whether cookies carry `Secure`: decided by how the server is configured to be reached (its
+/// public URL, else its TLS and listener), never by the request's `Host`, which the client
+/// chooses. Only a server reached over plain http on loopback goes without.
+pub fn secure_cookies(settings: &crate::home::Settings) -> bool {
+    match &settings.public_url {
+        Some(url) => match reqwest::Url::parse(url) {
+            Ok(url) => !(url.scheme() == "http" && url_on_loopback(&url)),
+            Err(_) => true,
+        },
+        None => settings.https || !settings.loopback_listener,
     }
 }
 
-fn on_loopback(headers: &HeaderMap) -> bool {
-    let host = host(headers);
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+fn url_on_loopback(url: &reqwest::Url) -> bool {
+    url.host_str().is_some_and(|host| {
+        host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
 }
 
 /// The server's address as users reach it: `--public-url`, else the request's `Host` (which the
@@ -105,14 +109,12 @@ fn base_url(state: &Shared, headers: &HeaderMap) -> String {
     }
 }
 
-fn set_cookie(
-    headers: &HeaderMap,
-    name: &str,
-    value: &str,
-    path: &str,
-    max_age: i64,
-) -> HeaderValue {
-    let secure = if on_loopback(headers) { "" } else { "; Secure" };
+fn set_cookie(state: &Shared, name: &str, value: &str, path: &str, max_age: i64) -> HeaderValue {
+    let secure = if secure_cookies(&state.arm_settings()) {
+        "; Secure"
+    } else {
+        ""
+    };
     HeaderValue::from_str(&format!(
         "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
     ))
@@ -211,7 +213,7 @@ pub async fn login(
         (StatusCode::SEE_OTHER, [(header::LOCATION, url.to_string())]).into_response();
     response.headers_mut().append(
         header::SET_COOKIE,
-        set_cookie(&headers, SIGN_IN_COOKIE, &sign_in, "/auth", SIGN_IN_SECONDS),
+        set_cookie(&state, SIGN_IN_COOKIE, &sign_in, "/auth", SIGN_IN_SECONDS),
     );
     no_store(response)
 }
@@ -312,11 +314,11 @@ pub async fn callback(
     let headers_out = response.headers_mut();
     headers_out.append(
         header::SET_COOKIE,
-        set_cookie(&headers, COOKIE, &id, "/", expires_at - now().unix()),
+        set_cookie(&state, COOKIE, &id, "/", expires_at - now().unix()),
     );
     headers_out.append(
         header::SET_COOKIE,
-        set_cookie(&headers, SIGN_IN_COOKIE, "", "/auth", 0),
+        set_cookie(&state, SIGN_IN_COOKIE, "", "/auth", 0),
     );
     no_store(response)
 }
@@ -369,13 +371,58 @@ pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response
         axum::Json(json!({"signedOut": true, "endSessionUrl": end_session})).into_response();
     response
         .headers_mut()
-        .append(header::SET_COOKIE, set_cookie(&headers, COOKIE, "", "/", 0));
+        .append(header::SET_COOKIE, set_cookie(&state, COOKIE, "", "/", 0));
     no_store(response)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cookies_go_without_secure_only_for_plain_http_on_loopback() {
+        let settings = |public_url: Option<&str>, https: bool, loopback_listener: bool| {
+            crate::home::Settings {
+                public_url: public_url.map(str::to_string),
+                https,
+                loopback_listener,
+                ..Default::default()
+            }
+        };
+        assert!(!secure_cookies(&settings(
+            Some("http://127.0.0.1:8080"),
+            false,
+            false
+        )));
+        assert!(!secure_cookies(&settings(
+            Some("http://localhost:8080/"),
+            false,
+            true
+        )));
+        assert!(!secure_cookies(&settings(
+            Some("http://[::1]:8080"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("https://flotilla.example"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("http://flotilla.example"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("https://127.0.0.1"),
+            true,
+            true
+        )));
+        assert!(!secure_cookies(&settings(None, false, true)));
+        assert!(secure_cookies(&settings(None, true, true)));
+        assert!(secure_cookies(&settings(None, false, false)));
+    }
 
     #[test]
     fn a_session_ends_with_its_id_token_or_after_eight_hours() {

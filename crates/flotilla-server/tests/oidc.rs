@@ -773,3 +773,75 @@ async fn an_api_made_provider_reads_its_own_secret_and_sends_it_to_its_issuer_on
     );
     assert_eq!(reached.load(Ordering::SeqCst), 0);
 }
+
+/// `GET /auth/login?provider=NAME`, not following the redirect: the status, `Location` and
+/// `Set-Cookie`, or the body of a refusal.
+async fn login(f: &Flotilla, provider: &str) -> (StatusCode, String, String) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = http
+        .get(format!("{}/auth/login?provider={provider}", f.base))
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status();
+    let header = |name| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (location, cookie) = (header("location"), header("set-cookie"));
+    let body = response.text().await.unwrap_or_default();
+    (
+        status,
+        location,
+        if cookie.is_empty() { body } else { cookie },
+    )
+}
+
+#[tokio::test]
+async fn cookies_are_secure_unless_the_server_is_configured_on_plain_http_loopback() {
+    let (issuer, _) = fake_discovery(|issuer| {
+        json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+            "authorization_endpoint": format!("{issuer}/auth")})
+    })
+    .await;
+    let f = flotilla("secure", AuthMode::Any, Vec::new()).await;
+    let body = json!({"properties": {"issuer": issuer, "audience": AUDIENCE, "clientId": "dashboard",
+        "roles": [{"groups": ["everyone"], "role": "reader"}]}});
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(body),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    // On loopback, without TLS or a public URL: no Secure (the browser would drop it).
+    let (status, location, cookie) = login(&f, "sso").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{cookie}");
+    assert!(
+        location.starts_with(&format!("{issuer}/auth?")),
+        "{location}"
+    );
+    assert!(cookie.starts_with("flotilla_sign_in="), "{cookie}");
+    assert!(!cookie.contains("Secure"), "{cookie}");
+    // Reached at an https public URL (a proxy in front): Secure, though the request's Host is
+    // the loopback address.
+    {
+        let mut arm = f.state.arm.write().expect("settings");
+        Arc::make_mut(&mut arm).public_url = Some("https://flotilla.example".into());
+    }
+    let (_, location, cookie) = login(&f, "sso").await;
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    assert!(
+        location.contains("redirect_uri=https%3A%2F%2Fflotilla.example%2Fauth%2Fcallback"),
+        "{location}"
+    );
+}
