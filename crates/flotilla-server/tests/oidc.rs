@@ -388,6 +388,28 @@ async fn roles_follow_the_mappings_per_fleet_and_the_audit_names_the_person() {
         message(&answer).contains("no role on fleet \"prod-eu\""),
         "{answer}"
     );
+    // The fleet is matched as the router decodes it: percent-encoded, it is the same fleet.
+    let (status, answer) = f
+        .call(&pipeline, Method::GET, "/v1/fleets/prod%2Deu", None)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert!(
+        message(&answer).contains("no role on fleet \"prod-eu\""),
+        "{answer}"
+    );
+    let (status, answer) = f
+        .call(
+            &pipeline,
+            Method::PUT,
+            "/v1/fleets/st%61ging/updateStrategies/p2",
+            Some(strategy.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = f
+        .call(&pipeline, Method::GET, "/v1/fleets/staging%zz", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
 
     // A valid token that no mapping names: 403, never a default role.
     let stranger = key.token(&claims(&idp.issuer, "u-9", &["contractors"]));
