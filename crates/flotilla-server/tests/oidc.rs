@@ -867,3 +867,45 @@ async fn cookies_are_secure_unless_the_server_is_configured_on_plain_http_loopba
         "{location}"
     );
 }
+
+#[tokio::test]
+async fn endpoints_a_discovery_document_names_elsewhere_in_clear_are_refused() {
+    let f = flotilla("endpoints", AuthMode::Any, Vec::new()).await;
+    for (name, endpoint) in [
+        ("jwks_uri", "http://keys.example/jwks"),
+        ("authorization_endpoint", "http://idp.example/auth"),
+        ("token_endpoint", "http://idp.example/token"),
+        ("end_session_endpoint", "ftp://idp.example/logout"),
+    ] {
+        let (issuer, _) = fake_discovery(|issuer| {
+            let mut document = json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+                "authorization_endpoint": format!("{issuer}/auth"),
+                "token_endpoint": format!("{issuer}/token")});
+            document[name] = json!(endpoint);
+            document
+        })
+        .await;
+        let body = json!({"properties": {"issuer": issuer, "audience": AUDIENCE,
+            "clientId": "dashboard", "roles": [{"groups": ["everyone"], "role": "reader"}]}});
+        let (status, answer) = f
+            .call(
+                &f.admin,
+                Method::PUT,
+                "/v1/identityProviders/sso",
+                Some(body),
+            )
+            .await;
+        assert!(status.is_success(), "{answer}");
+        let (status, _, refusal) = login(&f, "sso").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{name}: {refusal}");
+        assert!(
+            refusal.contains(&format!("its {name} \"{endpoint}\" must be https://")),
+            "{name}: {refusal}"
+        );
+        // Nor are its tokens verified with keys from there.
+        let key = Key::new("k1");
+        let token = key.token(&claims(&issuer, "alice", &["everyone"]));
+        let (status, answer) = f.call(&token, Method::GET, "/v1/fleets", None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    }
+}

@@ -204,11 +204,9 @@ pub fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// An issuer URL: `https://`, or `http://` on a loopback host only (a test provider); no query
-/// or fragment (OpenID Connect Discovery §4).
-pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
-    let url = reqwest::Url::parse(issuer)
-        .map_err(|e| error(field, format!("{issuer:?}: not a URL ({e})")))?;
+/// The scheme rule of an issuer and of every endpoint its discovery document names: `https://`,
+/// or `http://` on a loopback host only (a test provider).
+pub fn https_or_loopback(url: &reqwest::Url) -> bool {
     let loopback = url.host_str().is_some_and(|host| {
         host == "localhost"
             || host
@@ -218,14 +216,22 @@ pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
                 .is_ok_and(|ip| ip.is_loopback())
     });
     match url.scheme() {
-        "https" => {}
-        "http" if loopback => {}
-        _ => {
-            return Err(error(
-                field,
-                format!("{issuer:?}: must be https:// (http:// only on a loopback address)"),
-            ));
-        }
+        "https" => true,
+        "http" => loopback,
+        _ => false,
+    }
+}
+
+/// An issuer URL: `https://`, or `http://` on a loopback host only (a test provider); no query
+/// or fragment (OpenID Connect Discovery §4).
+pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
+    let url = reqwest::Url::parse(issuer)
+        .map_err(|e| error(field, format!("{issuer:?}: not a URL ({e})")))?;
+    if !https_or_loopback(&url) {
+        return Err(error(
+            field,
+            format!("{issuer:?}: must be https:// (http:// only on a loopback address)"),
+        ));
     }
     if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
         return Err(error(
