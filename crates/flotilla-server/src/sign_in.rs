@@ -334,9 +334,18 @@ pub fn session_end(claims: &serde_json::Map<String, Value>, now: i64) -> i64 {
 }
 
 /// `POST /auth/logout` (the session's CSRF token in `X-CSRF-Token`): ends the session; answers
-/// where to end the provider's session too.
+/// where to end the provider's session too. The cookie is cleared whatever the answer, so the
+/// browser never keeps one the page believes gone; a refusal says why (the page shows it).
 pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
-    let Some(id) = cookie(&headers, COOKIE) else {
+    let mut response = end_session(&state, &headers).await;
+    response
+        .headers_mut()
+        .append(header::SET_COOKIE, set_cookie(&state, COOKIE, "", "/", 0));
+    response
+}
+
+async fn end_session(state: &Shared, headers: &HeaderMap) -> Response {
+    let Some(id) = cookie(headers, COOKIE) else {
         return refused(StatusCode::UNAUTHORIZED, "no session".into());
     };
     let Some(session) = state.sessions.get(id, now().unix()) else {
@@ -363,16 +372,11 @@ pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response
             .append_pair("id_token_hint", &session.id_token)
             .append_pair(
                 "post_logout_redirect_uri",
-                &format!("{}/", base_url(&state, &headers)),
+                &format!("{}/", base_url(state, headers)),
             );
         end_session = Some(url.to_string());
     }
-    let mut response =
-        axum::Json(json!({"signedOut": true, "endSessionUrl": end_session})).into_response();
-    response
-        .headers_mut()
-        .append(header::SET_COOKIE, set_cookie(&state, COOKIE, "", "/", 0));
-    no_store(response)
+    no_store(axum::Json(json!({"signedOut": true, "endSessionUrl": end_session})).into_response())
 }
 
 #[cfg(test)]

@@ -909,3 +909,61 @@ async fn endpoints_a_discovery_document_names_elsewhere_in_clear_are_refused() {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
     }
 }
+
+#[tokio::test]
+async fn signing_out_always_clears_the_cookie_and_ends_the_session_on_the_server() {
+    use flotilla_server::sessions::Session;
+    let idp = provider().await;
+    let f = flotilla("logout", AuthMode::Any, vec![corp(&idp.issuer)]).await;
+    let claims = claims(&idp.issuer, "alice", &["everyone"]);
+    f.state.sessions.open(
+        "old-session",
+        Session {
+            claims: Arc::new(claims.as_object().cloned().expect("object")),
+            csrf: "the-csrf".into(),
+            provider: "corp".into(),
+            issuer: idp.issuer.clone(),
+            id_token: String::new(),
+            expires_at: now() + 300,
+        },
+        now(),
+    );
+    let logout = |csrf: Option<&'static str>| {
+        let mut request = f
+            .http
+            .post(format!("{}/auth/logout", f.base))
+            .header("cookie", "flotilla_session=old-session");
+        if let Some(csrf) = csrf {
+            request = request.header("x-csrf-token", csrf);
+        }
+        async move {
+            let response = request.send().await.expect("sent");
+            let status = response.status();
+            let cookie = response
+                .headers()
+                .get("set-cookie")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            (status, cookie, response.text().await.unwrap_or_default())
+        }
+    };
+    // Refused (no CSRF token): the reason is given, and the cookie is cleared all the same.
+    let (status, cookie, body) = logout(None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("X-CSRF-Token: missing"), "{body}");
+    assert!(cookie.starts_with("flotilla_session=;"), "{cookie}");
+    assert!(cookie.contains("Max-Age=0"), "{cookie}");
+    assert_eq!(
+        f.with_cookie("old-session", "/v1/me").await.0,
+        StatusCode::OK
+    );
+    // Signed out: the old cookie, replayed, is refused.
+    let (status, cookie, body) = logout(Some("the-csrf")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(cookie.contains("Max-Age=0"), "{cookie}");
+    let (status, answer) = f.with_cookie("old-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    let (status, _, body) = logout(Some("the-csrf")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+}
