@@ -198,22 +198,22 @@ pub async fn login(
         .append_pair("nonce", &nonce)
         .append_pair("code_challenge", &challenge)
         .append_pair("code_challenge_method", "S256");
-    state.sessions.start(
-        &sign_in,
-        PendingSignIn {
-            provider: issuer.config.name.clone(),
-            nonce,
-            verifier,
-            redirect_uri,
-            started_at: now().unix(),
-        },
-        now().unix(),
-    );
+    // Nothing is kept on the server: the sign-in travels sealed in the browser's cookie.
+    let Some(sealed) = state.sessions.seal(&PendingSignIn {
+        state: sign_in,
+        provider: issuer.config.name.clone(),
+        nonce,
+        verifier,
+        redirect_uri,
+        started_at: now().unix(),
+    }) else {
+        return refused(StatusCode::INTERNAL_SERVER_ERROR, "no random source".into());
+    };
     let mut response =
         (StatusCode::SEE_OTHER, [(header::LOCATION, url.to_string())]).into_response();
     response.headers_mut().append(
         header::SET_COOKIE,
-        set_cookie(&state, SIGN_IN_COOKIE, &sign_in, "/auth", SIGN_IN_SECONDS),
+        set_cookie(&state, SIGN_IN_COOKIE, &sealed, "/auth", SIGN_IN_SECONDS),
     );
     no_store(response)
 }
@@ -247,18 +247,14 @@ pub async fn callback(
             "the answer has no code or no state".into(),
         );
     };
-    // The state must be the one this browser's sign-in started with (login CSRF).
+    // The state must be the one this browser's sign-in started with (login CSRF): its cookie,
+    // sealed by this replica, names it.
     let bound = cookie(&headers, SIGN_IN_COOKIE).unwrap_or_default();
-    if !equal_secrets(bound, sent_state) {
+    let Some(pending) = state.sessions.unseal(bound, sent_state, now().unix()) else {
         return refused(
             StatusCode::BAD_REQUEST,
-            "state: not the sign-in this browser started".into(),
-        );
-    }
-    let Some(pending) = state.sessions.finish(sent_state, now().unix()) else {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            "state: unknown, used or expired; sign in again".into(),
+            "state: not a sign-in this browser started here in the last ten minutes; sign in again"
+                .into(),
         );
     };
     let Some(issuer) = state.oidc.find(&pending.provider) else {
