@@ -211,12 +211,16 @@ test('a release manager signs in through the provider\'s login page and approves
   const gate = page.locator('#pipeline li.checkpoint[data-gate]');
   const gateId = await eventually('the gate', async () => gate.getAttribute('data-gate'));
   // A write with the session cookie but without its CSRF token is refused.
-  const forged = await page.evaluate(async (id) => (await fetch(`/v1/fleets/prod-eu/gates/${id}`, {
-    method: 'PATCH',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ properties: { state: 'Completed' } }),
-  })).status, gateId);
-  assert.equal(forged, 403, 'no CSRF token, no write');
+  const forged = await page.evaluate(async (id) => {
+    const response = await fetch(`/v1/fleets/prod-eu/gates/${id}`, {
+      method: 'PATCH',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ properties: { state: 'Completed' } }),
+    });
+    return { status: response.status, body: await response.json() };
+  }, gateId);
+  assert.equal(forged.status, 403, 'no CSRF token, no write');
+  assert.match(forged.body.error.message, /X-CSRF-Token: a write made with the session cookie must carry its CSRF token/, JSON.stringify(forged.body));
   const approve = page.getByRole('button', { name: /^Approve gate: Release managers approve/ });
   await approve.waitFor({ timeout: 30000 });
   await page.shot('before-approve');
@@ -228,10 +232,16 @@ test('a release manager signs in through the provider\'s login page and approves
   const audit = await apiCall('/v1/audit', adminToken);
   assert.ok(audit.body.value.some((e) => e.subject === `alice (${issuer})` && e.method === 'PATCH'), JSON.stringify(audit.body.value.slice(-3)));
 
-  // Signing out ends the session on the server.
+  // Signing out ends the session on the server: the old cookie, replayed, is refused.
+  const old = (await page.context().cookies(base)).find((c) => c.name === 'flotilla_session');
+  assert.ok(old && old.value, 'a session cookie before signing out');
+  const before = await fetch(`${base}/v1/me`, { headers: { Cookie: `flotilla_session=${old.value}` } });
+  assert.equal(before.status, 200, 'the old cookie works before signing out');
   await page.getByRole('button', { name: 'Sign out' }).click();
   await page.getByText('Signed out.').waitFor();
-  assert.equal(await page.evaluate(async () => (await fetch('/v1/me')).status), 401);
+  const after = await fetch(`${base}/v1/me`, { headers: { Cookie: `flotilla_session=${old.value}` } });
+  assert.equal(after.status, 401, 'the session ended on the server');
+  assert.equal((await page.context().cookies(base)).find((c) => c.name === 'flotilla_session'), undefined, 'the browser dropped the cookie');
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });

@@ -84,13 +84,40 @@ pub struct Caller {
 /// Where a request acts: on one fleet, or on the whole server.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Scope<'a> {
-    Fleet(&'a str),
+    /// The fleet as the router sees it: the path's segment, percent-decoded.
+    Fleet(std::borrow::Cow<'a, str>),
     Everywhere,
     /// `GET /v1/me`: who the caller is, whatever its roles.
     Me,
+    /// A fleet segment that is not valid percent-encoded UTF-8 (refused with 400).
+    Malformed(&'a str),
 }
 
-/// The scope of a `/v1` request. Creating, replacing and deleting a fleet are server-wide.
+/// A path segment percent-decoded as the router decodes it (`None`: a `%` not followed by
+/// two hex digits, or bytes that are not UTF-8).
+fn percent_decoded(segment: &str) -> Option<std::borrow::Cow<'_, str>> {
+    if !segment.contains('%') {
+        return Some(segment.into());
+    }
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok().map(Into::into)
+}
+
+/// The scope of a `/v1` request (the raw path: its fleet segment is decoded here, as the
+/// router decodes it, so that `prod%2Deu` is matched as `prod-eu`). Creating, replacing and
+/// deleting a fleet are server-wide.
 pub fn scope_of<'a>(method: &axum::http::Method, path: &'a str) -> Scope<'a> {
     use axum::http::Method;
     if path == "/v1/me" {
@@ -99,11 +126,13 @@ pub fn scope_of<'a>(method: &axum::http::Method, path: &'a str) -> Scope<'a> {
     let Some(rest) = path.strip_prefix("/v1/fleets/") else {
         return Scope::Everywhere;
     };
+    let fleet = |segment: &'a str| match percent_decoded(segment) {
+        Some(decoded) => Scope::Fleet(decoded),
+        None => Scope::Malformed(segment),
+    };
     match rest.split_once('/') {
-        Some((fleet, _)) if !fleet.is_empty() => Scope::Fleet(fleet),
-        None if !rest.is_empty() && !matches!(*method, Method::PUT | Method::DELETE) => {
-            Scope::Fleet(rest)
-        }
+        Some((segment, _)) if !segment.is_empty() => fleet(segment),
+        None if !rest.is_empty() && !matches!(*method, Method::PUT | Method::DELETE) => fleet(rest),
         _ => Scope::Everywhere,
     }
 }
@@ -116,7 +145,14 @@ impl Caller {
             return Ok(self);
         }
         let (role, place) = match scope_of(method, path) {
-            Scope::Fleet(fleet) => (self.access.role_on(fleet), format!("fleet {fleet:?}")),
+            Scope::Fleet(fleet) => (self.access.role_on(&fleet), format!("fleet {fleet:?}")),
+            Scope::Malformed(segment) => {
+                return Err(HttpError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("fleet {segment:?}: not valid percent-encoded UTF-8"),
+                ));
+            }
             Scope::Everywhere => (
                 self.access.role_everywhere(),
                 "every fleet (*), which server-wide resources need".to_string(),
@@ -312,9 +348,34 @@ fn from_session(
             ));
         }
     }
-    let access = Access::Grants(session.grants.clone());
+    // The roles come from the provider's mappings as they are now; a provider gone (or now
+    // another issuer under the same name) ends the session.
+    let issuer = state
+        .oidc
+        .find(&session.provider)
+        .filter(|p| p.config.issuer == session.issuer);
+    let Some(issuer) = issuer else {
+        state.sessions.close(id);
+        return Err(unauthorized(&format!(
+            "identity provider {:?} is gone; the dashboard session has ended, sign in again",
+            session.provider
+        )));
+    };
+    let subject = issuer.config.subject(&session.claims);
+    let grants = issuer.config.grants(&session.claims);
+    if grants.is_empty() {
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{subject}: none of identity provider {}'s role mappings names your groups now",
+                issuer.config.name
+            ),
+        ));
+    }
+    let access = Access::Grants(grants.into());
     Ok(Caller {
-        subject: session.subject,
+        subject,
         role: access.role_everywhere().unwrap_or(Role::Reader),
         token_hash: None,
         access,
@@ -405,15 +466,15 @@ mod tests {
         use axum::http::Method;
         assert_eq!(
             scope_of(&Method::GET, "/v1/fleets/prod-eu/updateRuns"),
-            Scope::Fleet("prod-eu")
+            Scope::Fleet("prod-eu".into())
         );
         assert_eq!(
             scope_of(&Method::GET, "/v1/fleets/prod-eu"),
-            Scope::Fleet("prod-eu")
+            Scope::Fleet("prod-eu".into())
         );
         assert_eq!(
             scope_of(&Method::PATCH, "/v1/fleets/prod-eu"),
-            Scope::Fleet("prod-eu")
+            Scope::Fleet("prod-eu".into())
         );
         assert_eq!(
             scope_of(&Method::PUT, "/v1/fleets/prod-eu"),
@@ -426,5 +487,22 @@ mod tests {
         assert_eq!(scope_of(&Method::GET, "/v1/fleets"), Scope::Everywhere);
         assert_eq!(scope_of(&Method::GET, "/v1/webhooks"), Scope::Everywhere);
         assert_eq!(scope_of(&Method::GET, "/v1/me"), Scope::Me);
+        // The segment is decoded as the router decodes it.
+        assert_eq!(
+            scope_of(&Method::GET, "/v1/fleets/prod%2deu/updateRuns"),
+            Scope::Fleet("prod-eu".into())
+        );
+        assert_eq!(
+            scope_of(&Method::PATCH, "/v1/fleets/%70rod-eu"),
+            Scope::Fleet("prod-eu".into())
+        );
+        assert_eq!(
+            scope_of(&Method::GET, "/v1/fleets/prod%zz/updateRuns"),
+            Scope::Malformed("prod%zz")
+        );
+        assert_eq!(
+            scope_of(&Method::GET, "/v1/fleets/prod%ff"),
+            Scope::Malformed("prod%ff")
+        );
     }
 }

@@ -18,6 +18,9 @@ pub struct Settings {
     pub https: bool,
     /// Where users reach the server (`--public-url`): the start of absolute links.
     pub public_url: Option<String>,
+    /// Whether the server listens on a loopback address only (no one reaches it over a
+    /// network): with neither TLS nor a public URL, its cookies may then go without `Secure`.
+    pub loopback_listener: bool,
 }
 
 impl Default for Settings {
@@ -28,6 +31,7 @@ impl Default for Settings {
             default_driver: None,
             https: false,
             public_url: None,
+            loopback_listener: false,
         }
     }
 }

@@ -242,7 +242,12 @@ impl Server {
             std::sync::atomic::Ordering::Relaxed,
         );
         if let Ok(mut arm) = self.state.arm.write() {
-            Arc::make_mut(&mut arm).https = self.tls.is_some();
+            let arm = Arc::make_mut(&mut arm);
+            arm.https = self.tls.is_some();
+            arm.loopback_listener = self
+                .listener
+                .local_addr()
+                .is_ok_and(|a| a.ip().is_loopback());
         }
         let app = arm::router(self.state.clone())
             .layer(axum::middleware::from_fn_with_state(

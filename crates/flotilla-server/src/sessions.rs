@@ -1,16 +1,20 @@
 //! The dashboard's sign-ins through an identity provider: sign-ins under way (the `state`, the
-//! `nonce` and the PKCE verifier of each, used once, for ten minutes) and sessions (who, the
-//! grants the ID token's claims gave, the CSRF token every write must carry). Held in this
-//! replica's memory: a session id is a random secret kept only as its SHA-256.
+//! `nonce` and the PKCE verifier of each, for ten minutes, kept in the browser's sign-in cookie
+//! sealed (AES-256-GCM: neither readable nor alterable) with this replica's key: the server holds nothing per sign-in started, so no one can
+//! crowd out others' sign-ins by starting many) and sessions (the ID
+//! token's claims and the provider that vouched for them, the CSRF token every write must
+//! carry). A session keeps claims, not grants: its roles are worked out from the provider's
+//! current mappings on each request, so changing or deleting the provider takes effect at once.
+//! Held in this replica's memory: a session id is a random secret kept only as its SHA-256.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::oidc::config::Grant;
+use serde_json::{Map, Value};
 
-/// How long a session lasts from its sign-in.
+/// How long a session lasts at most from its sign-in (less if the ID token ends sooner).
 pub const SESSION_SECONDS: i64 = 8 * 3600;
 /// How long a sign-in may take at the provider.
 pub const SIGN_IN_SECONDS: i64 = 600;
@@ -24,17 +28,22 @@ pub const SIGN_IN_COOKIE: &str = "flotilla_sign_in";
 
 #[derive(Clone, Debug)]
 pub struct Session {
-    pub subject: String,
-    pub grants: Arc<[Grant]>,
+    /// The verified ID token's claims (`sub`, the user and groups claims, ...).
+    pub claims: Arc<Map<String, Value>>,
     pub csrf: String,
+    /// The provider's name, and its issuer then: a provider since deleted, or renamed onto
+    /// another issuer, ends the session.
     pub provider: String,
+    pub issuer: String,
     /// The ID token, sent back as `id_token_hint` when signing out at the provider.
     pub id_token: String,
     pub expires_at: i64,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PendingSignIn {
+    /// The `state` sent to the provider, which its answer must carry back.
+    pub state: String,
     pub provider: String,
     pub nonce: String,
     pub verifier: String,
@@ -43,10 +52,26 @@ pub struct PendingSignIn {
     pub started_at: i64,
 }
 
-#[derive(Default)]
 pub struct Sessions {
     sessions: Mutex<HashMap<String, Session>>,
-    pending: Mutex<HashMap<String, PendingSignIn>>,
+    /// The key sign-in cookies are sealed with (none without a random source: no sign-in).
+    sign_in_key: Option<aws_lc_rs::aead::LessSafeKey>,
+}
+
+impl Default for Sessions {
+    fn default() -> Sessions {
+        let mut bytes = [0u8; 32];
+        let sign_in_key = aws_lc_rs::rand::fill(&mut bytes)
+            .ok()
+            .and_then(|()| {
+                aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &bytes).ok()
+            })
+            .map(aws_lc_rs::aead::LessSafeKey::new);
+        Sessions {
+            sessions: Mutex::new(HashMap::new()),
+            sign_in_key,
+        }
+    }
 }
 
 fn key(secret: &str) -> String {
@@ -57,27 +82,46 @@ fn key(secret: &str) -> String {
 }
 
 impl Sessions {
-    /// Keeps a sign-in under way, by its `state`.
-    pub fn start(&self, state: &str, pending: PendingSignIn, now: i64) {
-        if let Ok(mut held) = self.pending.lock() {
-            held.retain(|_, p| now - p.started_at < SIGN_IN_SECONDS);
-            if held.len() >= MOST
-                && let Some(oldest) = held
-                    .iter()
-                    .min_by_key(|(_, p)| p.started_at)
-                    .map(|(k, _)| k.clone())
-            {
-                held.remove(&oldest);
-            }
-            held.insert(key(state), pending);
-        }
+    /// A sign-in under way as its cookie's value: base64url of a random 96-bit nonce and the
+    /// sign-in's JSON sealed with AES-256-GCM under this replica's key (the PKCE verifier and the
+    /// `nonce` in it are not readable from the cookie).
+    pub fn seal(&self, pending: &PendingSignIn) -> Option<String> {
+        use aws_lc_rs::aead::{Aad, NONCE_LEN, Nonce};
+        use base64::Engine;
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let key = self.sign_in_key.as_ref()?;
+        let mut nonce = [0u8; NONCE_LEN];
+        aws_lc_rs::rand::fill(&mut nonce).ok()?;
+        let mut sealed = serde_json::to_vec(pending).ok()?;
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::empty(),
+            &mut sealed,
+        )
+        .ok()?;
+        let mut value = nonce.to_vec();
+        value.extend_from_slice(&sealed);
+        Some(URL_SAFE_NO_PAD.encode(value))
     }
 
-    /// Takes a sign-in under way (once: a `state` cannot be replayed).
-    pub fn finish(&self, state: &str, now: i64) -> Option<PendingSignIn> {
-        let mut held = self.pending.lock().ok()?;
-        held.remove(&key(state))
-            .filter(|p| now - p.started_at < SIGN_IN_SECONDS)
+    /// The sign-in a cookie carries, if this replica sealed it, it is for `state` and it is
+    /// less than `SIGN_IN_SECONDS` old.
+    pub fn unseal(&self, cookie: &str, state: &str, now: i64) -> Option<PendingSignIn> {
+        use aws_lc_rs::aead::{Aad, NONCE_LEN, Nonce};
+        use base64::Engine;
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let key = self.sign_in_key.as_ref()?;
+        let mut value = URL_SAFE_NO_PAD.decode(cookie).ok()?;
+        if value.len() < NONCE_LEN {
+            return None;
+        }
+        let mut sealed = value.split_off(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(&value).ok()?;
+        let opened = key.open_in_place(nonce, Aad::empty(), &mut sealed).ok()?;
+        let pending: PendingSignIn = serde_json::from_slice(opened).ok()?;
+        (crate::oidc::equal_secrets(&pending.state, state)
+            && (0..SIGN_IN_SECONDS).contains(&(now - pending.started_at)))
+        .then_some(pending)
     }
 
     /// Opens a session; answers its id (the cookie's value).
@@ -125,28 +169,59 @@ mod tests {
 
     fn session(expires_at: i64) -> Session {
         Session {
-            subject: "alice".into(),
-            grants: Vec::new().into(),
+            claims: Arc::new(Map::new()),
             csrf: "c".into(),
             provider: "corp".into(),
+            issuer: "https://idp.example".into(),
             id_token: String::new(),
             expires_at,
         }
     }
 
     #[test]
-    fn a_sign_in_is_finished_once_and_a_session_ends_when_closed_or_expired() {
+    fn a_sign_in_cookie_is_taken_sealed_by_this_replica_for_its_state_within_ten_minutes() {
         let sessions = Sessions::default();
         let pending = PendingSignIn {
+            state: "s1".into(),
             provider: "corp".into(),
             nonce: "n".into(),
             verifier: "v".into(),
             redirect_uri: "http://127.0.0.1/auth/callback".into(),
             started_at: 100,
         };
-        sessions.start("s1", pending, 100);
-        assert!(sessions.finish("s1", 101).is_some());
-        assert!(sessions.finish("s1", 101).is_none(), "a state is used once");
+        let sealed = sessions.seal(&pending).expect("sealed");
+        assert_eq!(sessions.unseal(&sealed, "s1", 101), Some(pending.clone()));
+        assert_eq!(sessions.unseal(&sealed, "s2", 101), None, "another state");
+        assert_eq!(
+            sessions.unseal(&sealed, "s1", 100 + SIGN_IN_SECONDS),
+            None,
+            "expired"
+        );
+        assert_eq!(
+            Sessions::default().unseal(&sealed, "s1", 101),
+            None,
+            "another replica's key"
+        );
+        // Altered anywhere, or cut short: refused.
+        let mut altered = sealed.clone().into_bytes();
+        let last = altered.len() - 5;
+        altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
+        let altered = String::from_utf8(altered).expect("ascii");
+        assert_eq!(sessions.unseal(&altered, "s1", 101), None, "altered");
+        assert_eq!(sessions.unseal(&sealed[..10], "s1", 101), None, "cut short");
+        // Not readable: the sealed bytes do not hold the sign-in's text.
+        let raw = {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(&sealed)
+                .expect("base64")
+        };
+        assert!(!raw.windows(13).any(|w| w == b"auth/callback"));
+    }
+
+    #[test]
+    fn a_session_ends_when_closed_or_expired() {
+        let sessions = Sessions::default();
         sessions.open("id", session(1000), 100);
         assert!(sessions.get("id", 999).is_some());
         assert!(sessions.get("id", 1000).is_none(), "expired");

@@ -1,7 +1,7 @@
 //! Signing in to the dashboard through an identity provider: the authorization code flow with
 //! PKCE, a `state` bound to the browser by a cookie and a `nonce` checked in the ID token; the
-//! session it opens is an `HttpOnly`, `SameSite=Lax` cookie (`Secure` unless the server is
-//! reached on loopback), and every write made with it carries its CSRF token (`auth`). Also
+//! session it opens is an `HttpOnly`, `SameSite=Lax` cookie (`Secure` unless the server's public
+//! URL is plain http on loopback, or it has none and listens on loopback without TLS), and every write made with it carries its CSRF token (`auth`). Also
 //! the providers people sign in with, for the dashboard and `flotilla login --oidc`.
 
 use axum::extract::{Query, State};
@@ -68,24 +68,28 @@ fn refused(status: StatusCode, message: String) -> Response {
     )
 }
 
-/// The host a request names, without its port.
-fn host(headers: &HeaderMap) -> String {
-    let raw = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    match raw.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default().to_string(),
-        None => raw.split(':').next().unwrap_or_default().to_string(),
+/// Whether cookies carry `Secure`: decided by how the server is configured to be reached (its
+/// public URL, else its TLS and listener), never by the request's `Host`, which the client
+/// chooses. Only a server reached over plain http on loopback goes without.
+pub fn secure_cookies(settings: &crate::home::Settings) -> bool {
+    match &settings.public_url {
+        Some(url) => match reqwest::Url::parse(url) {
+            Ok(url) => !(url.scheme() == "http" && url_on_loopback(&url)),
+            Err(_) => true,
+        },
+        None => settings.https || !settings.loopback_listener,
     }
 }
 
-fn on_loopback(headers: &HeaderMap) -> bool {
-    let host = host(headers);
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+fn url_on_loopback(url: &reqwest::Url) -> bool {
+    url.host_str().is_some_and(|host| {
+        host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
 }
 
 /// The server's address as users reach it: `--public-url`, else the request's `Host` (which the
@@ -105,14 +109,12 @@ fn base_url(state: &Shared, headers: &HeaderMap) -> String {
     }
 }
 
-fn set_cookie(
-    headers: &HeaderMap,
-    name: &str,
-    value: &str,
-    path: &str,
-    max_age: i64,
-) -> HeaderValue {
-    let secure = if on_loopback(headers) { "" } else { "; Secure" };
+fn set_cookie(state: &Shared, name: &str, value: &str, path: &str, max_age: i64) -> HeaderValue {
+    let secure = if secure_cookies(&state.arm_settings()) {
+        "; Secure"
+    } else {
+        ""
+    };
     HeaderValue::from_str(&format!(
         "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
     ))
@@ -196,22 +198,22 @@ pub async fn login(
         .append_pair("nonce", &nonce)
         .append_pair("code_challenge", &challenge)
         .append_pair("code_challenge_method", "S256");
-    state.sessions.start(
-        &sign_in,
-        PendingSignIn {
-            provider: issuer.config.name.clone(),
-            nonce,
-            verifier,
-            redirect_uri,
-            started_at: now().unix(),
-        },
-        now().unix(),
-    );
+    // Nothing is kept on the server: the sign-in travels sealed in the browser's cookie.
+    let Some(sealed) = state.sessions.seal(&PendingSignIn {
+        state: sign_in,
+        provider: issuer.config.name.clone(),
+        nonce,
+        verifier,
+        redirect_uri,
+        started_at: now().unix(),
+    }) else {
+        return refused(StatusCode::INTERNAL_SERVER_ERROR, "no random source".into());
+    };
     let mut response =
         (StatusCode::SEE_OTHER, [(header::LOCATION, url.to_string())]).into_response();
     response.headers_mut().append(
         header::SET_COOKIE,
-        set_cookie(&headers, SIGN_IN_COOKIE, &sign_in, "/auth", SIGN_IN_SECONDS),
+        set_cookie(&state, SIGN_IN_COOKIE, &sealed, "/auth", SIGN_IN_SECONDS),
     );
     no_store(response)
 }
@@ -245,18 +247,14 @@ pub async fn callback(
             "the answer has no code or no state".into(),
         );
     };
-    // The state must be the one this browser's sign-in started with (login CSRF).
+    // The state must be the one this browser's sign-in started with (login CSRF): its cookie,
+    // sealed by this replica, names it.
     let bound = cookie(&headers, SIGN_IN_COOKIE).unwrap_or_default();
-    if !equal_secrets(bound, sent_state) {
+    let Some(pending) = state.sessions.unseal(bound, sent_state, now().unix()) else {
         return refused(
             StatusCode::BAD_REQUEST,
-            "state: not the sign-in this browser started".into(),
-        );
-    }
-    let Some(pending) = state.sessions.finish(sent_state, now().unix()) else {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            "state: unknown, used or expired; sign in again".into(),
+            "state: not a sign-in this browser started here in the last ten minutes; sign in again"
+                .into(),
         );
     };
     let Some(issuer) = state.oidc.find(&pending.provider) else {
@@ -294,15 +292,17 @@ pub async fn callback(
         return refused(StatusCode::INTERNAL_SERVER_ERROR, "no random source".into());
     };
     tracing::info!(subject = %subject, provider = %issuer.config.name, "signed in to the dashboard");
+    // The session ends with the ID token, or after SESSION_SECONDS if that is sooner.
+    let expires_at = session_end(&claims, now().unix());
     state.sessions.open(
         &id,
         Session {
-            subject,
-            grants: grants.into(),
+            claims: claims.into(),
             csrf,
             provider: issuer.config.name.clone(),
+            issuer: issuer.config.issuer.clone(),
             id_token,
-            expires_at: now().unix() + SESSION_SECONDS,
+            expires_at,
         },
         now().unix(),
     );
@@ -310,19 +310,38 @@ pub async fn callback(
     let headers_out = response.headers_mut();
     headers_out.append(
         header::SET_COOKIE,
-        set_cookie(&headers, COOKIE, &id, "/", SESSION_SECONDS),
+        set_cookie(&state, COOKIE, &id, "/", expires_at - now().unix()),
     );
     headers_out.append(
         header::SET_COOKIE,
-        set_cookie(&headers, SIGN_IN_COOKIE, "", "/auth", 0),
+        set_cookie(&state, SIGN_IN_COOKIE, "", "/auth", 0),
     );
     no_store(response)
 }
 
+/// When a session opened at `now` ends: at the ID token's `exp`, or `SESSION_SECONDS` on,
+/// whichever is sooner.
+pub fn session_end(claims: &serde_json::Map<String, Value>, now: i64) -> i64 {
+    let cap = now + SESSION_SECONDS;
+    claims
+        .get("exp")
+        .and_then(Value::as_i64)
+        .map_or(cap, |exp| exp.min(cap))
+}
+
 /// `POST /auth/logout` (the session's CSRF token in `X-CSRF-Token`): ends the session; answers
-/// where to end the provider's session too.
+/// where to end the provider's session too. The cookie is cleared whatever the answer, so the
+/// browser never keeps one the page believes gone; a refusal says why (the page shows it).
 pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
-    let Some(id) = cookie(&headers, COOKIE) else {
+    let mut response = end_session(&state, &headers).await;
+    response
+        .headers_mut()
+        .append(header::SET_COOKIE, set_cookie(&state, COOKIE, "", "/", 0));
+    response
+}
+
+async fn end_session(state: &Shared, headers: &HeaderMap) -> Response {
+    let Some(id) = cookie(headers, COOKIE) else {
         return refused(StatusCode::UNAUTHORIZED, "no session".into());
     };
     let Some(session) = state.sessions.get(id, now().unix()) else {
@@ -349,14 +368,73 @@ pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response
             .append_pair("id_token_hint", &session.id_token)
             .append_pair(
                 "post_logout_redirect_uri",
-                &format!("{}/", base_url(&state, &headers)),
+                &format!("{}/", base_url(state, headers)),
             );
         end_session = Some(url.to_string());
     }
-    let mut response =
-        axum::Json(json!({"signedOut": true, "endSessionUrl": end_session})).into_response();
-    response
-        .headers_mut()
-        .append(header::SET_COOKIE, set_cookie(&headers, COOKIE, "", "/", 0));
-    no_store(response)
+    no_store(axum::Json(json!({"signedOut": true, "endSessionUrl": end_session})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_go_without_secure_only_for_plain_http_on_loopback() {
+        let settings = |public_url: Option<&str>, https: bool, loopback_listener: bool| {
+            crate::home::Settings {
+                public_url: public_url.map(str::to_string),
+                https,
+                loopback_listener,
+                ..Default::default()
+            }
+        };
+        assert!(!secure_cookies(&settings(
+            Some("http://127.0.0.1:8080"),
+            false,
+            false
+        )));
+        assert!(!secure_cookies(&settings(
+            Some("http://localhost:8080/"),
+            false,
+            true
+        )));
+        assert!(!secure_cookies(&settings(
+            Some("http://[::1]:8080"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("https://flotilla.example"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("http://flotilla.example"),
+            false,
+            true
+        )));
+        assert!(secure_cookies(&settings(
+            Some("https://127.0.0.1"),
+            true,
+            true
+        )));
+        assert!(!secure_cookies(&settings(None, false, true)));
+        assert!(secure_cookies(&settings(None, true, true)));
+        assert!(secure_cookies(&settings(None, false, false)));
+    }
+
+    #[test]
+    fn a_session_ends_with_its_id_token_or_after_eight_hours() {
+        let claims = |exp: i64| json!({"exp": exp}).as_object().cloned().expect("object");
+        assert_eq!(session_end(&claims(1000 + 3600), 1000), 1000 + 3600);
+        assert_eq!(
+            session_end(&claims(1000 + 86_400), 1000),
+            1000 + SESSION_SECONDS
+        );
+        assert_eq!(
+            session_end(&serde_json::Map::new(), 1000),
+            1000 + SESSION_SECONDS
+        );
+    }
 }

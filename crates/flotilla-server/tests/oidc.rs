@@ -157,6 +157,7 @@ impl Drop for TempDir {
 struct Flotilla {
     base: String,
     admin: String,
+    state: Arc<flotilla_server::state::AppState>,
     http: reqwest::Client,
     _dir: TempDir,
 }
@@ -204,11 +205,13 @@ async fn flotilla(name: &str, mode: AuthMode, providers: Vec<ProviderConfig>) ->
     .await
     .expect("server");
     server.state.oidc.configure(mode, providers);
+    let state = server.state.clone();
     let base = format!("http://{}", server.local_addr().expect("bound"));
     tokio::spawn(server.serve(std::future::pending()));
     Flotilla {
         base,
         admin,
+        state,
         http: reqwest::Client::new(),
         _dir: TempDir(dir),
     }
@@ -230,6 +233,23 @@ impl Flotilla {
             request = request.json(&body);
         }
         let response = request.send().await.expect("sent");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// `GET path` with a dashboard session's cookie.
+    async fn with_cookie(&self, session: &str, path: &str) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", format!("flotilla_session={session}"))
+            .send()
+            .await
+            .expect("sent");
         let status = response.status();
         let text = response.text().await.expect("body");
         (
@@ -368,6 +388,28 @@ async fn roles_follow_the_mappings_per_fleet_and_the_audit_names_the_person() {
         message(&answer).contains("no role on fleet \"prod-eu\""),
         "{answer}"
     );
+    // The fleet is matched as the router decodes it: percent-encoded, it is the same fleet.
+    let (status, answer) = f
+        .call(&pipeline, Method::GET, "/v1/fleets/prod%2Deu", None)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert!(
+        message(&answer).contains("no role on fleet \"prod-eu\""),
+        "{answer}"
+    );
+    let (status, answer) = f
+        .call(
+            &pipeline,
+            Method::PUT,
+            "/v1/fleets/st%61ging/updateStrategies/p2",
+            Some(strategy.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = f
+        .call(&pipeline, Method::GET, "/v1/fleets/staging%zz", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
 
     // A valid token that no mapping names: 403, never a default role.
     let stranger = key.token(&claims(&idp.issuer, "u-9", &["contractors"]));
@@ -582,4 +624,346 @@ async fn identity_providers_are_managed_through_the_api_but_not_the_files() {
             .0,
         StatusCode::NOT_FOUND
     );
+}
+
+#[tokio::test]
+async fn a_session_follows_its_providers_current_mappings_and_ends_with_it() {
+    use flotilla_server::sessions::Session;
+    let idp = provider().await;
+    let f = flotilla("session-roles", AuthMode::Any, Vec::new()).await;
+    let put = |role: &str| {
+        json!({"properties": {"issuer": idp.issuer, "audience": AUDIENCE, "clientId": "dashboard",
+            "roles": [{"groups": ["everyone"], "role": role, "fleets": ["prod-*"]}]}})
+    };
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("reader")),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let claims = claims(&idp.issuer, "alice", &["everyone"]);
+    f.state.sessions.open(
+        "the-session",
+        Session {
+            claims: Arc::new(claims.as_object().cloned().expect("object")),
+            csrf: "csrf".into(),
+            provider: "sso".into(),
+            issuer: idp.issuer.clone(),
+            id_token: String::new(),
+            expires_at: now() + 300,
+        },
+        now(),
+    );
+    let (status, me) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        me["grants"],
+        json!([{"fleets": "prod-*", "role": "reader"}])
+    );
+
+    // The mapping changes: the open session has the new role at once.
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("approver")),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let (status, me) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        me["grants"],
+        json!([{"fleets": "prod-*", "role": "approver"}])
+    );
+
+    // The provider is deleted: the session ends.
+    let (status, answer) = f
+        .call(&f.admin, Method::DELETE, "/v1/identityProviders/sso", None)
+        .await;
+    assert!(status.is_success(), "{answer}");
+    let (status, answer) = f.with_cookie("the-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    assert!(message(&answer).contains("\"sso\" is gone"), "{answer}");
+    // Made again under the same name, it does not bring the session back.
+    let (status, _) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(put("admin")),
+        )
+        .await;
+    assert!(status.is_success());
+    assert_eq!(
+        f.with_cookie("the-session", "/v1/me").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+/// A discovery document served on loopback (made from the issuer's URL), for documents that
+/// point elsewhere; answers the issuer and how many requests reached any other path.
+async fn fake_discovery(document: impl Fn(&str) -> Value) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let issuer = format!("http://{}", listener.local_addr().expect("addr"));
+    let document = document(&issuer);
+    let others = Arc::new(AtomicUsize::new(0));
+    let counted = others.clone();
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/openid-configuration",
+            axum::routing::get(move || {
+                let d = document.clone();
+                async move { axum::Json(d) }
+            }),
+        )
+        .fallback(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { axum::Json(json!({"error": "invalid_grant"})) }
+        });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (issuer, others)
+}
+
+#[tokio::test]
+async fn an_api_made_provider_reads_its_own_secret_and_sends_it_to_its_issuer_only() {
+    let f = flotilla("secret", AuthMode::Any, Vec::new()).await;
+    // Elsewhere: another server on loopback, which must receive nothing.
+    let (elsewhere, reached) = fake_discovery(|issuer| json!({"issuer": issuer})).await;
+    let (issuer, _) = fake_discovery(|issuer| {
+        json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+            "token_endpoint": format!("{elsewhere}/token")})
+    })
+    .await;
+    let body = |env: &str| {
+        json!({"properties": {"issuer": issuer, "audience": AUDIENCE, "clientId": "dashboard",
+            "clientSecret": {"env": env}, "roles": [{"groups": ["everyone"], "role": "reader"}]}})
+    };
+    // The configuration file's variable (or any but its own) is refused, naming field and value.
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/team-sso",
+            Some(body("FLOTILLA_OIDC_SECRET")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        message(&answer).contains("properties.clientSecret.env: \"FLOTILLA_OIDC_SECRET\""),
+        "{answer}"
+    );
+    assert!(
+        message(&answer).contains("FLOTILLA_OIDC_TEAM_SSO_SECRET"),
+        "{answer}"
+    );
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/team-sso",
+            Some(body("FLOTILLA_OIDC_TEAM_SSO_SECRET")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+
+    // Its discovery document names a token endpoint on another origin: nothing is sent there.
+    let provider = f.state.oidc.find("team-sso").expect("made");
+    let refused = f
+        .state
+        .oidc
+        .exchange_code(
+            &provider,
+            "code",
+            "http://127.0.0.1/auth/callback",
+            "verifier",
+            "nonce",
+        )
+        .await
+        .expect_err("another origin");
+    assert!(
+        refused.contains("is not on the issuer's origin"),
+        "{refused}"
+    );
+    assert_eq!(reached.load(Ordering::SeqCst), 0);
+}
+
+/// `GET /auth/login?provider=NAME`, not following the redirect: the status, `Location` and
+/// `Set-Cookie`, or the body of a refusal.
+async fn login(f: &Flotilla, provider: &str) -> (StatusCode, String, String) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = http
+        .get(format!("{}/auth/login?provider={provider}", f.base))
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status();
+    let header = |name| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (location, cookie) = (header("location"), header("set-cookie"));
+    let body = response.text().await.unwrap_or_default();
+    (
+        status,
+        location,
+        if cookie.is_empty() { body } else { cookie },
+    )
+}
+
+#[tokio::test]
+async fn cookies_are_secure_unless_the_server_is_configured_on_plain_http_loopback() {
+    let (issuer, _) = fake_discovery(|issuer| {
+        json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+            "authorization_endpoint": format!("{issuer}/auth")})
+    })
+    .await;
+    let f = flotilla("secure", AuthMode::Any, Vec::new()).await;
+    let body = json!({"properties": {"issuer": issuer, "audience": AUDIENCE, "clientId": "dashboard",
+        "roles": [{"groups": ["everyone"], "role": "reader"}]}});
+    let (status, answer) = f
+        .call(
+            &f.admin,
+            Method::PUT,
+            "/v1/identityProviders/sso",
+            Some(body),
+        )
+        .await;
+    assert!(status.is_success(), "{answer}");
+    // On loopback, without TLS or a public URL: no Secure (the browser would drop it).
+    let (status, location, cookie) = login(&f, "sso").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{cookie}");
+    assert!(
+        location.starts_with(&format!("{issuer}/auth?")),
+        "{location}"
+    );
+    assert!(cookie.starts_with("flotilla_sign_in="), "{cookie}");
+    assert!(!cookie.contains("Secure"), "{cookie}");
+    // Reached at an https public URL (a proxy in front): Secure, though the request's Host is
+    // the loopback address.
+    {
+        let mut arm = f.state.arm.write().expect("settings");
+        Arc::make_mut(&mut arm).public_url = Some("https://flotilla.example".into());
+    }
+    let (_, location, cookie) = login(&f, "sso").await;
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    assert!(
+        location.contains("redirect_uri=https%3A%2F%2Fflotilla.example%2Fauth%2Fcallback"),
+        "{location}"
+    );
+}
+
+#[tokio::test]
+async fn endpoints_a_discovery_document_names_elsewhere_in_clear_are_refused() {
+    let f = flotilla("endpoints", AuthMode::Any, Vec::new()).await;
+    for (name, endpoint) in [
+        ("jwks_uri", "http://keys.example/jwks"),
+        ("authorization_endpoint", "http://idp.example/auth"),
+        ("token_endpoint", "http://idp.example/token"),
+        ("end_session_endpoint", "ftp://idp.example/logout"),
+    ] {
+        let (issuer, _) = fake_discovery(|issuer| {
+            let mut document = json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+                "authorization_endpoint": format!("{issuer}/auth"),
+                "token_endpoint": format!("{issuer}/token")});
+            document[name] = json!(endpoint);
+            document
+        })
+        .await;
+        let body = json!({"properties": {"issuer": issuer, "audience": AUDIENCE,
+            "clientId": "dashboard", "roles": [{"groups": ["everyone"], "role": "reader"}]}});
+        let (status, answer) = f
+            .call(
+                &f.admin,
+                Method::PUT,
+                "/v1/identityProviders/sso",
+                Some(body),
+            )
+            .await;
+        assert!(status.is_success(), "{answer}");
+        let (status, _, refusal) = login(&f, "sso").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{name}: {refusal}");
+        assert!(
+            refusal.contains(&format!("its {name} \"{endpoint}\" must be https://")),
+            "{name}: {refusal}"
+        );
+        // Nor are its tokens verified with keys from there.
+        let key = Key::new("k1");
+        let token = key.token(&claims(&issuer, "alice", &["everyone"]));
+        let (status, answer) = f.call(&token, Method::GET, "/v1/fleets", None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn signing_out_always_clears_the_cookie_and_ends_the_session_on_the_server() {
+    use flotilla_server::sessions::Session;
+    let idp = provider().await;
+    let f = flotilla("logout", AuthMode::Any, vec![corp(&idp.issuer)]).await;
+    let claims = claims(&idp.issuer, "alice", &["everyone"]);
+    f.state.sessions.open(
+        "old-session",
+        Session {
+            claims: Arc::new(claims.as_object().cloned().expect("object")),
+            csrf: "the-csrf".into(),
+            provider: "corp".into(),
+            issuer: idp.issuer.clone(),
+            id_token: String::new(),
+            expires_at: now() + 300,
+        },
+        now(),
+    );
+    let logout = |csrf: Option<&'static str>| {
+        let mut request = f
+            .http
+            .post(format!("{}/auth/logout", f.base))
+            .header("cookie", "flotilla_session=old-session");
+        if let Some(csrf) = csrf {
+            request = request.header("x-csrf-token", csrf);
+        }
+        async move {
+            let response = request.send().await.expect("sent");
+            let status = response.status();
+            let cookie = response
+                .headers()
+                .get("set-cookie")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            (status, cookie, response.text().await.unwrap_or_default())
+        }
+    };
+    // Refused (no CSRF token): the reason is given, and the cookie is cleared all the same.
+    let (status, cookie, body) = logout(None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("X-CSRF-Token: missing"), "{body}");
+    assert!(cookie.starts_with("flotilla_session=;"), "{cookie}");
+    assert!(cookie.contains("Max-Age=0"), "{cookie}");
+    assert_eq!(
+        f.with_cookie("old-session", "/v1/me").await.0,
+        StatusCode::OK
+    );
+    // Signed out: the old cookie, replayed, is refused.
+    let (status, cookie, body) = logout(Some("the-csrf")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(cookie.contains("Max-Age=0"), "{cookie}");
+    let (status, answer) = f.with_cookie("old-session", "/v1/me").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    let (status, _, body) = logout(Some("the-csrf")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
 }

@@ -102,17 +102,25 @@ async function signOut() {
   stopView();
   stopView = () => {};
   let extra = null;
+  let message = 'Signed out.';
   if (wasSession) {
+    // The server clears the cookie whatever it answers; a refusal is shown, since the session
+    // may then live on on the server until it expires.
     try {
       const response = await fetch('/auth/logout', { method: 'POST', headers: { 'X-CSRF-Token': session.csrf() }, cache: 'no-store' });
-      const answer = response.ok ? await response.json() : {};
-      if (answer.endSessionUrl) extra = h('p', {}, h('a', { href: answer.endSessionUrl, id: 'provider-sign-out' }, 'Sign out of the identity provider too'));
-    } catch {
-      // The session ends on the server by itself; the page forgets it either way.
+      if (response.ok) {
+        const answer = await response.json();
+        if (answer.endSessionUrl) extra = h('p', {}, h('a', { href: answer.endSessionUrl, id: 'provider-sign-out' }, 'Sign out of the identity provider too'));
+      } else {
+        const reason = (await response.text()).trim();
+        message = `Sign-out failed on the server (${response.status}${reason ? `: ${reason}` : ''}); the session ends when it expires.`;
+      }
+    } catch (e) {
+      message = `Sign-out failed: the server could not be reached (${e.message}); the session ends when it expires.`;
     }
     session.setCsrf(null);
   }
-  signInForm('Signed out.', extra);
+  signInForm(message, extra);
 }
 
 /** The role shown beside the name: the role on every fleet, and those on fleet patterns. */

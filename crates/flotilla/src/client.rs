@@ -282,7 +282,10 @@ impl Client {
                 http = http.add_root_certificate(certificate);
             }
         }
+        // A redirect is not followed: the token (or the identity provider's grant) would be sent
+        // on to wherever the answer points, which may not be the server the user named.
         let http = http
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .context("cannot set up the HTTP client (TLS)")?;
         Ok(Client {
@@ -416,8 +419,25 @@ impl Client {
         }
         let response = request.send().await.map_err(|e| self.unreachable(e))?;
         let status = response.status();
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let text = response.text().await.unwrap_or_default();
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        if status.is_redirection() {
+            return Err(HttpFailure {
+                status: status.as_u16(),
+                line: format!(
+                    "{} answered a redirect to {:?} ({}); it is not followed, so as not to send the token elsewhere: give the address it names with --server if it is the server",
+                    self.server,
+                    location.unwrap_or_default(),
+                    status.as_u16()
+                ),
+            }
+            .into());
+        }
         if !status.is_success() {
             let error = &value["error"];
             let message = error["message"]

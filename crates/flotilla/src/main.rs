@@ -677,6 +677,8 @@ impl ServeLimits {
             default_driver,
             https: false,
             public_url: self.public_url.clone(),
+            // Both set from the listener when serving starts.
+            loopback_listener: false,
         })
     }
 }

@@ -423,3 +423,55 @@ fn the_cli_signs_in_with_the_device_flow_and_renews_its_token() {
         & 0o777;
     assert_eq!(mode, 0o600, "the login file's mode after the renewal");
 }
+
+/// A server that answers every request with a redirect to `location`; answers its address.
+fn redirecting(location: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = std::io::Write::write_all(
+                &mut stream,
+                format!("HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes(),
+            );
+        }
+    });
+    address
+}
+
+#[test]
+fn the_cli_does_not_follow_a_redirect_with_its_token() {
+    // Elsewhere: counts the requests that reach it (none must).
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let target = format!("http://{}/v1/fleets", elsewhere.local_addr().expect("addr"));
+    elsewhere.set_nonblocking(true).expect("nonblocking");
+    let server = redirecting(target.clone());
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .env(
+            "FLOTILLA_CONFIG",
+            std::env::temp_dir().join("flotilla-no-config.json"),
+        )
+        .args([
+            "fleet",
+            "list",
+            "--server",
+            &server,
+            "--token",
+            "flt_secret",
+        ])
+        .output()
+        .expect("ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("answered a redirect to \"{target}\"")),
+        "{stderr}"
+    );
+    assert!(elsewhere.accept().is_err(), "the redirect was followed");
+}

@@ -163,6 +163,16 @@ pub struct ProviderConfig {
 /// The prefix of the environment variables an API-defined provider's secret may be read from.
 pub const API_SECRET_PREFIX: &str = "FLOTILLA_OIDC_";
 
+/// The one environment variable an API-defined provider's secret may be read from:
+/// `FLOTILLA_OIDC_<NAME>_SECRET` for its own name (uppercased, `-` as `_`), so that no admin
+/// can point a provider at another provider's secret.
+pub fn api_secret_variable(name: &str) -> String {
+    format!(
+        "{API_SECRET_PREFIX}{}_SECRET",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
 const KEYS: &[&str] = &[
     "issuer",
     "audience",
@@ -194,11 +204,9 @@ pub fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// An issuer URL: `https://`, or `http://` on a loopback host only (a test provider); no query
-/// or fragment (OpenID Connect Discovery §4).
-pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
-    let url = reqwest::Url::parse(issuer)
-        .map_err(|e| error(field, format!("{issuer:?}: not a URL ({e})")))?;
+/// The scheme rule of an issuer and of every endpoint its discovery document names: `https://`,
+/// or `http://` on a loopback host only (a test provider).
+pub fn https_or_loopback(url: &reqwest::Url) -> bool {
     let loopback = url.host_str().is_some_and(|host| {
         host == "localhost"
             || host
@@ -208,14 +216,22 @@ pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
                 .is_ok_and(|ip| ip.is_loopback())
     });
     match url.scheme() {
-        "https" => {}
-        "http" if loopback => {}
-        _ => {
-            return Err(error(
-                field,
-                format!("{issuer:?}: must be https:// (http:// only on a loopback address)"),
-            ));
-        }
+        "https" => true,
+        "http" => loopback,
+        _ => false,
+    }
+}
+
+/// An issuer URL: `https://`, or `http://` on a loopback host only (a test provider); no query
+/// or fragment (OpenID Connect Discovery §4).
+pub fn check_issuer(field: &str, issuer: &str) -> Result<(), ConfigError> {
+    let url = reqwest::Url::parse(issuer)
+        .map_err(|e| error(field, format!("{issuer:?}: not a URL ({e})")))?;
+    if !https_or_loopback(&url) {
+        return Err(error(
+            field,
+            format!("{issuer:?}: must be https:// (http:// only on a loopback address)"),
+        ));
     }
     if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
         return Err(error(
@@ -314,12 +330,13 @@ impl ProviderConfig {
                 // operator, who may name either).
                 match (secret.get("env"), secret.get("file"), secret.len()) {
                     (Some(Value::String(env)), None, 1)
-                        if source == Source::Api && !env.starts_with(API_SECRET_PREFIX) =>
+                        if source == Source::Api && *env != api_secret_variable(name) =>
                     {
                         return Err(error(
                             format!("{field}.env"),
                             format!(
-                                "{env:?}: through the API, only variables named {API_SECRET_PREFIX}* (a secret meant for this)"
+                                "{env:?}: through the API, only {:?}, this provider's own variable (another's secret would be sent to the issuer this admin chose)",
+                                api_secret_variable(name)
                             ),
                         ));
                     }
@@ -330,7 +347,8 @@ impl ProviderConfig {
                         return Err(error(
                             format!("{field}.file"),
                             format!(
-                                "a file is named in the configuration file only; through the API use {{\"env\": \"{API_SECRET_PREFIX}...\"}}"
+                                "a file is named in the configuration file only; through the API use {{\"env\": \"{}\"}}",
+                                api_secret_variable(name)
                             ),
                         ));
                     }

@@ -217,6 +217,36 @@ impl Oidc {
             ));
         }
         let jwks_uri = text("jwks_uri").ok_or_else(|| format!("{url}: no jwks_uri"))?;
+        // Every endpoint follows the issuer's scheme rule: keys over plain http from afar could
+        // be swapped in transit, and a sign-in sent there could be read. (The token endpoint
+        // must also be on the issuer's origin: `exchange_code` checks it where it is used, as
+        // some providers' JWTs are verified here without it.)
+        for (name, endpoint) in [
+            ("jwks_uri", Some(&jwks_uri)),
+            (
+                "authorization_endpoint",
+                text("authorization_endpoint").as_ref(),
+            ),
+            ("token_endpoint", text("token_endpoint").as_ref()),
+            (
+                "device_authorization_endpoint",
+                text("device_authorization_endpoint").as_ref(),
+            ),
+            (
+                "end_session_endpoint",
+                text("end_session_endpoint").as_ref(),
+            ),
+        ] {
+            if let Some(endpoint) = endpoint {
+                let ok = reqwest::Url::parse(endpoint)
+                    .is_ok_and(|parsed| config::https_or_loopback(&parsed));
+                if !ok {
+                    return Err(format!(
+                        "{url}: its {name} {endpoint:?} must be https:// (http:// only on a loopback address)"
+                    ));
+                }
+            }
+        }
         Ok(Discovery {
             jwks_uri,
             authorization_endpoint: text("authorization_endpoint"),
@@ -304,6 +334,14 @@ impl Oidc {
                 config.issuer
             )
         })?;
+        // The code, the PKCE verifier and the client's secret go to the issuer's own origin
+        // only: a discovery document (or an API-made provider) must not send them elsewhere.
+        if !same_origin(&config.issuer, &endpoint) {
+            return Err(format!(
+                "{}: its token_endpoint {endpoint:?} is not on the issuer's origin (scheme, host and port); the code and the client secret are not sent there",
+                config.issuer
+            ));
+        }
         let mut pairs = vec![
             ("grant_type", "authorization_code"),
             ("code", code),
@@ -393,6 +431,14 @@ impl Oidc {
             expires_at: claims.get("exp").and_then(Value::as_i64).unwrap_or(0),
             provider: issuer.config.name.clone(),
         })
+    }
+}
+
+/// Whether two URLs share scheme, host and port (an unparsable one shares nothing).
+pub fn same_origin(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => a.origin().is_tuple() && a.origin() == b.origin(),
+        _ => false,
     }
 }
 

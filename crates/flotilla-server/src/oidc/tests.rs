@@ -392,16 +392,27 @@ fn glob_matches_runs_of_characters() {
 }
 
 #[test]
-fn through_the_api_a_secret_is_read_from_flotilla_oidc_variables_only() {
+fn through_the_api_a_secret_is_read_from_the_providers_own_variable_only() {
     let with_secret = |secret: Value| json!({"issuer": ISSUER, "audience": AUDIENCE, "clientId": "c", "clientSecret": secret});
     let parse = |source, secret| {
-        ProviderConfig::parse("corp", source, &with_secret(secret), "properties.")
+        ProviderConfig::parse("corp-eu", source, &with_secret(secret), "properties.")
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
     let refused = parse(Source::Api, json!({"env": "AWS_SECRET_ACCESS_KEY"})).expect_err("env");
     assert!(
-        refused.starts_with("properties.clientSecret.env: \"AWS_SECRET_ACCESS_KEY\": through the API, only variables named FLOTILLA_OIDC_*"),
+        refused.starts_with("properties.clientSecret.env: \"AWS_SECRET_ACCESS_KEY\": through the API, only \"FLOTILLA_OIDC_CORP_EU_SECRET\""),
+        "{refused}"
+    );
+    // Another provider's variable (the configuration file's, say) is refused too.
+    let refused = parse(Source::Api, json!({"env": "FLOTILLA_OIDC_SECRET"})).expect_err("env");
+    assert!(
+        refused.starts_with("properties.clientSecret.env: \"FLOTILLA_OIDC_SECRET\": through the API, only \"FLOTILLA_OIDC_CORP_EU_SECRET\""),
+        "{refused}"
+    );
+    let refused = parse(Source::Api, json!({"env": "FLOTILLA_OIDC_CORP_SECRET"})).expect_err("env");
+    assert!(
+        refused.contains("FLOTILLA_OIDC_CORP_EU_SECRET"),
         "{refused}"
     );
     let refused = parse(Source::Api, json!({"file": "/etc/shadow"})).expect_err("file");
@@ -412,7 +423,7 @@ fn through_the_api_a_secret_is_read_from_flotilla_oidc_variables_only() {
         "{refused}"
     );
     assert_eq!(
-        parse(Source::Api, json!({"env": "FLOTILLA_OIDC_CORP"})),
+        parse(Source::Api, json!({"env": "FLOTILLA_OIDC_CORP_EU_SECRET"})),
         Ok(())
     );
     // The configuration file's author may name any variable or a file.
@@ -421,4 +432,34 @@ fn through_the_api_a_secret_is_read_from_flotilla_oidc_variables_only() {
         parse(Source::File, json!({"file": "/etc/flotilla/secret"})),
         Ok(())
     );
+}
+
+#[test]
+fn an_origin_is_scheme_host_and_port() {
+    use super::same_origin;
+    assert!(same_origin(
+        "https://idp.example/tenant/v2.0",
+        "https://idp.example/oauth2/token"
+    ));
+    assert!(same_origin(
+        "https://idp.example",
+        "https://idp.example:443/token"
+    ));
+    assert!(!same_origin(
+        "https://idp.example",
+        "http://idp.example/token"
+    ));
+    assert!(!same_origin(
+        "https://idp.example",
+        "https://idp.example:8443/token"
+    ));
+    assert!(!same_origin(
+        "https://idp.example",
+        "https://evil.example/token"
+    ));
+    assert!(!same_origin(
+        "https://idp.example",
+        "https://idp.example.evil.example/token"
+    ));
+    assert!(!same_origin("https://idp.example", "not a url"));
 }
