@@ -5,10 +5,10 @@
 use flotilla_engine::engine::Input;
 use flotilla_engine::profile::{TriggerOutcome, already_recorded, trigger_status};
 use flotilla_engine::time::Time;
-use flotilla_engine::train::{Promotion, profile_id, promotion_for};
+use flotilla_engine::train::{Promotion, profile_id};
 use serde_json::{Value, json};
 
-use crate::api::{discover, generate};
+use crate::api::{discover, generate_knowing};
 use crate::auth::Caller;
 use crate::clock::now;
 use crate::state::Shared;
@@ -87,19 +87,25 @@ pub async fn trigger_profiles(state: &Shared) -> Option<Time> {
             }
             // A downstream profile's standing: what it waits for, and until when.
             let upstream = match crate::trains::stored_profile(&profile.body) {
-                Ok((_, p)) => match p.upstream.clone() {
-                    Some(up) => match crate::trains::validated_runs(state, &up).await {
-                        Ok(validated) => Some(promotion_for(&p, &validated, now())),
+                Ok((_, p)) if p.upstream.is_some() => {
+                    match crate::trains::promotion_now(state, &p).await {
+                        Ok(standing) => Some(standing),
                         Err(_) => continue,
-                    },
-                    None => None,
-                },
-                Err(_) => None,
+                    }
+                }
+                _ => None,
             };
             if let Some(at) = upstream.as_ref().and_then(Promotion::wakes_at) {
                 wake = Some(wake.map_or(at, |w| w.min(at)));
             }
-            let outcome = generate(state, &fleet.name, &profile.name, &Caller::system()).await;
+            let outcome = generate_knowing(
+                state,
+                &fleet.name,
+                &profile.name,
+                &Caller::system(),
+                upstream.clone(),
+            )
+            .await;
             let outcome = match outcome {
                 // Nothing selected yet (or disabled since it was listed) is not a failure.
                 Ok(Err(_no_run)) => None,

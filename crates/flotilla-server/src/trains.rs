@@ -10,7 +10,7 @@ use serde_json::Value;
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::profile::{Profile, ProfileSpec, parse_profile};
 use flotilla_engine::status::UpdateRunStatus;
-use flotilla_engine::train::{self, Upstream, Validated};
+use flotilla_engine::train::{self, Promotion, Upstream, Validated};
 
 use crate::error::{HttpError, HttpResult};
 use crate::state::AppState;
@@ -142,6 +142,20 @@ pub async fn refuse_if_followed(
         if followers.len() == 1 { "it" } else { "them" }
     ))
     .into())
+}
+
+/// Where downstream `profile` stands now (SEMANTICS §14): what its upstream's runs validated,
+/// as its channel takes it. `Nothing` for a profile that follows no upstream.
+pub async fn promotion_now(state: &AppState, profile: &Profile) -> HttpResult<Promotion> {
+    let Some(up) = &profile.upstream else {
+        return Ok(Promotion::Nothing);
+    };
+    let validated = validated_runs(state, up).await?;
+    Ok(train::promotion_for(
+        profile,
+        &validated,
+        crate::clock::now(),
+    ))
 }
 
 /// What the runs of `up`'s profile validated (SEMANTICS §14). A Completed run's verdict changes

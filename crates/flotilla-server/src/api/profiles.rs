@@ -108,17 +108,15 @@ pub(super) async fn next_trigger(
     let (at, run) = match &profile.upstream {
         // A downstream profile promotes what its upstream validated when the soak ends
         // (SEMANTICS §14), nothing before.
-        Some(up) if !profile.disabled => {
-            let validated = crate::trains::validated_runs(state, up).await.ok()?;
-            let (at, validated) =
-                match flotilla_engine::train::promotion_for(profile, &validated, now()) {
-                    Promotion::Due { validated, .. } => (now(), validated),
-                    Promotion::Soaking {
-                        validated,
-                        soak_ends_at,
-                    } => (soak_ends_at, validated),
-                    Promotion::Nothing => return None,
-                };
+        Some(_) if !profile.disabled => {
+            let (at, validated) = match crate::trains::promotion_now(state, profile).await.ok()? {
+                Promotion::Due { validated, .. } => (now(), validated),
+                Promotion::Soaking {
+                    validated,
+                    soak_ends_at,
+                } => (soak_ends_at, validated),
+                Promotion::Nothing => return None,
+            };
             let (run, _) = flotilla_engine::train::promoted_run(
                 name,
                 profile,
@@ -156,6 +154,18 @@ pub async fn generate(
     name: &str,
     caller: &Caller,
 ) -> HttpResult<Result<Generated, NoRun>> {
+    generate_knowing(state, fleet, name, caller, None).await
+}
+
+/// [`generate`], for a caller that has just worked out where a downstream profile stands
+/// (the release feed, which shows it in the profile's status): it is not read twice.
+pub async fn generate_knowing(
+    state: &Shared,
+    fleet: &str,
+    name: &str,
+    caller: &Caller,
+    standing: Option<Promotion>,
+) -> HttpResult<Result<Generated, NoRun>> {
     let (fleet, name) = (fleet.to_string(), name.to_string());
     let resource = get_one(state, &fleet, Kind::Profile, &name, "autoUpgradeProfile").await?;
     let (_, profile) = crate::trains::stored_profile(&resource.body)?;
@@ -169,9 +179,12 @@ pub async fn generate(
     // any other follows its channel.
     let (planned, promoted_from) = match &profile.upstream {
         _ if profile.disabled => return Ok(Err(NoRun::Disabled)),
-        Some(up) => {
-            let validated = crate::trains::validated_runs(state, up).await?;
-            match flotilla_engine::train::promotion_for(&profile, &validated, now()) {
+        Some(_) => {
+            let standing = match standing {
+                Some(known) => known,
+                None => crate::trains::promotion_now(state, &profile).await?,
+            };
+            match standing {
                 Promotion::Due { validated, .. } => {
                     let (run, from) = flotilla_engine::train::promoted_run(
                         &name,
