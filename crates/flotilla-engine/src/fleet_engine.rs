@@ -538,13 +538,7 @@ impl FleetEngine {
         catalog: Catalog,
         unknown: &[(SharedMember, ApiError)],
     ) -> Result<(Engine, Vec<String>), ApiError> {
-        if self.names.contains_key(name) {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("update run {name:?} already exists"),
-                "updateRun",
-            ));
-        }
+        self.name_is_free(name)?;
         // A member the table holds was observed since (its observation reached the fleet
         // first): it is not unknown.
         let unknown: Vec<&(SharedMember, ApiError)> = unknown
@@ -568,13 +562,7 @@ impl FleetEngine {
 
     /// Takes in run `name` as [`FleetEngine::plan_run`] decided it.
     pub fn take_run(&mut self, name: &str, engine: Engine) -> Result<(), ApiError> {
-        if self.names.contains_key(name) {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("update run {name:?} already exists"),
-                "updateRun",
-            ));
-        }
+        self.name_is_free(name)?;
         self.add_new_run(name, engine);
         Ok(())
     }
@@ -620,7 +608,7 @@ impl FleetEngine {
     /// original's members that an operation changed and that are not rolled back yet, as the
     /// fleet sees their clusters now. Refused (409) while the original is neither finished nor
     /// Stopped, when it changed nothing, and for a rollback run. A shell that keeps runs
-    /// elsewhere records a new run's plan, then calls [`FleetEngine::create_rollback_run`].
+    /// elsewhere records the new run (see [`FleetEngine::plan_rollback_run`]), then takes it in.
     pub fn rollback_request(&self, original: &str) -> Result<RollbackRequest, ApiError> {
         let seq = *self.names.get(original).ok_or_else(|| no_run(original))?;
         let engine = &self.runs[&seq].engine;
@@ -668,22 +656,17 @@ impl FleetEngine {
     /// which run rolls it back, so it cannot be started again. A second request answers the
     /// rollback run already made.
     pub fn create_rollback_run(&mut self, now: Time, original: &str) -> Result<String, ApiError> {
-        let name = match self.rollback_request(original)? {
-            RollbackRequest::Made(name) => name,
-            RollbackRequest::New { name, plan } => {
-                self.create_rollback_from(now, &name, &plan)?;
-                name
+        match self.rollback_request(original)? {
+            RollbackRequest::Made(name) => {
+                self.tell_rolled_back(now, original, &name)?;
+                Ok(name)
             }
-        };
-        let record = self.record;
-        if let Some(&seq) = self.names.get(original)
-            && let Some(slot) = self.runs.get_mut(&seq)
-            && slot.engine.rolled_back_by().is_none()
-        {
-            let input = Input::RolledBackBy { run: name.clone() };
-            slot.give(now, input, record)?;
+            RollbackRequest::New { name, plan } => {
+                let engine = self.plan_rollback_run(&name, &plan)?;
+                self.take_rollback_run(now, original, &name, engine)?;
+                Ok(name)
+            }
         }
-        Ok(name)
     }
 
     /// The members of the fleet's table that a rollback plan names, as the run made from it
@@ -697,14 +680,49 @@ impl FleetEngine {
             .collect()
     }
 
-    /// Creates rollback run `name` from its plan (a shell rebuilding it passes the plan it
-    /// kept) and starts it.
-    pub fn create_rollback_from(
-        &mut self,
-        now: Time,
+    /// Makes rollback run `name` from its plan over the fleet's members, without taking it in:
+    /// a shell that keeps runs records it first, then hands it to
+    /// [`FleetEngine::take_rollback_run`].
+    pub fn plan_rollback_run(
+        &self,
         name: &str,
         plan: &crate::engine::RollbackPlan,
+    ) -> Result<Engine, ApiError> {
+        self.name_is_free(name)?;
+        Engine::create_rollback(name, plan, self.members.values(), self.catalog.clone())
+    }
+
+    /// Takes in rollback run `name` of run `original` as [`FleetEngine::plan_rollback_run`]
+    /// made it, starts it, and tells the original which run rolls it back.
+    pub fn take_rollback_run(
+        &mut self,
+        now: Time,
+        original: &str,
+        name: &str,
+        engine: Engine,
     ) -> Result<(), ApiError> {
+        self.name_is_free(name)?;
+        let seq = self.add_new_run(name, engine);
+        self.run_input(now, seq, Input::Start)?;
+        self.tell_rolled_back(now, original, name)
+    }
+
+    /// Tells run `original` that run `by` rolls it back, once.
+    fn tell_rolled_back(&mut self, now: Time, original: &str, by: &str) -> Result<(), ApiError> {
+        let record = self.record;
+        if let Some(&seq) = self.names.get(original)
+            && let Some(slot) = self.runs.get_mut(&seq)
+            && slot.engine.rolled_back_by().is_none()
+        {
+            let input = Input::RolledBackBy {
+                run: by.to_string(),
+            };
+            slot.give(now, input, record)?;
+        }
+        Ok(())
+    }
+
+    fn name_is_free(&self, name: &str) -> Result<(), ApiError> {
         if self.names.contains_key(name) {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
@@ -712,10 +730,7 @@ impl FleetEngine {
                 "updateRun",
             ));
         }
-        let engine =
-            Engine::create_rollback(name, plan, self.members.values(), self.catalog.clone())?;
-        let seq = self.add_new_run(name, engine);
-        self.run_input(now, seq, Input::Start)
+        Ok(())
     }
 
     /// Drops a run (deleted): the clusters it held are let go.

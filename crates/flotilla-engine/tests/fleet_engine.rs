@@ -591,3 +591,83 @@ fn a_member_observed_since_the_shell_asked_is_not_unknown() {
         .expect("made");
     assert!(engine.has_member("a") && engine.has_member("b"));
 }
+
+/// A run made again from its origin (what a shell records when the fleet makes it) is the
+/// run the fleet made, whatever the fleet became since: a spec run with its settings, and a
+/// rollback run made from its plan.
+#[test]
+fn a_run_rebuilt_from_its_origin_is_the_run_the_fleet_made() {
+    use flotilla_engine::engine::{RunMaking, RunOrigin};
+    use flotilla_engine::fleet_engine::RollbackRequest;
+    use flotilla_engine::status::PromotedFrom;
+    let t0 = Time(1_000_000);
+    let mut f = fleet(&["a", "b"]);
+    let (mut made, _) = f
+        .plan_run("first", &spec("1.31.1"), catalog(), &[])
+        .expect("planned");
+    let origin = RunOrigin {
+        making: RunMaking::Spec(spec("1.31.1")),
+        members: f.table().cloned().collect(),
+        catalog: catalog(),
+        promoted_from: Some(PromotedFrom {
+            run_id: "/v1/fleets/staging/updateRuns/up".into(),
+            completed_time: t0,
+            images_pinned: true,
+        }),
+        time_scale: 50.0,
+    };
+    origin.apply_settings(&mut made);
+    let expected = serde_json::to_value(made.status()).expect("status");
+    f.take_run("first", made).expect("taken");
+    // The fleet moves on: a member joins, one is removed. The rebuild does not see it.
+    f.handle(t0, FleetInput::MemberAdded(member("c", "1.30.5")))
+        .expect("added");
+    f.handle(t0, FleetInput::MemberRemoved { member: "b".into() })
+        .expect("removed");
+    let (rebuilt, _) = Engine::rebuild("first", &origin).expect("rebuilt");
+    assert_eq!(
+        serde_json::to_value(rebuilt.status()).expect("status"),
+        expected
+    );
+    assert_eq!(rebuilt.time_scale(), 50.0);
+
+    // Run it to its end, then roll it back through plan and take, as a shell does.
+    f.handle(t0, input("first", Input::Start)).expect("started");
+    let started = settle(&mut f, t0);
+    assert_eq!(started, vec![("first".into(), "a".into(), 1)]);
+    finish(&mut f, t0.plus(600), "first", "a", 1);
+    settle(&mut f, t0.plus(600));
+    assert!(f.run("first").expect("run").is_finished());
+    let Ok(RollbackRequest::New { name, plan }) = f.rollback_request("first") else {
+        panic!("a finished run that upgraded a member can be rolled back");
+    };
+    let mut engine = f.plan_rollback_run(&name, &plan).expect("planned");
+    let origin = RunOrigin {
+        members: f.plan_members(&plan),
+        making: RunMaking::Rollback(plan),
+        catalog: f.catalog().clone(),
+        promoted_from: None,
+        time_scale: 1.0,
+    };
+    origin.apply_settings(&mut engine);
+    let expected = serde_json::to_value(engine.status()).expect("status");
+    let t1 = t0.plus(700);
+    f.take_rollback_run(t1, "first", &name, engine)
+        .expect("taken");
+    assert_eq!(
+        f.run("first").and_then(|r| r.rolled_back_by()),
+        Some(name.as_str())
+    );
+    let (rebuilt, warnings) = Engine::rebuild(&name, &origin).expect("rebuilt");
+    assert!(warnings.is_empty());
+    assert_eq!(
+        serde_json::to_value(rebuilt.status()).expect("status"),
+        expected
+    );
+    // A second request answers the run already made, and nothing is made twice.
+    assert_eq!(f.create_rollback_run(t1, "first").expect("answered"), name);
+    assert!(
+        f.plan_rollback_run(&name, &origin.rollback().cloned().expect("plan"))
+            .is_err()
+    );
+}

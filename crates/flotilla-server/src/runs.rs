@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use flotilla_engine::engine::{
-    Command, Engine, Input, OperationProgress, RunSpec, StatusChanges, Target,
+    Command, Engine, Input, OperationProgress, RunMaking, RunOrigin, RunSpec, StatusChanges, Target,
 };
 use flotilla_engine::error::{ApiError, ErrorCode};
 use flotilla_engine::fleet::{Catalog, Cluster, SharedMember};
@@ -1464,7 +1464,7 @@ impl Runs {
             })?;
         let snapshot = read_snapshot(&base, &internal)?;
         drop(internal);
-        let (mut engine, _) = engine_from_snapshot(run, &snapshot)?;
+        let (mut engine, _) = Engine::rebuild(run, &snapshot)?;
         let log = self
             .store
             .run_log(fleet, run)
@@ -1546,8 +1546,8 @@ mod tests {
             &again.members[1].cluster,
             &again.members[2].cluster
         ));
-        let status = |s: &RunSnapshot| {
-            let (engine, _) = engine_from_snapshot("r", s).expect("engine");
+        let status = |s: &RunOrigin| {
+            let (engine, _) = Engine::rebuild("r", s).expect("engine");
             serde_json::to_value(engine.status()).expect("status")
         };
         assert_eq!(status(&again), status(&read));
@@ -1580,7 +1580,7 @@ mod tests {
         let text = snapshot_document(&read, Time::from_unix(0)).expect("written");
         let again = read_snapshot(&base(), &text).expect("reads");
         assert_eq!(again.time_scale, 300.0);
-        let (engine, _) = engine_from_snapshot("r", &again).expect("engine");
+        let (engine, _) = Engine::rebuild("r", &again).expect("engine");
         assert_eq!(
             engine.time_scale(),
             300.0,
@@ -1611,7 +1611,7 @@ mod tests {
             .collect();
         let text = json!({"members": members, "catalog": catalog()}).to_string();
         let snapshot = read_snapshot(&base, &text).expect("snapshot");
-        let (mut engine, _) = engine_from_snapshot("r", &snapshot).expect("engine");
+        let (mut engine, _) = Engine::rebuild("r", &snapshot).expect("engine");
         let mut meta = RunMeta {
             base: base.clone(),
             forecast: None,

@@ -2,6 +2,75 @@
 
 use super::*;
 
+/// How a run was made: from a spec (a user's run, or one a profile generated), or from a
+/// rollback plan (SEMANTICS §15), which decides its stages, groups and targets.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunMaking {
+    Spec(RunSpec),
+    Rollback(RollbackPlan),
+}
+
+/// What a run is made from, recorded when it is made: how, over the fleet's members and
+/// catalog as they were then (SEMANTICS §2), and the settings its shell gave it. A shell that
+/// keeps runs makes a run again from this after a restart ([`Engine::rebuild`]), never from
+/// the fleet as it is by then, and replays the run's log over it.
+#[derive(Clone, Debug)]
+pub struct RunOrigin {
+    pub making: RunMaking,
+    pub members: Vec<SharedMember>,
+    pub catalog: Catalog,
+    /// A run a downstream profile generated (SEMANTICS §14): where its target comes from.
+    pub promoted_from: Option<crate::status::PromotedFrom>,
+    /// The fleet driver's time scale when the run was made ([`Engine::set_time_scale`]).
+    pub time_scale: f64,
+}
+
+impl RunOrigin {
+    /// The run's rules (a rollback run has the defaults).
+    pub fn rules(&self) -> RunRules {
+        match &self.making {
+            RunMaking::Spec(spec) => spec.rules,
+            RunMaking::Rollback(_) => RunRules::default(),
+        }
+    }
+
+    /// The rollback plan a rollback run was made from.
+    pub fn rollback(&self) -> Option<&RollbackPlan> {
+        match &self.making {
+            RunMaking::Rollback(plan) => Some(plan),
+            RunMaking::Spec(_) => None,
+        }
+    }
+
+    /// Gives a run made from this origin the settings recorded with it: where a promoted
+    /// run's target comes from, and its time scale. The fleet engine makes a new run, and
+    /// [`Engine::rebuild`] makes it again; both end here.
+    pub fn apply_settings(&self, engine: &mut Engine) {
+        if let Some(from) = &self.promoted_from {
+            engine.set_promoted_from(from.clone());
+        }
+        engine.set_time_scale(self.time_scale);
+    }
+}
+
+impl Engine {
+    /// Makes run `name` again from what was recorded when it was made: the same run, member
+    /// for member, whatever the fleet is now; its log replayed over it brings it to where it
+    /// was. Returns the creation warnings (none for a rollback run).
+    pub fn rebuild(name: &str, origin: &RunOrigin) -> Result<(Engine, Vec<String>), ApiError> {
+        let catalog = origin.catalog.clone();
+        let (mut engine, warnings) = match &origin.making {
+            RunMaking::Spec(spec) => Engine::create_shared(name, spec, &origin.members, catalog)?,
+            RunMaking::Rollback(plan) => (
+                Engine::create_rollback(name, plan, &origin.members, catalog)?,
+                Vec::new(),
+            ),
+        };
+        origin.apply_settings(&mut engine);
+        Ok((engine, warnings))
+    }
+}
+
 impl Engine {
     /// Creates a run: resolves membership and thresholds (SEMANTICS §2, §4). Returns the engine
     /// and warnings for the user (a threshold that tolerates the whole scope, say).

@@ -43,6 +43,7 @@ mod scheduling;
 mod status;
 
 pub use checkpoint::CHECKPOINT_FORMAT;
+pub use create::{RunMaking, RunOrigin};
 pub use gates::next_scheduled_start;
 use gates::{gates_done, gates_rt};
 pub use health::{CheckSubject, answers};

@@ -487,20 +487,14 @@ impl FleetActor {
         if replaced.is_some() {
             self.drop_run(&name);
         }
-        if let Some(from) = &request.promoted_from {
-            engine.set_promoted_from(from.clone());
-        }
-        let snapshot = RunSnapshot {
-            strategy: request.strategy.clone(),
-            update: request.update.clone(),
+        let snapshot = RunOrigin {
+            making: RunMaking::Spec(spec),
             members: self.engine.table().cloned().collect(),
             catalog: request.catalog,
-            rules: request.rules,
-            rollback: None,
             promoted_from: request.promoted_from.clone(),
             time_scale: self.driver.time_scale(),
         };
-        engine.set_time_scale(snapshot.time_scale);
+        snapshot.apply_settings(&mut engine);
         let status = engine.status();
         let head = crate::run_head::head_of(&status);
         let mut properties = json!({
@@ -610,23 +604,22 @@ impl FleetActor {
         let RollbackRequest::New { name, plan } = self.engine.rollback_request(original)? else {
             return self.engine.create_rollback_run(now, original);
         };
-        let snapshot = RunSnapshot {
-            strategy: None,
-            update: ManagedClusterUpdateSpec {
-                upgrade: Some(flotilla_engine::strategy::UpgradeSpec {
-                    upgrade_type: Some(plan.upgrade_type.as_str().to_string()),
-                    kubernetes_version: None,
-                }),
-                node_image_selection: None,
-            },
+        let mut engine = self.engine.plan_rollback_run(&name, &plan)?;
+        let update = ManagedClusterUpdateSpec {
+            upgrade: Some(flotilla_engine::strategy::UpgradeSpec {
+                upgrade_type: Some(plan.upgrade_type.as_str().to_string()),
+                kubernetes_version: None,
+            }),
+            node_image_selection: None,
+        };
+        let snapshot = RunOrigin {
             members: self.engine.plan_members(&plan),
+            making: RunMaking::Rollback(plan),
             catalog: self.engine.catalog().clone(),
-            rules: Default::default(),
-            rollback: Some(plan),
             promoted_from: None,
             time_scale: self.driver.time_scale(),
         };
-        let (engine, _) = engine_from_snapshot(&name, &snapshot)?;
+        snapshot.apply_settings(&mut engine);
         let status = engine.status();
         let base = json!({
             "id": format!("/v1/fleets/{}/updateRuns/{name}", self.fleet),
@@ -635,7 +628,7 @@ impl FleetActor {
             "systemData": system_data,
             "properties": {
                 "provisioningState": "Succeeded",
-                "managedClusterUpdate": snapshot.update,
+                "managedClusterUpdate": update,
                 "rollbackOf": original,
             },
         });
@@ -643,16 +636,17 @@ impl FleetActor {
             |e: serde_json::Error| ApiError::conflict(format!("cannot write the run: {e}"));
         let text = run_document(&base, &status).map_err(unwritable)?;
         let head = crate::run_head::head_of(&status);
-        drop((status, engine));
+        drop(status);
         let internal = snapshot_document(&snapshot, now).map_err(unwritable)?;
         drop(snapshot);
         let when = Precondition::IfNoneMatchAny;
         let (snapshot_etag, _, _) = self
             .record_run(&name, &internal, &text, &head, &when)
             .await?;
-        let made = self.engine.create_rollback_run(now, original)?;
-        self.drive(&made, base, snapshot_etag, (0, 0), false);
-        Ok(made)
+        self.engine
+            .take_rollback_run(now, original, &name, engine)?;
+        self.drive(&name, base, snapshot_etag, (0, 0), false);
+        Ok(name)
     }
 
     /// Starts the forecast of the fleet's moving runs when one is due: on a copy of the fleet's

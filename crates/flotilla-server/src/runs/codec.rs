@@ -4,56 +4,6 @@ use super::*;
 use flotilla_engine::engine::RollbackPlan;
 use flotilla_engine::status::PromotedFrom;
 
-/// What a run is created from, stored with it.
-pub struct RunSnapshot {
-    pub strategy: Option<StrategySpec>,
-    pub update: ManagedClusterUpdateSpec,
-    pub members: Vec<SharedMember>,
-    pub catalog: Catalog,
-    pub rules: flotilla_engine::engine::RunRules,
-    /// A rollback run (SEMANTICS §15): the plan it was made from, which decides its stages,
-    /// groups and targets (its strategy and upgrade are not read).
-    pub rollback: Option<RollbackPlan>,
-    /// A run a downstream profile generated (SEMANTICS §14): where its target comes from.
-    pub promoted_from: Option<PromotedFrom>,
-    /// The fleet driver's time scale when the run was made ([`Engine::set_time_scale`]): a
-    /// restart rebuilds the run with the same one, whatever the driver says then.
-    pub time_scale: f64,
-}
-
-pub fn engine_from_snapshot(
-    run: &str,
-    snapshot: &RunSnapshot,
-) -> Result<(Engine, Vec<String>), ApiError> {
-    if let Some(plan) = &snapshot.rollback {
-        let mut engine =
-            Engine::create_rollback(run, plan, &snapshot.members, snapshot.catalog.clone())?;
-        engine.set_time_scale(snapshot.time_scale);
-        return Ok((engine, Vec::new()));
-    }
-    let strategy = snapshot
-        .strategy
-        .as_ref()
-        .map(|s| parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT))
-        .transpose()?;
-    let upgrade = parse_upgrade(&snapshot.update, "properties.managedClusterUpdate")?;
-    let (mut engine, warnings) = Engine::create_shared(
-        run,
-        &RunSpec {
-            strategy,
-            upgrade,
-            rules: snapshot.rules,
-        },
-        &snapshot.members,
-        snapshot.catalog.clone(),
-    )?;
-    if let Some(from) = &snapshot.promoted_from {
-        engine.set_promoted_from(from.clone());
-    }
-    engine.set_time_scale(snapshot.time_scale);
-    Ok((engine, warnings))
-}
-
 /// The fleet's release catalog from its driver; a driver that cannot list it is a conflict
 /// the caller may retry.
 pub async fn driver_catalog(driver: &dyn Driver) -> Result<Catalog, ApiError> {
@@ -69,14 +19,14 @@ pub async fn driver_catalog(driver: &dyn Driver) -> Result<Catalog, ApiError> {
 /// each distinct cluster once, and each member pointing at its cluster by index (`c`). Most
 /// members of a fleet share a few cluster shapes, so this is about half the size of a cluster
 /// written out per member, which snapshots before this held (and are still read).
-pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json::Result<String> {
+pub fn snapshot_document(snapshot: &RunOrigin, created_at: Time) -> serde_json::Result<String> {
     use flotilla_engine::engine::RunRules;
     #[derive(serde::Serialize)]
     struct Stored<'a> {
         clusters: &'a [Arc<Cluster>],
         members: Vec<StoredMember<'a>>,
         catalog: &'a Catalog,
-        rules: &'a RunRules,
+        rules: RunRules,
         #[serde(skip_serializing_if = "Option::is_none")]
         rollback: Option<&'a RollbackPlan>,
         #[serde(rename = "promotedFrom", skip_serializing_if = "Option::is_none")]
@@ -116,15 +66,16 @@ pub fn snapshot_document(snapshot: &RunSnapshot, created_at: Time) -> serde_json
         clusters: &clusters.list,
         members,
         catalog: &snapshot.catalog,
-        rules: &snapshot.rules,
-        rollback: snapshot.rollback.as_ref(),
+        rules: snapshot.rules(),
+        rollback: snapshot.rollback(),
         promoted_from: snapshot.promoted_from.as_ref(),
         created_at,
         time_scale: snapshot.time_scale,
     })
 }
 
-pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot, ApiError> {
+/// A run's origin as stored: its snapshot, and its strategy and upgrade from its document.
+pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunOrigin, ApiError> {
     let bad = |e: String| ApiError::conflict(format!("stored run snapshot is unreadable: {e}"));
     // Read straight into its types: a 10,000-member snapshot is never built as a JSON tree.
     #[derive(serde::Deserialize)]
@@ -187,18 +138,33 @@ pub(super) fn read_snapshot(base: &Value, internal: &str) -> Result<RunSnapshot,
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let json_bad = |e: serde_json::Error| bad(e.to_string());
-    Ok(RunSnapshot {
-        strategy: match &base["properties"]["strategy"] {
-            Value::Null => None,
-            s => Some(serde_json::from_value(s.clone()).map_err(json_bad)?),
-        },
-        update: serde_json::from_value(base["properties"]["managedClusterUpdate"].clone())
-            .map_err(json_bad)?,
+    let making = match stored.rollback {
+        Some(plan) => RunMaking::Rollback(plan),
+        None => {
+            let json_bad = |e: serde_json::Error| bad(e.to_string());
+            let strategy: Option<StrategySpec> = match &base["properties"]["strategy"] {
+                Value::Null => None,
+                s => Some(serde_json::from_value(s.clone()).map_err(json_bad)?),
+            };
+            let update: ManagedClusterUpdateSpec =
+                serde_json::from_value(base["properties"]["managedClusterUpdate"].clone())
+                    .map_err(json_bad)?;
+            RunMaking::Spec(RunSpec {
+                strategy: strategy
+                    .as_ref()
+                    .map(|s| {
+                        parse_strategy(s, "properties.strategy", DEFAULT_STAGE_CONCURRENCY_LIMIT)
+                    })
+                    .transpose()?,
+                upgrade: parse_upgrade(&update, "properties.managedClusterUpdate")?,
+                rules: stored.rules,
+            })
+        }
+    };
+    Ok(RunOrigin {
+        making,
         members,
         catalog: stored.catalog,
-        rules: stored.rules,
-        rollback: stored.rollback,
         promoted_from: stored.promoted_from,
         time_scale: stored.time_scale,
     })
