@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 use crate::sql::Statements;
 use crate::{
     Audit, AuditEntry, Chunk, Col, Coordination, Delivery, DeliveryAttempt, DeliveryState,
-    DueDelivery, DurationHistory, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord,
+    DueDelivery, DurationHistory, Fence, Intent, Kind, Lease, MemberWrite, Notice, OperationRecord,
     PACKED_BODY, PendingAction, Precondition, RegisterMode, Registered, Resource, Resources,
     RunBatch, RunDocument, RunLog, StoreError, StoreResult, StoredLog, TokenRecord, Tokens,
     Webhook, Webhooks, assemble_rows, attempt_columns, check, checkpoint_needs_entries,
@@ -367,9 +367,16 @@ where
     /// A run's batch, inside a transaction: its checks first (the lease, the run's snapshot),
     /// then its writes, then its notices (where the database carries them, sent when the
     /// transaction commits).
-    async fn write_batch(c: &mut DB::Connection, batch: &RunBatch) -> StoreResult<()> {
+    /// Writes one run's batch in the transaction `c`. `lease_checked`: an earlier batch of
+    /// this transaction checked the same fleet's lease under the same fence (and, on
+    /// PostgreSQL, holds its row locked until the commit), so it is not read again.
+    async fn write_batch(
+        c: &mut DB::Connection,
+        batch: &RunBatch,
+        lease_checked: bool,
+    ) -> StoreResult<()> {
         let sql = DB::SQL;
-        if batch.fence.is_some() {
+        if batch.fence.is_some() && !lease_checked {
             // PostgreSQL locks the lease row, which orders this batch with any takeover: a
             // replica that took the fleet over has a new epoch, and this batch is then refused.
             let found = sqlx::query(sql.lock_lease)
@@ -884,7 +891,7 @@ where
 {
     async fn write_run_batch(&self, batch: &RunBatch) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
-        Self::write_batch(&mut tx, batch).await?;
+        Self::write_batch(&mut tx, batch, false).await?;
         tx.commit().await?;
         self.announce_batch(batch);
         Ok(())
@@ -893,13 +900,25 @@ where
     async fn write_run_batches(&self, batches: &[RunBatch]) -> StoreResult<Vec<StoreResult<()>>> {
         let mut tx = self.begin_write().await?;
         let mut results = Vec::with_capacity(batches.len());
+        // The lease a batch of this transaction was checked under: the batches of one step
+        // are one fleet's, under one fence, and the check is one round trip each otherwise.
+        let mut checked: Option<(&str, &Fence)> = None;
         for batch in batches {
+            let lease_checked = batch
+                .fence
+                .as_ref()
+                .is_some_and(|f| checked == Some((batch.fleet.as_str(), f)));
             // A run replaced or deleted is refused alone (its checks come before any write);
             // anything else, the loss of the lease included, refuses them all.
-            match Self::write_batch(&mut tx, batch).await {
+            match Self::write_batch(&mut tx, batch, lease_checked).await {
                 Err(e @ StoreError::Superseded(_)) => results.push(Err(e)),
                 Err(e) => return Err(e),
-                Ok(()) => results.push(Ok(())),
+                Ok(()) => {
+                    if let Some(fence) = &batch.fence {
+                        checked = Some((batch.fleet.as_str(), fence));
+                    }
+                    results.push(Ok(()));
+                }
             }
         }
         tx.commit().await?;
