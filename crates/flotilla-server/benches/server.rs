@@ -9,7 +9,9 @@
 //! budget of N; `--seconds S` makes each of its upgrades take S simulated seconds, 600 by
 //! default, at a time scale of 100; `--timeline` prints, each second from the runs' start, the
 //! process's CPU use, its RSS and the large fleet's upgrades started and succeeded, and marks
-//! where each read load begins, so one sees whether the runs still work during the reads);
+//! where each read load begins, so one sees whether the runs still work during the reads;
+//! `--settled` waits for every run of the large fleet to end before reading, so that runs with
+//! and without a budget are read in the same state);
 //! `FLOTILLA_BENCH_POSTGRES=postgres://…/DB` runs it on PostgreSQL instead of a SQLite file.
 
 use std::sync::Arc;
@@ -165,6 +167,7 @@ async fn main() {
     let mut budget: Option<usize> = None;
     let mut seconds: u64 = 600;
     let mut timeline = false;
+    let mut settled = false;
     let mut args: Vec<usize> = Vec::new();
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
@@ -178,6 +181,8 @@ async fn main() {
                 .expect("--seconds takes a number");
         } else if word == "--timeline" {
             timeline = true;
+        } else if word == "--settled" {
+            settled = true;
         } else if let Ok(n) = word.parse() {
             args.push(n);
         }
@@ -490,6 +495,27 @@ async fn main() {
         "RSS with {runs} runs started over {members} members, before any large read: {:.0} MiB",
         status_mib("VmRSS:")
     );
+    if settled {
+        // Equal states: with or without a budget, the reads find the same 100 runs ended.
+        let t = Instant::now();
+        for r in 0..runs {
+            bench
+                .wait_state(&format!("/v1/fleets/big/updateRuns/r{r:03}"), |v| {
+                    let state = v["properties"]["status"]["status"]["state"].as_str();
+                    matches!(state, Some("Completed" | "Failed" | "Skipped" | "Stopped"))
+                })
+                .await;
+        }
+        println!(
+            "every run ended {:.1} s after the reads would have begun; reading from 5 s after",
+            t.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        println!(
+            "RSS with the {runs} runs ended, before any large read: {:.0} MiB",
+            status_mib("VmRSS:")
+        );
+    }
     if budget.is_some() {
         let b = bench
             .send(

@@ -4,7 +4,8 @@
 //! second spawn: until it answers `/readyz`, until it sends its first upgrade, and until it has
 //! sent again as many upgrades as were in flight at the kill (every run loaded and driving).
 //!
-//! `cargo bench -p flotilla --bench restart [-- MEMBERS RUNS]` (default 10000 100)
+//! `cargo bench -p flotilla --bench restart [-- MEMBERS RUNS]` (default 10000 100);
+//! `FLOTILLA_BENCH_POSTGRES=postgres://…/DB` runs it on PostgreSQL instead of a SQLite file.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -85,7 +86,12 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("flotilla-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    let db = dir.join("flotilla.db").display().to_string();
+    // `FLOTILLA_BENCH_POSTGRES=postgres://…/DB`: the same on PostgreSQL (an empty database the
+    // bench may fill); otherwise a SQLite file.
+    let postgres = std::env::var("FLOTILLA_BENCH_POSTGRES").ok();
+    let db = postgres
+        .clone()
+        .unwrap_or_else(|| dir.join("flotilla.db").display().to_string());
     let log = dir.join("server.log");
     let token = create_token(&db);
     let port = free_port();
@@ -121,11 +127,13 @@ fn main() {
         .collect();
     let run = json!({"properties": {"strategy": {"stages": [{"name": "all", "maxConcurrency": "200", "maxAllowedFailures": "5%", "groups": groups}]},
         "managedClusterUpdate": {"upgrade": {"type": "ControlPlaneOnly", "kubernetesVersion": "1.31.1"}}}});
+    let t = Instant::now();
     for r in 0..runs {
         // The first run observes the members the import has not observed yet: it takes a while.
         let path = format!("/v1/fleets/big/updateRuns/r{r:03}");
         send_long(&api, reqwest::Method::PUT, &path, Some(&run));
     }
+    let create_all = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut each = Vec::new();
     for r in 0..runs {
@@ -175,10 +183,29 @@ fn main() {
     let checkpoints = counter(&api, "flotilla_run_checkpoints_total", "");
     server.kill().expect("killed");
     let _ = server.wait();
-    let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
-        + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0);
+    let db_mib = match &postgres {
+        Some(url) => std::process::Command::new("psql")
+            .args([
+                url.as_str(),
+                "-tAc",
+                "SELECT pg_database_size(current_database())",
+            ])
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0.0, |bytes| bytes / 1048576.0),
+        None => {
+            std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / 1048576.0)
+                + std::fs::metadata(format!("{db}-wal")).map_or(0.0, |m| m.len() as f64 / 1048576.0)
+        }
+    };
     println!(
-        "{members} members, {runs} runs: starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; {checkpoints} checkpoints written; database {db_mib:.0} MiB; server RSS {rss:.0} MiB (peak {peak:.0} MiB) with every run active"
+        "{members} members, {runs} runs: creating all {runs} took {create_all:.1} s; starting all {runs} took {start_all:.1} s (the first {first_start:.2} s, median {median_start:.2} s, slowest {slowest_start:.2} s); {sent_before} upgrades sent before the kill, {in_flight} in flight at it; {checkpoints} checkpoints written; database {db_mib:.0} MiB; server RSS {rss:.0} MiB (peak {peak:.0} MiB) with every run active"
     );
     let spawned = Instant::now();
     let mut server = serve(&db, port, &log, &serve_args);
