@@ -540,4 +540,23 @@ pub mod test_support {
         }
         reachable || required
     }
+
+    /// Runs `sql` on the server's `postgres` database (creating and dropping the databases of
+    /// tests and benches). Blocking: for a caller outside any async runtime; panics on failure.
+    pub fn admin_sql(sql: String) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            use sqlx::Connection;
+            let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", base()))
+                .await
+                .expect("the tests need PostgreSQL at FLOTILLA_TEST_POSTGRES or 127.0.0.1:5432");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut admin)
+                .await
+                .expect("admin statement");
+        });
+    }
 }

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use common::{create_token, free_port, serve};
 use flotilla_server::store::postgres::test_support::{
-    base as postgres_base, reachable as postgres_reachable,
+    admin_sql, base as postgres_base, reachable as postgres_reachable,
 };
 
 const USAGE: &str = "cargo bench -p flotilla --bench replicas [-- --replicas N --fleets F --members M --lease-ttl SECONDS --stages S --groups G --ceiling C --upgrade-seconds U --readers R --kill-at FRACTION --keep]";
@@ -134,23 +134,6 @@ fn postgres<T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>>(
             .await
             .expect("statement")
     })
-}
-
-fn admin_sql(sql: String) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        use sqlx::Connection;
-        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-            .await
-            .expect("PostgreSQL");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .expect("admin statement");
-    });
 }
 
 /// The database, the replicas and their logs: the replicas killed and the database dropped when

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use common::{Api, create_token, free_port};
 
 use flotilla_server::store::postgres::test_support::{
-    base as postgres_base, reachable as postgres_reachable,
+    admin_sql, base as postgres_base, reachable as postgres_reachable,
 };
 
 fn temp_dir(test: &str) -> PathBuf {
@@ -75,24 +75,6 @@ fn fleet_with_run(api: &Api) -> Value {
         Some(&run),
     );
     run
-}
-
-/// Runs `sql` on PostgreSQL's administrative database.
-fn admin_sql(sql: String) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        use sqlx::Connection;
-        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-            .await
-            .expect("the tests need PostgreSQL at FLOTILLA_TEST_POSTGRES or 127.0.0.1:5432");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .expect("admin statement");
-    });
 }
 
 /// Audit rows in the SQLite file whose body holds `text`, read straight from the file.

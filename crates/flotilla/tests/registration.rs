@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use common::{Api, create_token, free_port, serve};
 
 use flotilla_server::store::postgres::test_support::{
-    base as postgres_base, reachable as postgres_reachable,
+    admin_sql, base as postgres_base, reachable as postgres_reachable,
 };
 
 fn signal(pid: u32, signal: &str) {
@@ -58,20 +58,8 @@ fn an_import_waiting_on_its_server_for_more_than_a_second_is_written_whole() {
         .build()
         .expect("runtime");
     let name = format!("flotilla_registration_{}", std::process::id());
-    let admin = |sql: String| {
-        runtime.block_on(async {
-            use sqlx::Connection;
-            let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-                .await
-                .expect("PostgreSQL");
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(&mut admin)
-                .await
-                .expect("admin statement");
-        })
-    };
-    admin(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-    admin(format!("CREATE DATABASE {name}"));
+    admin_sql(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    admin_sql(format!("CREATE DATABASE {name}"));
     let url = format!("{}/{name}", postgres_base());
     let dir = std::env::temp_dir().join(format!("flotilla-registration-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -204,6 +192,6 @@ fn an_import_waiting_on_its_server_for_more_than_a_second_is_written_whole() {
     let _ = server.kill();
     let _ = server.wait();
     drop(watcher);
-    admin(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    admin_sql(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
     let _ = std::fs::remove_dir_all(&dir);
 }

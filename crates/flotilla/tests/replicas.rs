@@ -20,25 +20,8 @@ use common::{Api, Lcg, create_exec_run, create_token, free_port, member_name, se
 const LEASE_TTL: &str = "2";
 
 use flotilla_server::store::postgres::test_support::{
-    base as postgres_base, reachable as postgres_reachable,
+    admin_sql, base as postgres_base, reachable as postgres_reachable,
 };
-
-fn admin_sql(sql: String) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        use sqlx::Connection;
-        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", postgres_base()))
-            .await
-            .expect("the tests need PostgreSQL at FLOTILLA_TEST_POSTGRES or 127.0.0.1:5432");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-            .expect("admin statement");
-    });
-}
 
 /// A database, a state directory for the scripts, and the replicas serving it.
 struct Cluster {
