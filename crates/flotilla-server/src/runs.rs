@@ -273,6 +273,10 @@ fn log_cost<'a>(entries: impl IntoIterator<Item = &'a String>) -> u64 {
         .sum()
 }
 
+/// How long after another replica's lease runs out (by the database's clock, read a moment
+/// before) the coordinator looks for it: a lease looked at a little early is still held.
+const LEASE_MARGIN_MS: u64 = 20;
+
 /// How stale a running run's stored status may get while steps come fast, per started MiB of
 /// its document: rendering and storing a status costs with its size, and ten runs over 100,000
 /// members (8.6 MB each) rewritten every 250 ms took both cores from the readers.
@@ -1097,8 +1101,27 @@ impl Runs {
         }
     }
 
-    /// Runs the coordinator forever: a pass every third of the lease time, and at once when an
-    /// action is handed to a fleet.
+    /// When the coordinator should look again for fleets to take: at the next pass (a third of
+    /// the lease time from now), or just after the first lease another replica holds runs
+    /// out, if sooner, so that a dead replica's fleets are taken when its leases end and not
+    /// up to a pass later (#40: takeover within the lease time and a little).
+    async fn next_look(&self, every: Duration) -> Instant {
+        let pass = Instant::now() + every;
+        let Ok(leases) = self.store.leases().await else {
+            return pass;
+        };
+        leases
+            .iter()
+            .filter(|l| l.owner != self.replica.id && l.expires_in_ms > 0)
+            .map(|l| {
+                Instant::now() + Duration::from_millis(l.expires_in_ms as u64 + LEASE_MARGIN_MS)
+            })
+            .min()
+            .map_or(pass, |ends| ends.min(pass))
+    }
+
+    /// Runs the coordinator forever: a pass every third of the lease time, just after another
+    /// replica's lease runs out, and at once when an action is handed to a fleet.
     pub async fn coordinate(self: Arc<Self>) {
         let mut notices = self.store.notices();
         let every = self.replica.ttl / 3;
@@ -1116,7 +1139,7 @@ impl Runs {
                 renewing.renew_once().await;
             }
         });
-        let mut next = Instant::now() + every;
+        let mut next = self.next_look(every).await;
         loop {
             if self
                 .replica
@@ -1128,8 +1151,17 @@ impl Runs {
             let wait = tokio::time::sleep_until(next.into());
             tokio::select! {
                 _ = wait => {
-                    self.balance_once(self.alive.load(std::sync::atomic::Ordering::Relaxed).max(1)).await;
-                    next = Instant::now() + every;
+                    // Counted afresh: a replica whose leases just ran out stopped saying it is
+                    // alive before them, and the fair share grows by its fleets at once.
+                    let alive = match self.store.heartbeat(&self.replica.id, self.replica.ttl).await {
+                        Ok(n) => {
+                            self.alive.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+                            n.max(1)
+                        }
+                        Err(_) => self.alive.load(std::sync::atomic::Ordering::Relaxed).max(1),
+                    };
+                    self.balance_once(alive).await;
+                    next = self.next_look(every).await;
                 }
                 notice = notices.recv() => match notice {
                     // An action on a fleet nobody drives makes this replica take it.
