@@ -61,6 +61,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     10 "0010_audit",
     11 "0011_webhooks",
     12 "0012_audit_by_time",
+    13 "0013_room_for_updates",
 );
 
 /// The migrator for a backend's migrations.
