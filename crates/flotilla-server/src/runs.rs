@@ -1112,7 +1112,7 @@ impl Runs {
         };
         leases
             .iter()
-            .filter(|l| l.owner != self.replica.id && l.expires_in_ms > 0)
+            .filter(|l| l.owner != self.replica.id && l.expires_in_ms >= 0)
             .map(|l| {
                 Instant::now() + Duration::from_millis(l.expires_in_ms as u64 + LEASE_MARGIN_MS)
             })
@@ -1151,9 +1151,10 @@ impl Runs {
             let wait = tokio::time::sleep_until(next.into());
             tokio::select! {
                 _ = wait => {
-                    // Counted afresh: a replica whose leases just ran out stopped saying it is
-                    // alive before them, and the fair share grows by its fleets at once.
-                    let alive = match self.store.heartbeat(&self.replica.id, self.replica.ttl).await {
+                    // Counted afresh (read only: the heartbeat is written only before leases are
+                    // renewed, so a replica's never outlives its leases): a replica whose leases
+                    // just ran out is gone, and the fair share grows by its fleets at once.
+                    let alive = match self.store.alive_replicas().await {
                         Ok(n) => {
                             self.alive.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
                             n.max(1)

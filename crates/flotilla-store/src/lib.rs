@@ -1253,6 +1253,9 @@ pub trait Webhooks: Send + Sync {
 pub trait Coordination: Send + Sync {
     /// Says this replica is alive for `ttl`; returns how many replicas are alive, itself included.
     async fn heartbeat(&self, replica: &str, ttl: Duration) -> StoreResult<usize>;
+    /// How many replicas are alive now, without saying this one is: a replica's heartbeat is
+    /// written only before it renews its leases, so it never outlives them.
+    async fn alive_replicas(&self) -> StoreResult<usize>;
     /// Takes a fleet's lease if nobody holds it or its holder let it expire, with the next
     /// epoch; returns that epoch, or `None` if another holder's lease is still running.
     async fn acquire_lease(

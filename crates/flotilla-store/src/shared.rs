@@ -1159,6 +1159,14 @@ where
         Ok(alive as usize)
     }
 
+    async fn alive_replicas(&self) -> StoreResult<usize> {
+        let alive: i64 = at(sqlx::query(DB::SQL.alive_replicas), DB::clock())
+            .fetch_one(&self.pool)
+            .await?
+            .col(0)?;
+        Ok(alive as usize)
+    }
+
     async fn acquire_lease(
         &self,
         fleet: &str,

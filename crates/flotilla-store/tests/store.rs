@@ -1575,6 +1575,8 @@ async fn notices_reach(writer: &dyn Store, mut notices: tokio::sync::broadcast::
 }
 
 async fn heartbeats_count_live_replicas(store: Arc<dyn Store>) {
+    // Counting says no replica is alive, and does not make one.
+    assert_eq!(store.alive_replicas().await.unwrap(), 0);
     assert_eq!(
         store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
         1
@@ -1587,7 +1589,10 @@ async fn heartbeats_count_live_replicas(store: Arc<dyn Store>) {
         store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
         2
     );
+    assert_eq!(store.alive_replicas().await.unwrap(), 2);
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    // b's heartbeat ran out: counted gone, by a count that writes none.
+    assert_eq!(store.alive_replicas().await.unwrap(), 1);
     assert_eq!(
         store.heartbeat("a", Duration::from_secs(30)).await.unwrap(),
         1

@@ -1165,6 +1165,11 @@ fn kill_busiest(
         .filter(|(_, (owner, _))| *owner == victim)
         .map(|(fleet, (_, epoch))| (fleet.clone(), *epoch))
         .collect();
+    // A takeover of nothing would be measured as instant.
+    assert!(
+        !fleets.is_empty(),
+        "no replica holds a fleet's lease: nothing to take over"
+    );
     let sent_before = sum_of(&metrics[victim], "flotilla_member_upgrades_started_total");
     alive[victim].store(false, Ordering::Relaxed);
     let killed_at = Instant::now();
