@@ -1107,6 +1107,10 @@ impl Runs {
     /// up to a pass later (#40: takeover within the lease time and a little).
     async fn next_look(&self, every: Duration) -> Instant {
         let pass = Instant::now() + every;
+        // A store for one replica has no other replica's lease to wait for.
+        if !self.store.shared() {
+            return pass;
+        }
         let Ok(leases) = self.store.leases().await else {
             return pass;
         };
@@ -1154,14 +1158,10 @@ impl Runs {
                     // Counted afresh (read only: the heartbeat is written only before leases are
                     // renewed, so a replica's never outlives its leases): a replica whose leases
                     // just ran out is gone, and the fair share grows by its fleets at once.
-                    let alive = match self.store.alive_replicas().await {
-                        Ok(n) => {
-                            self.alive.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
-                            n.max(1)
-                        }
-                        Err(_) => self.alive.load(std::sync::atomic::Ordering::Relaxed).max(1),
-                    };
-                    self.balance_once(alive).await;
+                    if let Ok(n) = self.store.alive_replicas().await {
+                        self.alive.store(n, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    self.balance_once(self.alive.load(std::sync::atomic::Ordering::Relaxed).max(1)).await;
                     next = self.next_look(every).await;
                 }
                 notice = notices.recv() => match notice {
