@@ -21,6 +21,10 @@ pub use sqlite::SqliteStore;
 /// (SQLite's 32,766, PostgreSQL's 65,535) at eight columns.
 const ROWS_PER_INSERT: usize = 500;
 
+/// The most events stored in one row ([`sql::Statements::events_after`]): reading the last
+/// events of a run unpacks at most this many.
+const EVENTS_PER_PACK: usize = 1000;
+
 /// The store's traits, for callers holding a `dyn Store`.
 pub mod prelude {
     pub use crate::{Audit, Coordination, Resources, RunLog, Store, Tokens, Webhooks};

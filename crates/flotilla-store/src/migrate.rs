@@ -46,6 +46,7 @@ pub(crate) const SQLITE: &[Source] = sources!("sqlite":
     11 "0011_audit",
     12 "0012_webhooks",
     13 "0013_audit_by_time",
+    14 "0014_packed_events",
 );
 
 pub(crate) const POSTGRES: &[Source] = sources!("postgres":
@@ -62,6 +63,7 @@ pub(crate) const POSTGRES: &[Source] = sources!("postgres":
     11 "0011_webhooks",
     12 "0012_audit_by_time",
     13 "0013_room_for_updates",
+    14 "0014_packed_events",
 );
 
 /// The migrator for a backend's migrations.

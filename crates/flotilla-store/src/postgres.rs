@@ -18,9 +18,9 @@ use tokio::sync::broadcast;
 
 use crate::shared::{Dialect, SqlStore};
 use crate::{
-    Chunk, Col, Delivery, DueDelivery, Kind, MemberWrite, Notice, RegisterMode, Registered,
-    RegistrationPlan, StoreError, StoreResult, Webhook, pack, pack_chunk, webhook_columns,
-    webhook_row,
+    Chunk, Col, Delivery, DueDelivery, Kind, MemberWrite, Notice, OperationRecord, RegisterMode,
+    Registered, RegistrationPlan, StoreError, StoreResult, Webhook, pack, pack_chunk,
+    webhook_columns, webhook_row,
 };
 
 /// The channel notices travel on (`notify` in `sql/postgres.rs` sends on it).
@@ -362,6 +362,29 @@ impl Dialect for Postgres {
             }
         }
         Ok(Some(created))
+    }
+
+    /// One statement for them all: a dispatch names hundreds of operations at once, and one
+    /// statement each was as many round trips inside the transaction (under load, long enough
+    /// for the database to end it as idle).
+    async fn record_operations(
+        c: &mut PgConnection,
+        operations: &[OperationRecord],
+    ) -> StoreResult<()> {
+        let column = |f: fn(&OperationRecord) -> &str| operations.iter().map(f).collect::<Vec<_>>();
+        let attempts: Vec<i64> = operations.iter().map(|o| o.attempt as i64).collect();
+        sqlx::query(
+            "UPDATE intents AS i SET operation_id = u.o \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(f, r, a, o) \
+             WHERE i.fleet = u.f AND i.run = u.r AND i.attempt = u.a",
+        )
+        .bind(column(|o| &o.fleet))
+        .bind(column(|o| &o.run))
+        .bind(&attempts)
+        .bind(column(|o| &o.operation_id))
+        .execute(c)
+        .await?;
+        Ok(())
     }
 
     async fn put_chunks(

@@ -66,6 +66,11 @@ pub(crate) trait Dialect:
         (fleet, kind): (&str, Kind),
         rows: &[(&str, &str, &str)],
     ) -> StoreResult<Option<HashSet<String>>>;
+    /// Sets the operation ids drivers named for intents ([`RunLog::record_operations`]).
+    async fn record_operations(
+        c: &mut Self::Connection,
+        operations: &[OperationRecord],
+    ) -> StoreResult<()>;
     /// Writes chunks of a run's document.
     async fn put_chunks(
         c: &mut Self::Connection,
@@ -364,6 +369,51 @@ where
         Ok(next + 1)
     }
 
+    /// Appends a batch's events to its run's, in order; returns the number the first was
+    /// given. One event is a row of its own; more go in packs of up to
+    /// [`EVENTS_PER_PACK`](crate::EVENTS_PER_PACK), compressed
+    /// ([`Statements::events_after`]).
+    async fn append_events(c: &mut DB::Connection, batch: &RunBatch) -> StoreResult<i64> {
+        let (last_seq, insert) = DB::SQL.append_events;
+        let events = &batch.events;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let next: i64 = sqlx::query(last_seq)
+            .bind(batch.fleet.as_str())
+            .bind(batch.run.as_str())
+            .fetch_one(&mut *c)
+            .await?
+            .col(0)?;
+        let mut rows = Vec::new();
+        if let [event] = events.as_slice() {
+            rows.push((next + 1, event.to_string(), None, None));
+        } else {
+            for (n, pack) in events.chunks(crate::EVENTS_PER_PACK).enumerate() {
+                let first = next + 1 + (n * crate::EVENTS_PER_PACK) as i64;
+                let last = first + pack.len() as i64 - 1;
+                let lines = pack
+                    .iter()
+                    .map(Value::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let (placeholder, packed) = pack_chunk(&lines)?;
+                rows.push((last, placeholder.to_string(), Some(first), packed));
+            }
+        }
+        let mut q = sqlx::QueryBuilder::<DB>::new(insert);
+        q.push_values(rows, |mut row, (seq, event, first, packed)| {
+            row.push_bind(batch.fleet.clone())
+                .push_bind(batch.run.clone())
+                .push_bind(seq)
+                .push_bind(event)
+                .push_bind(first)
+                .push_bind(packed);
+        });
+        q.build().execute(&mut *c).await?;
+        Ok(next + 1)
+    }
+
     /// A run's batch, inside a transaction: its checks first (the lease, the run's snapshot),
     /// then its writes, then its notices (where the database carries them, sent when the
     /// transaction commits).
@@ -408,7 +458,7 @@ where
                 .execute(&mut *c)
                 .await?;
         }
-        let first_event = Self::append(c, sql.append_events, batch, &batch.events).await?;
+        let first_event = Self::append_events(c, batch).await?;
         if !batch.events.is_empty() {
             Self::write_outbox(c, batch, first_event).await?;
         }
@@ -1029,9 +1079,28 @@ where
             .bind(limit.min(i64::MAX as usize) as i64)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| Ok((r.col(0)?, parse_body(r.col::<&str>(1)?)?)))
-            .collect()
+        let mut events = Vec::new();
+        for r in &rows {
+            let (seq, first): (i64, Option<i64>) = (r.col(0)?, r.col(2)?);
+            let Some(first) = first else {
+                events.push((seq, parse_body(r.col::<&str>(1)?)?));
+                continue;
+            };
+            let lines = unpack(r.col(1)?, r.col(3)?)?;
+            let count = lines.split('\n').count() as i64;
+            if count != seq - first + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "the pack of events {first}..={seq} of run {run:?} holds {count}"
+                )));
+            }
+            for (n, line) in (first..).zip(lines.split('\n')) {
+                if n > after {
+                    events.push((n, parse_body(line)?));
+                }
+            }
+        }
+        events.truncate(limit);
+        Ok(events)
     }
 
     async fn intents(&self, fleet: &str, run: &str) -> StoreResult<Vec<Intent>> {
@@ -1055,16 +1124,11 @@ where
     }
 
     async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()> {
-        let mut tx = self.begin_write().await?;
-        for op in operations {
-            sqlx::query(DB::SQL.record_operation)
-                .bind(op.operation_id.as_str())
-                .bind(op.fleet.as_str())
-                .bind(op.run.as_str())
-                .bind(op.attempt as i64)
-                .execute(&mut *tx)
-                .await?;
+        if operations.is_empty() {
+            return Ok(());
         }
+        let mut tx = self.begin_write().await?;
+        DB::record_operations(&mut tx, operations).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -18,8 +18,8 @@ use tokio::sync::broadcast;
 
 use crate::shared::{Dialect, SqlStore};
 use crate::{
-    Chunk, Col, Delivery, DueDelivery, Kind, MemberWrite, RegisterMode, Registered,
-    RegistrationPlan, StoreError, StoreResult, Webhook, pack, pack_chunk, unix_millis,
+    Chunk, Col, Delivery, DueDelivery, Kind, MemberWrite, OperationRecord, RegisterMode,
+    Registered, RegistrationPlan, StoreError, StoreResult, Webhook, pack, pack_chunk, unix_millis,
     webhook_columns, webhook_row,
 };
 
@@ -364,6 +364,25 @@ impl Dialect for Sqlite {
             q.build().execute(&mut *c).await?;
         }
         Ok(None)
+    }
+
+    /// A statement each: SQLite runs in this process, so a statement is no round trip.
+    async fn record_operations(
+        c: &mut SqliteConnection,
+        operations: &[OperationRecord],
+    ) -> StoreResult<()> {
+        for op in operations {
+            sqlx::query(
+                "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
+            )
+            .bind(op.operation_id.as_str())
+            .bind(op.fleet.as_str())
+            .bind(op.run.as_str())
+            .bind(op.attempt as i64)
+            .execute(&mut *c)
+            .await?;
+        }
+        Ok(())
     }
 
     async fn put_chunks(

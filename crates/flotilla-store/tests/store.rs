@@ -134,6 +134,7 @@ on_both_backends!(
     concurrent_creations_make_one_resource,
     listing_pages_in_name_order,
     run_batches_and_their_logs,
+    events_read_back_the_same_whether_packed_or_not,
     deleting_a_run_or_fleet_takes_what_belongs_to_it,
     leases_and_fencing,
     leases_expire_by_time,
@@ -957,12 +958,27 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     };
     store.write_run_batch(&batch).await.unwrap();
     store
-        .record_operations(&[OperationRecord {
-            fleet: "f".into(),
-            run: "r".into(),
-            attempt: 1,
-            operation_id: "operation-1".into(),
-        }])
+        .record_operations(&[
+            OperationRecord {
+                fleet: "f".into(),
+                run: "r".into(),
+                attempt: 1,
+                operation_id: "operation-1".into(),
+            },
+            // Several at once, and one of an intent that does not exist (no row to set).
+            OperationRecord {
+                fleet: "f".into(),
+                run: "r".into(),
+                attempt: 2,
+                operation_id: "operation-2".into(),
+            },
+            OperationRecord {
+                fleet: "f".into(),
+                run: "other".into(),
+                attempt: 2,
+                operation_id: "operation-x".into(),
+            },
+        ])
         .await
         .unwrap();
     let next = RunBatch {
@@ -1007,7 +1023,9 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
         Some(flotilla_engine::time::Time(1_780_000_000))
     );
     assert!(!intents[1].finished);
+    assert_eq!(intents[1].operation_id.as_deref(), Some("operation-2"));
     assert_eq!(intents[1].target, intent(2, "m2").target);
+    assert!(store.intents("f", "other").await.unwrap().is_empty());
     let run = store.get("f", Kind::Run, "r").await.unwrap().unwrap();
     assert_eq!(run.body["properties"]["status"]["state"], "Running");
     assert!(store.get("f", Kind::Gate, "g1").await.unwrap().is_some());
@@ -1032,6 +1050,84 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
     assert!(store.write_run_batch(&clash).await.is_err());
     assert_eq!(store.run_log("f", "r").await.unwrap().entries.len(), 3);
     assert_eq!(store.run_events("f", "r", 0, 100).await.unwrap().len(), 3);
+}
+
+/// A run's events come back numbered and in order however they were stored: batches of one
+/// (a row each), of a few and of more than a pack holds (packs of up to 1,000), read from any
+/// number on, any number at a time; the webhooks' outbox numbers them the same.
+async fn events_read_back_the_same_whether_packed_or_not(store: Arc<dyn Store>) {
+    let sizes = [1, 3, 2500, 1, 1000, 7];
+    let mut all = Vec::new();
+    for (b, size) in sizes.into_iter().enumerate() {
+        let events: Vec<Value> = (0..size)
+            .map(|i| json!({"type": "MemberPending", "batch": b, "i": i, "message": "a\nb"}))
+            .collect();
+        let first = all.len() as i64 + 1;
+        all.extend(events.iter().cloned().zip(first..).map(|(e, n)| (n, e)));
+        store
+            .write_run_batch(&events_batch("f", "r", events))
+            .await
+            .unwrap();
+    }
+    assert_eq!(all.len(), 3512);
+    assert_eq!(
+        store.run_events("f", "r", 0, usize::MAX).await.unwrap(),
+        all
+    );
+    // Every start that matters (pack and batch edges, inside packs) and a few limits.
+    let starts = [
+        0, 1, 2, 4, 5, 500, 1003, 1004, 2004, 2504, 2505, 2506, 3000, 3505, 3511, 3512,
+    ];
+    for after in starts {
+        for limit in [1, 2, 999, 1000, 1001, 5000] {
+            let want: Vec<_> = all
+                .iter()
+                .filter(|(n, _)| *n > after)
+                .take(limit)
+                .cloned()
+                .collect();
+            assert_eq!(
+                store.run_events("f", "r", after, limit).await.unwrap(),
+                want,
+                "after {after}, limit {limit}"
+            );
+        }
+    }
+    // Another run's numbers start at 1 of their own.
+    store
+        .write_run_batch(&events_batch(
+            "f",
+            "other",
+            vec![json!({"e": 1}), json!({"e": 2})],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.run_events("f", "other", 1, 10).await.unwrap(),
+        vec![(2, json!({"e": 2}))]
+    );
+    // Deleting a run takes its packs.
+    store
+        .write_run_batch(&RunBatch {
+            run_body: whole(&json!({})),
+            ..events_batch("f", "gone", vec![json!({"e": 1}), json!({"e": 2})])
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.run_events("f", "gone", 0, 10).await.unwrap().len(), 2);
+    assert!(
+        store
+            .delete("f", Kind::Run, "gone", &Precondition::None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .run_events("f", "gone", 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 fn log_batch(run: &str, entries: &[i64], checkpoint: Option<&str>) -> RunBatch {
@@ -2153,10 +2249,10 @@ async fn sqlite_databases_made_before_the_migrator_move_forward() {
         .await,
         1
     );
-    // Every migration applied, the audit's index by time (0013) the last.
+    // Every migration applied, packed events (0014) the last.
     assert_eq!(
         sqlite_count(&path, "SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        13
+        14
     );
     assert_eq!(
         sqlite_count(
@@ -2240,7 +2336,7 @@ async fn postgres_databases_made_before_the_migrator_move_forward() {
     );
     assert_eq!(
         count("SELECT count(*) FROM _sqlx_migrations WHERE success").await,
-        13
+        14
     );
     assert_eq!(
         count("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'").await,

@@ -89,7 +89,8 @@ pub(crate) struct Statements {
     pub(crate) lock_lease: &'static str,
     /// The input log's last number (fleet, run), and the start of the insert of its entries.
     pub(crate) append_log: (&'static str, &'static str),
-    /// The events' last number (fleet, run), and the start of the insert of events.
+    /// The events' last number (fleet, run), and the start of the insert of events
+    /// (`fleet, run, seq, event, first_seq, packed`: see [`events_after`](Self::events_after)).
     pub(crate) append_events: (&'static str, &'static str),
     /// Sets a run's checkpoint after its last entry (fleet, run, packed).
     pub(crate) put_checkpoint: &'static str,
@@ -99,7 +100,12 @@ pub(crate) struct Statements {
     pub(crate) checkpoint_of: &'static str,
     /// `entry` after a number (fleet, run, seq).
     pub(crate) log_after: &'static str,
-    /// `seq, event` after a number (fleet, run, seq, limit).
+    /// `seq, event, first_seq, packed` of the rows holding the events after a number, in
+    /// order, as many rows as hold the first `limit` of them (fleet, run, seq, limit). A row is
+    /// one event (`first_seq` NULL, the event in `event`) or a pack of the events numbered
+    /// `first_seq..=seq` (compressed in `packed`, one per line; `event` holds `{}`). A pack is
+    /// keyed by its last number, so the largest `seq` is the last event's, as it was before
+    /// packs.
     pub(crate) events_after: &'static str,
     /// The value of an intent not finished, in an insert's row.
     pub(crate) unfinished: &'static str,
@@ -107,8 +113,6 @@ pub(crate) struct Statements {
     pub(crate) finish_intents: &'static str,
     /// `attempt, member, target, operation_id, finished, recorded_at` (fleet, run).
     pub(crate) intents: &'static str,
-    /// Sets an intent's operation id (operation id, fleet, run, attempt).
-    pub(crate) record_operation: &'static str,
     /// Sets a run's head (fleet, run, head).
     pub(crate) put_head: &'static str,
     /// Sets a run's head if it has none (fleet, run, head).

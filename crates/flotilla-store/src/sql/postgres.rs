@@ -78,7 +78,7 @@ pub(crate) const POSTGRES: Statements = Statements {
     ),
     append_events: (
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = $1 AND run = $2",
-        "INSERT INTO run_events (fleet, run, seq, event) ",
+        "INSERT INTO run_events (fleet, run, seq, event, first_seq, packed) ",
     ),
     put_checkpoint: "INSERT INTO run_checkpoints (fleet, run, seq, packed) \
                      SELECT $1, $2, MAX(seq), $3 FROM run_log WHERE fleet = $1 AND run = $2 \
@@ -87,11 +87,16 @@ pub(crate) const POSTGRES: Statements = Statements {
                AND seq < (SELECT seq FROM run_checkpoints WHERE fleet = $1 AND run = $2)",
     checkpoint_of: "SELECT seq, packed FROM run_checkpoints WHERE fleet = $1 AND run = $2",
     log_after: "SELECT entry FROM run_log WHERE fleet = $1 AND run = $2 AND seq > $3 ORDER BY seq",
-    events_after: "SELECT seq, event FROM run_events WHERE fleet = $1 AND run = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    // A row is taken while the events after `$3` in the rows before it are fewer than `$4`.
+    events_after: "SELECT seq, event, first_seq, packed FROM ( \
+                       SELECT seq, event, first_seq, packed, \
+                           SUM(seq - GREATEST(COALESCE(first_seq, seq), $3 + 1) + 1) OVER (ORDER BY seq) \
+                           - (seq - GREATEST(COALESCE(first_seq, seq), $3 + 1) + 1) AS before \
+                       FROM run_events WHERE fleet = $1 AND run = $2 AND seq > $3) AS e \
+                   WHERE before < $4 ORDER BY seq",
     unfinished: "FALSE",
     finish_intents: "UPDATE intents SET finished = TRUE WHERE fleet = ",
     intents: "SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = $1 AND run = $2 ORDER BY attempt",
-    record_operation: "UPDATE intents SET operation_id = $1 WHERE fleet = $2 AND run = $3 AND attempt = $4",
     put_head: "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
     init_head: "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO NOTHING",
     run_heads: "SELECT r.name, h.head FROM resources r LEFT JOIN run_heads h ON h.fleet = r.fleet AND h.run = r.name WHERE r.fleet = $1 AND r.kind = 'updateRuns' ORDER BY r.name",

@@ -70,7 +70,7 @@ pub(crate) const SQLITE: Statements = Statements {
     ),
     append_events: (
         "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE fleet = ? AND run = ?",
-        "INSERT INTO run_events (fleet, run, seq, event) ",
+        "INSERT INTO run_events (fleet, run, seq, event, first_seq, packed) ",
     ),
     put_checkpoint: "INSERT INTO run_checkpoints (fleet, run, seq, packed) \
                      SELECT ?1, ?2, MAX(seq), ?3 FROM run_log WHERE fleet = ?1 AND run = ?2 \
@@ -79,11 +79,16 @@ pub(crate) const SQLITE: Statements = Statements {
                AND seq < (SELECT seq FROM run_checkpoints WHERE fleet = ?1 AND run = ?2)",
     checkpoint_of: "SELECT seq, packed FROM run_checkpoints WHERE fleet = ? AND run = ?",
     log_after: "SELECT entry FROM run_log WHERE fleet = ? AND run = ? AND seq > ? ORDER BY seq",
-    events_after: "SELECT seq, event FROM run_events WHERE fleet = ? AND run = ? AND seq > ? ORDER BY seq LIMIT ?",
+    // A row is taken while the events after `?3` in the rows before it are fewer than `?4`.
+    events_after: "SELECT seq, event, first_seq, packed FROM ( \
+                       SELECT seq, event, first_seq, packed, \
+                           SUM(seq - MAX(COALESCE(first_seq, seq), ?3 + 1) + 1) OVER (ORDER BY seq) \
+                           - (seq - MAX(COALESCE(first_seq, seq), ?3 + 1) + 1) AS before \
+                       FROM run_events WHERE fleet = ?1 AND run = ?2 AND seq > ?3) AS e \
+                   WHERE before < ?4 ORDER BY seq",
     unfinished: "0",
     finish_intents: "UPDATE intents SET finished = 1 WHERE fleet = ",
     intents: "SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt",
-    record_operation: "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
     put_head: "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
     init_head: "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO NOTHING",
     run_heads: "SELECT r.name, h.head FROM resources r LEFT JOIN run_heads h ON h.fleet = r.fleet AND h.run = r.name WHERE r.fleet = ? AND r.kind = 'updateRuns' ORDER BY r.name",
