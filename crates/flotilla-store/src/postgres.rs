@@ -364,13 +364,30 @@ impl Dialect for Postgres {
         Ok(Some(created))
     }
 
-    /// One statement for them all: a dispatch names hundreds of operations at once, and one
-    /// statement each was as many round trips inside the transaction (under load, long enough
-    /// for the database to end it as idle).
-    async fn record_operations(
+    /// One array parameter, not an `IN` list of up to 500: one statement text to prepare.
+    async fn finish_intents(
         c: &mut PgConnection,
-        operations: &[OperationRecord],
+        (fleet, run): (&str, &str),
+        attempts: &[u64],
     ) -> StoreResult<()> {
+        let attempts: Vec<i64> = attempts.iter().map(|a| *a as i64).collect();
+        sqlx::query(
+            "UPDATE intents SET finished = TRUE WHERE fleet = $1 AND run = $2 AND attempt = ANY($3)",
+        )
+        .bind(fleet)
+        .bind(run)
+        .bind(&attempts)
+        .execute(c)
+        .await?;
+        Ok(())
+    }
+
+    /// One statement for them all, outside any transaction: a dispatch names hundreds of
+    /// operations at once. One statement each in one transaction was as many round trips with
+    /// the intents' rows locked: under load the database ended such transactions as idle
+    /// (their ids lost), and the batches finishing the same intents waited on their locks
+    /// (338 ms a statement at 10 fleets of 100,000 members, the database's largest cost).
+    async fn record_operations(store: &PgStore, operations: &[OperationRecord]) -> StoreResult<()> {
         let column = |f: fn(&OperationRecord) -> &str| operations.iter().map(f).collect::<Vec<_>>();
         let attempts: Vec<i64> = operations.iter().map(|o| o.attempt as i64).collect();
         sqlx::query(
@@ -382,7 +399,7 @@ impl Dialect for Postgres {
         .bind(column(|o| &o.run))
         .bind(&attempts)
         .bind(column(|o| &o.operation_id))
-        .execute(c)
+        .execute(&store.pool)
         .await?;
         Ok(())
     }

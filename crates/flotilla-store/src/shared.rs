@@ -66,9 +66,15 @@ pub(crate) trait Dialect:
         (fleet, kind): (&str, Kind),
         rows: &[(&str, &str, &str)],
     ) -> StoreResult<Option<HashSet<String>>>;
+    /// Marks a run's intents of these attempts finished.
+    async fn finish_intents(
+        c: &mut Self::Connection,
+        fleet_run: (&str, &str),
+        attempts: &[u64],
+    ) -> StoreResult<()>;
     /// Sets the operation ids drivers named for intents ([`RunLog::record_operations`]).
     async fn record_operations(
-        c: &mut Self::Connection,
+        store: &SqlStore<Self>,
         operations: &[OperationRecord],
     ) -> StoreResult<()>;
     /// Writes chunks of a run's document.
@@ -493,18 +499,8 @@ where
             });
             q.build().execute(&mut *c).await?;
         }
-        for chunk in batch.finished_attempts.chunks(crate::ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<DB>::new(sql.finish_intents);
-            q.push_bind(batch.fleet.clone())
-                .push(" AND run = ")
-                .push_bind(batch.run.clone())
-                .push(" AND attempt IN (");
-            let mut attempts = q.separated(", ");
-            for attempt in chunk {
-                attempts.push_bind(*attempt as i64);
-            }
-            q.push(")");
-            q.build().execute(&mut *c).await?;
+        if !batch.finished_attempts.is_empty() {
+            DB::finish_intents(c, (&batch.fleet, &batch.run), &batch.finished_attempts).await?;
         }
         if let Some(document) = &batch.run_body {
             Self::put_document(c, &batch.fleet, &batch.run, document).await?;
@@ -1127,10 +1123,7 @@ where
         if operations.is_empty() {
             return Ok(());
         }
-        let mut tx = self.begin_write().await?;
-        DB::record_operations(&mut tx, operations).await?;
-        tx.commit().await?;
-        Ok(())
+        DB::record_operations(self, operations).await
     }
 }
 

@@ -366,11 +366,35 @@ impl Dialect for Sqlite {
         Ok(None)
     }
 
-    /// A statement each: SQLite runs in this process, so a statement is no round trip.
-    async fn record_operations(
+    async fn finish_intents(
         c: &mut SqliteConnection,
+        (fleet, run): (&str, &str),
+        attempts: &[u64],
+    ) -> StoreResult<()> {
+        for chunk in attempts.chunks(crate::ROWS_PER_INSERT) {
+            let mut q =
+                QueryBuilder::<Sqlite>::new("UPDATE intents SET finished = 1 WHERE fleet = ");
+            q.push_bind(fleet)
+                .push(" AND run = ")
+                .push_bind(run)
+                .push(" AND attempt IN (");
+            let mut listed = q.separated(", ");
+            for attempt in chunk {
+                listed.push_bind(*attempt as i64);
+            }
+            q.push(")");
+            q.build().execute(&mut *c).await?;
+        }
+        Ok(())
+    }
+
+    /// A statement each in one transaction: SQLite runs in this process, so a statement is no
+    /// round trip.
+    async fn record_operations(
+        store: &SqliteStore,
         operations: &[OperationRecord],
     ) -> StoreResult<()> {
+        let mut tx = store.begin_write().await?;
         for op in operations {
             sqlx::query(
                 "UPDATE intents SET operation_id = ? WHERE fleet = ? AND run = ? AND attempt = ?",
@@ -379,9 +403,10 @@ impl Dialect for Sqlite {
             .bind(op.fleet.as_str())
             .bind(op.run.as_str())
             .bind(op.attempt as i64)
-            .execute(&mut *c)
+            .execute(&mut *tx)
             .await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 

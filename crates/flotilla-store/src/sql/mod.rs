@@ -109,8 +109,6 @@ pub(crate) struct Statements {
     pub(crate) events_after: &'static str,
     /// The value of an intent not finished, in an insert's row.
     pub(crate) unfinished: &'static str,
-    /// The start of an update finishing intents, up to `fleet = `.
-    pub(crate) finish_intents: &'static str,
     /// `attempt, member, target, operation_id, finished, recorded_at` (fleet, run).
     pub(crate) intents: &'static str,
     /// Sets a run's head (fleet, run, head).

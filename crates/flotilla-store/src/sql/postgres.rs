@@ -95,7 +95,6 @@ pub(crate) const POSTGRES: Statements = Statements {
                        FROM run_events WHERE fleet = $1 AND run = $2 AND seq > $3) AS e \
                    WHERE before < $4 ORDER BY seq",
     unfinished: "FALSE",
-    finish_intents: "UPDATE intents SET finished = TRUE WHERE fleet = ",
     intents: "SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = $1 AND run = $2 ORDER BY attempt",
     put_head: "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
     init_head: "INSERT INTO run_heads (fleet, run, head) VALUES ($1, $2, $3) ON CONFLICT (fleet, run) DO NOTHING",

@@ -87,7 +87,6 @@ pub(crate) const SQLITE: Statements = Statements {
                        FROM run_events WHERE fleet = ?1 AND run = ?2 AND seq > ?3) AS e \
                    WHERE before < ?4 ORDER BY seq",
     unfinished: "0",
-    finish_intents: "UPDATE intents SET finished = 1 WHERE fleet = ",
     intents: "SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt",
     put_head: "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO UPDATE SET head = excluded.head",
     init_head: "INSERT INTO run_heads (fleet, run, head) VALUES (?, ?, ?) ON CONFLICT (fleet, run) DO NOTHING",
