@@ -429,9 +429,9 @@ pub struct Runs {
         std::sync::OnceLock<mpsc::UnboundedSender<(OperationRecord, oneshot::Sender<()>)>>,
 }
 
-/// Writes the operation ids drivers name, as many as have arrived to one transaction (one sync
-/// to disk for a step's worth of upgrades, not one each), and tells each caller once its id
-/// is stored.
+/// Writes the operation ids drivers name, as many as have arrived in one write (one sync to
+/// disk for a step's worth of upgrades, not one each), and tells each caller once its id is
+/// stored.
 async fn write_operation_ids(
     store: Arc<dyn Store>,
     mut rx: mpsc::UnboundedReceiver<(OperationRecord, oneshot::Sender<()>)>,

@@ -814,7 +814,8 @@ pub trait RunLog: Send + Sync {
         fleet: &str,
         upgrade_type: &str,
     ) -> StoreResult<DurationHistory>;
-    /// Records the operation ids drivers named for these attempts, in one transaction.
+    /// Records the operation ids drivers named for these attempts, all or none (one
+    /// transaction, or one statement); of two ids for one attempt, the later is kept.
     async fn record_operations(&self, operations: &[OperationRecord]) -> StoreResult<()>;
 }
 

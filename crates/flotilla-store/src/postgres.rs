@@ -388,17 +388,31 @@ impl Dialect for Postgres {
     /// (their ids lost), and the batches finishing the same intents waited on their locks
     /// (338 ms a statement at 10 fleets of 100,000 members, the database's largest cost).
     async fn record_operations(store: &PgStore, operations: &[OperationRecord]) -> StoreResult<()> {
-        let column = |f: fn(&OperationRecord) -> &str| operations.iter().map(f).collect::<Vec<_>>();
-        let attempts: Vec<i64> = operations.iter().map(|o| o.attempt as i64).collect();
+        // The last id named for an attempt wins, as it did one statement after another
+        // (`UPDATE … FROM` would take any one of several rows matching an intent).
+        let mut last = HashMap::new();
+        for o in operations {
+            last.insert(
+                (o.fleet.as_str(), o.run.as_str(), o.attempt as i64),
+                o.operation_id.as_str(),
+            );
+        }
+        let (mut fleets, mut runs, mut attempts, mut ids) = (vec![], vec![], vec![], vec![]);
+        for ((fleet, run, attempt), id) in last {
+            fleets.push(fleet);
+            runs.push(run);
+            attempts.push(attempt);
+            ids.push(id);
+        }
         sqlx::query(
             "UPDATE intents AS i SET operation_id = u.o \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(f, r, a, o) \
              WHERE i.fleet = u.f AND i.run = u.r AND i.attempt = u.a",
         )
-        .bind(column(|o| &o.fleet))
-        .bind(column(|o| &o.run))
+        .bind(&fleets)
+        .bind(&runs)
         .bind(&attempts)
-        .bind(column(|o| &o.operation_id))
+        .bind(&ids)
         .execute(&store.pool)
         .await?;
         Ok(())

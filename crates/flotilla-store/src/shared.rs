@@ -354,12 +354,7 @@ where
         if entries.is_empty() {
             return Ok(0);
         }
-        let next: i64 = sqlx::query(last_seq)
-            .bind(batch.fleet.as_str())
-            .bind(batch.run.as_str())
-            .fetch_one(&mut *c)
-            .await?
-            .col(0)?;
+        let next = Self::last_number(c, last_seq, batch).await?;
         // Many rows per statement: a batch of thousands costs a few round trips, not thousands.
         for (n, chunk) in entries.chunks(crate::ROWS_PER_INSERT).enumerate() {
             let first = next + 1 + (n * crate::ROWS_PER_INSERT) as i64;
@@ -375,22 +370,33 @@ where
         Ok(next + 1)
     }
 
+    /// The last number of one of a batch's run's numbered logs (`last_seq`: fleet, run).
+    async fn last_number(
+        c: &mut DB::Connection,
+        last_seq: &'static str,
+        batch: &RunBatch,
+    ) -> StoreResult<i64> {
+        sqlx::query(last_seq)
+            .bind(batch.fleet.as_str())
+            .bind(batch.run.as_str())
+            .fetch_one(c)
+            .await?
+            .col(0)
+    }
+
     /// Appends a batch's events to its run's, in order; returns the number the first was
     /// given. One event is a row of its own; more go in packs of up to
     /// [`EVENTS_PER_PACK`](crate::EVENTS_PER_PACK), compressed
-    /// ([`Statements::events_after`]).
+    /// ([`Statements::events_after`]). The numbers rest on one writer at a time, as
+    /// [`append`](Self::append)'s do: the primary key catches two writers giving the same
+    /// number to a row, not a pack that covers another's.
     async fn append_events(c: &mut DB::Connection, batch: &RunBatch) -> StoreResult<i64> {
         let (last_seq, insert) = DB::SQL.append_events;
         let events = &batch.events;
         if events.is_empty() {
             return Ok(0);
         }
-        let next: i64 = sqlx::query(last_seq)
-            .bind(batch.fleet.as_str())
-            .bind(batch.run.as_str())
-            .fetch_one(&mut *c)
-            .await?
-            .col(0)?;
+        let next = Self::last_number(c, last_seq, batch).await?;
         let mut rows = Vec::new();
         if let [event] = events.as_slice() {
             rows.push((next + 1, event.to_string(), None, None));

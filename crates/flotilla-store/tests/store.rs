@@ -970,6 +970,13 @@ async fn run_batches_and_their_logs(store: Arc<dyn Store>) {
                 fleet: "f".into(),
                 run: "r".into(),
                 attempt: 2,
+                operation_id: "operation-2-first".into(),
+            },
+            // Of two ids for one attempt, the later is kept.
+            OperationRecord {
+                fleet: "f".into(),
+                run: "r".into(),
+                attempt: 2,
                 operation_id: "operation-2".into(),
             },
             OperationRecord {
@@ -1093,6 +1100,15 @@ async fn events_read_back_the_same_whether_packed_or_not(store: Arc<dyn Store>) 
             );
         }
     }
+    // A number past any (a client's `Last-Event-ID`) reads nothing, and fails nothing.
+    assert!(
+        store
+            .run_events("f", "r", i64::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.run_events("f", "r", 0, 0).await.unwrap().is_empty());
     // Another run's numbers start at 1 of their own.
     store
         .write_run_batch(&events_batch(

@@ -80,11 +80,13 @@ pub(crate) const SQLITE: Statements = Statements {
     checkpoint_of: "SELECT seq, packed FROM run_checkpoints WHERE fleet = ? AND run = ?",
     log_after: "SELECT entry FROM run_log WHERE fleet = ? AND run = ? AND seq > ? ORDER BY seq",
     // A row is taken while the events after `?3` in the rows before it are fewer than `?4`.
+    // Every row after `?3` holds at least one event after it, so `?4` rows are enough to scan;
+    // a row's count is written so that no `?3` overflows.
     events_after: "SELECT seq, event, first_seq, packed FROM ( \
                        SELECT seq, event, first_seq, packed, \
-                           SUM(seq - MAX(COALESCE(first_seq, seq), ?3 + 1) + 1) OVER (ORDER BY seq) \
-                           - (seq - MAX(COALESCE(first_seq, seq), ?3 + 1) + 1) AS before \
-                       FROM run_events WHERE fleet = ?1 AND run = ?2 AND seq > ?3) AS e \
+                           SUM(seq - MAX(COALESCE(first_seq, seq) - 1, ?3)) OVER (ORDER BY seq) \
+                           - (seq - MAX(COALESCE(first_seq, seq) - 1, ?3)) AS before \
+                       FROM run_events WHERE fleet = ?1 AND run = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4) AS e \
                    WHERE before < ?4 ORDER BY seq",
     unfinished: "0",
     intents: "SELECT attempt, member, target, operation_id, finished, recorded_at FROM intents WHERE fleet = ? AND run = ? ORDER BY attempt",
