@@ -341,18 +341,14 @@ where
         Ok(())
     }
 
-    /// Appends entries to one of a run's numbered logs (its input log, its events), in order;
-    /// returns the number the first was given. (PostgreSQL: only the fleet's lease holder
-    /// writes a run's logs, and its batch holds the lease row locked, so the numbers do not
-    /// race.)
-    async fn append<E: ToString>(
-        c: &mut DB::Connection,
-        (last_seq, insert): (&'static str, &'static str),
-        batch: &RunBatch,
-        entries: &[E],
-    ) -> StoreResult<i64> {
+    /// Appends a batch's input log entries to its run's, in order. (PostgreSQL: only the
+    /// fleet's lease holder writes a run's logs, and its batch holds the lease row locked, so
+    /// the numbers do not race.)
+    async fn append_log(c: &mut DB::Connection, batch: &RunBatch) -> StoreResult<()> {
+        let (last_seq, insert) = DB::SQL.append_log;
+        let entries = &batch.log;
         if entries.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         let next = Self::last_number(c, last_seq, batch).await?;
         // Many rows per statement: a batch of thousands costs a few round trips, not thousands.
@@ -363,11 +359,11 @@ where
                 row.push_bind(batch.fleet.clone())
                     .push_bind(batch.run.clone())
                     .push_bind(first + i as i64)
-                    .push_bind(entry.to_string());
+                    .push_bind(entry.as_str());
             });
             q.build().execute(&mut *c).await?;
         }
-        Ok(next + 1)
+        Ok(())
     }
 
     /// The last number of one of a batch's run's numbered logs (`last_seq`: fleet, run).
@@ -388,7 +384,7 @@ where
     /// given. One event is a row of its own; more go in packs of up to
     /// [`EVENTS_PER_PACK`](crate::EVENTS_PER_PACK), compressed
     /// ([`Statements::events_after`]). The numbers rest on one writer at a time, as
-    /// [`append`](Self::append)'s do: the primary key catches two writers giving the same
+    /// [`append_log`](Self::append_log)'s do: the primary key catches two writers giving the same
     /// number to a row, not a pack that covers another's.
     async fn append_events(c: &mut DB::Connection, batch: &RunBatch) -> StoreResult<i64> {
         let (last_seq, insert) = DB::SQL.append_events;
@@ -453,7 +449,7 @@ where
             let found = Self::current_etag(c, &batch.fleet, Kind::RunSnapshot, &batch.run).await?;
             same_run(batch, found)?;
         }
-        Self::append(c, sql.append_log, batch, &batch.log).await?;
+        Self::append_log(c, batch).await?;
         if let Some(checkpoint) = &batch.checkpoint {
             checkpoint_needs_entries(batch)?;
             let (_, packed) = pack_chunk(checkpoint)?;
@@ -1088,14 +1084,15 @@ where
                 events.push((seq, parse_body(r.col::<&str>(1)?)?));
                 continue;
             };
-            let lines = unpack(r.col(1)?, r.col(3)?)?;
-            let count = lines.split('\n').count() as i64;
-            if count != seq - first + 1 {
+            let text = unpack(r.col(1)?, r.col(3)?)?;
+            let lines: Vec<&str> = text.split('\n').collect();
+            if lines.len() as i64 != seq - first + 1 {
                 return Err(StoreError::Corrupt(format!(
-                    "the pack of events {first}..={seq} of run {run:?} holds {count}"
+                    "the pack of events {first}..={seq} of run {run:?} holds {}",
+                    lines.len()
                 )));
             }
-            for (n, line) in (first..).zip(lines.split('\n')) {
+            for (n, line) in (first..).zip(lines) {
                 if n > after {
                     events.push((n, parse_body(line)?));
                 }
